@@ -1,0 +1,79 @@
+// Command dflow validates, draws, formats and runs dataflow pipelines
+// declared in HCL. See the README and docs/ for the spec language.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/dflow-dev/dflow/nodes"
+	_ "github.com/dflow-dev/dflow/nodes/synthetic" // built-in synthetic nodes
+)
+
+// Exit codes (DESIGN.md).
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+type command struct {
+	name, args, summary string
+	run                 func(env *env, args []string) int
+}
+
+// env is what a command sees: streams and the node catalog. Tests build
+// their own.
+type env struct {
+	stdout, stderr io.Writer
+	registry       *nodes.Registry
+	// signals, when set, delivers interrupts (run's drain); nil in tests
+	// that do not need it.
+	signals <-chan os.Signal
+}
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem", cmdValidate},
+		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types", cmdGraph},
+		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format", cmdFmt},
+	}
+}
+
+func main() {
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, registry: nodes.Default}
+	os.Exit(e.main(os.Args[1:]))
+}
+
+func (e *env) main(args []string) int {
+	if len(args) == 0 {
+		e.usage(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "--help", "help":
+		e.usage(e.stdout)
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(e, args[1:])
+		}
+	}
+	fmt.Fprintf(e.stderr, "dflow: unknown command %q\n\n", args[0])
+	e.usage(e.stderr)
+	return exitUsage
+}
+
+func (e *env) usage(w io.Writer) {
+	fmt.Fprint(w, "dflow runs dataflow pipelines declared in HCL.\n\nUsage:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  dflow %-8s %s\n  %8s %s\n", c.name, c.args, "", c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'dflow COMMAND --help' for a command's flags.\n"+
+		"Exit codes: 0 ok, 1 failed run or invalid spec, 2 usage, 130 interrupted.\n")
+}

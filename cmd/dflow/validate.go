@@ -1,0 +1,56 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/hashicorp/hcl/v2"
+)
+
+func cmdValidate(e *env, args []string) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	var sf specFlags
+	sf.register(fs)
+	asJSON := fs.Bool("json", false, "print diagnostics as JSON, shaped like `terraform validate -json`, on stdout")
+	files, code, ok := parse(e, fs, args, "SPEC... [flags]")
+	if !ok {
+		return code
+	}
+	if len(files) == 0 {
+		return usageErr(e, "validate", "no spec given")
+	}
+	l, err := sf.loader(e)
+	if err != nil {
+		return usageErr(e, "validate", "%v", err)
+	}
+	var all hcl.Diagnostics
+	for _, f := range files {
+		_, diags := l.LoadFile(f)
+		all = append(all, diags...)
+	}
+	if *asJSON {
+		graph.WriteDiagnosticsJSON(e.stdout, all, l.Sources())
+	} else {
+		graph.WriteDiagnostics(e.stderr, all, l.Sources())
+		if !all.HasErrors() {
+			fmt.Fprintf(e.stdout, "%d spec(s) valid\n", len(files))
+		}
+	}
+	if all.HasErrors() {
+		return exitFailed
+	}
+	return exitOK
+}
+
+// load loads one spec, printing diagnostics to stderr; nil means it failed.
+func (e *env) load(sf *specFlags, file string) *graph.Graph {
+	l, err := sf.loader(e)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow: %v\n", err)
+		return nil
+	}
+	g, diags := l.LoadFile(file)
+	graph.WriteDiagnostics(e.stderr, diags, l.Sources())
+	return g
+}

@@ -1,0 +1,333 @@
+package graph
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// check resolves node kinds, decodes configs, connects edges to ports and
+// reports everything wrong with the graph as a whole.
+func (d *decoder) check() {
+	for _, s := range d.g.Stages {
+		d.resolveStage(s)
+	}
+	for _, e := range d.g.Edges {
+		d.connect(e)
+	}
+	cyclic := d.checkCycles()
+	d.resolveTypes(cyclic)
+	for _, e := range d.g.Edges {
+		d.checkTypes(e)
+		if e.From != nil && e.To != nil {
+			e.Queues = Wire(e.Policy, e.From.Stage.Replicas, e.To.Stage.Replicas)
+		}
+	}
+	d.checkUnconnected()
+}
+
+func (d *decoder) resolveStage(s *Stage) {
+	if s.Node == "" {
+		return // missing or invalid node attribute, already reported
+	}
+	k, ok := d.loader.Catalog.Kind(s.Node)
+	if !ok {
+		d.errorf(s.NodeRange, "unknown node kind",
+			"stage %q: node kind %q is not known%s.%s",
+			s.Name, s.Node, didYouMean(s.Node, d.loader.Catalog.KindNames()), d.kindHint(s.Node))
+		return
+	}
+	s.Kind = k
+	d.decodeConfig(s, k)
+	if k.Ports == nil {
+		return
+	}
+	for _, ps := range k.Ports(s.Config) {
+		p := &Port{Stage: s, Name: ps.Name, Dir: ps.Dir, Type: ps.Type}
+		if ps.Dir == In {
+			s.Inputs = append(s.Inputs, p)
+		} else {
+			s.Outputs = append(s.Outputs, p)
+		}
+	}
+}
+
+func (d *decoder) kindHint(node string) string {
+	if plugin, _, ok := strings.Cut(node, "/"); ok {
+		for _, p := range d.g.Plugins {
+			if p.Name == plugin {
+				return fmt.Sprintf(" Plugin %q (%s) offers no such kind; `dflow plugins` lists what it offers.", plugin, p.Path)
+			}
+		}
+		return fmt.Sprintf(" No plugin %q is declared in this spec or found in ./plugins or $DFLOW_PLUGIN_DIR.", plugin)
+	}
+	return " Known kinds: " + strings.Join(d.loader.Catalog.KindNames(), ", ") + "."
+}
+
+// decodeConfig decodes the stage's config block against the kind's schema.
+func (d *decoder) decodeConfig(s *Stage, k *Kind) {
+	cfg := s.Config
+	cfg.values = map[string]cty.Value{}
+	cfg.ranges = map[string]hcl.Range{}
+	schema := &hcl.BodySchema{}
+	fields := map[string]Field{}
+	for _, f := range k.Config {
+		schema.Attributes = append(schema.Attributes, hcl.AttributeSchema{Name: f.Name, Required: f.Required && d.pendingConfig[s][f.Name] == ""})
+		fields[f.Name] = f
+	}
+	if body, ok := d.configBodies[s]; ok {
+		content, diags := body.Content(schema)
+		d.diags = append(d.diags, d.configDiags(s, diags)...)
+		for name, a := range content.Attributes {
+			f := fields[name]
+			if v, ok := d.value(a, f.Type.cty(), "of type "+f.Type.String()); ok {
+				if err := checkField(f, v); err != nil {
+					d.errorf(a.Expr.Range(), "invalid value for "+name, "stage %q: %s %v.", s.Name, name, err)
+					continue
+				}
+				cfg.values[name] = v
+				cfg.ranges[name] = a.Expr.Range()
+			}
+		}
+	} else {
+		for _, f := range k.Config {
+			if f.Required && d.pendingConfig[s][f.Name] == "" {
+				d.errorf(s.NameRange, "missing config attribute",
+					"stage %q: node %q needs config attribute %q: %s", s.Name, k.Name, f.Name, f.Doc)
+			}
+		}
+	}
+	d.applyPendingConfig(s, fields)
+	for _, f := range k.Config {
+		if _, set := cfg.values[f.Name]; !set && f.Default != cty.NilVal {
+			cfg.values[f.Name] = f.Default
+		}
+	}
+	if k.Check == nil {
+		return
+	}
+	for _, err := range k.Check(cfg) {
+		r := cfg.block
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			r = cfg.Range(fe.Field)
+		}
+		d.errorf(r, "invalid config", "stage %q (%s): %v.", s.Name, k.Name, err)
+	}
+}
+
+// configDiags adds the stage name to hcl's own schema diagnostics.
+func (d *decoder) configDiags(s *Stage, diags hcl.Diagnostics) hcl.Diagnostics {
+	for _, diag := range diags {
+		diag.Detail = fmt.Sprintf("stage %q (node %q): %s", s.Name, s.Node, diag.Detail)
+	}
+	return diags
+}
+
+func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
+	for name, raw := range d.pendingConfig[s] {
+		f, ok := fields[name]
+		var err error
+		var v cty.Value
+		if !ok {
+			err = fmt.Errorf("node %q has no config attribute %q%s", s.Node, name, didYouMean(name, keys(fields)))
+		} else if v, err = ParseValue(raw, f.Type.cty()); err == nil {
+			err = checkField(f, v)
+		}
+		if err != nil {
+			d.diags = append(d.diags, &hcl.Diagnostic{
+				Severity: hcl.DiagError,
+				Summary:  "invalid --set",
+				Detail:   fmt.Sprintf("--set stage.%s.config.%s=%s: %v.", s.Name, name, raw, err),
+			})
+			continue
+		}
+		s.Config.values[name] = v
+	}
+}
+
+func checkField(f Field, v cty.Value) error {
+	if f.Type == Int {
+		if _, err := wholeNumber(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connect resolves an edge's STAGE.PORT references.
+func (d *decoder) connect(e *Edge) {
+	refs := d.edgeRefs[e]
+	e.From = d.resolvePort(e, refs[0], Out, e.FromRange)
+	e.To = d.resolvePort(e, refs[1], In, e.ToRange)
+	if e.From != nil {
+		e.From.Edges = append(e.From.Edges, e)
+	}
+	if e.To != nil {
+		e.To.Edges = append(e.To.Edges, e)
+	}
+}
+
+func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Range) *Port {
+	if tr == nil {
+		return nil
+	}
+	stageName := tr.RootName()
+	portName := tr[1].(hcl.TraverseAttr).Name
+	s := d.g.stages[stageName]
+	if s == nil {
+		d.errorf(tr[0].SourceRange(), "unknown stage",
+			"edge %q: stage %q is not defined%s.", e.Name, stageName, didYouMean(stageName, keys(d.g.stages)))
+		return nil
+	}
+	if s.Kind == nil {
+		return nil // the stage's node is unknown, already reported
+	}
+	p := s.Port(portName)
+	attr := map[Direction]string{In: "to", Out: "from"}[dir]
+	if p == nil {
+		ports := s.Outputs
+		if dir == In {
+			ports = s.Inputs
+		}
+		var names []string
+		for _, p := range ports {
+			names = append(names, p.Name)
+		}
+		list := "none"
+		if len(names) > 0 {
+			list = strings.Join(names, ", ")
+		}
+		d.errorf(tr[1].SourceRange(), "unknown port",
+			"edge %q: stage %q (node %q) has no %s port %q%s. Its %s ports: %s.",
+			e.Name, s.Name, s.Node, dir, portName, didYouMean(portName, names), dir, list)
+		return nil
+	}
+	if p.Dir != dir {
+		d.errorf(r, "wrong port direction",
+			"edge %q: %s is an %s port, but %q must name an %s port.", e.Name, p, p.Dir, attr, dir)
+		return nil
+	}
+	return p
+}
+
+// resolveTypes fills in the types of SameAs output ports from what feeds
+// their input, following the graph to a fixed point.
+func (d *decoder) resolveTypes(cyclic bool) {
+	sameAs := map[*Port]string{}
+	for _, s := range d.g.Stages {
+		if s.Kind == nil || s.Kind.Ports == nil {
+			continue
+		}
+		for _, ps := range s.Kind.Ports(s.Config) {
+			if ps.SameAs != "" {
+				p := s.Port(ps.Name)
+				sameAs[p] = ps.SameAs
+				p.Type = ""
+			}
+		}
+	}
+	for changed := true; changed; {
+		changed = false
+		for p, src := range sameAs {
+			if p.Type != "" {
+				continue
+			}
+			if t, ok := inputType(p.Stage.Port(src)); ok {
+				p.Type = t
+				changed = true
+			}
+		}
+	}
+	for p := range sameAs {
+		if p.Type == "" {
+			p.Type = Any
+		}
+	}
+}
+
+// inputType is the type of items arriving at an input port: the common
+// type of its edges' sources, Any when they differ or none is connected,
+// and not ok while a source is still unresolved.
+func inputType(in *Port) (string, bool) {
+	if in == nil {
+		return Any, true
+	}
+	t := ""
+	for _, e := range in.Edges {
+		if e.From == nil {
+			continue
+		}
+		switch {
+		case e.From.Type == "":
+			return "", false
+		case t == "":
+			t = e.From.Type
+		case t != e.From.Type:
+			t = Any
+		}
+	}
+	if t == "" {
+		t = in.Type
+	}
+	return t, true
+}
+
+// Compatible reports whether items of type from may flow into a port of
+// type to.
+func Compatible(from, to string) bool {
+	return from == to || from == Any || to == Any
+}
+
+func (d *decoder) checkTypes(e *Edge) {
+	if e.From == nil || e.To == nil || Compatible(e.From.Type, e.To.Type) {
+		return
+	}
+	d.diags = append(d.diags, &hcl.Diagnostic{
+		Severity: hcl.DiagError,
+		Summary:  "type mismatch",
+		Detail: fmt.Sprintf("edge %q: %s emits %q items but %s takes %q; connect ports of the same type.",
+			e.Name, e.From, e.From.Type, e.To, e.To.Type),
+		Subject: e.ToRange.Ptr(),
+		Context: hcl.RangeBetween(e.FromRange, e.ToRange).Ptr(),
+	})
+}
+
+func (d *decoder) checkUnconnected() {
+	for _, s := range d.g.Stages {
+		for _, p := range s.Inputs {
+			if len(p.Edges) == 0 && !d.mentions(p) {
+				d.errorf(s.NameRange, "input port with no edge",
+					"stage %q: input port %q (%s) has no edge feeding it; add an edge with to = %s.",
+					s.Name, p.Name, p.Type, p)
+			}
+		}
+		for _, p := range s.Outputs {
+			if len(p.Edges) == 0 {
+				d.diags = append(d.diags, &hcl.Diagnostic{
+					Severity: hcl.DiagWarning,
+					Summary:  "output port with no edge",
+					Detail: fmt.Sprintf("stage %q: output port %q (%s) has no edge; its items are dropped.",
+						s.Name, p.Name, p.Type),
+					Subject: s.NameRange.Ptr(),
+				})
+			}
+		}
+	}
+}
+
+// mentions reports whether some edge names the port but failed to resolve
+// (a wrong direction), so the missing edge is not reported twice.
+func (d *decoder) mentions(p *Port) bool {
+	for _, e := range d.g.Edges {
+		for _, tr := range d.edgeRefs[e] {
+			if tr != nil && tr.RootName() == p.Stage.Name && tr[1].(hcl.TraverseAttr).Name == p.Name {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,204 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// Graph is a validated pipeline: stages, the ports their nodes declare, and
+// the edges between them already wired into queues. A Graph returned by
+// Load with no error diagnostics is complete and acyclic; its stages and
+// edges are in declaration order. It is read-only after loading.
+type Graph struct {
+	Filename    string
+	Name        string // the pipeline block's label, or "" when absent
+	Description string
+	Plugins     []*Plugin
+	Stages      []*Stage
+	Edges       []*Edge
+
+	stages map[string]*Stage
+	edges  map[string]*Edge
+}
+
+// Stage returns the stage with the given name, or nil.
+func (g *Graph) Stage(name string) *Stage { return g.stages[name] }
+
+// Edge returns the edge with the given name, or nil.
+func (g *Graph) Edge(name string) *Edge { return g.edges[name] }
+
+// Plugin is a `plugin "NAME" { path = "..." }` block, kept for the plugin
+// loader.
+type Plugin struct {
+	Name      string
+	Path      string
+	DeclRange hcl.Range
+}
+
+// Stage is one `stage` block: a node kind run by Replicas concurrent
+// replicas.
+type Stage struct {
+	Name     string
+	Node     string // node kind, "text_reader" or "PLUGIN/KIND"
+	Replicas int
+	// Devices lists where replicas run; replica i uses
+	// Devices[i%len(Devices)]. Empty means "cpu".
+	Devices []string
+	Config  *Config
+	Sim     *Sim // nil when the stage has no sim block
+	Kind    *Kind
+	Inputs  []*Port
+	Outputs []*Port
+
+	DeclRange     hcl.Range // the block header
+	NameRange     hcl.Range
+	NodeRange     hcl.Range
+	ReplicasRange hcl.Range
+}
+
+// Device returns the device replica i runs on.
+func (s *Stage) Device(i int) string {
+	if len(s.Devices) == 0 {
+		return "cpu"
+	}
+	return s.Devices[i%len(s.Devices)]
+}
+
+// Port returns the named port of the stage, or nil.
+func (s *Stage) Port(name string) *Port {
+	for _, p := range s.Inputs {
+		if p.Name == name {
+			return p
+		}
+	}
+	for _, p := range s.Outputs {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Sim is a stage's `sim` block: what the simulator assumes about a node
+// whose cost it cannot know.
+type Sim struct {
+	ServiceTime string // a duration or distribution, "lognormal(40ms, 0.2)"
+	Range       hcl.Range
+}
+
+// Port is a stage's port with its resolved type. In edges list the edges
+// ending on an input port; Out edges those starting at an output port.
+type Port struct {
+	Stage *Stage
+	Name  string
+	Dir   Direction
+	Type  string // resolved: SameAs ports carry their source's type
+	Edges []*Edge
+}
+
+func (p *Port) String() string { return p.Stage.Name + "." + p.Name }
+
+// Policy is how an edge spreads items from producer to consumer replicas.
+type Policy string
+
+// The edge policies.
+const (
+	RoundRobin Policy = "round_robin"
+	Shared     Policy = "shared"
+)
+
+// Policies lists the known policies.
+var Policies = []Policy{RoundRobin, Shared}
+
+// DefaultCapacity is an edge's queue bound when the spec gives none.
+const DefaultCapacity = 8
+
+// Edge is one `edge` block joining an output port to an input port.
+type Edge struct {
+	Name          string
+	From, To      *Port
+	Policy        Policy
+	Capacity      int   // bound of each queue, in items
+	CapacityBytes int64 // optional bound of each queue in payload bytes; 0 = none
+	// Queues is the wiring: which producer replicas push to which queue
+	// and which consumer replicas pull from it. See Wire.
+	Queues []Queue
+
+	DeclRange, NameRange, FromRange, ToRange hcl.Range
+	PolicyRange, CapacityRange               hcl.Range
+}
+
+// Queue is one bounded queue of an edge.
+type Queue struct {
+	Index     int
+	Producers []int // producer replica indices, ascending
+	Consumers []int // consumer replica indices, ascending
+}
+
+// ProducerQueues returns, for producer replica p, the indices of the
+// queues it pushes to, in the order it rotates over them.
+func (e *Edge) ProducerQueues(p int) []int {
+	var qs []int
+	for _, q := range e.Queues {
+		for _, pp := range q.Producers {
+			if pp == p {
+				qs = append(qs, q.Index)
+				break
+			}
+		}
+	}
+	return qs
+}
+
+// ConsumerQueue returns the index of the queue consumer replica c pulls
+// from.
+func (e *Edge) ConsumerQueue(c int) int {
+	for _, q := range e.Queues {
+		for _, cc := range q.Consumers {
+			if cc == c {
+				return q.Index
+			}
+		}
+	}
+	panic(fmt.Sprintf("graph: edge %q has no queue for consumer %d", e.Name, c))
+}
+
+// Wire computes the queues of an edge with the given policy between p
+// producer and c consumer replicas (DESIGN.md "policy"):
+//
+//   - Shared: one queue; every producer pushes to it, every consumer pulls.
+//   - RoundRobin, p >= c: one queue per consumer; producer i feeds consumer
+//     i mod c (5 on 3 gives producers {0,3}, {1,4}, {2}).
+//   - RoundRobin, p < c: one queue per consumer; consumer j is fed by
+//     producer j mod p, so each producer rotates its items over the
+//     consumers it feeds.
+func Wire(policy Policy, p, c int) []Queue {
+	if p < 1 || c < 1 {
+		return nil
+	}
+	if policy == Shared {
+		return []Queue{{Index: 0, Producers: seq(p), Consumers: seq(c)}}
+	}
+	qs := make([]Queue, c)
+	for j := range qs {
+		qs[j] = Queue{Index: j, Consumers: []int{j}}
+		if p < c {
+			qs[j].Producers = []int{j % p}
+		}
+	}
+	if p >= c {
+		for i := 0; i < p; i++ {
+			qs[i%c].Producers = append(qs[i%c].Producers, i)
+		}
+	}
+	return qs
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}

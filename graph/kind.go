@@ -1,0 +1,233 @@
+package graph
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// Direction says whether a port receives or emits items.
+type Direction int
+
+const (
+	In  Direction = iota // the node receives items on the port
+	Out                  // the node emits items on the port
+)
+
+func (d Direction) String() string {
+	if d == In {
+		return "input"
+	}
+	return "output"
+}
+
+// Any is the port type that accepts every item type. An output port of type
+// Any can feed any input port.
+const Any = "any"
+
+// PortSpec declares one port of a node kind.
+type PortSpec struct {
+	Name string
+	Dir  Direction
+	// Type names the items on the port ("tokens", "hidden_states", ...), or
+	// Any.
+	Type string
+	// SameAs, on an output port, names an input port whose resolved type
+	// the output carries (synthetic_work's out is the type of its in).
+	SameAs string
+	Doc    string
+}
+
+// FieldType is the type of one config attribute.
+type FieldType int
+
+// The config attribute types. Duration and distribution values are strings
+// checked by the kind's Check function.
+const (
+	String FieldType = iota
+	Number
+	Int
+	Bool
+	StringList
+	NumberList
+)
+
+var fieldTypeNames = [...]string{"string", "number", "int", "bool", "list(string)", "list(number)"}
+
+func (t FieldType) String() string {
+	if int(t) < len(fieldTypeNames) {
+		return fieldTypeNames[t]
+	}
+	return fmt.Sprintf("FieldType(%d)", int(t))
+}
+
+func (t FieldType) cty() cty.Type {
+	switch t {
+	case Number, Int:
+		return cty.Number
+	case Bool:
+		return cty.Bool
+	case StringList:
+		return cty.List(cty.String)
+	case NumberList:
+		return cty.List(cty.Number)
+	}
+	return cty.String
+}
+
+// Field declares one attribute of a node kind's config block.
+type Field struct {
+	Name     string
+	Type     FieldType
+	Required bool
+	// Default is used when the attribute is absent; cty.NilVal means the
+	// attribute is simply unset (Config.Has reports false).
+	Default cty.Value
+	Doc     string
+}
+
+// Kind describes a node kind to the loader: its config schema and its
+// ports. A Catalog hands out Kinds; the runtime's registry adds the
+// constructors.
+type Kind struct {
+	Name   string
+	Doc    string
+	Config []Field
+	// Ports returns the kind's ports for a decoded config. Port types may
+	// depend on the config (synthetic_source's type).
+	Ports func(cfg *Config) []PortSpec
+	// Check, if set, validates a decoded config beyond its types. Errors
+	// of type *FieldError are reported at that attribute.
+	Check func(cfg *Config) []error
+}
+
+// FieldError is an error about one config attribute.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s: %v", e.Field, e.Err) }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Catalog looks up node kinds by name ("synthetic_work", "checksum/crc").
+type Catalog interface {
+	Kind(name string) (*Kind, bool)
+	// KindNames lists every known kind, for suggestions.
+	KindNames() []string
+}
+
+// Config holds a stage's decoded config block. Getters panic on a name the
+// kind's schema does not declare with that type: that is a bug in the node,
+// not in the spec.
+type Config struct {
+	values map[string]cty.Value
+	ranges map[string]hcl.Range
+	block  hcl.Range
+}
+
+// NewConfig builds a Config from Go values, for tests and programmatic
+// graphs. Values must be convertible by gocty (int, float64, string, bool,
+// []string, []float64).
+func NewConfig(values map[string]cty.Value) *Config {
+	c := &Config{values: map[string]cty.Value{}, ranges: map[string]hcl.Range{}}
+	for k, v := range values {
+		c.values[k] = v
+	}
+	return c
+}
+
+// Has reports whether the attribute is set (in the spec or by a default).
+func (c *Config) Has(name string) bool {
+	v, ok := c.values[name]
+	return ok && !v.IsNull()
+}
+
+// Value returns the raw value of an attribute, or cty.NilVal.
+func (c *Config) Value(name string) cty.Value { return c.values[name] }
+
+// Names lists the set attributes, sorted.
+func (c *Config) Names() []string {
+	names := make([]string, 0, len(c.values))
+	for k := range c.values {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Range returns where the attribute was written, or the config block's
+// range when it came from a default.
+func (c *Config) Range(name string) hcl.Range {
+	if r, ok := c.ranges[name]; ok {
+		return r
+	}
+	return c.block
+}
+
+// String returns a string attribute, or "" when unset.
+func (c *Config) String(name string) string {
+	if !c.Has(name) {
+		return ""
+	}
+	return c.values[name].AsString()
+}
+
+// Float returns a number attribute, or 0 when unset.
+func (c *Config) Float(name string) float64 {
+	if !c.Has(name) {
+		return 0
+	}
+	f, _ := c.values[name].AsBigFloat().Float64()
+	return f
+}
+
+// Int returns a whole-number attribute, or 0 when unset.
+func (c *Config) Int(name string) int {
+	if !c.Has(name) {
+		return 0
+	}
+	i, _ := c.values[name].AsBigFloat().Int64()
+	return int(i)
+}
+
+// Bool returns a bool attribute, or false when unset.
+func (c *Config) Bool(name string) bool {
+	return c.Has(name) && c.values[name].True()
+}
+
+// Strings returns a list(string) attribute.
+func (c *Config) Strings(name string) []string {
+	if !c.Has(name) {
+		return nil
+	}
+	var out []string
+	for _, v := range c.values[name].AsValueSlice() {
+		out = append(out, v.AsString())
+	}
+	return out
+}
+
+// Floats returns a list(number) attribute.
+func (c *Config) Floats(name string) []float64 {
+	if !c.Has(name) {
+		return nil
+	}
+	var out []float64
+	for _, v := range c.values[name].AsValueSlice() {
+		f, _ := v.AsBigFloat().Float64()
+		out = append(out, f)
+	}
+	return out
+}
+
+// Duration parses a string attribute as a Go duration; unset is 0.
+func (c *Config) Duration(name string) (time.Duration, error) {
+	if !c.Has(name) {
+		return 0, nil
+	}
+	return time.ParseDuration(c.String(name))
+}

@@ -1,0 +1,468 @@
+package graph
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclparse"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// Loader reads pipeline specs. It remembers every file it parsed so that
+// diagnostics can be printed with source snippets (Sources). A Loader is not
+// safe for concurrent use.
+type Loader struct {
+	// Catalog resolves node kinds; required.
+	Catalog Catalog
+	// Vars are --var NAME=VALUE settings, applied over var files.
+	Vars map[string]string
+	// VarFiles are --var-file paths (NAME = VALUE attributes, native or
+	// JSON syntax), applied in order over the defaults.
+	VarFiles []string
+	// Sets are --set overrides: "edge.NAME.policy=shared",
+	// "edge.NAME.capacity=16", "edge.NAME.capacity_bytes=N",
+	// "stage.NAME.replicas=3", "stage.NAME.config.KEY=VALUE".
+	Sets []string
+
+	parser *hclparse.Parser
+}
+
+// Sources returns the bytes of every file the loader parsed, by name.
+func (l *Loader) Sources() map[string][]byte {
+	out := map[string][]byte{}
+	if l.parser == nil {
+		return out
+	}
+	for name, f := range l.parser.Files() {
+		out[name] = f.Bytes
+	}
+	return out
+}
+
+func (l *Loader) init() {
+	if l.parser == nil {
+		l.parser = hclparse.NewParser()
+	}
+}
+
+// LoadFile reads and loads one spec file. Files ending in ".json" use the
+// HCL JSON syntax.
+func (l *Loader) LoadFile(filename string) (*Graph, hcl.Diagnostics) {
+	src, err := os.ReadFile(filename)
+	if err != nil {
+		return nil, hcl.Diagnostics{{
+			Severity: hcl.DiagError,
+			Summary:  "cannot read spec",
+			Detail:   err.Error(),
+		}}
+	}
+	return l.Load(filename, src)
+}
+
+// Load parses and validates a spec held in memory. It reports every
+// problem it finds in one pass; the Graph is nil when any diagnostic is an
+// error. Warnings come back alongside a valid Graph.
+func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
+	l.init()
+	var file *hcl.File
+	var diags hcl.Diagnostics
+	if strings.HasSuffix(filename, ".json") {
+		file, diags = l.parser.ParseJSON(src, filename)
+	} else {
+		file, diags = l.parser.ParseHCL(src, filename)
+	}
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	d := &decoder{loader: l, filename: filename, g: &Graph{
+		Filename: filename,
+		stages:   map[string]*Stage{},
+		edges:    map[string]*Edge{},
+	}}
+	d.decode(file.Body)
+	diags = append(diags, d.diags...)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return d.g, diags
+}
+
+var rootSchema = &hcl.BodySchema{
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: "pipeline", LabelNames: []string{"name"}},
+		{Type: "variable", LabelNames: []string{"name"}},
+		{Type: "plugin", LabelNames: []string{"name"}},
+		{Type: "stage", LabelNames: []string{"name"}},
+		{Type: "edge", LabelNames: []string{"name"}},
+	},
+}
+
+// decoder holds the state of one Load.
+type decoder struct {
+	loader   *Loader
+	filename string
+	g        *Graph
+	ctx      *hcl.EvalContext
+	diags    hcl.Diagnostics
+
+	configBodies map[*Stage]hcl.Body
+	declared     map[string]hcl.Range // "stage x" -> first declaration
+	edgeRefs     map[*Edge][2]hcl.Traversal
+	// pendingConfig holds --set stage.NAME.config.KEY values until the
+	// stage's schema is known.
+	pendingConfig map[*Stage]map[string]string
+}
+
+func (d *decoder) errorf(subject hcl.Range, summary, detail string, args ...any) {
+	d.diags = append(d.diags, &hcl.Diagnostic{
+		Severity: hcl.DiagError,
+		Summary:  summary,
+		Detail:   fmt.Sprintf(detail, args...),
+		Subject:  subject.Ptr(),
+	})
+}
+
+func (d *decoder) decode(body hcl.Body) {
+	content, diags := body.Content(rootSchema)
+	d.diags = append(d.diags, diags...)
+	d.declared = map[string]hcl.Range{}
+	d.configBodies = map[*Stage]hcl.Body{}
+	d.edgeRefs = map[*Edge][2]hcl.Traversal{}
+
+	var stages, edges, vars []*hcl.Block
+	for _, b := range content.Blocks {
+		switch b.Type {
+		case "pipeline":
+			d.decodePipeline(b)
+		case "variable":
+			vars = append(vars, b)
+		case "plugin":
+			d.decodePlugin(b)
+		case "stage":
+			stages = append(stages, b)
+		case "edge":
+			edges = append(edges, b)
+		}
+	}
+	d.ctx = d.evalContext(vars)
+	for _, b := range stages {
+		d.decodeStage(b)
+	}
+	for _, b := range edges {
+		d.decodeEdge(b)
+	}
+	d.applySets()
+	d.check()
+}
+
+// unique records a declaration and reports a duplicate name.
+func (d *decoder) unique(b *hcl.Block) bool {
+	key := b.Type + " " + b.Labels[0]
+	if first, dup := d.declared[key]; dup {
+		d.errorf(b.LabelRanges[0], "duplicate "+b.Type+" name",
+			"%s %q is already declared at %s; each %s needs a unique name.",
+			b.Type, b.Labels[0], first, b.Type)
+		return false
+	}
+	d.declared[key] = b.LabelRanges[0]
+	if !validName(b.Labels[0]) {
+		d.errorf(b.LabelRanges[0], "invalid "+b.Type+" name",
+			"%q is not a valid name: use letters, digits, '_' and '-', starting with a letter or '_'.", b.Labels[0])
+	}
+	return true
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		letter := r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !letter && (i == 0 || !(r == '-' || (r >= '0' && r <= '9'))) {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *decoder) decodePipeline(b *hcl.Block) {
+	if first, dup := d.declared["pipeline"]; dup {
+		d.errorf(b.DefRange, "duplicate pipeline block",
+			"A spec has at most one pipeline block; the first is at %s.", first)
+		return
+	}
+	d.declared["pipeline"] = b.DefRange
+	d.g.Name = b.Labels[0]
+	content, diags := b.Body.Content(&hcl.BodySchema{
+		Attributes: []hcl.AttributeSchema{{Name: "description"}},
+	})
+	d.diags = append(d.diags, diags...)
+	if a, ok := content.Attributes["description"]; ok {
+		d.g.Description, _ = d.stringAttr(a)
+	}
+}
+
+func (d *decoder) decodePlugin(b *hcl.Block) {
+	if !d.unique(b) {
+		return
+	}
+	content, diags := b.Body.Content(&hcl.BodySchema{
+		Attributes: []hcl.AttributeSchema{{Name: "path", Required: true}},
+	})
+	d.diags = append(d.diags, diags...)
+	p := &Plugin{Name: b.Labels[0], DeclRange: b.DefRange}
+	if a, ok := content.Attributes["path"]; ok {
+		p.Path, _ = d.stringAttr(a)
+	}
+	d.g.Plugins = append(d.g.Plugins, p)
+}
+
+var stageSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "node", Required: true},
+		{Name: "replicas"},
+		{Name: "devices"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "config"}, {Type: "sim"}},
+}
+
+func (d *decoder) decodeStage(b *hcl.Block) {
+	if !d.unique(b) {
+		return
+	}
+	s := &Stage{
+		Name:      b.Labels[0],
+		Replicas:  1,
+		DeclRange: b.DefRange,
+		NameRange: b.LabelRanges[0],
+		NodeRange: b.DefRange,
+	}
+	s.ReplicasRange = s.NameRange
+	d.g.Stages = append(d.g.Stages, s)
+	d.g.stages[s.Name] = s
+
+	content, diags := b.Body.Content(stageSchema)
+	d.diags = append(d.diags, diags...)
+	if a, ok := content.Attributes["node"]; ok {
+		s.Node, _ = d.stringAttr(a)
+		s.NodeRange = a.Expr.Range()
+	}
+	if a, ok := content.Attributes["replicas"]; ok {
+		s.ReplicasRange = a.Expr.Range()
+		if n, ok := d.countAttr(a, "replicas"); ok {
+			s.Replicas = n
+		}
+	}
+	if a, ok := content.Attributes["devices"]; ok {
+		s.Devices = d.devicesAttr(a)
+	}
+	for _, blk := range content.Blocks {
+		switch blk.Type {
+		case "config":
+			if _, dup := d.configBodies[s]; dup {
+				d.errorf(blk.DefRange, "duplicate config block",
+					"stage %q already has a config block; merge them into one.", s.Name)
+				continue
+			}
+			d.configBodies[s] = blk.Body
+			s.Config = &Config{block: blk.DefRange}
+		case "sim":
+			if s.Sim != nil {
+				d.errorf(blk.DefRange, "duplicate sim block",
+					"stage %q already has a sim block; merge them into one.", s.Name)
+				continue
+			}
+			s.Sim = d.decodeSim(blk)
+		}
+	}
+	if s.Config == nil {
+		s.Config = &Config{block: s.DeclRange}
+	}
+}
+
+func (d *decoder) decodeSim(b *hcl.Block) *Sim {
+	content, diags := b.Body.Content(&hcl.BodySchema{
+		Attributes: []hcl.AttributeSchema{{Name: "service_time", Required: true}},
+	})
+	d.diags = append(d.diags, diags...)
+	sim := &Sim{Range: b.DefRange}
+	if a, ok := content.Attributes["service_time"]; ok {
+		sim.ServiceTime, _ = d.stringAttr(a)
+		sim.Range = a.Expr.Range()
+		if err := CheckServiceTime(sim.ServiceTime); err != nil && sim.ServiceTime != "" {
+			d.errorf(a.Expr.Range(), "invalid service_time", "%v.", err)
+		}
+	}
+	return sim
+}
+
+func (d *decoder) devicesAttr(a *hcl.Attribute) []string {
+	v, ok := d.value(a, cty.List(cty.String), "a list of device names")
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, e := range v.AsValueSlice() {
+		dev := e.AsString()
+		if dev != "cpu" && !strings.HasPrefix(dev, "cuda:") {
+			d.errorf(a.Expr.Range(), "invalid device",
+				"Device %q is not known: use \"cpu\" or \"cuda:N\".", dev)
+		}
+		out = append(out, dev)
+	}
+	if v.LengthInt() == 0 {
+		d.errorf(a.Expr.Range(), "invalid devices", "devices must list at least one device, such as [\"cpu\"].")
+	}
+	return out
+}
+
+var edgeSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "from", Required: true},
+		{Name: "to", Required: true},
+		{Name: "policy"},
+		{Name: "capacity"},
+		{Name: "capacity_bytes"},
+	},
+}
+
+// DefaultPolicy is an edge's policy when the spec gives none.
+const DefaultPolicy = Shared
+
+func (d *decoder) decodeEdge(b *hcl.Block) {
+	if !d.unique(b) {
+		return
+	}
+	e := &Edge{
+		Name:      b.Labels[0],
+		Policy:    DefaultPolicy,
+		Capacity:  DefaultCapacity,
+		DeclRange: b.DefRange,
+		NameRange: b.LabelRanges[0],
+	}
+	e.PolicyRange, e.CapacityRange = e.NameRange, e.NameRange
+	d.g.Edges = append(d.g.Edges, e)
+	d.g.edges[e.Name] = e
+
+	content, diags := b.Body.Content(edgeSchema)
+	d.diags = append(d.diags, diags...)
+	var refs [2]hcl.Traversal
+	for i, name := range []string{"from", "to"} {
+		a, ok := content.Attributes[name]
+		if !ok {
+			continue
+		}
+		if i == 0 {
+			e.FromRange = a.Expr.Range()
+		} else {
+			e.ToRange = a.Expr.Range()
+		}
+		refs[i] = d.portRef(a)
+	}
+	d.edgeRefs[e] = refs
+	if a, ok := content.Attributes["policy"]; ok {
+		e.PolicyRange = a.Expr.Range()
+		if s, ok := d.stringAttr(a); ok {
+			e.Policy = Policy(s)
+			d.checkPolicy(e, a.Expr.Range())
+		}
+	}
+	if a, ok := content.Attributes["capacity"]; ok {
+		e.CapacityRange = a.Expr.Range()
+		if n, ok := d.countAttr(a, "capacity"); ok {
+			e.Capacity = n
+		}
+	}
+	if a, ok := content.Attributes["capacity_bytes"]; ok {
+		if n, ok := d.countAttr(a, "capacity_bytes"); ok {
+			e.CapacityBytes = int64(n)
+		}
+	}
+}
+
+func (d *decoder) checkPolicy(e *Edge, r hcl.Range) {
+	for _, p := range Policies {
+		if e.Policy == p {
+			return
+		}
+	}
+	d.errorf(r, "unknown policy",
+		"edge %q: policy %q is not known%s; the policies are \"round_robin\" and \"shared\".",
+		e.Name, e.Policy, didYouMean(string(e.Policy), policyNames()))
+}
+
+func policyNames() []string {
+	names := make([]string, len(Policies))
+	for i, p := range Policies {
+		names[i] = string(p)
+	}
+	return names
+}
+
+// portRef parses a bare STAGE.PORT traversal.
+func (d *decoder) portRef(a *hcl.Attribute) hcl.Traversal {
+	tr, diags := hcl.AbsTraversalForExpr(a.Expr)
+	if !diags.HasErrors() && len(tr) == 2 {
+		if _, ok := tr[1].(hcl.TraverseAttr); ok {
+			return tr
+		}
+	}
+	d.errorf(a.Expr.Range(), "invalid port reference",
+		"%s must be a port reference STAGE.PORT with no quotes, like target.hidden.", a.Name)
+	return nil
+}
+
+// value evaluates an attribute and converts it to want.
+func (d *decoder) value(a *hcl.Attribute, want cty.Type, what string) (cty.Value, bool) {
+	v, diags := a.Expr.Value(d.ctx)
+	d.diags = append(d.diags, diags...)
+	if diags.HasErrors() {
+		return cty.NilVal, false
+	}
+	cv, err := convertValue(v, want)
+	if err != nil || cv.IsNull() || !cv.IsWhollyKnown() {
+		d.errorf(a.Expr.Range(), "invalid value for "+a.Name,
+			"%s must be %s; got %s.", a.Name, what, describe(v))
+		return cty.NilVal, false
+	}
+	return cv, true
+}
+
+func (d *decoder) stringAttr(a *hcl.Attribute) (string, bool) {
+	v, ok := d.value(a, cty.String, "a string")
+	if !ok {
+		return "", false
+	}
+	return v.AsString(), true
+}
+
+// countAttr evaluates a whole number >= 1.
+func (d *decoder) countAttr(a *hcl.Attribute, name string) (int, bool) {
+	v, ok := d.value(a, cty.Number, "a whole number")
+	if !ok {
+		return 0, false
+	}
+	n, err := wholeNumber(v)
+	if err == nil && n < 1 {
+		err = fmt.Errorf("%s must be at least 1; got %d", name, n)
+	}
+	if err != nil {
+		d.errorf(a.Expr.Range(), "invalid "+name, "%v.", err)
+		return 0, false
+	}
+	return n, true
+}
+
+func wholeNumber(v cty.Value) (int, error) {
+	bf := v.AsBigFloat()
+	if !bf.IsInt() {
+		return 0, fmt.Errorf("want a whole number; got %s", bf.Text('g', -1))
+	}
+	i, acc := bf.Int64()
+	if acc != 0 || i > 1<<40 || i < -(1<<40) {
+		return 0, fmt.Errorf("%s is out of range", bf.Text('g', -1))
+	}
+	return int(i), nil
+}

@@ -1,0 +1,107 @@
+package graph
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// applySets applies the loader's --set overrides to the decoded stages and
+// edges, before validation, so an override is checked like the spec.
+func (d *decoder) applySets() {
+	d.pendingConfig = map[*Stage]map[string]string{}
+	for _, set := range d.loader.Sets {
+		if err := d.applySet(set); err != nil {
+			d.diags = append(d.diags, &hcl.Diagnostic{
+				Severity: hcl.DiagError,
+				Summary:  "invalid --set",
+				Detail:   fmt.Sprintf("--set %s: %v.", set, err),
+			})
+		}
+	}
+}
+
+func (d *decoder) applySet(set string) error {
+	path, raw, ok := strings.Cut(set, "=")
+	if !ok {
+		return fmt.Errorf("want PATH=VALUE, such as edge.hs.policy=shared")
+	}
+	parts := strings.Split(path, ".")
+	if len(parts) < 3 {
+		return fmt.Errorf("want edge.NAME.ATTR or stage.NAME.ATTR")
+	}
+	switch parts[0] {
+	case "edge":
+		e := d.g.edges[parts[1]]
+		if e == nil {
+			return fmt.Errorf("no edge %q%s", parts[1], didYouMean(parts[1], keys(d.g.edges)))
+		}
+		return d.setEdge(e, parts[2:], raw)
+	case "stage":
+		s := d.g.stages[parts[1]]
+		if s == nil {
+			return fmt.Errorf("no stage %q%s", parts[1], didYouMean(parts[1], keys(d.g.stages)))
+		}
+		return d.setStage(s, parts[2:], raw)
+	}
+	return fmt.Errorf("%q is neither edge nor stage", parts[0])
+}
+
+func (d *decoder) setEdge(e *Edge, attr []string, raw string) error {
+	if len(attr) != 1 {
+		return fmt.Errorf("edges have no nested attributes")
+	}
+	switch attr[0] {
+	case "policy":
+		e.Policy = Policy(raw)
+		for _, p := range Policies {
+			if e.Policy == p {
+				return nil
+			}
+		}
+		return fmt.Errorf("policy %q is not known%s; the policies are \"round_robin\" and \"shared\"",
+			raw, didYouMean(raw, policyNames()))
+	case "capacity":
+		n, err := setCount(raw, "capacity")
+		e.Capacity = n
+		return err
+	case "capacity_bytes":
+		n, err := setCount(raw, "capacity_bytes")
+		e.CapacityBytes = int64(n)
+		return err
+	}
+	return fmt.Errorf("edges have no settable attribute %q; use policy, capacity or capacity_bytes", attr[0])
+}
+
+func (d *decoder) setStage(s *Stage, attr []string, raw string) error {
+	switch {
+	case len(attr) == 1 && attr[0] == "replicas":
+		n, err := setCount(raw, "replicas")
+		s.Replicas = n
+		return err
+	case len(attr) == 2 && attr[0] == "config":
+		if d.pendingConfig[s] == nil {
+			d.pendingConfig[s] = map[string]string{}
+		}
+		d.pendingConfig[s][attr[1]] = raw
+		return nil
+	}
+	return fmt.Errorf("stages have no settable attribute %q; use replicas or config.KEY", strings.Join(attr, "."))
+}
+
+func setCount(raw, name string) (int, error) {
+	v, err := ParseValue(raw, cty.Number)
+	if err != nil {
+		return 0, err
+	}
+	n, err := wholeNumber(v)
+	if err != nil {
+		return 0, err
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("%s must be at least 1; got %d", name, n)
+	}
+	return n, nil
+}

@@ -1,0 +1,106 @@
+package nodes
+
+import (
+	"context"
+	"errors"
+)
+
+// Node is a stage's behaviour. The runtime calls Run once per replica, all
+// replicas concurrently, each with its own Replica handle; a Node must
+// therefore keep per-replica state inside Run (or index it by
+// Replica.Index). Run returns nil when the replica is done: for a stage
+// with inputs, normally after every input has reported io.EOF; for a
+// source, when it has emitted everything. Any error fails the whole run.
+//
+// ctx is cancelled when the run fails or is aborted. For a stage without
+// inputs (a source) it is also cancelled by the first Ctrl-C, the drain:
+// the source should then stop producing and return; returning ctx.Err()
+// is fine and counts as a clean end during a drain.
+type Node interface {
+	Run(ctx context.Context, r Replica) error
+}
+
+// NodeFunc adapts a function to Node.
+type NodeFunc func(ctx context.Context, r Replica) error
+
+// Run calls f.
+func (f NodeFunc) Run(ctx context.Context, r Replica) error { return f(ctx, r) }
+
+// Replica is a node replica's view of the runtime. Its methods are safe to
+// call from the replica's goroutine; Metrics is safe from any goroutine.
+type Replica interface {
+	Stage() string  // the stage's name
+	Index() int     // this replica, 0 <= Index < Replicas
+	Replicas() int  // the stage's replica count
+	Device() string // "cpu" or "cuda:N"
+	// In returns the input port of that name; Out the output port. Both
+	// panic on a name the node kind does not declare.
+	In(port string) Input
+	Out(port string) Output
+	// Group connects the stage's replicas for collectives.
+	Group() Group
+	// Metrics publishes the node's own figures (loss, tokens/s).
+	Metrics() Metrics
+	// Draining is closed when the run drains (first Ctrl-C): a node that
+	// keeps state may checkpoint when it sees it, or at its end.
+	Draining() <-chan struct{}
+}
+
+// Input receives the items of one input port. With fan-in it merges every
+// edge ending on the port.
+type Input interface {
+	// Recv returns the next item. It returns io.EOF, exactly once and then
+	// on every later call, when every producer replica wired to this
+	// replica's queues has finished and the queues are empty. It returns
+	// ctx.Err() when ctx is done.
+	Recv(ctx context.Context) (any, error)
+}
+
+// Output sends items on one output port. With fan-out every edge leaving
+// the port gets the same item (the reference, not a copy).
+//
+// Ownership: once Send is called the item belongs to the consumers; the
+// sender must not modify it afterwards. Under fan-out several consumers
+// share it and must treat it as read-only; a consumer that needs to mutate
+// an item must copy it first. A payload that implements Sizer is counted
+// against the edge's capacity_bytes.
+type Output interface {
+	// Send blocks while the queue is full (backpressure). It fails with an
+	// error wrapping ErrNoConsumers once no consumer replica can ever
+	// receive the item, and with ctx.Err() when ctx is done.
+	Send(ctx context.Context, item any) error
+}
+
+// Sizer is implemented by payloads that know their size in bytes.
+type Sizer interface {
+	SizeBytes() int64
+}
+
+// ErrNoConsumers is returned by Send when every consumer of the queue has
+// returned.
+var ErrNoConsumers = errors.New("no consumer is left to receive")
+
+// Group is a replica group: the replicas of one stage acting as one
+// data-parallel worker. Members leave when their Run returns (or by
+// calling Leave); collectives complete among the members still present,
+// so uneven ends never hang.
+type Group interface {
+	// Barrier waits until every member still in the group has reached
+	// the same barrier.
+	Barrier(ctx context.Context) error
+	// AllReduceSum replaces buf with the element-wise sum of buf over
+	// the members taking part in this step, and returns how many did
+	// (divide by it for a mean). Every member must pass a buffer of the
+	// same length.
+	AllReduceSum(ctx context.Context, buf []float32) (int, error)
+	// Leave removes the replica from the group. It is idempotent.
+	Leave()
+}
+
+// Metrics publishes a node's figures. Set records a gauge (the latest
+// value wins across replicas); Add adds to a counter summed over
+// replicas.
+type Metrics interface {
+	Set(name string, v float64)
+	Add(name string, delta float64)
+}

@@ -1,0 +1,79 @@
+package nodes
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/dflow-dev/dflow/graph"
+)
+
+// Spec registers a node kind: the part the loader checks (graph.Kind: config
+// schema, ports) and the constructor the runtime calls.
+type Spec struct {
+	graph.Kind
+	// New builds the stage's node from its decoded config, once per stage;
+	// the runtime then calls Run once per replica, concurrently.
+	New func(cfg *graph.Config) (Node, error)
+}
+
+// Registry maps node kind names to their specs. It implements
+// graph.Catalog. The zero value is not usable; call NewRegistry.
+type Registry struct {
+	mu    sync.RWMutex
+	specs map[string]*Spec
+}
+
+// NewRegistry returns an empty registry; tests use their own so they see
+// exactly the kinds they register.
+func NewRegistry() *Registry { return &Registry{specs: map[string]*Spec{}} }
+
+// Default is the registry the built-in nodes add themselves to in init.
+// Only cmd/dflow imports every built-in package.
+var Default = NewRegistry()
+
+// Register adds a kind to Default.
+func Register(s Spec) { Default.Register(s) }
+
+// Register adds a kind. Registering a name twice, or a spec without a name
+// or ports, is a programming error and panics.
+func (r *Registry) Register(s Spec) {
+	if s.Name == "" || s.Ports == nil {
+		panic("nodes: Register needs a name and a Ports function")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.specs[s.Name]; dup {
+		panic(fmt.Sprintf("nodes: kind %q registered twice", s.Name))
+	}
+	r.specs[s.Name] = &s
+}
+
+// Spec returns the registered spec of a kind.
+func (r *Registry) Spec(name string) (*Spec, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	s, ok := r.specs[name]
+	return s, ok
+}
+
+// Kind implements graph.Catalog.
+func (r *Registry) Kind(name string) (*graph.Kind, bool) {
+	s, ok := r.Spec(name)
+	if !ok {
+		return nil, false
+	}
+	return &s.Kind, true
+}
+
+// KindNames implements graph.Catalog: every kind, sorted.
+func (r *Registry) KindNames() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.specs))
+	for n := range r.specs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,210 @@
+package synthetic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// Blob is the payload synthetic_source emits. Data is shared, read-only,
+// by every item of a stage: it stands for a payload of that size without
+// costing an allocation per item.
+type Blob struct {
+	Replica int   // the source replica that made it
+	Seq     int64 // its sequence number within that replica
+	Data    []byte
+}
+
+// SizeBytes implements nodes.Sizer.
+func (b *Blob) SizeBytes() int64 { return int64(len(b.Data)) }
+
+// timing is the service-time model shared by the three kinds.
+type timing struct {
+	dist  graph.Distribution
+	speed []float64
+	seed  int64
+}
+
+func newTiming(cfg *graph.Config) (timing, error) {
+	d, err := graph.ParseDistribution(cfg.String("service_time"))
+	if err != nil {
+		return timing{}, err
+	}
+	return timing{dist: d, speed: cfg.Floats("speed"), seed: int64(cfg.Int("seed"))}, nil
+}
+
+// clock draws one replica's service times and sleeps them.
+type clock struct {
+	timing
+	replica int
+	rng     *rand.Rand
+	timer   *time.Timer
+}
+
+func (t timing) clock(replica int) *clock {
+	return &clock{
+		timing:  t,
+		replica: replica,
+		rng:     rand.New(rand.NewPCG(uint64(t.seed), uint64(replica))),
+	}
+}
+
+// Speed returns replica i's speed factor.
+func (t timing) Speed(i int) float64 {
+	if len(t.speed) == 0 {
+		return 1
+	}
+	return t.speed[i%len(t.speed)]
+}
+
+// next draws the replica's next service time.
+func (c *clock) next() time.Duration {
+	return time.Duration(float64(c.dist.Sample(c.rng)) / c.Speed(c.replica))
+}
+
+// work sleeps one service time, or returns ctx.Err().
+func (c *clock) work(ctx context.Context) error {
+	d := c.next()
+	if d <= 0 {
+		return ctx.Err()
+	}
+	if c.timer == nil {
+		c.timer = time.NewTimer(d)
+	} else {
+		c.timer.Reset(d)
+	}
+	select {
+	case <-c.timer.C:
+		return nil
+	case <-ctx.Done():
+		c.timer.Stop()
+		return ctx.Err()
+	}
+}
+
+func (c *clock) stop() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+type source struct {
+	timing
+	count int
+	data  []byte
+}
+
+func newSource(cfg *graph.Config) (nodes.Node, error) {
+	t, err := newTiming(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &source{timing: t, count: cfg.Int("count"), data: make([]byte, cfg.Int("size_bytes"))}, nil
+}
+
+// Share returns how many of count items replica i of n emits.
+func Share(count, i, n int) int {
+	s := count / n
+	if i < count%n {
+		s++
+	}
+	return s
+}
+
+func (s *source) Run(ctx context.Context, r nodes.Replica) error {
+	c := s.clock(r.Index())
+	defer c.stop()
+	out := r.Out("out")
+	n := Share(s.count, r.Index(), r.Replicas())
+	for seq := 0; seq < n; seq++ {
+		if err := c.work(ctx); err != nil {
+			return err
+		}
+		if err := out.Send(ctx, &Blob{Replica: r.Index(), Seq: int64(seq), Data: s.data}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type work struct {
+	timing
+	sync      bool
+	failAfter int
+}
+
+func newWork(cfg *graph.Config) (nodes.Node, error) {
+	t, err := newTiming(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &work{timing: t, sync: cfg.Bool("sync"), failAfter: cfg.Int("fail_after")}, nil
+}
+
+// ErrInjected is the failure fail_after injects.
+var ErrInjected = errors.New("injected failure")
+
+func (w *work) Run(ctx context.Context, r nodes.Replica) error {
+	c := w.clock(r.Index())
+	defer c.stop()
+	in, out := r.In("in"), r.Out("out")
+	group := r.Group()
+	defer group.Leave()
+	for done := 0; ; done++ {
+		if w.failAfter > 0 && done == w.failAfter {
+			return fmt.Errorf("%w after %d items (fail_after = %d)", ErrInjected, done, w.failAfter)
+		}
+		item, err := in.Recv(ctx)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if w.sync {
+			if err := group.Barrier(ctx); err != nil {
+				return err
+			}
+		}
+		if err := c.work(ctx); err != nil {
+			return err
+		}
+		if err := out.Send(ctx, item); err != nil {
+			return err
+		}
+	}
+}
+
+type sink struct{ timing }
+
+func newSink(cfg *graph.Config) (nodes.Node, error) {
+	t, err := newTiming(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &sink{timing: t}, nil
+}
+
+func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
+	c := s.clock(r.Index())
+	defer c.stop()
+	in := r.In("in")
+	for {
+		_, err := in.Recv(ctx)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := c.work(ctx); err != nil {
+			return err
+		}
+	}
+}

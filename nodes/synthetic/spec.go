@@ -1,0 +1,111 @@
+// Package synthetic provides the synthetic nodes: synthetic_source,
+// synthetic_work and sink. They sleep for configured service times rather
+// than compute, so a 2-core machine can stand in for an 8-GPU box when
+// comparing wirings, and they are the simulator's ground truth.
+package synthetic
+
+import (
+	"fmt"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/zclconf/go-cty/cty"
+)
+
+func init() { Register(nodes.Default) }
+
+// Register adds the synthetic kinds to a registry.
+func Register(r *nodes.Registry) {
+	r.Register(nodes.Spec{Kind: sourceKind, New: newSource})
+	r.Register(nodes.Spec{Kind: workKind, New: newWork})
+	r.Register(nodes.Spec{Kind: sinkKind, New: newSink})
+}
+
+var (
+	fieldServiceTime = graph.Field{Name: "service_time", Type: graph.String, Default: cty.StringVal("0s"),
+		Doc: `time per item: a Go duration or a distribution such as "lognormal(40ms, 0.2)"`}
+	fieldSpeed = graph.Field{Name: "speed", Type: graph.NumberList,
+		Doc: "one factor per replica: replica i takes service_time / speed[i % len(speed)]"}
+	fieldSeed = graph.Field{Name: "seed", Type: graph.Int, Default: cty.NumberIntVal(1),
+		Doc: "seed of the service-time draws; replica i uses seed+i"}
+)
+
+var sourceKind = graph.Kind{
+	Name: "synthetic_source",
+	Doc:  "Emits count items in all, split over its replicas, each after one service time.",
+	Config: []graph.Field{
+		{Name: "count", Type: graph.Int, Required: true, Doc: "items to emit in all, split over the replicas"},
+		{Name: "size_bytes", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "payload size of each item"},
+		{Name: "type", Type: graph.String, Default: cty.StringVal("blob"), Doc: "the type of the out port"},
+		fieldServiceTime, fieldSpeed, fieldSeed,
+	},
+	Ports: func(cfg *graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: cfg.String("type"), Doc: "the generated items"}}
+	},
+	Check: func(cfg *graph.Config) []error {
+		errs := checkTiming(cfg)
+		errs = append(errs, nonNegative(cfg, "count", "size_bytes")...)
+		if t := cfg.String("type"); t == "" || t == graph.Any {
+			errs = append(errs, &graph.FieldError{Field: "type", Err: fmt.Errorf("must name a concrete type, not %q", t)})
+		}
+		return errs
+	},
+}
+
+var workKind = graph.Kind{
+	Name: "synthetic_work",
+	Doc:  "Takes one service time per item and passes it on; with sync its replicas step together.",
+	Config: []graph.Field{
+		fieldServiceTime, fieldSpeed, fieldSeed,
+		{Name: "sync", Type: graph.Bool, Default: cty.False,
+			Doc: "replicas step together through the replica group, as data-parallel training does"},
+		{Name: "fail_after", Type: graph.Int, Default: cty.NumberIntVal(0),
+			Doc: "each replica fails after this many items (0: never); for failure tests"},
+	},
+	Ports: func(*graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{
+			{Name: "in", Dir: graph.In, Type: graph.Any, Doc: "items of any type"},
+			{Name: "out", Dir: graph.Out, SameAs: "in", Doc: "the same items, unchanged"},
+		}
+	},
+	Check: func(cfg *graph.Config) []error {
+		return append(checkTiming(cfg), nonNegative(cfg, "fail_after")...)
+	},
+}
+
+var sinkKind = graph.Kind{
+	Name:   "sink",
+	Doc:    "Consumes and drops every item.",
+	Config: []graph.Field{fieldServiceTime, fieldSpeed, fieldSeed},
+	Ports: func(*graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any, Doc: "items of any type"}}
+	},
+	Check: checkTiming,
+}
+
+func checkTiming(cfg *graph.Config) []error {
+	var errs []error
+	if err := graph.CheckServiceTime(cfg.String("service_time")); err != nil {
+		errs = append(errs, &graph.FieldError{Field: "service_time", Err: err})
+	}
+	for i, s := range cfg.Floats("speed") {
+		if !(s > 0) {
+			errs = append(errs, &graph.FieldError{Field: "speed",
+				Err: fmt.Errorf("speed[%d] is %g; every factor must be above 0", i, s)})
+		}
+	}
+	if cfg.Has("speed") && len(cfg.Floats("speed")) == 0 {
+		errs = append(errs, &graph.FieldError{Field: "speed", Err: fmt.Errorf("must list at least one factor")})
+	}
+	return errs
+}
+
+func nonNegative(cfg *graph.Config, names ...string) []error {
+	var errs []error
+	for _, n := range names {
+		if cfg.Int(n) < 0 {
+			errs = append(errs, &graph.FieldError{Field: n, Err: fmt.Errorf("must be 0 or more; got %d", cfg.Int(n))})
+		}
+	}
+	return errs
+}

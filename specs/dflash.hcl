@@ -1,0 +1,57 @@
+# The DFlash job: 5 target replicas run a frozen byte-level LM forward and
+# push hidden states to 3 drafter replicas that train one block drafter
+# data-parallel. round_robin wires 5 on 3 as 2-2-1; the one-line fix is
+#
+#   dflow run specs/dflash.hcl --set edge.hs.policy=shared
+
+pipeline "dflash" {
+  description = "5 target replicas feed 3 drafter replicas"
+}
+
+variable "targets" {
+  default = 5
+}
+
+variable "corpus" {
+  default = "corpus/"
+}
+
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = var.corpus # a file, folder or glob of text
+    seq_len    = 64
+    batch_size = 8
+  }
+}
+
+stage "target" {
+  node     = "target_forward"
+  replicas = var.targets
+  devices  = ["cpu"]
+  config {
+    model = "models/target.safetensors"
+  }
+}
+
+stage "drafter" {
+  node     = "drafter_train"
+  replicas = 3
+  config {
+    block_size = 4
+  }
+}
+
+edge "tokens" {
+  from     = reader.out
+  to       = target.in
+  policy   = "shared"
+  capacity = 16
+}
+
+edge "hs" {
+  from     = target.hidden
+  to       = drafter.hidden
+  policy   = "round_robin" # the 2-2-1 split; "shared" balances it
+  capacity = 8
+}
