@@ -3,6 +3,7 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -35,9 +36,8 @@ func (d *decoder) resolveStage(s *Stage) {
 	}
 	k, ok := d.loader.Catalog.Kind(s.Node)
 	if !ok {
-		d.errorf(s.NodeRange, "unknown node kind",
-			"stage %q: node kind %q is not known%s.%s",
-			s.Name, s.Node, didYouMean(s.Node, d.loader.Catalog.KindNames()), d.kindHint(s.Node))
+		d.errorf(s.NodeRange, "unknown node kind", "stage %q: node kind %q is not known%s",
+			s.Name, s.Node, hinted(didYouMean(s.Node, d.loader.Catalog.KindNames()), d.kindHint(s.Node)))
 		return
 	}
 	s.Kind = k
@@ -81,11 +81,12 @@ func (d *decoder) decodeConfig(s *Stage, k *Kind) {
 	if body, ok := d.configBodies[s]; ok {
 		content, diags := body.Content(schema)
 		d.diags = append(d.diags, d.configDiags(s, diags)...)
-		for name, a := range content.Attributes {
+		for _, a := range byPosition(content.Attributes) {
+			name := a.Name
 			f := fields[name]
 			if v, ok := d.value(a, f.Type.cty(), "of type "+f.Type.String()); ok {
 				if err := checkField(f, v); err != nil {
-					d.errorf(a.Expr.Range(), "invalid value for "+name, "stage %q: %s %v.", s.Name, name, err)
+					d.errorf(a.Expr.Range(), "invalid value for "+name, "stage %q: config attribute %s %v.", s.Name, name, err)
 					continue
 				}
 				cfg.values[name] = v
@@ -141,7 +142,7 @@ func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
 			d.diags = append(d.diags, &hcl.Diagnostic{
 				Severity: hcl.DiagError,
 				Summary:  "invalid --set",
-				Detail:   fmt.Sprintf("--set stage.%s.config.%s=%s: %v.", s.Name, name, raw, err),
+				Detail:   sentence(fmt.Sprintf("--set stage.%s.config.%s=%s: %v", s.Name, name, raw, err)),
 			})
 			continue
 		}
@@ -179,8 +180,8 @@ func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Ra
 	portName := tr[1].(hcl.TraverseAttr).Name
 	s := d.g.stages[stageName]
 	if s == nil {
-		d.errorf(tr[0].SourceRange(), "unknown stage",
-			"edge %q: stage %q is not defined%s.", e.Name, stageName, didYouMean(stageName, keys(d.g.stages)))
+		d.errorf(tr[0].SourceRange(), "unknown stage", "%s", sentence(fmt.Sprintf("edge %q: stage %q is not defined%s",
+			e.Name, stageName, didYouMean(stageName, keys(d.g.stages)))))
 		return nil
 	}
 	if s.Kind == nil {
@@ -201,9 +202,9 @@ func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Ra
 		if len(names) > 0 {
 			list = strings.Join(names, ", ")
 		}
-		d.errorf(tr[1].SourceRange(), "unknown port",
-			"edge %q: stage %q (node %q) has no %s port %q%s. Its %s ports: %s.",
-			e.Name, s.Name, s.Node, dir, portName, didYouMean(portName, names), dir, list)
+		d.errorf(tr[1].SourceRange(), "unknown port", "%s", sentence(fmt.Sprintf(
+			"edge %q: stage %q (node %q) has no %s port %q; its %s ports are: %s%s",
+			e.Name, s.Name, s.Node, dir, portName, dir, list, didYouMean(portName, names))))
 		return nil
 	}
 	if p.Dir != dir {
@@ -330,4 +331,15 @@ func (d *decoder) mentions(p *Port) bool {
 		}
 	}
 	return false
+}
+
+// byPosition returns attributes in source order, so diagnostics come out
+// in a stable reading order.
+func byPosition(attrs hcl.Attributes) []*hcl.Attribute {
+	out := make([]*hcl.Attribute, 0, len(attrs))
+	for _, a := range attrs {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Range.Start.Byte < out[j].Range.Start.Byte })
+	return out
 }

@@ -3,6 +3,7 @@ package graph
 import (
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -83,6 +84,7 @@ func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
 	}}
 	d.decode(file.Body)
 	diags = append(diags, d.diags...)
+	sortDiagnostics(diags)
 	if diags.HasErrors() {
 		return nil, diags
 	}
@@ -163,7 +165,7 @@ func (d *decoder) unique(b *hcl.Block) bool {
 	if first, dup := d.declared[key]; dup {
 		d.errorf(b.LabelRanges[0], "duplicate "+b.Type+" name",
 			"%s %q is already declared at %s; each %s needs a unique name.",
-			b.Type, b.Labels[0], first, b.Type)
+			b.Type, b.Labels[0], at(first), b.Type)
 		return false
 	}
 	d.declared[key] = b.LabelRanges[0]
@@ -190,7 +192,7 @@ func validName(s string) bool {
 func (d *decoder) decodePipeline(b *hcl.Block) {
 	if first, dup := d.declared["pipeline"]; dup {
 		d.errorf(b.DefRange, "duplicate pipeline block",
-			"A spec has at most one pipeline block; the first is at %s.", first)
+			"A spec has at most one pipeline block; the first is at %s.", at(first))
 		return
 	}
 	d.declared["pipeline"] = b.DefRange
@@ -388,9 +390,12 @@ func (d *decoder) checkPolicy(e *Edge, r hcl.Range) {
 			return
 		}
 	}
-	d.errorf(r, "unknown policy",
-		"edge %q: policy %q is not known%s; the policies are \"round_robin\" and \"shared\".",
-		e.Name, e.Policy, didYouMean(string(e.Policy), policyNames()))
+	d.errorf(r, "unknown policy", "%s", policyError(e.Name, string(e.Policy)))
+}
+
+func policyError(edge, policy string) string {
+	return fmt.Sprintf("edge %q: policy %q is not known%s", edge, policy,
+		hinted(didYouMean(policy, policyNames()), ` The policies are "round_robin" and "shared".`))
 }
 
 func policyNames() []string {
@@ -414,15 +419,42 @@ func (d *decoder) portRef(a *hcl.Attribute) hcl.Traversal {
 	return nil
 }
 
+// checkVarRefs reports references to undeclared variables in expr.
+func (d *decoder) checkVarRefs(expr hcl.Expression) bool {
+	if d.ctx == nil {
+		return true // hcl itself reports variables where none are allowed
+	}
+	ok := true
+	declared := d.ctx.Variables["var"]
+	for _, tr := range expr.Variables() {
+		if tr.RootName() != "var" || len(tr) < 2 {
+			continue
+		}
+		attr, isAttr := tr[1].(hcl.TraverseAttr)
+		if !isAttr || declared.Type().HasAttribute(attr.Name) {
+			continue
+		}
+		d.errorf(tr.SourceRange(), "undeclared variable", "%s",
+			sentence(fmt.Sprintf("var.%s is not declared; add a variable %q block%s",
+				attr.Name, attr.Name, didYouMean(attr.Name, keys(declared.Type().AttributeTypes())))))
+		ok = false
+	}
+	return ok
+}
+
 // value evaluates an attribute and converts it to want.
 func (d *decoder) value(a *hcl.Attribute, want cty.Type, what string) (cty.Value, bool) {
+	if !d.checkVarRefs(a.Expr) {
+		return cty.NilVal, false
+	}
 	v, diags := a.Expr.Value(d.ctx)
 	d.diags = append(d.diags, diags...)
-	if diags.HasErrors() {
+	if diags.HasErrors() || !v.IsWhollyKnown() {
+		// Unknown values come from variables already reported.
 		return cty.NilVal, false
 	}
 	cv, err := convertValue(v, want)
-	if err != nil || cv.IsNull() || !cv.IsWhollyKnown() {
+	if err != nil || cv.IsNull() {
 		d.errorf(a.Expr.Range(), "invalid value for "+a.Name,
 			"%s must be %s; got %s.", a.Name, what, describe(v))
 		return cty.NilVal, false
@@ -444,25 +476,60 @@ func (d *decoder) countAttr(a *hcl.Attribute, name string) (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	n, err := wholeNumber(v)
-	if err == nil && n < 1 {
-		err = fmt.Errorf("%s must be at least 1; got %d", name, n)
-	}
+	n, err := checkCount(v, name)
 	if err != nil {
-		d.errorf(a.Expr.Range(), "invalid "+name, "%v.", err)
+		d.errorf(a.Expr.Range(), "invalid "+name, "%s %v.", name, err)
 		return 0, false
 	}
 	return n, true
 }
 
+// Limits on counts, so that a typo cannot ask for a million goroutines.
+var countLimits = map[string]int{
+	"replicas":       MaxReplicas,
+	"capacity":       1 << 20,
+	"capacity_bytes": 1 << 40,
+}
+
+// MaxReplicas bounds a stage's replica count.
+const MaxReplicas = 1024
+
+func checkCount(v cty.Value, name string) (int, error) {
+	n, err := wholeNumber(v)
+	switch {
+	case err != nil:
+		return 0, err
+	case n < 1:
+		return 0, fmt.Errorf("must be at least 1; got %d", n)
+	case n > countLimits[name]:
+		return 0, fmt.Errorf("must be at most %d; got %d", countLimits[name], n)
+	}
+	return n, nil
+}
+
 func wholeNumber(v cty.Value) (int, error) {
 	bf := v.AsBigFloat()
 	if !bf.IsInt() {
-		return 0, fmt.Errorf("want a whole number; got %s", bf.Text('g', -1))
+		return 0, fmt.Errorf("must be a whole number; got %s", bf.Text('g', -1))
 	}
 	i, acc := bf.Int64()
 	if acc != 0 || i > 1<<40 || i < -(1<<40) {
 		return 0, fmt.Errorf("%s is out of range", bf.Text('g', -1))
 	}
 	return int(i), nil
+}
+
+// sortDiagnostics orders diagnostics for reading: those without a position
+// (command-line problems) first, then by file and position.
+func sortDiagnostics(diags hcl.Diagnostics) {
+	sort.SliceStable(diags, func(i, j int) bool {
+		a, b := diags[i].Subject, diags[j].Subject
+		switch {
+		case a == nil || b == nil:
+			return a == nil && b != nil
+		case a.Filename != b.Filename:
+			return a.Filename < b.Filename
+		}
+		return a.Start.Byte < b.Start.Byte
+	})
 }

@@ -17,7 +17,7 @@ func (d *decoder) applySets() {
 			d.diags = append(d.diags, &hcl.Diagnostic{
 				Severity: hcl.DiagError,
 				Summary:  "invalid --set",
-				Detail:   fmt.Sprintf("--set %s: %v.", set, err),
+				Detail:   sentence(fmt.Sprintf("--set %s: %v", set, err)),
 			})
 		}
 	}
@@ -61,8 +61,8 @@ func (d *decoder) setEdge(e *Edge, attr []string, raw string) error {
 				return nil
 			}
 		}
-		return fmt.Errorf("policy %q is not known%s; the policies are \"round_robin\" and \"shared\"",
-			raw, didYouMean(raw, policyNames()))
+		return fmt.Errorf("policy %q is not known%s", raw,
+			hinted(didYouMean(raw, policyNames()), ` The policies are "round_robin" and "shared"`))
 	case "capacity":
 		n, err := setCount(raw, "capacity")
 		e.Capacity = n
@@ -96,12 +96,9 @@ func setCount(raw, name string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := wholeNumber(v)
+	n, err := checkCount(v, name)
 	if err != nil {
-		return 0, err
-	}
-	if n < 1 {
-		return 0, fmt.Errorf("%s must be at least 1; got %d", name, n)
+		return 0, fmt.Errorf("%s %v", name, err)
 	}
 	return n, nil
 }

@@ -2,6 +2,9 @@ package graph
 
 import (
 	"fmt"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
 
 	"github.com/agext/levenshtein"
 )
@@ -19,4 +22,26 @@ func didYouMean(given string, candidates []string) string {
 		return ""
 	}
 	return fmt.Sprintf("; did you mean %q?", best)
+}
+
+// sentence ends a message with a period unless it ends with a question.
+func sentence(s string) string {
+	if strings.HasSuffix(s, "?") || strings.HasSuffix(s, ".") {
+		return s
+	}
+	return s + "."
+}
+
+// at formats a range's start as FILE:LINE:COL.
+func at(r hcl.Range) string {
+	return fmt.Sprintf("%s:%d:%d", r.Filename, r.Start.Line, r.Start.Column)
+}
+
+// hinted joins a did-you-mean suggestion and a hint sentence (which starts
+// with a space): `; did you mean "x"? Hint.` or `. Hint.`.
+func hinted(suggestion, hint string) string {
+	if suggestion == "" {
+		return "." + hint
+	}
+	return suggestion + hint
 }

@@ -18,6 +18,7 @@ type variable struct {
 	typ      cty.Type // cty.DynamicPseudoType when neither type nor default says
 	value    cty.Value
 	declared hcl.Range
+	invalid  bool // a bad default or value was already reported
 }
 
 var variableSchema = &hcl.BodySchema{
@@ -56,8 +57,10 @@ func (d *decoder) evalContext(blocks []*hcl.Block) *hcl.EvalContext {
 	for _, name := range order {
 		v := vars[name]
 		if v.value == cty.NilVal {
-			d.errorf(v.declared, "variable not set",
-				"variable %q has no default; set it with --var %s=VALUE or in a --var-file.", name, name)
+			if !v.invalid {
+				d.errorf(v.declared, "variable not set",
+					"variable %q has no default; set it with --var %s=VALUE or in a --var-file.", name, name)
+			}
 			values[name] = cty.DynamicVal
 			continue
 		}
@@ -90,6 +93,7 @@ func (d *decoder) decodeVariable(b *hcl.Block) *variable {
 		if err != nil {
 			d.errorf(a.Expr.Range(), "invalid default",
 				"variable %q: the default is %s, which is not of type %s.", v.name, describe(val), v.typ.FriendlyName())
+			v.invalid = true
 			return v
 		}
 		v.value = cv
@@ -115,7 +119,7 @@ func (d *decoder) applyVarFile(path string, vars map[string]*variable) {
 		v, ok := vars[name]
 		if !ok {
 			d.errorf(a.NameRange, "undeclared variable",
-				"%s sets variable %q, which %s does not declare%s.", path, name, d.filename, didYouMean(name, keys(vars)))
+				"%s", sentence(fmt.Sprintf("%s sets variable %q, which %s does not declare%s", path, name, d.filename, didYouMean(name, keys(vars)))))
 			continue
 		}
 		val, diags := a.Expr.Value(nil)
@@ -139,8 +143,8 @@ func (d *decoder) applyVar(name, raw string, vars map[string]*variable) {
 		d.diags = append(d.diags, &hcl.Diagnostic{
 			Severity: hcl.DiagError,
 			Summary:  "undeclared variable",
-			Detail: fmt.Sprintf("--var %s=%s: %s declares no variable %q%s.",
-				name, raw, d.filename, name, didYouMean(name, keys(vars))),
+			Detail: sentence(fmt.Sprintf("--var %s=%s: %s declares no variable %q%s",
+				name, raw, d.filename, name, didYouMean(name, keys(vars)))),
 		})
 		return
 	}

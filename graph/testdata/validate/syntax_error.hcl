@@ -1,0 +1,5 @@
+stage "source" {
+  node = "synthetic_source"
+  config {
+    count = 
+  }

@@ -1,0 +1,7 @@
+stage "work" {
+  node = "synthetic_wrk"
+}
+
+stage "plug" {
+  node = "mine/filter"
+}

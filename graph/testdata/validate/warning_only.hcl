@@ -1,0 +1,15 @@
+stage "source" {
+  node = "synthetic_source"
+  config {
+    count = 4
+  }
+}
+
+stage "work" {
+  node = "synthetic_work"
+}
+
+edge "e" {
+  from = source.out
+  to   = work.in
+}

@@ -1,0 +1,15 @@
+stage "source" {
+  node = "synthetic_source"
+  config {
+    count = 10
+  }
+}
+
+stage "sink" {
+  node = "sink"
+}
+
+edge "backwards" {
+  from = sink.in
+  to   = source.out
+}

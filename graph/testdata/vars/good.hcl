@@ -1,0 +1,2 @@
+targets = 2
+items = 50
