@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/synthetic" // built-in synthetic nodes
@@ -41,11 +43,14 @@ func init() {
 		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem", cmdValidate},
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types", cmdGraph},
 		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format", cmdFmt},
+		{"run", "SPEC [--report FILE] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
 	}
 }
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, registry: nodes.Default}
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, registry: nodes.Default, signals: sig}
 	os.Exit(e.main(os.Args[1:]))
 }
 

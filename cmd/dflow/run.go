@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/report"
+)
+
+func cmdRun(e *env, args []string) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var sf specFlags
+	sf.register(fs)
+	reportPath := fs.String("report", "", "write the run report (JSON) to this file")
+	grace := fs.Duration("grace", 5*time.Second, "how long replicas get to stop after a failure or abort")
+	files, code, ok := parse(e, fs, args, "SPEC [flags]")
+	if !ok {
+		return code
+	}
+	if len(files) != 1 {
+		return usageErr(e, "run", "want exactly one spec, got %d", len(files))
+	}
+	g := e.load(&sf, files[0])
+	if g == nil {
+		return exitFailed
+	}
+
+	ctx, abort := context.WithCancel(context.Background())
+	defer abort()
+	drain := make(chan struct{})
+	stopSignals := e.watchSignals(drain, abort)
+	defer stopSignals()
+
+	rep, err := engine.Run(ctx, g, engine.Options{Registry: e.registry, Drain: drain, Grace: *grace})
+	summarize(e.stderr, rep)
+	if *reportPath != "" {
+		if werr := rep.Write(*reportPath); werr != nil {
+			fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
+			return exitFailed
+		}
+	}
+	switch {
+	case err != nil:
+		fmt.Fprintf(e.stderr, "dflow run: %s: %v\n", files[0], err)
+		return exitFailed
+	case rep.Status == report.Interrupted:
+		return exitInterrupted
+	}
+	return exitOK
+}
+
+// watchSignals turns the first interrupt into a drain and the second into
+// an abort.
+func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop func()) {
+	if e.signals == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-e.signals:
+			fmt.Fprintln(e.stderr, "dflow: draining: sources stopped, finishing items in flight (Ctrl-C again to abort)")
+			close(drain)
+		case <-done:
+			return
+		}
+		select {
+		case <-e.signals:
+			fmt.Fprintln(e.stderr, "dflow: aborting")
+			abort()
+		case <-done:
+		}
+	}()
+	return func() { close(done) }
+}
+
+// summarize prints the end-of-run figures.
+func summarize(w io.Writer, rep *report.Report) {
+	fmt.Fprintf(w, "run %s in %.2fs\n", rep.Status, rep.WallSeconds)
+	for _, name := range sortedNames(rep.Stages) {
+		st := rep.Stages[name]
+		var in, out int64
+		util := make([]string, len(st.Replicas))
+		for i, r := range st.Replicas {
+			in += r.ItemsIn
+			out += r.ItemsOut
+			util[i] = fmt.Sprintf("%.0f%%", 100*r.Utilization)
+		}
+		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v\n", name, in, out, util)
+	}
+	for _, name := range sortedNames(rep.Edges) {
+		ed := rep.Edges[name]
+		fmt.Fprintf(w, "  edge  %-10s %s produced=%d consumed=%d\n", name, ed.Policy, ed.Produced, ed.Consumed)
+	}
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}

@@ -1,0 +1,318 @@
+// Package engine runs a validated graph: every stage replica in its own
+// goroutine, items moving through bounded queues wired per the graph's
+// edges, end-of-input derived from the topology. docs/runtime.md
+// describes the model; the public surface is nodes.Node and Run.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// Options tune a run.
+type Options struct {
+	// Registry builds the nodes; nodes.Default when nil.
+	Registry *nodes.Registry
+	// Drain, when closed, starts a drain: sources are stopped, items in
+	// flight are consumed, nodes see Replica.Draining closed, and the run
+	// ends "interrupted". Cancelling Run's ctx instead aborts at once.
+	Drain <-chan struct{}
+	// Grace is how long replicas get to return after the run is
+	// cancelled before Run gives up on them (default 5s).
+	Grace time.Duration
+	// SampleEvery is the queue-depth sampling period (default 10ms).
+	SampleEvery time.Duration
+}
+
+// Run is one execution of a graph.
+type run struct {
+	g        *graph.Graph
+	opts     Options
+	stages   []*stage
+	edges    []*edge
+	draining chan struct{}
+	start    time.Time
+
+	mu       sync.Mutex
+	firstErr error
+	cancel   context.CancelFunc
+}
+
+type stage struct {
+	g        *graph.Stage
+	run      *run
+	node     nodes.Node
+	replicas []*replica
+	group    *group
+	metrics  *metrics
+}
+
+type edge struct {
+	g      *graph.Edge
+	queues []*queue
+}
+
+// Run executes g until every stage has finished, the run fails, ctx is
+// cancelled (abort) or opts.Drain is closed (drain). It always returns a
+// report; the error is the run's first failure, naming stage and replica.
+func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, error) {
+	if opts.Registry == nil {
+		opts.Registry = nodes.Default
+	}
+	if opts.Grace == 0 {
+		opts.Grace = 5 * time.Second
+	}
+	if opts.SampleEvery == 0 {
+		opts.SampleEvery = 10 * time.Millisecond
+	}
+	r := &run{g: g, opts: opts, draining: make(chan struct{})}
+	if err := r.build(); err != nil {
+		rep := r.report(time.Now(), report.Failed, err)
+		return rep, err
+	}
+	return r.execute(ctx)
+}
+
+// build constructs nodes, queues and replica ports.
+func (r *run) build() error {
+	byName := map[string]*stage{}
+	for _, gs := range r.g.Stages {
+		spec, ok := r.opts.Registry.Spec(gs.Node)
+		if !ok || spec.New == nil {
+			return fmt.Errorf("stage %q: node kind %q cannot be run: no constructor registered", gs.Name, gs.Node)
+		}
+		n, err := spec.New(gs.Config)
+		if err != nil {
+			return fmt.Errorf("stage %q (%s): %w", gs.Name, gs.Node, err)
+		}
+		s := &stage{g: gs, run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
+		for i := 0; i < gs.Replicas; i++ {
+			s.replicas = append(s.replicas, &replica{
+				stage: s, index: i, device: gs.Device(i),
+				inputs: map[string]*input{}, outputs: map[string]*output{},
+			})
+		}
+		for _, rep := range s.replicas {
+			for _, p := range gs.Inputs {
+				rep.inputs[p.Name] = &input{r: rep}
+			}
+			for _, p := range gs.Outputs {
+				rep.outputs[p.Name] = &output{r: rep}
+			}
+		}
+		r.stages = append(r.stages, s)
+		byName[gs.Name] = s
+	}
+	for _, ge := range r.g.Edges {
+		e := &edge{g: ge}
+		for _, gq := range ge.Queues {
+			e.queues = append(e.queues, newQueue(e, gq, ge.Capacity, ge.CapacityBytes))
+		}
+		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
+		for i, rep := range from.replicas {
+			oe := &outEdge{}
+			for _, qi := range ge.ProducerQueues(i) {
+				oe.queues = append(oe.queues, e.queues[qi])
+			}
+			out := rep.outputs[ge.From.Name]
+			out.edges = append(out.edges, oe)
+		}
+		for i, rep := range to.replicas {
+			in := rep.inputs[ge.To.Name]
+			q := e.queues[ge.ConsumerQueue(i)]
+			in.all = append(in.all, q)
+			in.live = append(in.live, q)
+		}
+		r.edges = append(r.edges, e)
+	}
+	return nil
+}
+
+func (r *run) execute(parent context.Context) (*report.Report, error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	r.cancel = cancel
+	srcCtx, stopSources := context.WithCancel(ctx)
+	defer stopSources()
+
+	r.start = time.Now()
+	var wg sync.WaitGroup
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			rep.start, rep.mark = r.start, r.start
+			rctx := ctx
+			if rep.isSource() {
+				rctx = srcCtx
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.finish(rep, r.call(rctx, rep))
+			}()
+		}
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+
+	stopSampling := r.sample(finished)
+	defer stopSampling()
+
+	drain := r.opts.Drain
+	for {
+		select {
+		case <-finished:
+			return r.result(parent)
+		case <-drain:
+			drain = nil
+			close(r.draining)
+			stopSources()
+		case <-ctx.Done():
+			select {
+			case <-finished:
+			case <-time.After(r.opts.Grace):
+				r.fail(fmt.Errorf("replicas %s did not stop within %v of cancellation", r.running(), r.opts.Grace))
+			}
+			return r.result(parent)
+		}
+	}
+}
+
+// call runs one replica's node, turning a panic into an error.
+func (r *run) call(ctx context.Context, rep *replica) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("panic: %v\n%s", p, trimStack(debug.Stack()))
+		}
+	}()
+	err = rep.stage.node.Run(ctx, rep)
+	if err != nil && rep.isSource() && r.isDraining() && errors.Is(err, context.Canceled) {
+		err = nil // a source stopped by the drain ended cleanly
+	}
+	return err
+}
+
+func (r *run) isDraining() bool {
+	select {
+	case <-r.draining:
+		return true
+	default:
+		return false
+	}
+}
+
+// finish does the bookkeeping when a replica's Run returns: it closes the
+// queues it was the last producer of, and checks that it did not leave a
+// queue unfinished as its last consumer.
+func (r *run) finish(rep *replica, err error) {
+	now := time.Now()
+	rep.itemBusy += now.Sub(rep.mark)
+	if rep.pending {
+		rep.itemDone() // returned while working on an item
+	}
+	rep.ended.Store(now.UnixNano())
+	rep.stage.group.leave(rep.index)
+	if err != nil {
+		r.fail(fmt.Errorf("stage %q replica %d: %w", rep.stage.g.Name, rep.index, err))
+	}
+	for _, out := range rep.outputs {
+		for _, oe := range out.edges {
+			for _, q := range oe.queues {
+				q.producerDone(rep.index)
+			}
+		}
+	}
+	for _, in := range rep.inputs {
+		for _, q := range in.all {
+			if unfinished, unread := q.consumerDone(); unfinished && err == nil {
+				r.fail(fmt.Errorf("edge %q: stage %q returned while stage %q still produces (%d items unread); a consumer must read its input to the end",
+					q.edge.g.Name, q.edge.g.To.Stage.Name, q.edge.g.From.Stage.Name, unread))
+			}
+		}
+	}
+}
+
+// fail records the run's first error and cancels everything.
+func (r *run) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.firstErr == nil {
+		r.firstErr = err
+		r.cancel()
+	}
+}
+
+func (r *run) err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.firstErr
+}
+
+// running names the replicas that have not returned.
+func (r *run) running() string {
+	var names []string
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			if rep.ended.Load() == 0 {
+				names = append(names, fmt.Sprintf("%s[%d]", s.g.Name, rep.index))
+			}
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+func (r *run) result(parent context.Context) (*report.Report, error) {
+	err := r.err()
+	status := report.OK
+	switch {
+	case parent.Err() != nil && (err == nil || errors.Is(err, context.Canceled)):
+		status, err = report.Interrupted, nil
+	case err != nil:
+		status = report.Failed
+	case r.isDraining():
+		status = report.Interrupted
+	}
+	return r.report(time.Now(), status, err), err
+}
+
+// sample records queue depths every SampleEvery until done.
+func (r *run) sample(done <-chan struct{}) (stop func()) {
+	quit := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(r.opts.SampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				for _, e := range r.edges {
+					for _, q := range e.queues {
+						q.sample()
+					}
+				}
+			case <-done:
+				return
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() { close(quit); <-finished }
+}
+
+func trimStack(b []byte) string {
+	lines := strings.Split(string(b), "\n")
+	if len(lines) > 16 {
+		lines = lines[:16]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,86 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/report"
+)
+
+// report assembles the run report from the live counters.
+func (r *run) report(now time.Time, status string, err error) *report.Report {
+	rep := &report.Report{
+		Spec:        r.g.Filename,
+		Status:      status,
+		Stages:      map[string]report.Stage{},
+		Edges:       map[string]report.Edge{},
+		Series:      []report.Sample{},
+		Diagnosis:   []string{},
+		WallSeconds: seconds(now.Sub(r.start)),
+	}
+	if r.start.IsZero() {
+		rep.WallSeconds = 0
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	for _, s := range r.stages {
+		st := report.Stage{Node: s.g.Node, Metrics: s.metrics.snapshot()}
+		for _, rp := range s.replicas {
+			st.Replicas = append(st.Replicas, rp.figures(now))
+		}
+		rep.Stages[s.g.Name] = st
+	}
+	for _, e := range r.edges {
+		re := report.Edge{Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
+		for i, q := range e.queues {
+			re.Produced += q.produced.Load()
+			re.Consumed += q.consumed.Load()
+			rq := report.Queue{
+				Producers: e.g.Queues[i].Producers,
+				Consumers: e.g.Queues[i].Consumers,
+				MaxDepth:  q.maxDepth.Load(),
+			}
+			if n := q.samples.Load(); n > 0 {
+				rq.MeanDepth = float64(q.depthSum.Load()) / float64(n)
+			}
+			re.Queues = append(re.Queues, rq)
+		}
+		rep.Edges[e.g.Name] = re
+	}
+	return rep
+}
+
+// figures reads one replica's counters. Busy is the lifetime less idle and
+// blocked, so the three add up exactly.
+func (rp *replica) figures(now time.Time) report.Replica {
+	end := now
+	if ns := rp.ended.Load(); ns != 0 {
+		end = time.Unix(0, ns)
+	}
+	life := time.Duration(0)
+	if !rp.start.IsZero() {
+		life = end.Sub(rp.start)
+	}
+	idle, blocked := time.Duration(rp.idle.Load()), time.Duration(rp.blocked.Load())
+	busy := max(life-idle-blocked, 0)
+	out := report.Replica{
+		Index:          rp.index,
+		Device:         rp.device,
+		ItemsIn:        rp.itemsIn.Load(),
+		ItemsOut:       rp.itemsOut.Load(),
+		BusySeconds:    seconds(busy),
+		IdleSeconds:    seconds(idle),
+		BlockedSeconds: seconds(blocked),
+		ServiceSeconds: report.Summary{
+			Mean: seconds(rp.service.mean()),
+			P50:  seconds(rp.service.quantile(0.5)),
+			P99:  seconds(rp.service.quantile(0.99)),
+		},
+	}
+	if life > 0 {
+		out.Utilization = float64(busy) / float64(life)
+	}
+	return out
+}
+
+func seconds(d time.Duration) float64 { return d.Seconds() }

@@ -1,0 +1,108 @@
+// Package report defines the run report (DESIGN.md "Run report"): what
+// `dflow run --report` and `dflow sim --report` write, and what later
+// commands read back.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+)
+
+// Status values.
+const (
+	OK          = "ok"
+	Failed      = "failed"
+	Interrupted = "interrupted"
+)
+
+// Report is one run of a spec.
+type Report struct {
+	Spec        string           `json:"spec"`
+	Status      string           `json:"status"`
+	Error       string           `json:"error"`
+	Simulated   bool             `json:"simulated"`
+	WallSeconds float64          `json:"wall_seconds"`
+	Stages      map[string]Stage `json:"stages"`
+	Edges       map[string]Edge  `json:"edges"`
+	Series      []Sample         `json:"series"`
+	Diagnosis   []string         `json:"diagnosis"`
+}
+
+// Stage is one stage's figures.
+type Stage struct {
+	Node     string             `json:"node"`
+	Replicas []Replica          `json:"replicas"`
+	Metrics  map[string]float64 `json:"metrics"`
+}
+
+// Replica is one replica's figures. Busy, idle and blocked seconds add up
+// to the replica's lifetime.
+type Replica struct {
+	Index          int     `json:"index"`
+	Device         string  `json:"device"`
+	ItemsIn        int64   `json:"items_in"`
+	ItemsOut       int64   `json:"items_out"`
+	BusySeconds    float64 `json:"busy_seconds"`
+	IdleSeconds    float64 `json:"idle_seconds"`
+	BlockedSeconds float64 `json:"blocked_seconds"`
+	Utilization    float64 `json:"utilization"`
+	ServiceSeconds Summary `json:"service_seconds"`
+}
+
+// Summary summarizes a distribution of durations, in seconds.
+type Summary struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P99  float64 `json:"p99"`
+}
+
+// Edge is one edge's figures.
+type Edge struct {
+	Policy        string  `json:"policy"`
+	Capacity      int     `json:"capacity"`
+	CapacityBytes int64   `json:"capacity_bytes,omitempty"`
+	Produced      int64   `json:"produced"`
+	Consumed      int64   `json:"consumed"`
+	Queues        []Queue `json:"queues"`
+}
+
+// Queue is one queue of an edge.
+type Queue struct {
+	Producers []int   `json:"producers"`
+	Consumers []int   `json:"consumers"`
+	MeanDepth float64 `json:"mean_depth"`
+	MaxDepth  int64   `json:"max_depth"`
+}
+
+// Sample is one point of the time series.
+type Sample struct {
+	T           float64              `json:"t"`
+	Queues      map[string][]int     `json:"queues"`
+	Utilization map[string][]float64 `json:"utilization"`
+}
+
+// Write saves the report as indented JSON.
+func (r *Report) Write(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	return nil
+}
+
+// Read loads a saved report.
+func Read(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("report: %w", err)
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("report: %s: %w", path, err)
+	}
+	return &r, nil
+}
