@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -13,6 +14,7 @@ import (
 )
 
 func cmdRun(e *env, args []string) int {
+	e = e.withLockedStderr() // the signal watcher prints too
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
@@ -36,6 +38,11 @@ func cmdRun(e *env, args []string) int {
 	stopSignals := e.watchSignals(drain, abort)
 	defer stopSignals()
 
+	replicas := 0
+	for _, s := range g.Stages {
+		replicas += s.Replicas
+	}
+	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
 	rep, err := engine.Run(ctx, g, engine.Options{Registry: e.registry, Drain: drain, Grace: *grace})
 	summarize(e.stderr, rep)
 	if *reportPath != "" {
@@ -106,4 +113,22 @@ func sortedNames[V any](m map[string]V) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// lockedWriter serializes writes from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (e *env) withLockedStderr() *env {
+	c := *e
+	c.stderr = &lockedWriter{w: e.stderr}
+	return &c
 }

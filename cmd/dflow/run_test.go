@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// TestMain lets the test binary act as dflow itself (DFLOW_AS_MAIN=1), so
+// signal tests run a real process without a separate build step.
+func TestMain(m *testing.M) {
+	if os.Getenv("DFLOW_AS_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func readReport(t *testing.T, path string) *report.Report {
+	t.Helper()
+	rep, err := report.Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestRunOK(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--report", out)
+	if code != exitOK || !strings.Contains(stderr, "run ok") {
+		t.Fatalf("code %d\n%s", code, stderr)
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.OK || rep.Spec != "../../specs/fan.hcl" || len(rep.Stages) != 4 {
+		t.Fatalf("report: %+v", rep)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != e.Consumed || e.Produced != 200 {
+			t.Errorf("edge %s: produced %d consumed %d, want 200", name, e.Produced, e.Consumed)
+		}
+	}
+	if got := rep.Stages["sink"].Replicas[0].ItemsIn; got != 400 {
+		t.Errorf("sink got %d items, want 400 (fan-out then fan-in)", got)
+	}
+	// The report's raw JSON has the DESIGN.md keys.
+	raw, _ := os.ReadFile(out)
+	for _, key := range []string{`"wall_seconds"`, `"busy_seconds"`, `"service_seconds"`, `"mean_depth"`, `"simulated": false`} {
+		if !bytes.Contains(raw, []byte(key)) {
+			t.Errorf("report lacks %s", key)
+		}
+	}
+}
+
+func TestRunFailure(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--set", "stage.wide.config.fail_after=3", "--report", out)
+	if code != exitFailed || !strings.Contains(stderr, `stage "wide" replica`) || !strings.Contains(stderr, "injected failure after 3 items") {
+		t.Fatalf("code %d\n%s", code, stderr)
+	}
+	if rep := readReport(t, out); rep.Status != report.Failed || !strings.Contains(rep.Error, "injected failure") {
+		t.Errorf("report status %s error %q", rep.Status, rep.Error)
+	}
+	if code, _, _ := dflow(t, "run", "../../graph/testdata/validate/cycle.hcl"); code != exitFailed {
+		t.Errorf("invalid spec: code %d", code)
+	}
+}
+
+// TestRunDrainInProcess: an interrupt drains; exit 130, the report says
+// interrupted and every edge balances.
+func TestRunDrainInProcess(t *testing.T) {
+	sig := make(chan os.Signal, 1)
+	sig <- os.Interrupt
+	var stdout, stderr bytes.Buffer
+	e := &env{stdout: &stdout, stderr: &stderr, registry: nodes.Default, signals: sig}
+	out := filepath.Join(t.TempDir(), "r.json")
+	code := e.main([]string{"run", "../../specs/seed.hcl", "--var", "items=100000", "--report", out})
+	if code != exitInterrupted {
+		t.Fatalf("code %d\n%s", code, stderr.String())
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.Interrupted {
+		t.Errorf("status %s", rep.Status)
+	}
+	for name, ed := range rep.Edges {
+		if ed.Produced != ed.Consumed {
+			t.Errorf("edge %s: produced %d consumed %d", name, ed.Produced, ed.Consumed)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRunSignals runs dflow as a real process: one SIGINT drains (exit
+// 130, balanced report); two abort (exit 130 at once).
+func TestRunSignals(t *testing.T) {
+	for _, signals := range []int{1, 2} {
+		t.Run(map[int]string{1: "drain", 2: "abort"}[signals], func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "r.json")
+			cmd := exec.Command(os.Args[0], "run", "../../specs/seed.hcl", "--var", "items=100000", "--report", out)
+			cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
+			var stderr syncBuffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for !strings.Contains(stderr.String(), "dflow: running") {
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					t.Fatalf("never started:\n%s", stderr.String())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			for i := 0; i < signals; i++ {
+				cmd.Process.Signal(syscall.SIGINT)
+				for i == 0 && signals == 2 && !strings.Contains(stderr.String(), "draining") {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("did not exit:\n%s", stderr.String())
+			}
+			if code := cmd.ProcessState.ExitCode(); code != exitInterrupted {
+				t.Fatalf("exit %d\n%s", code, stderr.String())
+			}
+			raw, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatalf("no report: %v\n%s", err, stderr.String())
+			}
+			var rep report.Report
+			json.Unmarshal(raw, &rep)
+			if rep.Status != report.Interrupted {
+				t.Errorf("status %q", rep.Status)
+			}
+			if signals == 1 {
+				for name, ed := range rep.Edges {
+					if ed.Produced != ed.Consumed {
+						t.Errorf("drain: edge %s produced %d consumed %d", name, ed.Produced, ed.Consumed)
+					}
+				}
+			}
+		})
+	}
+}
