@@ -1,0 +1,25 @@
+// Package graph loads dflow pipeline specs and models the validated graph.
+//
+// A spec is HCL (native or JSON syntax) with pipeline, variable, plugin,
+// stage and edge blocks; docs/spec-language.md is the reference. A Loader
+// decodes a spec against a Catalog of node kinds, checks it as a whole and
+// returns either a *Graph or every problem at once as hcl.Diagnostics with
+// source ranges, which WriteDiagnostics and WriteDiagnosticsJSON print.
+//
+// # Invariants
+//
+// A Graph returned without error diagnostics is complete: every stage has
+// a Kind and resolved ports, every input port has at least one edge, every
+// edge joins an output to an input of compatible type, and the stage graph
+// is acyclic. Each edge's Queues hold its wiring (see Wire), computed once
+// here and shared by the runtime and the simulator. A Graph is read-only
+// after loading and safe to share between goroutines.
+//
+// # Wiring
+//
+// With P producer and C consumer replicas, a shared edge has one queue for
+// all; a round_robin edge has one queue per consumer, producer p feeding
+// consumer p mod C when P >= C, and consumer c fed by producer c mod P
+// when P < C (each producer then rotates over its consumers in the order
+// Edge.ProducerQueues gives).
+package graph
