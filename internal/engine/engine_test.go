@@ -523,3 +523,43 @@ edge "c" {
 		t.Errorf("consumed %d, want 50", rep.Edges["c"].Consumed)
 	}
 }
+
+// TestRandomFaults injects a failure or a panic at a random stage and item
+// of random DAGs: every run ends; a failed run names the stage at fault; a
+// run that never reached the fault delivers everything.
+func TestRandomFaults(t *testing.T) {
+	n := 40
+	if testing.Short() {
+		n = 10
+	}
+	for seed := range n {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(seed), 99))
+			spec, paths := randomDAG(r)
+			stage := fmt.Sprintf("s%d", r.IntN(strings.Count(spec, "stage \"")))
+			kind := []string{"fail_after", "panic_after"}[r.IntN(2)]
+			at := r.IntN(12)
+			h := newHarness(t)
+			rep, err := h.run(h.load(spec, fmt.Sprintf("stage.%s.config.%s=%d", stage, kind, at)), Options{})
+			if at == 0 && err == nil {
+				t.Fatalf("%s=0 on %s cannot succeed\n%s", kind, stage, spec)
+			}
+			if err != nil {
+				if rep.Status != report.Failed || !strings.Contains(err.Error(), fmt.Sprintf("stage %q replica ", stage)) {
+					t.Fatalf("status %s, error %v; want it to name %s\n%s", rep.Status, err, stage, spec)
+				}
+				return
+			}
+			checkBalanced(t, rep)
+			for sink, want := range paths {
+				total := 0
+				for _, c := range h.got.counts[sink] {
+					total += c
+				}
+				if total != want {
+					t.Fatalf("sink %s got %d deliveries, want %d", sink, total, want)
+				}
+			}
+		})
+	}
+}
