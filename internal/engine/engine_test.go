@@ -165,16 +165,7 @@ func TestRandomDAGs(t *testing.T) {
 				t.Fatalf("%v\n%s", err, spec)
 			}
 			checkBalanced(t, rep)
-			for sink, want := range paths {
-				got := h.got.counts[sink]
-				total := 0
-				for _, c := range got {
-					total += c
-				}
-				if total != want {
-					t.Fatalf("sink %s got %d item deliveries, want %d\n%s", sink, total, want, spec)
-				}
-			}
+			checkDeliveries(t, h, paths, spec)
 		})
 	}
 }
@@ -551,15 +542,22 @@ func TestRandomFaults(t *testing.T) {
 				return
 			}
 			checkBalanced(t, rep)
-			for sink, want := range paths {
-				total := 0
-				for _, c := range h.got.counts[sink] {
-					total += c
-				}
-				if total != want {
-					t.Fatalf("sink %s got %d deliveries, want %d", sink, total, want)
-				}
-			}
+			checkDeliveries(t, h, paths, spec)
 		})
+	}
+}
+
+// checkDeliveries asserts each sink saw exactly the number of item
+// deliveries the DAG's paths call for.
+func checkDeliveries(t *testing.T, h *harness, paths map[string]int, spec string) {
+	t.Helper()
+	for sink, want := range paths {
+		total := 0
+		for _, c := range h.got.counts[sink] {
+			total += c
+		}
+		if total != want {
+			t.Fatalf("sink %s got %d item deliveries, want %d\n%s", sink, total, want, spec)
+		}
 	}
 }
