@@ -1,0 +1,148 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// The edge benchmarks move b.N items from 5 producer replicas to 3
+// consumer replicas over one edge of capacity 8; one op is one item
+// delivered. BenchmarkEdge* go through the runtime (ports, accounting,
+// termination); BenchmarkRawChannel* are the same shape with plain
+// channels and a WaitGroup, the baseline.
+
+func benchGraph(b *testing.B, policy graph.Policy) (*graph.Graph, *nodes.Registry) {
+	reg := nodes.NewRegistry()
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{
+			Name:   "bench_src",
+			Config: []graph.Field{{Name: "count", Type: graph.Int, Default: cty.NumberIntVal(0)}},
+			Ports: func(*graph.Config) []graph.PortSpec {
+				return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: "x"}}
+			},
+		},
+		New: func(cfg *graph.Config) (nodes.Node, error) {
+			n := cfg.Int("count")
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				out := r.Out("out")
+				for i := 0; i < share(n, r.Index(), r.Replicas()); i++ {
+					if err := out.Send(ctx, r); err != nil {
+						return err
+					}
+				}
+				return nil
+			}), nil
+		},
+	})
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "bench_sink", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "x"}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				in := r.In("in")
+				for {
+					if _, err := in.Recv(ctx); err == io.EOF {
+						return nil
+					} else if err != nil {
+						return err
+					}
+				}
+			}), nil
+		},
+	})
+	src := fmt.Sprintf(`
+stage "p" {
+  node     = "bench_src"
+  replicas = 5
+  config {
+    count = %d
+  }
+}
+stage "c" {
+  node     = "bench_sink"
+  replicas = 3
+}
+edge "e" {
+  from     = p.out
+  to       = c.in
+  policy   = %q
+  capacity = 8
+}`, b.N, policy)
+	g, diags := (&graph.Loader{Catalog: reg}).Load("bench.hcl", []byte(src))
+	if diags.HasErrors() {
+		b.Fatal(diags)
+	}
+	return g, reg
+}
+
+func share(n, i, k int) int {
+	s := n / k
+	if i < n%k {
+		s++
+	}
+	return s
+}
+
+func benchEdge(b *testing.B, policy graph.Policy) {
+	g, reg := benchGraph(b, policy)
+	b.ReportAllocs()
+	b.ResetTimer()
+	rep, err := Run(context.Background(), g, Options{Registry: reg})
+	b.StopTimer()
+	if err != nil || rep.Edges["e"].Consumed != int64(b.N) {
+		b.Fatalf("err %v, consumed %d of %d", err, rep.Edges["e"].Consumed, b.N)
+	}
+}
+
+func BenchmarkEdgeShared(b *testing.B)     { benchEdge(b, graph.Shared) }
+func BenchmarkEdgeRoundRobin(b *testing.B) { benchEdge(b, graph.RoundRobin) }
+
+// benchRaw is the baseline: 5 producer goroutines, 3 consumers, channels
+// of capacity 8 wired like the policy, closed by a WaitGroup per queue.
+func benchRaw(b *testing.B, policy graph.Policy) {
+	queues := graph.Wire(policy, 5, 3)
+	chans := make([]chan any, len(queues))
+	for i := range chans {
+		chans[i] = make(chan any, 8)
+	}
+	producers := make([]sync.WaitGroup, len(queues))
+	for i, q := range queues {
+		producers[i].Add(len(q.Producers))
+		go func() { producers[i].Wait(); close(chans[i]) }()
+	}
+	e := &graph.Edge{Queues: queues}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var consumers sync.WaitGroup
+	for c := 0; c < 3; c++ {
+		consumers.Add(1)
+		go func() {
+			defer consumers.Done()
+			for range chans[e.ConsumerQueue(c)] {
+			}
+		}()
+	}
+	for p := 0; p < 5; p++ {
+		go func() {
+			qs := e.ProducerQueues(p)
+			for i, n := 0, share(b.N, p, 5); i < n; i++ {
+				chans[qs[i%len(qs)]] <- p
+			}
+			for _, q := range qs {
+				producers[q].Done()
+			}
+		}()
+	}
+	consumers.Wait()
+}
+
+func BenchmarkRawChannelShared(b *testing.B)     { benchRaw(b, graph.Shared) }
+func BenchmarkRawChannelRoundRobin(b *testing.B) { benchRaw(b, graph.RoundRobin) }
