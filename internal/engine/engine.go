@@ -179,7 +179,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			select {
 			case <-finished:
 			case <-time.After(r.opts.Grace):
-				r.fail(fmt.Errorf("replicas %s did not stop within %v of cancellation", r.running(), r.opts.Grace))
+				r.stuck()
 			}
 			return r.result(parent)
 		}
@@ -247,6 +247,19 @@ func (r *run) fail(err error) {
 	if r.firstErr == nil {
 		r.firstErr = err
 		r.cancel()
+	}
+}
+
+// stuck adds the replicas that ignored cancellation to the run's error.
+func (r *run) stuck() {
+	running := r.running()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	stuck := fmt.Errorf("replicas %s did not stop within %v of cancellation", running, r.opts.Grace)
+	if r.firstErr == nil {
+		r.firstErr = stuck
+	} else {
+		r.firstErr = fmt.Errorf("%w; and %v", r.firstErr, stuck)
 	}
 }
 

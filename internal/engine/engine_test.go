@@ -287,8 +287,11 @@ func TestStuckReplicaGrace(t *testing.T) {
 	if err == nil || rep.Status != report.Failed {
 		t.Fatalf("want a failure, got %v", err)
 	}
-	if !strings.Contains(err.Error(), `stage "target"`) {
-		t.Errorf("the first error should win: %v", err)
+	if !strings.HasPrefix(err.Error(), `stage "target"`) {
+		t.Errorf("the first error should come first: %v", err)
+	}
+	if !strings.Contains(err.Error(), "drafter[0], drafter[1], drafter[2] did not stop within 50ms") {
+		t.Errorf("the stuck replicas should be named: %v", err)
 	}
 }
 
