@@ -5,10 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/report"
 )
@@ -44,7 +44,7 @@ func cmdRun(e *env, args []string) int {
 	}
 	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
 	rep, err := engine.Run(ctx, g, engine.Options{Registry: e.registry, Drain: drain, Grace: *grace})
-	summarize(e.stderr, rep)
+	summarize(e.stderr, g, rep)
 	if *reportPath != "" {
 		if werr := rep.Write(*reportPath); werr != nil {
 			fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
@@ -86,11 +86,11 @@ func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop 
 	return func() { close(done) }
 }
 
-// summarize prints the end-of-run figures.
-func summarize(w io.Writer, rep *report.Report) {
+// summarize prints the end-of-run figures, stages and edges in spec order.
+func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
 	fmt.Fprintf(w, "run %s in %.2fs\n", rep.Status, rep.WallSeconds)
-	for _, name := range sortedNames(rep.Stages) {
-		st := rep.Stages[name]
+	for _, s := range g.Stages {
+		st := rep.Stages[s.Name]
 		var in, out int64
 		util := make([]string, len(st.Replicas))
 		for i, r := range st.Replicas {
@@ -98,21 +98,17 @@ func summarize(w io.Writer, rep *report.Report) {
 			out += r.ItemsOut
 			util[i] = fmt.Sprintf("%.0f%%", 100*r.Utilization)
 		}
-		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v\n", name, in, out, util)
+		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v\n", s.Name, in, out, util)
 	}
-	for _, name := range sortedNames(rep.Edges) {
-		ed := rep.Edges[name]
-		fmt.Fprintf(w, "  edge  %-10s %s produced=%d consumed=%d\n", name, ed.Policy, ed.Produced, ed.Consumed)
+	for _, e := range g.Edges {
+		ed := rep.Edges[e.Name]
+		depth := make([]string, len(ed.Queues))
+		for i, q := range ed.Queues {
+			depth[i] = fmt.Sprintf("%.1f", q.MeanDepth)
+		}
+		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d mean depth=%v\n",
+			e.Name, ed.Policy, ed.Produced, ed.Consumed, depth)
 	}
-}
-
-func sortedNames[V any](m map[string]V) []string {
-	names := make([]string, 0, len(m))
-	for k := range m {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // lockedWriter serializes writes from several goroutines.

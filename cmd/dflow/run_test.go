@@ -41,6 +41,11 @@ func TestRunOK(t *testing.T) {
 	if code != exitOK || !strings.Contains(stderr, "run ok") {
 		t.Fatalf("code %d\n%s", code, stderr)
 	}
+	// The summary follows the spec's order and shows each queue's depth.
+	if !strings.Contains(stderr, "edge  to_wide    round_robin produced=200 consumed=200 mean depth=[") ||
+		strings.Index(stderr, "stage source") > strings.Index(stderr, "stage sink") {
+		t.Errorf("summary:\n%s", stderr)
+	}
 	rep := readReport(t, out)
 	if rep.Status != report.OK || rep.Spec != "../../specs/fan.hcl" || len(rep.Stages) != 4 {
 		t.Fatalf("report: %+v", rep)
