@@ -113,9 +113,13 @@ func (in *input) recv(ctx context.Context) (any, error) {
 		if len(in.live) == 1 {
 			q = in.live[0]
 			select {
-			case item, ok = <-q.ch:
-			case <-ctx.Done():
-				return nil, ctx.Err()
+			case item, ok = <-q.ch: // fast path: an item is waiting
+			default:
+				select {
+				case item, ok = <-q.ch:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
 			}
 		} else {
 			i, v, recvOK := in.selectLive(ctx)
