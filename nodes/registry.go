@@ -15,6 +15,10 @@ type Spec struct {
 	// New builds the stage's node from its decoded config, once per stage;
 	// the runtime then calls Run once per replica, concurrently.
 	New func(cfg *graph.Config) (Node, error)
+	// Total, if set, says how many items the stage will emit in all (over
+	// its replicas) for a config, so progress and ETA can be shown; 0
+	// means unknown.
+	Total func(cfg *graph.Config) int64
 }
 
 // Registry maps node kind names to their specs. It implements

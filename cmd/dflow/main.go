@@ -43,7 +43,8 @@ func init() {
 		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem", cmdValidate},
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types", cmdGraph},
 		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format", cmdFmt},
-		{"run", "SPEC [--report FILE] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
+		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
+		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report", cmdPlot},
 	}
 }
 

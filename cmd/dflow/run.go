@@ -5,21 +5,27 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/report"
 )
 
 func cmdRun(e *env, args []string) int {
-	e = e.withLockedStderr() // the signal watcher prints too
+	tty := isTerminal(e.stderr)
+	e = e.withLockedStderr() // the signal watcher and the status line print too
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
 	reportPath := fs.String("report", "", "write the run report (JSON) to this file")
 	grace := fs.Duration("grace", 5*time.Second, "how long replicas get to stop after a failure or abort")
+	interval := fs.Duration("interval", 5*time.Second, "status line and report series period (0: none)")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at HOST:PORT/metrics (no host: loopback only)")
+	plotPath := fs.String("plot", "", "draw queue depth and utilization over time into this PNG")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
@@ -43,13 +49,33 @@ func cmdRun(e *env, args []string) int {
 		replicas += s.Replicas
 	}
 	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
-	rep, err := engine.Run(ctx, g, engine.Options{Registry: e.registry, Drain: drain, Grace: *grace})
-	summarize(e.stderr, g, rep)
-	if *reportPath != "" {
-		if werr := rep.Write(*reportPath); werr != nil {
-			fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
-			return exitFailed
+	status := &monitor.Status{W: e.stderr, TTY: tty}
+	opts := engine.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
+	if *interval > 0 {
+		opts.Observe = status.Observe
+	}
+	p, err := engine.New(g, opts)
+	var rep *report.Report
+	if err == nil {
+		if *metricsAddr != "" {
+			url, shutdown, merr := monitor.Serve(*metricsAddr, monitor.NewCollector(p.Snapshot))
+			if merr != nil {
+				fmt.Fprintf(e.stderr, "dflow run: %v\n", merr)
+				return exitFailed
+			}
+			defer shutdown()
+			fmt.Fprintf(e.stderr, "dflow: metrics at %s\n", url)
 		}
+		rep, err = p.Execute(ctx)
+	} else {
+		rep, _ = engine.Run(ctx, g, opts) // the same construction error, as a report
+	}
+	status.Finish()
+	rep.Diagnosis = monitor.Diagnose(g, rep)
+	summarize(e.stderr, g, rep)
+	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
+		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
+		return exitFailed
 	}
 	switch {
 	case err != nil:
@@ -109,6 +135,38 @@ func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
 		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d mean depth=%v\n",
 			e.Name, ed.Policy, ed.Produced, ed.Consumed, depth)
 	}
+	if len(rep.Diagnosis) > 0 {
+		fmt.Fprintln(w, "diagnosis:")
+		for _, d := range rep.Diagnosis {
+			fmt.Fprintf(w, "  - %s\n", d)
+		}
+	}
+}
+
+// writeOutputs writes the report and the plot when asked for.
+func (e *env) writeOutputs(rep *report.Report, reportPath, plotPath string) error {
+	if reportPath != "" {
+		if err := rep.Write(reportPath); err != nil {
+			return err
+		}
+	}
+	if plotPath != "" {
+		if err := monitor.Plot(rep, plotPath); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stderr, "dflow: plot written to %s\n", plotPath)
+	}
+	return nil
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // lockedWriter serializes writes from several goroutines.

@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -31,6 +32,11 @@ type Options struct {
 	Grace time.Duration
 	// SampleEvery is the queue-depth sampling period (default 10ms).
 	SampleEvery time.Duration
+	// Interval is the monitoring period: every Interval a point is added
+	// to the report's series and Observe, if set, is called with a fresh
+	// snapshot. Zero means no series and no calls.
+	Interval time.Duration
+	Observe  func(*Snapshot)
 }
 
 // Run is one execution of a graph.
@@ -41,6 +47,8 @@ type run struct {
 	edges    []*edge
 	draining chan struct{}
 	start    time.Time
+	startNs  atomic.Int64 // start, for monitoring goroutines
+	series   []report.Sample
 
 	mu       sync.Mutex
 	firstErr error
@@ -54,6 +62,7 @@ type stage struct {
 	replicas []*replica
 	group    *group
 	metrics  *metrics
+	total    int64 // items the stage will emit in all, 0 when unknown
 }
 
 type edge struct {
@@ -65,6 +74,20 @@ type edge struct {
 // cancelled (abort) or opts.Drain is closed (drain). It always returns a
 // report; the error is the run's first failure, naming stage and replica.
 func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, error) {
+	p, err := New(g, opts)
+	if err != nil {
+		return p.r.report(time.Now(), report.Failed, err), err
+	}
+	return p.Execute(ctx)
+}
+
+// Pipeline is a graph made ready to run: nodes built, queues wired. Its
+// Snapshot may be read from any goroutine while Execute runs.
+type Pipeline struct{ r *run }
+
+// New builds the nodes and queues of g. On error the Pipeline is still
+// usable for its (failed) report.
+func New(g *graph.Graph, opts Options) (*Pipeline, error) {
 	if opts.Registry == nil {
 		opts.Registry = nodes.Default
 	}
@@ -75,12 +98,16 @@ func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, err
 		opts.SampleEvery = 10 * time.Millisecond
 	}
 	r := &run{g: g, opts: opts, draining: make(chan struct{})}
-	if err := r.build(); err != nil {
-		rep := r.report(time.Now(), report.Failed, err)
-		return rep, err
-	}
-	return r.execute(ctx)
+	return &Pipeline{r}, r.build()
 }
+
+// Execute runs the pipeline once (see Run).
+func (p *Pipeline) Execute(ctx context.Context) (*report.Report, error) {
+	return p.r.execute(ctx)
+}
+
+// Snapshot reads the live figures of the run.
+func (p *Pipeline) Snapshot() *Snapshot { return p.r.snapshot(time.Now()) }
 
 // build constructs nodes, queues and replica ports.
 func (r *run) build() error {
@@ -95,6 +122,9 @@ func (r *run) build() error {
 			return fmt.Errorf("stage %q (%s): %w", gs.Name, gs.Node, err)
 		}
 		s := &stage{g: gs, run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
+		if spec.Total != nil {
+			s.total = spec.Total(gs.Config)
+		}
 		for i := 0; i < gs.Replicas; i++ {
 			s.replicas = append(s.replicas, &replica{
 				stage: s, index: i, device: gs.Device(i),
@@ -145,10 +175,11 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	defer stopSources()
 
 	r.start = time.Now()
+	r.startNs.Store(r.start.UnixNano())
 	var wg sync.WaitGroup
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			rep.start, rep.mark = r.start, r.start
+			rep.mark = r.start
 			rctx := ctx
 			if rep.isSource() {
 				rctx = srcCtx
@@ -170,6 +201,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	for {
 		select {
 		case <-finished:
+			stopSampling()
 			return r.result(parent)
 		case <-drain:
 			drain = nil
@@ -181,6 +213,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			case <-time.After(r.opts.Grace):
 				r.stuck()
 			}
+			stopSampling()
 			return r.result(parent)
 		}
 	}
@@ -219,6 +252,7 @@ func (r *run) finish(rep *replica, err error) {
 		rep.itemDone() // returned while working on an item
 	}
 	rep.ended.Store(now.UnixNano())
+	rep.state.Store(stateDone)
 	rep.stage.group.leave(rep.index)
 	if err != nil {
 		r.fail(fmt.Errorf("stage %q replica %d: %w", rep.stage.g.Name, rep.index, err))
@@ -296,14 +330,23 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	return r.report(time.Now(), status, err), err
 }
 
-// sample records queue depths every SampleEvery until done.
+// sample records queue depths every SampleEvery and, with an Interval, a
+// series point (and an Observe call) every Interval, until done or stop.
+// stop is idempotent and adds a last series point at the end of the run.
 func (r *run) sample(done <-chan struct{}) (stop func()) {
 	quit := make(chan struct{})
 	finished := make(chan struct{})
+	var prev *Snapshot
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(r.opts.SampleEvery)
 		defer t.Stop()
+		var tick <-chan time.Time
+		if r.opts.Interval > 0 {
+			it := time.NewTicker(r.opts.Interval)
+			defer it.Stop()
+			tick = it.C
+		}
 		for {
 			select {
 			case <-t.C:
@@ -312,6 +355,8 @@ func (r *run) sample(done <-chan struct{}) (stop func()) {
 						q.sample()
 					}
 				}
+			case now := <-tick:
+				prev = r.observe(now, prev, true)
 			case <-done:
 				return
 			case <-quit:
@@ -319,7 +364,29 @@ func (r *run) sample(done <-chan struct{}) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(quit); <-finished }
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			<-finished
+			// A last series point closes the picture, unless one was
+			// taken moments ago (its utilization would be noise).
+			now := time.Now()
+			if r.opts.Interval > 0 && (prev == nil || now.Sub(prev.Time) >= r.opts.Interval/2) {
+				r.observe(now, prev, false)
+			}
+		})
+	}
+}
+
+// observe adds a series point and, if call, calls Observe.
+func (r *run) observe(now time.Time, prev *Snapshot, call bool) *Snapshot {
+	s := r.snapshot(now)
+	r.series = append(r.series, s.sample(prev))
+	if call && r.opts.Observe != nil {
+		r.opts.Observe(s)
+	}
+	return s
 }
 
 func trimStack(b []byte) string {

@@ -103,7 +103,7 @@ func (m *member) wait(ctx context.Context, rd *round) error {
 }
 
 func (m *member) Barrier(ctx context.Context) error {
-	t := m.r.enter()
+	t := m.r.enter(stateBlocked)
 	defer m.r.leave(t, &m.r.blocked)
 	rd, err := m.g.arrive(m.r.index, nil, false)
 	if err != nil {
@@ -113,7 +113,7 @@ func (m *member) Barrier(ctx context.Context) error {
 }
 
 func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
-	t := m.r.enter()
+	t := m.r.enter(stateBlocked)
 	defer m.r.leave(t, &m.r.blocked)
 	rd, err := m.g.arrive(m.r.index, buf, true)
 	if err != nil {

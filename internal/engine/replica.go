@@ -24,26 +24,28 @@ type replica struct {
 	// (in Send or a group collective). mark is when the current busy
 	// segment began; itemBusy accumulates the busy time of the current
 	// item for the service-time histogram.
-	start, mark time.Time
-	itemBusy    time.Duration
-	pending     bool         // an item has been received and not yet finished
-	idle        atomic.Int64 // ns
-	blocked     atomic.Int64 // ns
-	itemsIn     atomic.Int64
-	itemsOut    atomic.Int64
-	service     histogram
-	ended       atomic.Int64 // unix ns when Run returned; 0 while running
+	mark     time.Time
+	itemBusy time.Duration
+	pending  bool         // an item has been received and not yet finished
+	idle     atomic.Int64 // ns
+	blocked  atomic.Int64 // ns
+	itemsIn  atomic.Int64
+	itemsOut atomic.Int64
+	service  histogram
+	ended    atomic.Int64 // unix ns when Run returned; 0 while running
+	// state and waitStart let monitoring count a wait in progress.
+	state     atomic.Int32
+	waitStart atomic.Int64
 }
 
-func (r *replica) Stage() string                        { return r.stage.g.Name }
-func (r *replica) Index() int                           { return r.index }
-func (r *replica) Replicas() int                        { return r.stage.g.Replicas }
-func (r *replica) Device() string                       { return r.device }
-func (r *replica) Group() nodes.Group                   { return &member{g: r.stage.group, r: r} }
-func (r *replica) Metrics() nodes.Metrics               { return r.stage.metrics }
-func (r *replica) Draining() <-chan struct{}            { return r.stage.run.draining }
-func (r *replica) isSource() bool                       { return len(r.inputs) == 0 }
-func (r *replica) lifetime(now time.Time) time.Duration { return now.Sub(r.start) }
+func (r *replica) Stage() string             { return r.stage.g.Name }
+func (r *replica) Index() int                { return r.index }
+func (r *replica) Replicas() int             { return r.stage.g.Replicas }
+func (r *replica) Device() string            { return r.device }
+func (r *replica) Group() nodes.Group        { return &member{g: r.stage.group, r: r} }
+func (r *replica) Metrics() nodes.Metrics    { return r.stage.metrics }
+func (r *replica) Draining() <-chan struct{} { return r.stage.run.draining }
+func (r *replica) isSource() bool            { return len(r.inputs) == 0 }
 
 func (r *replica) In(port string) nodes.Input {
 	if in, ok := r.inputs[port]; ok {
@@ -59,11 +61,21 @@ func (r *replica) Out(port string) nodes.Output {
 	panic(fmt.Sprintf("engine: stage %q (%s) has no output port %q", r.stage.g.Name, r.stage.g.Node, port))
 }
 
-// enter closes the current busy segment at the start of a wait and returns
-// the time the wait began.
-func (r *replica) enter() time.Time {
+// Replica states, as monitoring sees them.
+const (
+	stateBusy int32 = iota
+	stateIdle
+	stateBlocked
+	stateDone
+)
+
+// enter closes the current busy segment at the start of a wait of the
+// given state and returns the time the wait began.
+func (r *replica) enter(state int32) time.Time {
 	now := time.Now()
 	r.itemBusy += now.Sub(r.mark)
+	r.waitStart.Store(now.UnixNano())
+	r.state.Store(state)
 	return now
 }
 
@@ -71,6 +83,7 @@ func (r *replica) enter() time.Time {
 func (r *replica) leave(t time.Time, acc *atomic.Int64) {
 	r.mark = time.Now()
 	acc.Add(int64(r.mark.Sub(t)))
+	r.state.Store(stateBusy)
 }
 
 // itemDone records the service time of the item just finished.
@@ -92,7 +105,7 @@ type input struct {
 
 func (in *input) Recv(ctx context.Context) (any, error) {
 	r := in.r
-	t := r.enter()
+	t := r.enter(stateIdle)
 	if r.pending {
 		r.itemDone() // this call ends the work on the previous item
 	}
@@ -179,7 +192,7 @@ type outEdge struct {
 
 func (o *output) Send(ctx context.Context, item any) error {
 	r := o.r
-	t := r.enter()
+	t := r.enter(stateBlocked)
 	if r.isSource() {
 		r.itemDone()
 	}

@@ -13,7 +13,7 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		Status:      status,
 		Stages:      map[string]report.Stage{},
 		Edges:       map[string]report.Edge{},
-		Series:      []report.Sample{},
+		Series:      append([]report.Sample{}, r.series...),
 		Diagnosis:   []string{},
 		WallSeconds: seconds(now.Sub(r.start)),
 	}
@@ -26,7 +26,7 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 	for _, s := range r.stages {
 		st := report.Stage{Node: s.g.Node, Metrics: s.metrics.snapshot()}
 		for _, rp := range s.replicas {
-			st.Replicas = append(st.Replicas, rp.figures(now))
+			st.Replicas = append(st.Replicas, rp.figures(r.start, now))
 		}
 		rep.Stages[s.g.Name] = st
 	}
@@ -52,14 +52,14 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 
 // figures reads one replica's counters. Busy is the lifetime less idle and
 // blocked, so the three add up exactly.
-func (rp *replica) figures(now time.Time) report.Replica {
+func (rp *replica) figures(start, now time.Time) report.Replica {
 	end := now
 	if ns := rp.ended.Load(); ns != 0 {
 		end = time.Unix(0, ns)
 	}
 	life := time.Duration(0)
-	if !rp.start.IsZero() {
-		life = end.Sub(rp.start)
+	if !start.IsZero() {
+		life = end.Sub(start)
 	}
 	idle, blocked := time.Duration(rp.idle.Load()), time.Duration(rp.blocked.Load())
 	busy := max(life-idle-blocked, 0)

@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/report"
+)
+
+// Snapshot is the live state of a run at one instant, read from the
+// runtime's atomics without stopping it. Figures are cumulative since the
+// start; a reader that wants rates diffs two snapshots.
+type Snapshot struct {
+	Time    time.Time
+	Elapsed time.Duration
+	Stages  []StageSnapshot
+	Edges   []EdgeSnapshot
+}
+
+// StageSnapshot is one stage's state.
+type StageSnapshot struct {
+	Name     string
+	Node     string
+	Source   bool  // the stage has no inputs
+	Total    int64 // items the stage will emit in all; 0 when unknown
+	Replicas []ReplicaSnapshot
+	Metrics  map[string]float64
+}
+
+// ReplicaSnapshot is one replica's cumulative figures, a wait in progress
+// included.
+type ReplicaSnapshot struct {
+	ItemsIn, ItemsOut   int64
+	Busy, Idle, Blocked time.Duration
+	Done                bool
+}
+
+// EdgeSnapshot is one edge's state.
+type EdgeSnapshot struct {
+	Name               string
+	Policy             graph.Policy
+	Capacity           int
+	From, To           string // stage names
+	Produced, Consumed int64
+	Queues             []QueueSnapshot
+}
+
+// QueueSnapshot is one queue's state. Open lists the producer replicas
+// still holding it open: once it is empty, the queue ends when they
+// finish.
+type QueueSnapshot struct {
+	Depth     int
+	Producers []int
+	Consumers []int
+	Open      []int
+}
+
+func (r *run) snapshot(now time.Time) *Snapshot {
+	s := &Snapshot{Time: now}
+	startNs := r.startNs.Load()
+	if startNs == 0 {
+		return s
+	}
+	start := time.Unix(0, startNs)
+	s.Elapsed = now.Sub(start)
+	for _, st := range r.stages {
+		ss := StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total,
+			Metrics: st.metrics.snapshot()}
+		for _, rp := range st.replicas {
+			ss.Replicas = append(ss.Replicas, rp.snapshot(start, now))
+		}
+		s.Stages = append(s.Stages, ss)
+	}
+	for _, e := range r.edges {
+		es := EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
+			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
+		for i, q := range e.queues {
+			es.Produced += q.produced.Load()
+			es.Consumed += q.consumed.Load()
+			es.Queues = append(es.Queues, QueueSnapshot{
+				Depth: len(q.ch), Open: q.Open(),
+				Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers,
+			})
+		}
+		s.Edges = append(s.Edges, es)
+	}
+	return s
+}
+
+// snapshot reads a replica; a wait in progress counts from its start.
+func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
+	out := ReplicaSnapshot{
+		ItemsIn:  rp.itemsIn.Load(),
+		ItemsOut: rp.itemsOut.Load(),
+		Idle:     time.Duration(rp.idle.Load()),
+		Blocked:  time.Duration(rp.blocked.Load()),
+	}
+	end := now
+	if ns := rp.ended.Load(); ns != 0 {
+		end, out.Done = time.Unix(0, ns), true
+	} else if st := rp.state.Load(); st == stateIdle || st == stateBlocked {
+		if w := now.Sub(time.Unix(0, rp.waitStart.Load())); w > 0 {
+			if st == stateIdle {
+				out.Idle += w
+			} else {
+				out.Blocked += w
+			}
+		}
+	}
+	out.Busy = max(end.Sub(start)-out.Idle-out.Blocked, 0)
+	return out
+}
+
+// Utilization returns each replica's busy share between prev and s (since
+// the start when prev is nil).
+func (s *Snapshot) Utilization(prev *Snapshot, stage int) []float64 {
+	st := s.Stages[stage]
+	out := make([]float64, len(st.Replicas))
+	span := s.Elapsed
+	if prev != nil {
+		span -= prev.Elapsed
+	}
+	if span <= 0 {
+		return out
+	}
+	for i, r := range st.Replicas {
+		busy := r.Busy
+		if prev != nil && stage < len(prev.Stages) {
+			busy -= prev.Stages[stage].Replicas[i].Busy
+		}
+		out[i] = min(max(float64(busy)/float64(span), 0), 1)
+	}
+	return out
+}
+
+// sample turns a snapshot into a point of the report's series.
+func (s *Snapshot) sample(prev *Snapshot) report.Sample {
+	p := report.Sample{
+		T:           s.Elapsed.Seconds(),
+		Queues:      map[string][]int{},
+		Utilization: map[string][]float64{},
+	}
+	for _, e := range s.Edges {
+		depths := make([]int, len(e.Queues))
+		for i, q := range e.Queues {
+			depths[i] = q.Depth
+		}
+		p.Queues[e.Name] = depths
+	}
+	for i, st := range s.Stages {
+		p.Utilization[st.Name] = s.Utilization(prev, i)
+	}
+	return p
+}

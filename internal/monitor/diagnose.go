@@ -1,0 +1,220 @@
+package monitor
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/report"
+)
+
+// Thresholds of the diagnosis rules, in shares of a replica's lifetime or
+// of a queue's capacity.
+const (
+	busyBottleneck = 0.80 // a stage this busy on average limits throughput
+	siblingGap     = 0.25 // a replica idle (or blocked) this much more than its siblings' median
+	fullShare      = 0.90 // a queue this full on average is "always full"
+	emptyDepth     = 0.05 // a queue this empty on average is "always empty"
+	minRunSeconds  = 0.05 // shorter runs are too short to judge
+	minBusy        = 0.10 // a consumer busier than this is worth feeding faster
+)
+
+// Diagnose reads a finished run's figures and says, in plain words, what
+// limited it: the bottleneck stage, replicas starved or blocked far more
+// than their siblings, queues always full or always empty, and for a
+// round_robin edge with uneven wiring the change that balances it. Each
+// sentence cites the measured figures it rests on.
+func Diagnose(g *graph.Graph, rep *report.Report) []string {
+	out := []string{}
+	if rep.WallSeconds < minRunSeconds {
+		return out
+	}
+	out = append(out, bottleneck(g, rep)...)
+	for _, s := range g.Stages {
+		out = append(out, siblings(g, rep, s)...)
+	}
+	for _, e := range g.Edges {
+		out = append(out, queueRules(rep, e)...)
+	}
+	return out
+}
+
+func meanUtil(st report.Stage) float64 {
+	if len(st.Replicas) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, r := range st.Replicas {
+		sum += r.Utilization
+	}
+	return sum / float64(len(st.Replicas))
+}
+
+func bottleneck(g *graph.Graph, rep *report.Report) []string {
+	var best *graph.Stage
+	var bestU, next float64
+	for _, s := range g.Stages {
+		u := meanUtil(rep.Stages[s.Name])
+		if u > bestU {
+			best, bestU, next = s, u, bestU
+		} else if u > next {
+			next = u
+		}
+	}
+	if best == nil || bestU < busyBottleneck {
+		return nil
+	}
+	return []string{fmt.Sprintf("stage %s limits throughput: its %s are busy %s on average (the next busiest stage %s); more replicas or a faster %s would help",
+		best.Name, plural(best.Replicas, "replica"), pct(bestU), pct(next), best.Node)}
+}
+
+type share struct {
+	idx                 int
+	busy, idle, blocked float64
+}
+
+func shares(st report.Stage) []share {
+	out := make([]share, len(st.Replicas))
+	for i, r := range st.Replicas {
+		life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
+		if life <= 0 {
+			life = 1
+		}
+		out[i] = share{r.Index, r.BusySeconds / life, r.IdleSeconds / life, r.BlockedSeconds / life}
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+// siblings finds replicas idle far more than their siblings (starved) and
+// says why when a round_robin edge's wiring explains it.
+func siblings(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
+	if s.Replicas < 2 {
+		return nil
+	}
+	sh := shares(rep.Stages[s.Name])
+	var out []string
+	for _, r := range sh {
+		var others []share
+		var idle, busy, blocked []float64
+		for _, o := range sh {
+			if o.idx != r.idx {
+				others = append(others, o)
+				idle = append(idle, o.idle)
+				busy = append(busy, o.busy)
+				blocked = append(blocked, o.blocked)
+			}
+		}
+		if r.idle-median(idle) < siblingGap {
+			continue
+		}
+		msg := fmt.Sprintf("%s replica %d idle %s while replicas %s are busy %s",
+			s.Name, r.idx, pct(r.idle), indexList(others), pct(median(busy)))
+		if median(blocked) >= siblingGap {
+			msg += fmt.Sprintf(" and blocked %s (waiting for it at each sync step)", pct(median(blocked)))
+		}
+		if e, why := unevenFeed(s, r.idx); e != nil {
+			msg = fmt.Sprintf("edge %s: %s; %s; policy = \"shared\" balances it", e.Name, msg, why)
+		}
+		out = append(out, msg)
+	}
+	return out
+}
+
+// unevenFeed returns the round_robin edge into s that gives replica c
+// fewer producers than its siblings, and says so.
+func unevenFeed(s *graph.Stage, c int) (*graph.Edge, string) {
+	for _, in := range s.Inputs {
+		for _, e := range in.Edges {
+			if e.Policy != graph.RoundRobin {
+				continue
+			}
+			mine := len(e.Queues[e.ConsumerQueue(c)].Producers)
+			most := 0
+			for _, q := range e.Queues {
+				most = max(most, len(q.Producers))
+			}
+			if mine < most {
+				return e, fmt.Sprintf("round_robin feeds it %s against %d (wiring %s)", plural(mine, "producer"), most, e.Fanin())
+			}
+		}
+	}
+	return nil, ""
+}
+
+func queueRules(rep *report.Report, e *graph.Edge) []string {
+	re, ok := rep.Edges[e.Name]
+	if !ok {
+		return nil
+	}
+	var out []string
+	consumers := rep.Stages[e.To.Stage.Name].Replicas
+	for i, q := range re.Queues {
+		name := fmt.Sprintf("edge %s", e.Name)
+		if len(re.Queues) > 1 {
+			name = fmt.Sprintf("edge %s queue %d (to %s %s)", e.Name, i, e.To.Stage.Name, indexList(nil, q.Consumers...))
+		}
+		var busy, idle, blocked []float64
+		for _, c := range q.Consumers {
+			if c < len(consumers) {
+				sh := shares(report.Stage{Replicas: consumers[c : c+1]})[0]
+				busy, idle, blocked = append(busy, sh.busy), append(idle, sh.idle), append(blocked, sh.blocked)
+			}
+		}
+		who := fmt.Sprintf("%s (busy %s", e.To.Stage.Name, pct(median(busy)))
+		if median(blocked) >= siblingGap {
+			who += fmt.Sprintf(", blocked %s", pct(median(blocked)))
+		}
+		who += ")"
+		switch {
+		case q.MeanDepth >= fullShare*float64(re.Capacity):
+			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s cannot keep up and holds back %s",
+				name, q.MeanDepth, re.Capacity, who, e.From.Stage.Name))
+		case q.MeanDepth <= emptyDepth && re.Produced > 0 && len(idle) > 0 &&
+			median(idle) >= siblingGap && median(busy) >= minBusy:
+			out = append(out, fmt.Sprintf("%s is always empty (mean depth %.2f): %s waits for input %s of the time",
+				name, q.MeanDepth, e.To.Stage.Name, pct(median(idle))))
+		}
+	}
+	return out
+}
+
+func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+// indexList writes replica indices compactly: "0-1", "0, 2, 5".
+func indexList(sh []share, idx ...int) string {
+	for _, s := range sh {
+		idx = append(idx, s.idx)
+	}
+	sort.Ints(idx)
+	var parts []string
+	for i := 0; i < len(idx); {
+		j := i
+		for j+1 < len(idx) && idx[j+1] == idx[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", idx[i], idx[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(idx[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}
