@@ -179,3 +179,43 @@ func TestRunSignals(t *testing.T) {
 		})
 	}
 }
+
+// TestRunMonitoring: status lines follow the spec, the report has a
+// series, --plot and `dflow plot` draw it, bad monitoring flags fail
+// clearly.
+func TestRunMonitoring(t *testing.T) {
+	dir := t.TempDir()
+	rj, png := filepath.Join(dir, "r.json"), filepath.Join(dir, "run.png")
+	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--interval", "50ms", "--report", rj, "--plot", png)
+	if code != exitOK {
+		t.Fatalf("code %d\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, "q_to_narrow=") || !strings.Contains(stderr, "q_to_wide=[") || !strings.Contains(stderr, "wide busy=[") {
+		t.Errorf("status lines:\n%s", stderr)
+	}
+	rep := readReport(t, rj)
+	if len(rep.Series) == 0 || len(rep.Series[0].Queues["to_wide"]) != 4 || rep.Diagnosis == nil {
+		t.Errorf("series %d points, diagnosis %v", len(rep.Series), rep.Diagnosis)
+	}
+	if fi, err := os.Stat(png); err != nil || fi.Size() < 1000 {
+		t.Errorf("--plot: %v", err)
+	}
+	png2 := filepath.Join(dir, "again.png")
+	if code, stdout, stderr := dflow(t, "plot", rj, "-o", png2); code != 0 || !strings.Contains(stdout, "again.png") {
+		t.Errorf("dflow plot: code %d %s", code, stderr)
+	}
+	if code, _, stderr := dflow(t, "plot", filepath.Join(dir, "none.json"), "-o", png2); code != exitFailed || !strings.Contains(stderr, "none.json") {
+		t.Errorf("plot of a missing report: code %d %s", code, stderr)
+	}
+	if code, _, _ := dflow(t, "plot", rj); code != exitUsage {
+		t.Errorf("plot without -o: code %d", code)
+	}
+	if code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--metrics-addr", "nonsense"); code != exitFailed || !strings.Contains(stderr, `metrics address "nonsense"`) {
+		t.Errorf("bad --metrics-addr: code %d %s", code, stderr)
+	}
+	// With --interval 0 there are no status lines and no series.
+	code, _, stderr = dflow(t, "run", "../../specs/fan.hcl", "--interval", "0", "--report", rj)
+	if code != 0 || strings.Contains(stderr, "q_to_wide=") || len(readReport(t, rj).Series) != 0 {
+		t.Errorf("--interval 0: code %d\n%s", code, stderr)
+	}
+}

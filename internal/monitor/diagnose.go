@@ -81,7 +81,7 @@ func shares(st report.Stage) []share {
 		if life <= 0 {
 			life = 1
 		}
-		out[i] = share{r.Index, r.BusySeconds / life, r.IdleSeconds / life, r.BlockedSeconds / life}
+		out[i] = share{i, r.BusySeconds / life, r.IdleSeconds / life, r.BlockedSeconds / life}
 	}
 	return out
 }

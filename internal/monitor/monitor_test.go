@@ -1,0 +1,283 @@
+package monitor
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// seedSpec is specs/seed.hcl scaled down: 5 targets (5ms) on 3 drafters
+// (2.5ms) stepping together, 150 items.
+const seedSpec = `
+stage "reader" {
+  node = "synthetic_source"
+  config {
+    count = 150
+    type  = "tokens"
+  }
+}
+stage "target" {
+  node     = "synthetic_work"
+  replicas = 5
+  config {
+    service_time = "5ms"
+  }
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = 3
+  config {
+    service_time = "2500us"
+    sync         = true
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from     = reader.out
+  to       = target.in
+  capacity = 16
+}
+edge "hs" {
+  from     = target.out
+  to       = drafter.in
+  policy   = "round_robin"
+  capacity = 8
+}
+edge "trained" {
+  from = drafter.out
+  to   = done.in
+}`
+
+func registry() *nodes.Registry {
+	r := nodes.NewRegistry()
+	synthetic.Register(r)
+	return r
+}
+
+func load(t *testing.T, sets ...string) *graph.Graph {
+	t.Helper()
+	l := &graph.Loader{Catalog: registry(), Sets: sets}
+	g, diags := l.Load("seed.hcl", []byte(seedSpec))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	return g
+}
+
+func run(t *testing.T, g *graph.Graph, opts engine.Options) *report.Report {
+	t.Helper()
+	opts.Registry = registry()
+	rep, err := engine.Run(context.Background(), g, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// TestDiagnoseSeed: under round_robin the diagnosis names the starved
+// drafter, its wiring and the fix; under shared it does not.
+func TestDiagnoseSeed(t *testing.T) {
+	g := load(t)
+	rep := run(t, g, engine.Options{})
+	diag := strings.Join(Diagnose(g, rep), "\n")
+	for _, want := range []string{"edge hs: drafter replica 2 idle", "round_robin feeds it 1 producer against 2 (wiring 2-2-1)", `policy = "shared" balances it`} {
+		if !strings.Contains(diag, want) {
+			t.Errorf("round_robin diagnosis lacks %q:\n%s", want, diag)
+		}
+	}
+	g = load(t, "edge.hs.policy=shared")
+	rep = run(t, g, engine.Options{})
+	if diag := strings.Join(Diagnose(g, rep), "\n"); strings.Contains(diag, "balances it") || strings.Contains(diag, "drafter replica") {
+		t.Errorf("shared: nothing to fix, got:\n%s", diag)
+	}
+}
+
+// TestDiagnoseRules drives each rule with a hand-made report.
+func TestDiagnoseRules(t *testing.T) {
+	g := load(t)
+	rp := func(busy, idle, blocked float64) report.Replica {
+		return report.Replica{BusySeconds: busy, IdleSeconds: idle, BlockedSeconds: blocked, Utilization: busy / (busy + idle + blocked)}
+	}
+	rep := &report.Report{WallSeconds: 10, Stages: map[string]report.Stage{
+		"reader":  {Replicas: []report.Replica{rp(0.1, 0, 9.9)}},
+		"target":  {Replicas: []report.Replica{rp(9.8, 0.1, 0.1), rp(9.9, 0, 0.1), rp(9.7, 0.2, 0.1), rp(9.9, 0.1, 0), rp(9.8, 0.1, 0.1)}},
+		"drafter": {Replicas: []report.Replica{rp(5, 0.5, 4.5), rp(5, 0.5, 4.5), rp(5, 5, 0)}},
+		"done":    {Replicas: []report.Replica{rp(0, 10, 0)}},
+	}, Edges: map[string]report.Edge{
+		"tokens":  {Capacity: 16, Produced: 10, Queues: []report.Queue{{MeanDepth: 15.5, Consumers: []int{0, 1, 2, 3, 4}}}},
+		"hs":      {Capacity: 8, Produced: 10, Queues: []report.Queue{{MeanDepth: 7.8, Consumers: []int{0}}, {MeanDepth: 7.9, Consumers: []int{1}}, {MeanDepth: 0, Consumers: []int{2}}}},
+		"trained": {Capacity: 8, Produced: 10, Queues: []report.Queue{{MeanDepth: 0, Consumers: []int{0}}}},
+	}}
+	diag := Diagnose(g, rep)
+	all := strings.Join(diag, "\n")
+	for _, want := range []string{
+		"stage target limits throughput: its 5 replicas are busy 98% on average",
+		"edge hs: drafter replica 2 idle 50% while replicas 0-1 are busy 50% and blocked 45% (waiting for it at each sync step)",
+		"edge tokens is always full (mean depth 15.5 of 16): target (busy 98%) cannot keep up and holds back reader",
+		"edge hs queue 0 (to drafter 0) is always full (mean depth 7.8 of 8): drafter (busy 50%, blocked 45%) cannot keep up and holds back target",
+		"edge hs queue 2 (to drafter 2) is always empty (mean depth 0.00): drafter waits for input 50% of the time",
+	} {
+		if !strings.Contains(all, want) {
+			t.Errorf("missing %q in:\n%s", want, all)
+		}
+	}
+	if strings.Contains(all, "edge trained") {
+		t.Errorf("a sink that never works should not be reported as starved:\n%s", all)
+	}
+	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}); len(got) != 0 {
+		t.Errorf("too short a run to judge: %v", got)
+	}
+}
+
+func TestIndexList(t *testing.T) {
+	for want, idx := range map[string][]int{"0-1": {1, 0}, "0, 2, 4-6": {0, 2, 4, 5, 6}, "3": {3}} {
+		if got := indexList(nil, idx...); got != want {
+			t.Errorf("indexList(%v) = %q, want %q", idx, got, want)
+		}
+	}
+}
+
+// TestStatusLine formats a hand-made snapshot: round_robin as a list,
+// shared as a number, busy shares over the interval, rates, metrics,
+// progress and the producers still holding an edge open.
+func TestStatusLine(t *testing.T) {
+	sec := time.Second
+	snap := func(elapsed time.Duration, out int64, busy time.Duration) *engine.Snapshot {
+		return &engine.Snapshot{
+			Elapsed: elapsed,
+			Stages: []engine.StageSnapshot{
+				{Name: "reader", Source: true, Total: 100, Replicas: []engine.ReplicaSnapshot{{ItemsOut: out}}},
+				{Name: "drafter", Metrics: map[string]float64{"loss": 2.3123},
+					Replicas: []engine.ReplicaSnapshot{{ItemsIn: out / 2, Busy: busy}, {ItemsIn: out / 2, Busy: busy / 2}}},
+			},
+			Edges: []engine.EdgeSnapshot{
+				{Name: "tokens", Policy: graph.Shared, From: "reader", Queues: []engine.QueueSnapshot{{Depth: 16, Producers: []int{0}, Open: []int{0}}}},
+				{Name: "hs", Policy: graph.RoundRobin, From: "target", Queues: []engine.QueueSnapshot{
+					{Depth: 8, Producers: []int{0, 3}, Open: []int{3}}, {Depth: 8, Producers: []int{1, 4}, Open: []int{1, 4}}, {Depth: 0, Producers: []int{2}}}},
+			},
+		}
+	}
+	var b bytes.Buffer
+	st := &Status{W: &b, Width: 1000}
+	st.Observe(snap(5*sec, 20, 5*sec))
+	st.Observe(snap(10*sec, 50, 9*sec))
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	want := "[  10.0s]  50% ETA 10s | q_tokens=16 q_hs=[8 8 0] (open: target[1 3 4]) | reader 6.0/s | drafter busy=[80% 40%] 6.0/s loss=2.312"
+	if len(lines) != 2 || lines[1] != want {
+		t.Errorf("status lines:\n%s\nwant second:\n%s", b.String(), want)
+	}
+	// Narrow: the same pieces wrap, one stage per line.
+	b.Reset()
+	st = &Status{W: &b, Width: 40}
+	st.Observe(snap(5*sec, 20, 5*sec))
+	if got := strings.Count(b.String(), "\n"); got != 3 {
+		t.Errorf("wrapped into %d lines:\n%s", got, b.String())
+	}
+	// On a terminal a progress bar follows, redrawn in place.
+	b.Reset()
+	st = &Status{W: &b, TTY: true, Width: 1000}
+	st.Observe(snap(5*sec, 20, 5*sec))
+	st.Observe(snap(10*sec, 50, 9*sec))
+	st.Finish()
+	if out := b.String(); !strings.Contains(out, "[====================                    ]  50% ETA 10s") || !strings.HasSuffix(out, "\r\033[K") {
+		t.Errorf("progress bar: %q", out)
+	}
+}
+
+// TestLiveRun runs the seed with a short interval: status lines appear,
+// the report has a series showing the starved queue, and the plot is
+// written; Prometheus serves the live figures meanwhile.
+func TestLiveRun(t *testing.T) {
+	g := load(t)
+	var lines bytes.Buffer
+	st := &Status{W: &lines}
+	p, err := engine.New(g, engine.Options{Registry: registry(), Interval: 100 * time.Millisecond, Observe: st.Observe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, shutdown, err := Serve("127.0.0.1:0", NewCollector(p.Snapshot))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown()
+	done := make(chan *report.Report)
+	go func() {
+		rep, _ := p.Execute(context.Background())
+		done <- rep
+	}()
+	var scraped string
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(scraped, `dflow_queue_depth{edge="hs",queue="0"} 8`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never scraped a full hs queue 0:\n%s", scraped)
+		}
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		scraped = string(body)
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range []string{`dflow_replica_busy_seconds_total{replica="2",stage="drafter"}`, `dflow_queue_capacity{edge="hs",queue="2"} 8`,
+		`dflow_edge_produced_items_total{edge="hs"}`, `dflow_replica_done{replica="0",stage="target"} 0`} {
+		if !strings.Contains(scraped, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	rep := <-done
+	if !strings.Contains(lines.String(), "q_hs=[") || !strings.Contains(lines.String(), "drafter busy=[") {
+		t.Errorf("status lines:\n%s", lines.String())
+	}
+	if len(rep.Series) < 3 {
+		t.Fatalf("series has %d points", len(rep.Series))
+	}
+	starved := false
+	for _, s := range rep.Series {
+		if q := s.Queues["hs"]; len(q) == 3 && q[0] >= 6 && q[2] == 0 && len(s.Utilization["drafter"]) == 3 {
+			starved = true
+		}
+	}
+	if !starved {
+		t.Errorf("no series point shows hs=[full full 0]: %+v", rep.Series)
+	}
+	png := filepath.Join(t.TempDir(), "run.png")
+	if err := Plot(rep, png); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(png); len(b) < 1000 || string(b[1:4]) != "PNG" {
+		t.Errorf("plot is not a PNG (%d bytes)", len(b))
+	}
+	if err := Plot(&report.Report{}, png); err == nil {
+		t.Error("plot of a report without series: want an error")
+	}
+}
+
+func TestLoopbackAddr(t *testing.T) {
+	for in, want := range map[string]string{":9090": "127.0.0.1:9090", "0.0.0.0:9090": "0.0.0.0:9090", "[::1]:1": "[::1]:1"} {
+		if got, err := LoopbackAddr(in); err != nil || got != want {
+			t.Errorf("LoopbackAddr(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := LoopbackAddr("9090"); err == nil {
+		t.Error("a bare port: want an error")
+	}
+}
