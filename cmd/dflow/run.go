@@ -13,10 +13,11 @@ import (
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/report"
+	"golang.org/x/term"
 )
 
 func cmdRun(e *env, args []string) int {
-	tty := isTerminal(e.stderr)
+	tty, width := terminal(e.stderr)
 	e = e.withLockedStderr() // the signal watcher and the status line print too
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var sf specFlags
@@ -49,7 +50,7 @@ func cmdRun(e *env, args []string) int {
 		replicas += s.Replicas
 	}
 	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
-	status := &monitor.Status{W: e.stderr, TTY: tty}
+	status := &monitor.Status{W: e.stderr, TTY: tty, Width: width}
 	opts := engine.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
 	if *interval > 0 {
 		opts.Observe = status.Observe
@@ -159,14 +160,17 @@ func (e *env) writeOutputs(rep *report.Report, reportPath, plotPath string) erro
 	return nil
 }
 
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+// terminal reports whether w is a terminal and how wide the status line
+// may be: the terminal's width, or 250 columns for logs and pipes, where
+// one line per interval greps best.
+func terminal(w io.Writer) (tty bool, width int) {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols > 20 {
+			return true, cols
+		}
+		return true, 80
 	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+	return false, 250
 }
 
 // lockedWriter serializes writes from several goroutines.

@@ -114,6 +114,16 @@ func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
 // Utilization returns each replica's busy share between prev and s (since
 // the start when prev is nil).
 func (s *Snapshot) Utilization(prev *Snapshot, stage int) []float64 {
+	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Busy })
+}
+
+// IdleShare returns each replica's share of time waiting for input
+// between prev and s.
+func (s *Snapshot) IdleShare(prev *Snapshot, stage int) []float64 {
+	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Idle })
+}
+
+func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) time.Duration) []float64 {
 	st := s.Stages[stage]
 	out := make([]float64, len(st.Replicas))
 	span := s.Elapsed
@@ -124,11 +134,11 @@ func (s *Snapshot) Utilization(prev *Snapshot, stage int) []float64 {
 		return out
 	}
 	for i, r := range st.Replicas {
-		busy := r.Busy
+		d := of(r)
 		if prev != nil && stage < len(prev.Stages) {
-			busy -= prev.Stages[stage].Replicas[i].Busy
+			d -= of(prev.Stages[stage].Replicas[i])
 		}
-		out[i] = min(max(float64(busy)/float64(span), 0), 1)
+		out[i] = min(max(float64(d)/float64(span), 0), 1)
 	}
 	return out
 }
@@ -139,6 +149,7 @@ func (s *Snapshot) sample(prev *Snapshot) report.Sample {
 		T:           s.Elapsed.Seconds(),
 		Queues:      map[string][]int{},
 		Utilization: map[string][]float64{},
+		Idle:        map[string][]float64{},
 	}
 	for _, e := range s.Edges {
 		depths := make([]int, len(e.Queues))
@@ -149,6 +160,7 @@ func (s *Snapshot) sample(prev *Snapshot) report.Sample {
 	}
 	for i, st := range s.Stages {
 		p.Utilization[st.Name] = s.Utilization(prev, i)
+		p.Idle[st.Name] = s.IdleShare(prev, i)
 	}
 	return p
 }

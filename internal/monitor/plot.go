@@ -28,26 +28,37 @@ func Plot(rep *report.Report, path string) error {
 	if err := addLines(top, queueLines(rep)); err != nil {
 		return err
 	}
-	bottom := plot.New()
-	bottom.Title.Text = "utilization (busy share per interval)"
-	bottom.X.Label.Text = "seconds"
-	bottom.Y.Min, bottom.Y.Max = 0, 1.05
-	if err := addLines(bottom, utilLines(rep)); err != nil {
+	util := plot.New()
+	util.Title.Text = "utilization (busy share per interval)"
+	util.Y.Min, util.Y.Max = 0, 1.05
+	if err := addLines(util, replicaLines(rep, func(s report.Sample) map[string][]float64 { return s.Utilization })); err != nil {
 		return err
 	}
-	for _, p := range []*plot.Plot{top, bottom} {
+	idle := plot.New()
+	idle.Title.Text = "idle share per interval (waiting for input: a starved replica stands out)"
+	idle.X.Label.Text = "seconds"
+	idle.Y.Min, idle.Y.Max = 0, 1.05
+	if err := addLines(idle, replicaLines(rep, func(s report.Sample) map[string][]float64 { return s.Idle })); err != nil {
+		return err
+	}
+	panels := []*plot.Plot{top, util, idle}
+	for _, p := range panels {
 		p.Legend.Top = true
 		p.Legend.Left = true
 		p.Add(plotter.NewGrid())
 	}
-	img := vgimg.New(10*vg.Inch, 8*vg.Inch)
+	img := vgimg.New(10*vg.Inch, 11*vg.Inch)
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2,
+	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2,
 		PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	plots := [][]*plot.Plot{{top}, {bottom}}
-	canvases := plot.Align(plots, tiles, dc)
-	top.Draw(canvases[0][0])
-	bottom.Draw(canvases[1][0])
+	grid := make([][]*plot.Plot, len(panels))
+	for i, p := range panels {
+		grid[i] = []*plot.Plot{p}
+	}
+	canvases := plot.Align(grid, tiles, dc)
+	for i, p := range panels {
+		p.Draw(canvases[i][0])
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)
@@ -90,12 +101,18 @@ func queueLines(rep *report.Report) []line {
 	return out
 }
 
-func utilLines(rep *report.Report) []line {
+// replicaLines draws one line per replica of a per-replica series; stages
+// with a single replica that is never busy (sources, sinks) are left out.
+func replicaLines(rep *report.Report, of func(report.Sample) map[string][]float64) []line {
 	byName := map[string]*line{}
 	var names []string
 	for _, s := range rep.Series {
-		for _, stage := range sortedKeys(s.Utilization) {
-			for i, u := range s.Utilization[stage] {
+		m := of(s)
+		for _, stage := range sortedKeys(m) {
+			if len(rep.Stages[stage].Replicas) == 1 && rep.Stages[stage].Replicas[0].Utilization < 0.01 {
+				continue
+			}
+			for i, u := range m[stage] {
 				name := fmt.Sprintf("%s[%d]", stage, i)
 				if byName[name] == nil {
 					byName[name] = &line{name: name}

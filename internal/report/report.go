@@ -80,6 +80,11 @@ type Sample struct {
 	T           float64              `json:"t"`
 	Queues      map[string][]int     `json:"queues"`
 	Utilization map[string][]float64 `json:"utilization"`
+	// Idle is each replica's share of the interval spent waiting for
+	// input (an addition to DESIGN.md's schema): a starved replica stands
+	// out here even when a sync step keeps its busy share level with its
+	// siblings'.
+	Idle map[string][]float64 `json:"idle,omitempty"`
 }
 
 // Write saves the report as indented JSON.
