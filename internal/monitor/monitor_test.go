@@ -16,6 +16,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -279,5 +280,77 @@ func TestLoopbackAddr(t *testing.T) {
 	}
 	if _, err := LoopbackAddr("9090"); err == nil {
 		t.Error("a bare port: want an error")
+	}
+}
+
+// TestNodeMetrics: figures a node publishes reach the status line, the
+// report and Prometheus.
+func TestNodeMetrics(t *testing.T) {
+	reg := registry()
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "learner", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				in := r.In("in")
+				for {
+					if _, err := in.Recv(ctx); err == io.EOF {
+						return nil
+					} else if err != nil {
+						return err
+					}
+					r.Metrics().Set("loss", 1.5)
+					r.Metrics().Add("tokens", 64)
+				}
+			}), nil
+		},
+	})
+	src := `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 30
+  }
+}
+stage "learn" {
+  node     = "learner"
+  replicas = 3
+}
+edge "e" {
+  from = src.out
+  to   = learn.in
+}`
+	g, diags := (&graph.Loader{Catalog: reg}).Load("m.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := engine.New(g, engine.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Execute(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := rep.Stages["learn"].Metrics; m["loss"] != 1.5 || m["tokens"] != 30*64 {
+		t.Errorf("report metrics %v, want loss 1.5 and tokens %d", m, 30*64)
+	}
+	var b bytes.Buffer
+	(&Status{W: &b}).Observe(p.Snapshot())
+	if !strings.Contains(b.String(), "loss=1.5 tokens=1920") {
+		t.Errorf("status line: %s", b.String())
+	}
+	ch := make(chan prometheus.Metric, 256)
+	NewCollector(p.Snapshot).Collect(ch)
+	close(ch)
+	found := false
+	for m := range ch {
+		if strings.Contains(m.Desc().String(), "dflow_node_metric") {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no dflow_node_metric collected")
 	}
 }
