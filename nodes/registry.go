@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 )
@@ -19,6 +20,25 @@ type Spec struct {
 	// its replicas) for a config, so progress and ETA can be shown; 0
 	// means unknown.
 	Total func(cfg *graph.Config) int64
+	// Sim, if set, models the node for the simulator (`dflow sim`). Kinds
+	// without one are simulated from the stage's sim block or from a
+	// measured report.
+	Sim func(cfg *graph.Config) (*SimModel, error)
+}
+
+// SimModel is how a node behaves in virtual time: each item takes one
+// service time; a stage with outputs emits one item per item received (a
+// source emits Spec.Total items in all).
+type SimModel struct {
+	// Service returns replica i's stream of service times. The synthetic
+	// nodes return the very stream their replicas sleep, so a simulation
+	// replays a real run's draws.
+	Service func(replica int) func() time.Duration
+	// Sync makes the replicas step together: a barrier per item, as
+	// synthetic_work's sync does.
+	Sync bool
+	// FailAfter makes each replica fail after that many items (0: never).
+	FailAfter int
 }
 
 // Registry maps node kind names to their specs. It implements

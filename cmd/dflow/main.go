@@ -44,6 +44,8 @@ func init() {
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types", cmdGraph},
 		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format", cmdFmt},
 		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
+		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run", cmdSim},
+		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table", cmdCompare},
 		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report", cmdPlot},
 	}
 }

@@ -115,7 +115,11 @@ func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop 
 
 // summarize prints the end-of-run figures, stages and edges in spec order.
 func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
-	fmt.Fprintf(w, "run %s in %.2fs\n", rep.Status, rep.WallSeconds)
+	if rep.Simulated {
+		fmt.Fprintf(w, "simulation %s: %.2fs of simulated time\n", rep.Status, rep.WallSeconds)
+	} else {
+		fmt.Fprintf(w, "run %s in %.2fs\n", rep.Status, rep.WallSeconds)
+	}
 	for _, s := range g.Stages {
 		st := rep.Stages[s.Name]
 		var in, out int64

@@ -382,7 +382,7 @@ func (r *run) sample(done <-chan struct{}) (stop func()) {
 // observe adds a series point and, if call, calls Observe.
 func (r *run) observe(now time.Time, prev *Snapshot, call bool) *Snapshot {
 	s := r.snapshot(now)
-	r.series = append(r.series, s.sample(prev))
+	r.series = append(r.series, s.Sample(prev))
 	if call && r.opts.Observe != nil {
 		r.opts.Observe(s)
 	}

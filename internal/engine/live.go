@@ -143,8 +143,8 @@ func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) tim
 	return out
 }
 
-// sample turns a snapshot into a point of the report's series.
-func (s *Snapshot) sample(prev *Snapshot) report.Sample {
+// Sample turns a snapshot into a point of the report's series.
+func (s *Snapshot) Sample(prev *Snapshot) report.Sample {
 	p := report.Sample{
 		T:           s.Elapsed.Seconds(),
 		Queues:      map[string][]int{},

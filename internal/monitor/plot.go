@@ -152,3 +152,32 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(ks)
 	return ks
 }
+
+// Bar is one bar of a bar chart.
+type Bar struct {
+	Label string
+	Value float64
+}
+
+// BarChart draws labelled bars into a PNG.
+func BarChart(bars []Bar, title, path string) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Min = 0
+	values := make(plotter.Values, len(bars))
+	labels := make([]string, len(bars))
+	for i, b := range bars {
+		values[i], labels[i] = b.Value, b.Label
+	}
+	bc, err := plotter.NewBarChart(values, vg.Points(50))
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	bc.Color = plotutil.Color(0)
+	p.Add(bc, plotter.NewGrid())
+	p.NominalX(labels...)
+	if err := p.Save(6*vg.Inch, 4*vg.Inch, path); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}

@@ -208,3 +208,17 @@ func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
 		}
 	}
 }
+
+// simModel gives the simulator the same service-time streams the replicas
+// sleep, plus sync and fail_after.
+func simModel(cfg *graph.Config) (*nodes.SimModel, error) {
+	t, err := newTiming(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &nodes.SimModel{
+		Service:   func(replica int) func() time.Duration { return t.clock(replica).next },
+		Sync:      cfg.Bool("sync"),
+		FailAfter: cfg.Int("fail_after"),
+	}, nil
+}

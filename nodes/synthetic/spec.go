@@ -16,10 +16,10 @@ func init() { Register(nodes.Default) }
 
 // Register adds the synthetic kinds to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: sourceKind, New: newSource,
+	r.Register(nodes.Spec{Kind: sourceKind, New: newSource, Sim: simModel,
 		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) }})
-	r.Register(nodes.Spec{Kind: workKind, New: newWork})
-	r.Register(nodes.Spec{Kind: sinkKind, New: newSink})
+	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel})
+	r.Register(nodes.Spec{Kind: sinkKind, New: newSink, Sim: simModel})
 }
 
 var (

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/internal/sim"
+)
+
+// comparison is what `dflow compare --json` prints.
+type comparison struct {
+	Spec      string          `json:"spec"`
+	Edge      string          `json:"edge"`
+	Simulated bool            `json:"simulated"`
+	Rows      []comparisonRow `json:"rows"`
+}
+
+type comparisonRow struct {
+	Policy      string    `json:"policy"`
+	Status      string    `json:"status"`
+	Throughput  float64   `json:"throughput"` // items the sources emitted per second
+	WallSeconds float64   `json:"wall_seconds"`
+	Speedup     float64   `json:"speedup"` // against the first policy's wall time
+	Utilization []float64 `json:"utilization"`
+	MeanDepth   []float64 `json:"mean_depth"`
+}
+
+func cmdCompare(e *env, args []string) int {
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	var sf specFlags
+	sf.register(fs)
+	edgeName := fs.String("edge", "", "the edge whose policy to vary (required)")
+	policies := fs.String("policies", "round_robin,shared", "comma-separated policies to compare, the first is the baseline")
+	simulate := fs.Bool("sim", false, "simulate instead of running")
+	from := fs.String("from", "", "with --sim: service times measured in this report")
+	asJSON := fs.Bool("json", false, "print the table as JSON on stdout")
+	plotPath := fs.String("plot", "", "draw throughput per policy as a bar chart into this PNG")
+	files, code, ok := parse(e, fs, args, "SPEC --edge NAME [--policies a,b] [--sim] [flags]")
+	if !ok {
+		return code
+	}
+	if len(files) != 1 || *edgeName == "" {
+		return usageErr(e, "compare", "want one spec and --edge NAME")
+	}
+	cmp := comparison{Spec: files[0], Edge: *edgeName, Simulated: *simulate}
+	var measured *report.Report
+	if *from != "" {
+		var err error
+		if measured, err = report.Read(*from); err != nil {
+			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
+			return exitFailed
+		}
+	}
+	var consumer string
+	for _, pol := range strings.Split(*policies, ",") {
+		f := sf
+		f.sets = append(append(multi{}, sf.sets...), "edge."+*edgeName+".policy="+pol)
+		g := e.load(&f, files[0])
+		if g == nil {
+			return exitFailed
+		}
+		consumer = g.Edge(*edgeName).To.Stage.Name
+		var rep *report.Report
+		var err error
+		if *simulate {
+			rep, err = sim.Run(g, sim.Options{Registry: e.registry, From: measured})
+		} else {
+			fmt.Fprintf(e.stderr, "dflow: running %s with edge %s policy %s\n", files[0], *edgeName, pol)
+			rep, err = engine.Run(context.Background(), g, engine.Options{Registry: e.registry})
+		}
+		if err != nil {
+			fmt.Fprintf(e.stderr, "dflow compare: policy %s: %v\n", pol, err)
+			return exitFailed
+		}
+		cmp.Rows = append(cmp.Rows, row(g, rep, pol, *edgeName))
+	}
+	for i := range cmp.Rows {
+		if w := cmp.Rows[i].WallSeconds; w > 0 {
+			cmp.Rows[i].Speedup = cmp.Rows[0].WallSeconds / w
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(cmp)
+	} else {
+		printComparison(e, cmp, consumer)
+	}
+	if *plotPath != "" {
+		bars := make([]monitor.Bar, len(cmp.Rows))
+		for i, r := range cmp.Rows {
+			bars[i] = monitor.Bar{Label: r.Policy, Value: r.Throughput}
+		}
+		title := fmt.Sprintf("%s: edge %s, items/s (%s)", cmp.Spec, cmp.Edge, map[bool]string{true: "simulated", false: "measured"}[cmp.Simulated])
+		if err := monitor.BarChart(bars, title, *plotPath); err != nil {
+			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
+			return exitFailed
+		}
+	}
+	return exitOK
+}
+
+func row(g *graph.Graph, rep *report.Report, policy, edge string) comparisonRow {
+	r := comparisonRow{Policy: policy, Status: rep.Status, Throughput: throughput(g, rep), WallSeconds: rep.WallSeconds}
+	for _, rp := range rep.Stages[g.Edge(edge).To.Stage.Name].Replicas {
+		r.Utilization = append(r.Utilization, rp.Utilization)
+	}
+	for _, q := range rep.Edges[edge].Queues {
+		r.MeanDepth = append(r.MeanDepth, q.MeanDepth)
+	}
+	return r
+}
+
+func printComparison(e *env, cmp comparison, consumer string) {
+	kind := "measured"
+	if cmp.Simulated {
+		kind = "simulated"
+	}
+	fmt.Fprintf(e.stdout, "%s, edge %s (%s)\n", cmp.Spec, cmp.Edge, kind)
+	fmt.Fprintf(e.stdout, "%-12s %9s %8s %8s  %-28s %s\n", "policy", "items/s", "wall", "speedup", consumer+" busy", cmp.Edge+" mean depth")
+	for _, r := range cmp.Rows {
+		util := make([]string, len(r.Utilization))
+		for i, u := range r.Utilization {
+			util[i] = fmt.Sprintf("%.0f%%", 100*u)
+		}
+		depth := make([]string, len(r.MeanDepth))
+		for i, d := range r.MeanDepth {
+			depth[i] = fmt.Sprintf("%.1f", d)
+		}
+		fmt.Fprintf(e.stdout, "%-12s %9.1f %7.2fs %7.2fx  %-28s %s\n", r.Policy, r.Throughput, r.WallSeconds, r.Speedup,
+			"["+strings.Join(util, " ")+"]", "["+strings.Join(depth, " ")+"]")
+	}
+}

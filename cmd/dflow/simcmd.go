@@ -1,0 +1,165 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/internal/sim"
+)
+
+func cmdSim(e *env, args []string) int {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	var sf specFlags
+	sf.register(fs)
+	reportPath := fs.String("report", "", "write the simulated run report (JSON) to this file")
+	from := fs.String("from", "", "take each replica's service times from this report of a real run")
+	interval := fs.Duration("interval", 5*time.Second, "status line and series period, in simulated time (0: none)")
+	plotPath := fs.String("plot", "", "draw queue depth and utilization over simulated time into this PNG")
+	seed := fs.Uint64("seed", 1, "seed of the draws that do not come from a node's own seed")
+	split := fs.String("split", "", "A,B=N: simulate every split of N replicas between stages A and B and rank them")
+	files, code, ok := parse(e, fs, args, "SPEC [flags]")
+	if !ok {
+		return code
+	}
+	if len(files) != 1 {
+		return usageErr(e, "sim", "want exactly one spec, got %d", len(files))
+	}
+	opts := sim.Options{Registry: e.registry, Seed: *seed}
+	if *from != "" {
+		rep, err := report.Read(*from)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "dflow sim: %v\n", err)
+			return exitFailed
+		}
+		opts.From = rep
+	}
+	if *split != "" {
+		return e.split(&sf, files[0], *split, opts)
+	}
+	g := e.load(&sf, files[0])
+	if g == nil {
+		return exitFailed
+	}
+	status := &monitor.Status{W: e.stderr, Width: 250}
+	if *interval > 0 {
+		opts.Interval, opts.Observe = *interval, status.Observe
+	}
+	rep, err := sim.Run(g, opts)
+	rep.Diagnosis = monitor.Diagnose(g, rep)
+	summarize(e.stderr, g, rep)
+	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
+		fmt.Fprintf(e.stderr, "dflow sim: %v\n", werr)
+		return exitFailed
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow sim: %s: %v\n", files[0], err)
+		return exitFailed
+	}
+	return exitOK
+}
+
+// splitRow is one split's simulated outcome.
+type splitRow struct {
+	a, b       int
+	throughput float64
+	wall       float64
+	bottleneck string
+	err        error
+}
+
+// split simulates every split of N replicas between stages A and B
+// ("target,drafter=8") and prints them ranked by throughput.
+func (e *env) split(sf *specFlags, file, spec string, opts sim.Options) int {
+	a, b, n, err := parseSplit(spec)
+	if err != nil {
+		return usageErr(e, "sim", "--split %q: %v", spec, err)
+	}
+	var rows []splitRow
+	for i := 1; i < n; i++ {
+		f := *sf
+		f.sets = append(append(multi{}, sf.sets...), fmt.Sprintf("stage.%s.replicas=%d", a, i), fmt.Sprintf("stage.%s.replicas=%d", b, n-i))
+		g := e.load(&f, file)
+		if g == nil {
+			return exitFailed
+		}
+		rep, err := sim.Run(g, opts)
+		row := splitRow{a: i, b: n - i, wall: rep.WallSeconds, err: err}
+		if err == nil {
+			row.throughput = throughput(g, rep)
+			row.bottleneck = busiest(g, rep)
+		}
+		rows = append(rows, row)
+	}
+	sortRows(rows)
+	fmt.Fprintf(e.stdout, "splits of %d replicas between %s and %s (simulated)\n", n, a, b)
+	fmt.Fprintf(e.stdout, "%-5s %8s %8s %10s %9s  %s\n", "rank", a, b, "items/s", "wall", "bottleneck")
+	for i, r := range rows {
+		if r.err != nil {
+			fmt.Fprintf(e.stdout, "%-5s %8d %8d  failed: %v\n", "-", r.a, r.b, r.err)
+			continue
+		}
+		fmt.Fprintf(e.stdout, "%-5d %8d %8d %10.1f %8.2fs  %s\n", i+1, r.a, r.b, r.throughput, r.wall, r.bottleneck)
+	}
+	return exitOK
+}
+
+func parseSplit(spec string) (a, b string, n int, err error) {
+	stages, count, ok := strings.Cut(spec, "=")
+	a, b, ok2 := strings.Cut(stages, ",")
+	if !ok || !ok2 || a == "" || b == "" || a == b {
+		return "", "", 0, fmt.Errorf("want A,B=N with two stage names, such as target,drafter=8")
+	}
+	n, err = strconv.Atoi(count)
+	if err != nil || n < 2 {
+		return "", "", 0, fmt.Errorf("N must be a whole number of at least 2")
+	}
+	return a, b, n, nil
+}
+
+func sortRows(rows []splitRow) {
+	sort.SliceStable(rows, func(i, j int) bool {
+		if (rows[i].err == nil) != (rows[j].err == nil) {
+			return rows[i].err == nil
+		}
+		return rows[i].throughput > rows[j].throughput
+	})
+}
+
+// throughput is the items the sources emitted per second of the run.
+func throughput(g *graph.Graph, rep *report.Report) float64 {
+	if rep.WallSeconds <= 0 {
+		return 0
+	}
+	var items int64
+	for _, s := range g.Stages {
+		if len(s.Inputs) == 0 {
+			for _, r := range rep.Stages[s.Name].Replicas {
+				items += r.ItemsOut
+			}
+		}
+	}
+	return float64(items) / rep.WallSeconds
+}
+
+// busiest names the stage whose replicas were busy the most on average.
+func busiest(g *graph.Graph, rep *report.Report) string {
+	best, bestU := "", -1.0
+	for _, s := range g.Stages {
+		st := rep.Stages[s.Name]
+		var u float64
+		for _, r := range st.Replicas {
+			u += r.Utilization / float64(len(st.Replicas))
+		}
+		if u > bestU {
+			best, bestU = s.Name, u
+		}
+	}
+	return fmt.Sprintf("%s (%.0f%% busy)", best, 100*bestU)
+}

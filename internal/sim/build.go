@@ -1,0 +1,240 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+)
+
+func build(g *graph.Graph, opts Options) (*sim, error) {
+	if opts.Registry == nil {
+		opts.Registry = nodes.Default
+	}
+	if opts.Seed == 0 {
+		opts.Seed = 1
+	}
+	s := &sim{g: g, opts: opts}
+	byName := map[string]*sstage{}
+	for si, gs := range g.Stages {
+		st, err := s.buildStage(gs, uint64(si))
+		if err != nil {
+			return nil, err
+		}
+		s.stages = append(s.stages, st)
+		byName[gs.Name] = st
+	}
+	for _, ge := range g.Edges {
+		e := &sedge{g: ge}
+		for _, gq := range ge.Queues {
+			q := &squeue{e: e, cap: ge.Capacity, capBytes: ge.CapacityBytes,
+				producersLeft: len(gq.Producers), live: make([]bool, len(gq.Producers))}
+			for i := range q.live {
+				q.live[i] = true
+			}
+			e.queues = append(e.queues, q)
+		}
+		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
+		for i, p := range from.procs {
+			o := &sout{}
+			for _, qi := range ge.ProducerQueues(i) {
+				o.queues = append(o.queues, e.queues[qi])
+			}
+			p.outs = append(p.outs, o)
+		}
+		for i, p := range to.procs {
+			p.inputs = append(p.inputs, e.queues[ge.ConsumerQueue(i)])
+		}
+		s.edges = append(s.edges, e)
+	}
+	return s, nil
+}
+
+// buildStage picks the stage's service model: measured (Options.From),
+// else the node's own model, else the stage's sim block.
+func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
+	st := &sstage{g: gs, source: len(gs.Inputs) == 0, members: gs.Replicas, metrics: map[string]float64{}}
+	spec, _ := s.opts.Registry.Spec(gs.Node)
+	var model *nodes.SimModel
+	if spec != nil && spec.Sim != nil {
+		m, err := spec.Sim(gs.Config)
+		if err != nil {
+			return nil, fmt.Errorf("stage %q (%s): %w", gs.Name, gs.Node, err)
+		}
+		model = m
+	}
+	if model != nil {
+		st.sync, st.failAfter = model.Sync, model.FailAfter
+	}
+	if spec != nil && spec.Total != nil {
+		st.total = spec.Total(gs.Config)
+	}
+	if gs.Node == "synthetic_source" {
+		st.itemBytes = int64(gs.Config.Int("size_bytes"))
+	}
+	measured, hasMeasured := measuredStage(s.opts.From, gs.Name)
+	if st.source && hasMeasured && st.total == 0 {
+		for _, r := range measured.Replicas {
+			st.total += r.ItemsOut
+		}
+	}
+	if st.source && st.total == 0 {
+		return nil, fmt.Errorf("stage %q (%s): a source must say how many items it emits to be simulated (node kind without a total, and no --from report)", gs.Name, gs.Node)
+	}
+	for i := 0; i < gs.Replicas; i++ {
+		p := &proc{st: st, idx: i}
+		rng := rand.New(rand.NewPCG(s.opts.Seed, si<<20|uint64(i)))
+		switch {
+		case hasMeasured:
+			mean, sigma := measuredService(measured, i)
+			p.next = lognormal(mean, sigma, rng)
+		case model != nil:
+			p.next = model.Service(i)
+		case gs.Sim != nil:
+			d, err := graph.ParseDistribution(gs.Sim.ServiceTime)
+			if err != nil {
+				return nil, fmt.Errorf("stage %q: sim service_time: %w", gs.Name, err)
+			}
+			p.next = func() time.Duration { return d.Sample(rng) }
+		default:
+			return nil, fmt.Errorf("stage %q: node kind %q has no simulation model; give the stage a sim { service_time = \"40ms\" } block, or simulate --from a report of a real run", gs.Name, gs.Node)
+		}
+		if st.source {
+			p.remaining = int64(synthetic.Share(int(st.total), i, gs.Replicas))
+		}
+		st.procs = append(st.procs, p)
+	}
+	return st, nil
+}
+
+// measuredStage returns a stage's figures from a measured report.
+func measuredStage(from *report.Report, name string) (report.Stage, bool) {
+	if from == nil {
+		return report.Stage{}, false
+	}
+	st, ok := from.Stages[name]
+	return st, ok && len(st.Replicas) > 0
+}
+
+// measuredService fits replica i's measured service times: the mean, and
+// a log-space sigma from the ratio of p99 to p50 (z(0.99) = 2.326). A
+// replica the report lacks (more replicas now) takes the stage's average.
+func measuredService(st report.Stage, i int) (time.Duration, float64) {
+	var r report.Replica
+	if i < len(st.Replicas) {
+		r = st.Replicas[i]
+	} else {
+		for _, x := range st.Replicas {
+			r.ServiceSeconds.Mean += x.ServiceSeconds.Mean / float64(len(st.Replicas))
+			r.ServiceSeconds.P50 += x.ServiceSeconds.P50 / float64(len(st.Replicas))
+			r.ServiceSeconds.P99 += x.ServiceSeconds.P99 / float64(len(st.Replicas))
+		}
+	}
+	sigma := 0.0
+	if r.ServiceSeconds.P50 > 0 && r.ServiceSeconds.P99 > r.ServiceSeconds.P50 {
+		sigma = math.Log(r.ServiceSeconds.P99/r.ServiceSeconds.P50) / 2.326
+	}
+	return time.Duration(r.ServiceSeconds.Mean * float64(time.Second)), sigma
+}
+
+// observe adds a series point at a tick and calls Observe.
+func (s *sim) observe() {
+	snap := s.snapshot()
+	s.series = append(s.series, snap.Sample(s.prev))
+	s.prev = snap
+	if s.opts.Observe != nil {
+		s.opts.Observe(snap)
+	}
+}
+
+// snapshot renders the simulation's state as the runtime's snapshot, so
+// the status line, series and Prometheus code serve both.
+func (s *sim) snapshot() *engine.Snapshot {
+	snap := &engine.Snapshot{Elapsed: s.now}
+	for _, st := range s.stages {
+		ss := engine.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: st.source, Total: st.total, Metrics: st.metrics}
+		for _, p := range st.procs {
+			acc := p.acc
+			if p.state != done {
+				acc[p.state] += s.now - p.since
+			}
+			ss.Replicas = append(ss.Replicas, engine.ReplicaSnapshot{ItemsIn: p.in, ItemsOut: p.out,
+				Busy: acc[busy], Idle: acc[idle], Blocked: acc[blocked], Done: p.state == done})
+		}
+		snap.Stages = append(snap.Stages, ss)
+	}
+	for _, e := range s.edges {
+		es := engine.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
+			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
+		for i, q := range e.queues {
+			es.Produced += q.produced
+			es.Consumed += q.consumed
+			qs := engine.QueueSnapshot{Depth: q.depth(), Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers}
+			for j, live := range q.live {
+				if live {
+					qs.Open = append(qs.Open, e.g.Queues[i].Producers[j])
+				}
+			}
+			es.Queues = append(es.Queues, qs)
+		}
+		snap.Edges = append(snap.Edges, es)
+	}
+	return snap
+}
+
+// report writes the simulation's figures in the run report's schema.
+func (s *sim) report() *report.Report {
+	rep := &report.Report{Spec: s.g.Filename, Status: report.OK, Simulated: true, WallSeconds: s.now.Seconds(),
+		Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
+		Series: append([]report.Sample{}, s.series...), Diagnosis: []string{}}
+	if s.err != nil {
+		rep.Status, rep.Error = report.Failed, s.err.Error()
+	}
+	for _, st := range s.stages {
+		rs := report.Stage{Node: st.g.Node, Metrics: map[string]float64{}}
+		for _, p := range st.procs {
+			acc := p.acc
+			end := p.end
+			if p.state != done {
+				acc[p.state] += s.now - p.since
+				end = s.now
+			}
+			r := report.Replica{Index: p.idx, Device: st.g.Device(p.idx), ItemsIn: p.in, ItemsOut: p.out,
+				BusySeconds: acc[busy].Seconds(), IdleSeconds: acc[idle].Seconds(), BlockedSeconds: acc[blocked].Seconds()}
+			if end > 0 {
+				r.Utilization = acc[busy].Seconds() / end.Seconds()
+			}
+			sorted := sortedCopy(p.service)
+			if n := len(sorted); n > 0 {
+				var sum float64
+				for _, x := range sorted {
+					sum += x
+				}
+				r.ServiceSeconds = report.Summary{Mean: sum / float64(n), P50: quantile(sorted, 0.5), P99: quantile(sorted, 0.99)}
+			}
+			rs.Replicas = append(rs.Replicas, r)
+		}
+		rep.Stages[st.g.Name] = rs
+	}
+	for _, e := range s.edges {
+		re := report.Edge{Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
+		for i, q := range e.queues {
+			q.account(s)
+			re.Produced += q.produced
+			re.Consumed += q.consumed
+			rq := report.Queue{Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers, MaxDepth: int64(q.maxDepth)}
+			if s.now > 0 {
+				rq.MeanDepth = q.area / s.now.Seconds()
+			}
+			re.Queues = append(re.Queues, rq)
+		}
+		rep.Edges[e.g.Name] = re
+	}
+	return rep
+}
