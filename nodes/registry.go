@@ -30,10 +30,10 @@ type Spec struct {
 // service time; a stage with outputs emits one item per item received (a
 // source emits Spec.Total items in all).
 type SimModel struct {
-	// Service returns replica i's stream of service times. The synthetic
-	// nodes return the very stream their replicas sleep, so a simulation
-	// replays a real run's draws.
-	Service func(replica int) func() time.Duration
+	// Service returns the stream of service times of one replica of a
+	// stage. The synthetic nodes return the very stream their replicas
+	// sleep, so a simulation replays a real run's draws.
+	Service func(stage string, replica int) func() time.Duration
 	// Sync makes the replicas step together: a barrier per item, as
 	// synthetic_work's sync does.
 	Sync bool

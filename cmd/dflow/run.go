@@ -13,6 +13,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/internal/sim"
 	"golang.org/x/term"
 )
 
@@ -72,7 +73,7 @@ func cmdRun(e *env, args []string) int {
 		rep, _ = engine.Run(ctx, g, opts) // the same construction error, as a report
 	}
 	status.Finish()
-	rep.Diagnosis = monitor.Diagnose(g, rep)
+	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))
 	summarize(e.stderr, g, rep)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)

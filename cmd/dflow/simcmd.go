@@ -52,7 +52,9 @@ func cmdSim(e *env, args []string) int {
 		opts.Interval, opts.Observe = *interval, status.Observe
 	}
 	rep, err := sim.Run(g, opts)
-	rep.Diagnosis = monitor.Diagnose(g, rep)
+	if err == nil {
+		rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], opts))
+	}
 	summarize(e.stderr, g, rep)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow sim: %v\n", werr)
@@ -162,4 +164,32 @@ func busiest(g *graph.Graph, rep *report.Report) string {
 		}
 	}
 	return fmt.Sprintf("%s (%.0f%% busy)", best, 100*bestU)
+}
+
+// predictor puts a figure on the diagnosis's suggestion: it simulates the
+// spec as it is and with the edge switched to "shared", both with opts'
+// models (a real run's report as opts.From replays its service times).
+func (e *env) predictor(sf *specFlags, file string, opts sim.Options) monitor.Predictor {
+	opts.Interval, opts.Observe = 0, nil
+	return func(edge string) (monitor.Prediction, bool) {
+		var walls [2]float64
+		for i, extra := range [][]string{nil, {"edge." + edge + ".policy=shared"}} {
+			f := *sf
+			f.sets = append(append(multi{}, sf.sets...), extra...)
+			l, err := f.loader(e)
+			if err != nil {
+				return monitor.Prediction{}, false
+			}
+			g, diags := l.LoadFile(file)
+			if diags.HasErrors() {
+				return monitor.Prediction{}, false
+			}
+			rep, err := sim.Run(g, opts)
+			if err != nil || rep.WallSeconds <= 0 {
+				return monitor.Prediction{}, false
+			}
+			walls[i] = rep.WallSeconds
+		}
+		return monitor.Prediction{Before: walls[0], After: walls[1]}, true
+	}
 }

@@ -24,15 +24,17 @@ const (
 // limited it: the bottleneck stage, replicas starved or blocked far more
 // than their siblings, queues always full or always empty, and for a
 // round_robin edge with uneven wiring the change that balances it. Each
-// sentence cites the measured figures it rests on.
-func Diagnose(g *graph.Graph, rep *report.Report) []string {
+// sentence cites the measured figures it rests on. predict, when not nil,
+// estimates what switching an edge to "shared" would gain (the simulator,
+// replaying this run's service times); its figure joins the suggestion.
+func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 	out := []string{}
 	if rep.WallSeconds < minRunSeconds {
 		return out
 	}
 	out = append(out, bottleneck(g, rep)...)
 	for _, s := range g.Stages {
-		out = append(out, siblings(g, rep, s)...)
+		out = append(out, siblings(g, rep, s, predict)...)
 	}
 	for _, e := range g.Edges {
 		out = append(out, queueRules(rep, e)...)
@@ -97,7 +99,7 @@ func median(xs []float64) float64 {
 
 // siblings finds replicas idle far more than their siblings (starved) and
 // says why when a round_robin edge's wiring explains it.
-func siblings(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
+func siblings(g *graph.Graph, rep *report.Report, s *graph.Stage, predict Predictor) []string {
 	if s.Replicas < 2 {
 		return nil
 	}
@@ -124,6 +126,11 @@ func siblings(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
 		}
 		if e, why := unevenFeed(s, r.idx); e != nil {
 			msg = fmt.Sprintf("edge %s: %s; %s; policy = \"shared\" balances it", e.Name, msg, why)
+			if predict != nil {
+				if p, ok := predict(e.Name); ok {
+					msg += fmt.Sprintf(" (simulated: %.2fx faster, %.2fs -> %.2fs)", p.Before/p.After, p.Before, p.After)
+				}
+			}
 		}
 		out = append(out, msg)
 	}
@@ -187,6 +194,12 @@ func queueRules(rep *report.Report, e *graph.Edge) []string {
 	}
 	return out
 }
+
+// Prediction is a simulated before/after wall time, in seconds.
+type Prediction struct{ Before, After float64 }
+
+// Predictor estimates the effect of setting an edge's policy to "shared".
+type Predictor func(edge string) (Prediction, bool)
 
 func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
 

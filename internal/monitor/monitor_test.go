@@ -97,7 +97,7 @@ func run(t *testing.T, g *graph.Graph, opts engine.Options) *report.Report {
 func TestDiagnoseSeed(t *testing.T) {
 	g := load(t)
 	rep := run(t, g, engine.Options{})
-	diag := strings.Join(Diagnose(g, rep), "\n")
+	diag := strings.Join(Diagnose(g, rep, nil), "\n")
 	for _, want := range []string{"edge hs: drafter replica 2 idle", "round_robin feeds it 1 producer against 2 (wiring 2-2-1)", `policy = "shared" balances it`} {
 		if !strings.Contains(diag, want) {
 			t.Errorf("round_robin diagnosis lacks %q:\n%s", want, diag)
@@ -105,7 +105,7 @@ func TestDiagnoseSeed(t *testing.T) {
 	}
 	g = load(t, "edge.hs.policy=shared")
 	rep = run(t, g, engine.Options{})
-	if diag := strings.Join(Diagnose(g, rep), "\n"); strings.Contains(diag, "balances it") || strings.Contains(diag, "drafter replica") {
+	if diag := strings.Join(Diagnose(g, rep, nil), "\n"); strings.Contains(diag, "balances it") || strings.Contains(diag, "drafter replica") {
 		t.Errorf("shared: nothing to fix, got:\n%s", diag)
 	}
 }
@@ -126,7 +126,7 @@ func TestDiagnoseRules(t *testing.T) {
 		"hs":      {Capacity: 8, Produced: 10, Queues: []report.Queue{{MeanDepth: 7.8, Consumers: []int{0}}, {MeanDepth: 7.9, Consumers: []int{1}}, {MeanDepth: 0, Consumers: []int{2}}}},
 		"trained": {Capacity: 8, Produced: 10, Queues: []report.Queue{{MeanDepth: 0, Consumers: []int{0}}}},
 	}}
-	diag := Diagnose(g, rep)
+	diag := Diagnose(g, rep, nil)
 	all := strings.Join(diag, "\n")
 	for _, want := range []string{
 		"stage target limits throughput: its 5 replicas are busy 98% on average",
@@ -142,7 +142,7 @@ func TestDiagnoseRules(t *testing.T) {
 	if strings.Contains(all, "edge trained") {
 		t.Errorf("a sink that never works should not be reported as starved:\n%s", all)
 	}
-	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}); len(got) != 0 {
+	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}, nil); len(got) != 0 {
 		t.Errorf("too short a run to judge: %v", got)
 	}
 }

@@ -95,7 +95,7 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 			mean, sigma := measuredService(measured, i)
 			p.next = lognormal(mean, sigma, rng)
 		case model != nil:
-			p.next = model.Service(i)
+			p.next = model.Service(gs.Name, i)
 		case gs.Sim != nil:
 			d, err := graph.ParseDistribution(gs.Sim.ServiceTime)
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"time"
@@ -47,11 +48,16 @@ type clock struct {
 	timer   *time.Timer
 }
 
-func (t timing) clock(replica int) *clock {
+// clock returns the service-time stream of one replica of one stage. The
+// stream depends on the seed, the stage's name and the replica, so two
+// stages with the same seed do not draw the same (correlated) times.
+func (t timing) clock(stage string, replica int) *clock {
+	h := fnv.New64a()
+	h.Write([]byte(stage))
 	return &clock{
 		timing:  t,
 		replica: replica,
-		rng:     rand.New(rand.NewPCG(uint64(t.seed), uint64(replica))),
+		rng:     rand.New(rand.NewPCG(uint64(t.seed), h.Sum64()^uint64(replica))),
 	}
 }
 
@@ -118,7 +124,7 @@ func Share(count, i, n int) int {
 }
 
 func (s *source) Run(ctx context.Context, r nodes.Replica) error {
-	c := s.clock(r.Index())
+	c := s.clock(r.Stage(), r.Index())
 	defer c.stop()
 	out := r.Out("out")
 	n := Share(s.count, r.Index(), r.Replicas())
@@ -151,7 +157,7 @@ func newWork(cfg *graph.Config) (nodes.Node, error) {
 var ErrInjected = errors.New("injected failure")
 
 func (w *work) Run(ctx context.Context, r nodes.Replica) error {
-	c := w.clock(r.Index())
+	c := w.clock(r.Stage(), r.Index())
 	defer c.stop()
 	in, out := r.In("in"), r.Out("out")
 	group := r.Group()
@@ -192,7 +198,7 @@ func newSink(cfg *graph.Config) (nodes.Node, error) {
 }
 
 func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
-	c := s.clock(r.Index())
+	c := s.clock(r.Stage(), r.Index())
 	defer c.stop()
 	in := r.In("in")
 	for {
@@ -217,7 +223,7 @@ func simModel(cfg *graph.Config) (*nodes.SimModel, error) {
 		return nil, err
 	}
 	return &nodes.SimModel{
-		Service:   func(replica int) func() time.Duration { return t.clock(replica).next },
+		Service:   func(stage string, replica int) func() time.Duration { return t.clock(stage, replica).next },
 		Sync:      cfg.Bool("sync"),
 		FailAfter: cfg.Int("fail_after"),
 	}, nil

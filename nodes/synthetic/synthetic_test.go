@@ -37,7 +37,7 @@ func TestClockReproducible(t *testing.T) {
 		t.Fatal(err)
 	}
 	draw := func(replica int) []time.Duration {
-		c := tm.clock(replica)
+		c := tm.clock("s", replica)
 		var out []time.Duration
 		for range 5 {
 			out = append(out, c.next())
@@ -53,9 +53,12 @@ func TestClockReproducible(t *testing.T) {
 	if a[0] == other[0] {
 		t.Error("replicas 0 and 1 drew the same first time")
 	}
+	if tm.clock("t", 0).next() == a[0] {
+		t.Error("stages s and t drew the same first time with the same seed")
+	}
 	// Replica 2 has speed[2 % 2] = 1 and replica 3 speed 0.5: same stream
 	// seeds differ, so compare the mean instead over many draws.
-	c := tm.clock(3)
+	c := tm.clock("s", 3)
 	var sum time.Duration
 	for range 2000 {
 		sum += c.next()
