@@ -219,3 +219,58 @@ func TestRunMonitoring(t *testing.T) {
 		t.Errorf("--interval 0: code %d\n%s", code, stderr)
 	}
 }
+
+// TestSimAndCompare: sim writes a simulated report; --from replays a real
+// report; --split ranks splits; compare prints a table, JSON and a chart.
+func TestSimAndCompare(t *testing.T) {
+	dir := t.TempDir()
+	rj := filepath.Join(dir, "sim.json")
+	code, _, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--report", rj, "--interval", "1s")
+	if code != 0 || !strings.Contains(stderr, "simulation ok") || !strings.Contains(stderr, "q_hs=[8 8 0]") {
+		t.Fatalf("sim: code %d\n%s", code, stderr)
+	}
+	if !strings.Contains(stderr, `policy = "shared" balances it (simulated: 1.6`) {
+		t.Errorf("diagnosis lacks the predicted gain:\n%s", stderr)
+	}
+	rep := readReport(t, rj)
+	if !rep.Simulated || rep.Edges["hs"].Consumed != 300 || len(rep.Series) < 4 {
+		t.Errorf("simulated report: %+v", rep.Edges["hs"])
+	}
+	// Replay the simulated report's service times under shared.
+	code, _, stderr = dflow(t, "sim", "../../specs/seed.hcl", "--from", rj, "--set", "edge.hs.policy=shared", "--interval", "0")
+	if code != 0 || !strings.Contains(stderr, "simulation ok: 3.") {
+		t.Errorf("sim --from: code %d\n%s", code, stderr)
+	}
+	code, stdout, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--split", "target,drafter=8")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != 0 || len(lines) != 9 || !strings.HasPrefix(lines[2], "1 ") {
+		t.Fatalf("split: code %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--split", "target=8"); code != exitUsage || !strings.Contains(stderr, "want A,B=N") {
+		t.Errorf("bad split: code %d %s", code, stderr)
+	}
+	png := filepath.Join(dir, "cmp.png")
+	code, stdout, stderr = dflow(t, "compare", "../../specs/seed.hcl", "--edge", "hs", "--sim", "--plot", png)
+	if code != 0 || !strings.Contains(stdout, "round_robin") || !strings.Contains(stdout, "1.00x") || !strings.Contains(stdout, "[8") {
+		t.Fatalf("compare: code %d\n%s%s", code, stdout, stderr)
+	}
+	if fi, err := os.Stat(png); err != nil || fi.Size() < 1000 {
+		t.Errorf("compare --plot: %v", err)
+	}
+	code, stdout, _ = dflow(t, "compare", "../../specs/seed.hcl", "--edge", "hs", "--sim", "--json")
+	var cmp comparison
+	if err := json.Unmarshal([]byte(stdout), &cmp); err != nil || code != 0 || len(cmp.Rows) != 2 {
+		t.Fatalf("compare --json: %v\n%s", err, stdout)
+	}
+	if s := cmp.Rows[1].Speedup; s < 1.5 || s > 1.8 || cmp.Rows[1].Policy != "shared" || len(cmp.Rows[0].Utilization) != 3 {
+		t.Errorf("shared speedup %.2f, rows %+v", s, cmp.Rows)
+	}
+	// Real runs, scaled down.
+	code, stdout, stderr = dflow(t, "compare", "../../specs/seed.hcl", "--edge", "hs", "--var", "items=60")
+	if code != 0 || !strings.Contains(stdout, "(measured)") || !strings.Contains(stdout, "shared") {
+		t.Errorf("compare (real): code %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, _ := dflow(t, "compare", "../../specs/seed.hcl"); code != exitUsage {
+		t.Errorf("compare without --edge: code %d", code)
+	}
+}
