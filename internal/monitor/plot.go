@@ -176,6 +176,8 @@ func BarChart(bars []Bar, title, path string) error {
 	bc.Color = plotutil.Color(0)
 	p.Add(bc, plotter.NewGrid())
 	p.NominalX(labels...)
+	p.X.Min, p.X.Max = -0.75, float64(len(bars))-0.25
+	p.Y.Label.Text = "items/s"
 	if err := p.Save(6*vg.Inch, 4*vg.Inch, path); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
