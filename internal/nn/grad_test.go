@@ -27,8 +27,12 @@ func dotLoss(out, r []float32) float64 {
 // loss, on up to 40 elements.
 func checkGrad(t *testing.T, name string, x, analytic []float32, loss func() float64) {
 	t.Helper()
+	checkGradEps(t, name, x, analytic, loss, 1e-2)
+}
+
+func checkGradEps(t *testing.T, name string, x, analytic []float32, loss func() float64, eps float32) {
+	t.Helper()
 	r := rand.New(rand.NewPCG(7, uint64(len(x))))
-	const eps = 1e-2
 	worst := 0.0
 	for k := 0; k < min(40, len(x)); k++ {
 		i := k
@@ -41,7 +45,7 @@ func checkGrad(t *testing.T, name string, x, analytic []float32, loss func() flo
 		x[i] = orig - eps
 		lm := loss()
 		x[i] = orig
-		num := (lp - lm) / (2 * eps)
+		num := (lp - lm) / (2 * float64(eps))
 		a := float64(analytic[i])
 		err := math.Abs(a-num) / math.Max(1, math.Max(math.Abs(a), math.Abs(num)))
 		worst = max(worst, err)

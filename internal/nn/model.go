@@ -1,0 +1,226 @@
+package nn
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+)
+
+// Config is the shape of a byte-level decoder-only transformer: learned
+// token and position embeddings, Layers pre-norm blocks (RMSNorm, causal
+// multi-head attention, RMSNorm, SwiGLU MLP, residuals), a final RMSNorm
+// and an LM head tied to the token embedding. No biases.
+type Config struct {
+	Vocab  int `json:"vocab"`
+	DModel int `json:"d_model"`
+	Layers int `json:"layers"`
+	Heads  int `json:"heads"`
+	Hidden int `json:"hidden"` // SwiGLU width
+	MaxSeq int `json:"max_seq"`
+}
+
+// Validate reports a shape the model cannot have.
+func (c Config) Validate() error {
+	switch {
+	case c.Vocab < 2 || c.DModel < 1 || c.Layers < 1 || c.Heads < 1 || c.Hidden < 1 || c.MaxSeq < 1:
+		return fmt.Errorf("nn: config %+v: every size must be positive (vocab at least 2)", c)
+	case c.DModel%c.Heads != 0:
+		return fmt.Errorf("nn: d_model %d is not a multiple of heads %d", c.DModel, c.Heads)
+	}
+	return nil
+}
+
+// param is one named tensor inside the flat parameter buffer.
+type param struct {
+	name   string
+	shape  []int
+	offset int
+	decay  bool // matrices decay, norms do not
+}
+
+func (p param) size() int { return numel(p.shape) }
+
+// Model holds the parameters in one flat buffer (Params) with gradients
+// of the same layout (Grads), so an optimizer or an all-reduce treats the
+// model as one vector. Activations live in a Workspace per batch shape.
+type Model struct {
+	Config Config
+	Params []float32
+	Grads  []float32
+	params []param
+	index  map[string]int
+	blocks []block // per-layer views into Params and Grads
+}
+
+// block holds one layer's parameter and gradient views.
+type block struct {
+	ln1, qkv, proj, ln2, fc, mproj       []float32
+	dln1, dqkv, dproj, dln2, dfc, dmproj []float32
+}
+
+func (m *Model) bind() {
+	m.blocks = nil
+	for l := 0; l < m.Config.Layers; l++ {
+		n := func(s string) string { return fmt.Sprintf("blocks.%d.%s", l, s) }
+		m.blocks = append(m.blocks, block{
+			ln1: m.P(n("ln1.weight")), qkv: m.P(n("attn.qkv.weight")), proj: m.P(n("attn.proj.weight")),
+			ln2: m.P(n("ln2.weight")), fc: m.P(n("mlp.fc.weight")), mproj: m.P(n("mlp.proj.weight")),
+			dln1: m.G(n("ln1.weight")), dqkv: m.G(n("attn.qkv.weight")), dproj: m.G(n("attn.proj.weight")),
+			dln2: m.G(n("ln2.weight")), dfc: m.G(n("mlp.fc.weight")), dmproj: m.G(n("mlp.proj.weight")),
+		})
+	}
+}
+
+// Tensor names (the safetensors layout):
+//
+//	wte                        [vocab, d_model]   token embedding, tied LM head
+//	wpe                        [max_seq, d_model] position embedding
+//	blocks.L.ln1.weight        [d_model]
+//	blocks.L.attn.qkv.weight   [3*d_model, d_model]
+//	blocks.L.attn.proj.weight  [d_model, d_model]
+//	blocks.L.ln2.weight        [d_model]
+//	blocks.L.mlp.fc.weight     [2*hidden, d_model] (gate rows, then up rows)
+//	blocks.L.mlp.proj.weight   [d_model, hidden]
+//	ln_f.weight                [d_model]
+func layout(c Config) []param {
+	D := c.DModel
+	ps := []param{{name: "wte", shape: []int{c.Vocab, D}, decay: true}, {name: "wpe", shape: []int{c.MaxSeq, D}, decay: true}}
+	for l := 0; l < c.Layers; l++ {
+		b := fmt.Sprintf("blocks.%d.", l)
+		ps = append(ps,
+			param{name: b + "ln1.weight", shape: []int{D}},
+			param{name: b + "attn.qkv.weight", shape: []int{3 * D, D}, decay: true},
+			param{name: b + "attn.proj.weight", shape: []int{D, D}, decay: true},
+			param{name: b + "ln2.weight", shape: []int{D}},
+			param{name: b + "mlp.fc.weight", shape: []int{2 * c.Hidden, D}, decay: true},
+			param{name: b + "mlp.proj.weight", shape: []int{D, c.Hidden}, decay: true},
+		)
+	}
+	ps = append(ps, param{name: "ln_f.weight", shape: []int{D}})
+	off := 0
+	for i := range ps {
+		ps[i].offset = off
+		off += ps[i].size()
+	}
+	return ps
+}
+
+// NewModel allocates a model and initializes it from seed: normal(0,
+// 0.02) matrices, output projections scaled by 1/sqrt(2*layers), norms 1.
+func NewModel(c Config, seed uint64) (*Model, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	m := &Model{Config: c, params: layout(c), index: map[string]int{}}
+	n := 0
+	for i, p := range m.params {
+		m.index[p.name] = i
+		n += p.size()
+	}
+	m.Params, m.Grads = make([]float32, n), make([]float32, n)
+	m.bind()
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	for _, p := range m.params {
+		w := m.Params[p.offset : p.offset+p.size()]
+		switch {
+		case !p.decay:
+			for i := range w {
+				w[i] = 1
+			}
+		default:
+			std := 0.02
+			if strings.HasSuffix(p.name, "proj.weight") {
+				std /= math.Sqrt(2 * float64(c.Layers))
+			}
+			for i := range w {
+				w[i] = float32(r.NormFloat64() * std)
+			}
+		}
+	}
+	return m, nil
+}
+
+// P returns the parameter tensor of that name (a view into Params).
+func (m *Model) P(name string) []float32 {
+	p := m.params[m.index[name]]
+	return m.Params[p.offset : p.offset+p.size()]
+}
+
+// G returns the gradient of that parameter (a view into Grads).
+func (m *Model) G(name string) []float32 {
+	p := m.params[m.index[name]]
+	return m.Grads[p.offset : p.offset+p.size()]
+}
+
+// DecayMask says which parameters weight decay applies to.
+func (m *Model) DecayMask() []bool {
+	mask := make([]bool, len(m.Params))
+	for _, p := range m.params {
+		for i := p.offset; i < p.offset+p.size(); i++ {
+			mask[i] = p.decay
+		}
+	}
+	return mask
+}
+
+// Tensors returns the parameters as named tensors (views), in layout
+// order.
+func (m *Model) Tensors() []Tensor {
+	ts := make([]Tensor, len(m.params))
+	for i, p := range m.params {
+		ts[i] = Tensor{Name: p.name, Shape: p.shape, Data: m.Params[p.offset : p.offset+p.size()]}
+	}
+	return ts
+}
+
+// Save writes the model as safetensors, its config in __metadata__
+// ("config", JSON) along with any extra metadata.
+func (m *Model) Save(path string, extra map[string]string) error {
+	cfg, _ := json.Marshal(m.Config)
+	meta := map[string]string{"config": string(cfg), "format": "dflow-lm"}
+	for k, v := range extra {
+		meta[k] = v
+	}
+	return WriteSafetensors(path, m.Tensors(), meta)
+}
+
+// LoadModel reads a model saved by Save, checking every tensor's name and
+// shape against the config in its metadata.
+func LoadModel(path string) (*Model, map[string]string, error) {
+	ts, meta, err := ReadSafetensors(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var c Config
+	if err := json.Unmarshal([]byte(meta["config"]), &c); err != nil {
+		return nil, nil, fmt.Errorf("nn: %s: __metadata__ lacks a valid \"config\": %v", path, err)
+	}
+	m, err := NewModel(c, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("nn: %s: %w", path, err)
+	}
+	got := map[string]Tensor{}
+	for _, t := range ts {
+		got[t.Name] = t
+	}
+	for _, p := range m.params {
+		t, ok := got[p.name]
+		if !ok {
+			return nil, nil, fmt.Errorf("nn: %s: tensor %q is missing", path, p.name)
+		}
+		if fmt.Sprint(t.Shape) != fmt.Sprint(p.shape) {
+			return nil, nil, fmt.Errorf("nn: %s: tensor %q has shape %v, the config needs %v", path, p.name, t.Shape, p.shape)
+		}
+		copy(m.Params[p.offset:], t.Data)
+		delete(got, p.name)
+	}
+	for name := range got {
+		return nil, nil, fmt.Errorf("nn: %s: unexpected tensor %q", path, name)
+	}
+	return m, meta, nil
+}
+
+// NumParams is the number of parameters.
+func (m *Model) NumParams() int { return len(m.Params) }
