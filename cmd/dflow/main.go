@@ -10,7 +10,9 @@ import (
 	"syscall"
 
 	"github.com/dflow-dev/dflow/nodes"
+	_ "github.com/dflow-dev/dflow/nodes/lm"        // lm_train
 	_ "github.com/dflow-dev/dflow/nodes/synthetic" // built-in synthetic nodes
+	_ "github.com/dflow-dev/dflow/nodes/text"      // text_reader
 )
 
 // Exit codes (DESIGN.md).

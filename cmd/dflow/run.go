@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,7 +132,7 @@ func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
 			out += r.ItemsOut
 			util[i] = fmt.Sprintf("%.0f%%", 100*r.Utilization)
 		}
-		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v\n", s.Name, in, out, util)
+		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v%s\n", s.Name, in, out, util, metricList(st.Metrics))
 	}
 	for _, e := range g.Edges {
 		ed := rep.Edges[e.Name]
@@ -194,4 +196,18 @@ func (e *env) withLockedStderr() *env {
 	c := *e
 	c.stderr = &lockedWriter{w: e.stderr}
 	return &c
+}
+
+// metricList formats node metrics as " name=value ..." in name order.
+func metricList(m map[string]float64) string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, " %s=%.4g", k, m[k])
+	}
+	return b.String()
 }

@@ -67,8 +67,12 @@ func bottleneck(g *graph.Graph, rep *report.Report) []string {
 	if best == nil || bestU < busyBottleneck {
 		return nil
 	}
-	return []string{fmt.Sprintf("stage %s limits throughput: its %s are busy %s on average (the next busiest stage %s); more replicas or a faster %s would help",
-		best.Name, plural(best.Replicas, "replica"), pct(bestU), pct(next), best.Node)}
+	verb := "are"
+	if best.Replicas == 1 {
+		verb = "is"
+	}
+	return []string{fmt.Sprintf("stage %s limits throughput: its %s %s busy %s on average (the next busiest stage %s); more replicas or a faster %s would help",
+		best.Name, plural(best.Replicas, "replica"), verb, pct(bestU), pct(next), best.Node)}
 }
 
 type share struct {

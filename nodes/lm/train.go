@@ -1,0 +1,255 @@
+// Package lm provides lm_train: it trains dflow's byte-level target
+// language model (internal/nn) on batches from text_reader, data-parallel
+// over its replicas, and evaluates it on the corpus's held-out text
+// against an n-gram baseline.
+package lm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/zclconf/go-cty/cty"
+)
+
+func init() { Register(nodes.Default) }
+
+// Register adds lm_train to a registry.
+func Register(r *nodes.Registry) {
+	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer})
+}
+
+var trainKind = graph.Kind{
+	Name: "lm_train",
+	Doc:  "Trains the byte-level target LM on token batches (replicas train one model data-parallel) and saves it as safetensors.",
+	Config: append(append([]graph.Field{}, text.CorpusFields...),
+		graph.Field{Name: "out", Type: graph.String, Required: true, Doc: "the safetensors file to write"},
+		graph.Field{Name: "d_model", Type: graph.Int, Default: cty.NumberIntVal(128), Doc: "model width"},
+		graph.Field{Name: "layers", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "transformer blocks"},
+		graph.Field{Name: "heads", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "attention heads"},
+		graph.Field{Name: "hidden", Type: graph.Int, Default: cty.NumberIntVal(352), Doc: "SwiGLU width"},
+		graph.Field{Name: "max_seq", Type: graph.Int, Default: cty.NumberIntVal(128), Doc: "longest sequence the model takes"},
+		graph.Field{Name: "lr", Type: graph.Number, Default: cty.NumberFloatVal(3e-3), Doc: "peak learning rate"},
+		graph.Field{Name: "warmup", Type: graph.Int, Default: cty.NumberIntVal(30), Doc: "steps of linear warmup"},
+		graph.Field{Name: "steps", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "length of the cosine schedule (0: constant after warmup)"},
+		graph.Field{Name: "weight_decay", Type: graph.Number, Default: cty.NumberFloatVal(0.1), Doc: "AdamW weight decay on matrices"},
+		graph.Field{Name: "checkpoint_every", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "also save every N steps (0: only at the end)"},
+		graph.Field{Name: "eval_batches", Type: graph.Int, Default: cty.NumberIntVal(16), Doc: "held-out sequences (of the batch's length) to evaluate on at the end"},
+		graph.Field{Name: "init_seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "seed of the weights' initialization"},
+	),
+	Ports: func(*graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches from text_reader"}}
+	},
+	Check: func(cfg *graph.Config) []error {
+		c := modelConfig(cfg)
+		if err := c.Validate(); err != nil {
+			return []error{err}
+		}
+		return nil
+	},
+}
+
+func modelConfig(cfg *graph.Config) nn.Config {
+	return nn.Config{Vocab: 256, DModel: cfg.Int("d_model"), Layers: cfg.Int("layers"), Heads: cfg.Int("heads"),
+		Hidden: cfg.Int("hidden"), MaxSeq: cfg.Int("max_seq")}
+}
+
+type trainer struct {
+	cfg    *graph.Config
+	model  nn.Config
+	corpus *text.Corpus
+}
+
+func newTrainer(cfg *graph.Config) (nodes.Node, error) {
+	c, err := text.LoadCorpus(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &trainer{cfg: cfg, model: modelConfig(cfg), corpus: c}, nil
+}
+
+// replicaState is one replica's copy of the model, kept identical across
+// replicas by applying the same averaged gradient.
+type replicaState struct {
+	m    *nn.Model
+	w    *nn.Workspace
+	opt  *nn.AdamW
+	mask []bool
+	in   []int32
+	tgt  []int32
+}
+
+func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
+	m, err := nn.NewModel(t.model, uint64(t.cfg.Int("init_seed")))
+	if err != nil {
+		return err
+	}
+	st := &replicaState{m: m, opt: nn.NewAdamW(len(m.Params), float32(t.cfg.Float("lr"))), mask: m.DecayMask()}
+	st.opt.WeightDecay = float32(t.cfg.Float("weight_decay"))
+	in, group, metrics := r.In("in"), r.Group(), r.Metrics()
+	defer group.Leave()
+	start := time.Now()
+	var step, tokens int
+	for {
+		item, err := in.Recv(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		b, ok := item.(*text.Batch)
+		if !ok {
+			return fmt.Errorf("lm_train: got %T, want *text.Batch", item)
+		}
+		loss, err := t.step(ctx, st, b, step, r)
+		if err != nil {
+			return err
+		}
+		step++
+		tokens += b.B * b.T
+		if r.Index() == 0 {
+			if step == 1 {
+				metrics.Set("loss_initial", loss)
+			}
+			metrics.Set("loss", loss)
+			metrics.Set("step", float64(step))
+			metrics.Set("tokens_per_s", float64(tokens*r.Replicas())/time.Since(start).Seconds())
+			if every := t.cfg.Int("checkpoint_every"); every > 0 && step%every == 0 {
+				if err := t.save(st.m, step); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	group.Leave()
+	if r.Index() != 0 || st.w == nil {
+		return nil
+	}
+	if err := t.save(st.m, step); err != nil {
+		return err
+	}
+	return t.evaluate(st, metrics)
+}
+
+// step trains on one batch: forward, backward, all-reduce of gradients
+// over the replicas still training, AdamW.
+func (t *trainer) step(ctx context.Context, st *replicaState, b *text.Batch, step int, r nodes.Replica) (float64, error) {
+	if st.w == nil || st.w.B != b.B || st.w.T != b.T {
+		w, err := st.m.NewWorkspace(b.B, b.T)
+		if err != nil {
+			return 0, fmt.Errorf("lm_train: %w", err)
+		}
+		st.w, st.in, st.tgt = w, make([]int32, b.B*b.T), make([]int32, b.B*b.T)
+	}
+	b.Inputs(st.in)
+	b.Targets(st.tgt)
+	st.w.Forward(st.in)
+	loss := st.w.Loss(st.tgt, nil)
+	st.m.ZeroGrad()
+	st.w.Backward(st.tgt, nil)
+	if r.Replicas() > 1 {
+		n, err := r.Group().AllReduceSum(ctx, st.m.Grads)
+		if err != nil {
+			return 0, err
+		}
+		inv := 1 / float32(n)
+		for i := range st.m.Grads {
+			st.m.Grads[i] *= inv
+		}
+	}
+	st.opt.LR = float32(t.lr(step))
+	st.opt.Step(st.m.Params, st.m.Grads, st.mask)
+	return loss, nil
+}
+
+// lr is linear warmup then cosine decay to a tenth over `steps`.
+func (t *trainer) lr(step int) float64 {
+	peak, warm, total := t.cfg.Float("lr"), t.cfg.Int("warmup"), t.cfg.Int("steps")
+	if step < warm {
+		return peak * float64(step+1) / float64(warm)
+	}
+	if total <= warm {
+		return peak
+	}
+	p := math.Min(1, float64(step-warm)/float64(total-warm))
+	return peak * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*p)))
+}
+
+func (t *trainer) save(m *nn.Model, step int) error {
+	if err := m.Save(t.cfg.String("out"), map[string]string{"steps": strconv.Itoa(step), "corpus": t.cfg.String("path")}); err != nil {
+		return fmt.Errorf("lm_train: %w", err)
+	}
+	return nil
+}
+
+// evaluate measures held-out bits per byte of the model and of an order-3
+// byte n-gram counted on (up to 4 MiB of) the training text.
+func (t *trainer) evaluate(st *replicaState, metrics nodes.Metrics) error {
+	bpb, err := EvalBitsPerByte(st.m, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches"))
+	if errors.Is(err, errNoHeldOut) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	metrics.Set("eval_bpb", bpb)
+	ng := text.NewNGram(t.corpus.Train[:min(len(t.corpus.Train), 4<<20)], 3)
+	metrics.Set("ngram_bpb", NGramBitsPerByte(ng, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches")))
+	return nil
+}
+
+var errNoHeldOut = errors.New("no held-out text")
+
+// evalWindows are the held-out sequences both models are scored on:
+// n evenly spaced windows of T+1 bytes.
+func evalWindows(held []byte, T, n int) [][]byte {
+	stride := len(held) / max(n, 1)
+	var out [][]byte
+	for i := 0; i < n && i*stride+T+1 <= len(held); i++ {
+		out = append(out, held[i*stride:i*stride+T+1])
+	}
+	return out
+}
+
+// EvalBitsPerByte is the model's mean -log2 p(next byte) over n held-out
+// windows of T+1 bytes.
+func EvalBitsPerByte(m *nn.Model, held []byte, T, n int) (float64, error) {
+	wins := evalWindows(held, T, n)
+	if len(wins) == 0 {
+		return 0, errNoHeldOut
+	}
+	w, err := m.NewWorkspace(1, T)
+	if err != nil {
+		return 0, err
+	}
+	in, tgt := make([]int32, T), make([]int32, T)
+	var sum float64
+	for _, win := range wins {
+		for j := 0; j < T; j++ {
+			in[j], tgt[j] = int32(win[j]), int32(win[j+1])
+		}
+		w.Forward(in)
+		sum += w.Loss(tgt, nil)
+	}
+	return sum / float64(len(wins)) / math.Ln2, nil
+}
+
+// NGramBitsPerByte scores the same windows with an n-gram model (context
+// limited to the window, as the neural model's is).
+func NGramBitsPerByte(ng *text.NGram, held []byte, T, n int) float64 {
+	wins := evalWindows(held, T, n)
+	var sum float64
+	for _, win := range wins {
+		sum += ng.BitsPerByte(win, 1)
+	}
+	return sum / float64(max(len(wins), 1))
+}
