@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes/lm"
+	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/hashicorp/hcl/v2"
 )
 
@@ -339,8 +341,11 @@ func TestSpecsValidate(t *testing.T) {
 	if len(files) < 3 {
 		t.Fatalf("only %d specs", len(files))
 	}
+	full := testRegistry()
+	text.Register(full)
+	lm.Register(full)
 	for _, f := range files {
-		_, diags := load(t, &graph.Loader{}, f)
+		_, diags := load(t, &graph.Loader{Catalog: full}, f)
 		for _, d := range diags {
 			if d.Severity == hcl.DiagError && !(filepath.Base(f) == "dflash.hcl" && d.Summary == "unknown node kind") {
 				t.Errorf("%s: %s: %s", f, d.Summary, d.Detail)
