@@ -209,7 +209,7 @@ func TestLiveRun(t *testing.T) {
 	g := load(t)
 	var lines bytes.Buffer
 	st := &Status{W: &lines}
-	p, err := engine.New(g, engine.Options{Registry: registry(), Interval: 100 * time.Millisecond, Observe: st.Observe})
+	p, err := engine.New(g, engine.Options{Registry: registry(), Interval: 20 * time.Millisecond, Observe: st.Observe})
 	if err != nil {
 		t.Fatal(err)
 	}
