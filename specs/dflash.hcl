@@ -1,4 +1,4 @@
-# The DFlash job: 5 target replicas run a frozen byte-level LM forward and
+# The DFlash job: 5 target replicas run the frozen byte-level target LM and
 # push hidden states to 3 drafter replicas that train one block drafter
 # data-parallel. round_robin wires 5 on 3 as 2-2-1; the one-line fix is
 #
@@ -13,15 +13,25 @@ variable "targets" {
 }
 
 variable "corpus" {
-  default = "corpus/"
+  default = "$GOROOT/src" # a file, folder or glob of text
+}
+
+variable "batches" {
+  default = 600
+}
+
+variable "checkpoint" {
+  default = "drafter.safetensors"
 }
 
 stage "reader" {
   node = "text_reader"
   config {
-    path       = var.corpus # a file, folder or glob of text
+    path       = var.corpus
     seq_len    = 64
     batch_size = 8
+    limit      = var.batches
+    max_bytes  = 16777216
   }
 }
 
@@ -38,7 +48,11 @@ stage "drafter" {
   node     = "drafter_train"
   replicas = 3
   config {
+    target     = "models/target.safetensors"
     block_size = 4
+    checkpoint = var.checkpoint
+    eval       = var.corpus
+    max_bytes  = 16777216
   }
 }
 

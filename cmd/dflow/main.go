@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/dflow-dev/dflow/nodes"
+	_ "github.com/dflow-dev/dflow/nodes/dflash"    // target_forward, drafter_train
 	_ "github.com/dflow-dev/dflow/nodes/lm"        // lm_train
 	_ "github.com/dflow-dev/dflow/nodes/synthetic" // built-in synthetic nodes
 	_ "github.com/dflow-dev/dflow/nodes/text"      // text_reader

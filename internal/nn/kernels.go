@@ -220,3 +220,9 @@ func softmax(out, x []float32) {
 		out[i] *= inv
 	}
 }
+
+// MatMulBackwardInput accumulates only din += dout @ w, for a frozen
+// weight.
+func MatMulBackwardInput(din, dout, w []float32, N, In, Out int) {
+	impl.Sgemm(blas.NoTrans, blas.NoTrans, N, In, Out, 1, dout, Out, w, In, 1, din, In)
+}

@@ -1,10 +1,13 @@
 package nn
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"strings"
 )
 
@@ -224,3 +227,36 @@ func LoadModel(path string) (*Model, map[string]string, error) {
 
 // NumParams is the number of parameters.
 func (m *Model) NumParams() int { return len(m.Params) }
+
+// ReadConfig reads only a model file's header and returns its config, so a
+// spec can be checked against a model without loading its weights.
+func ReadConfig(path string) (Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("nn: %w", err)
+	}
+	defer f.Close()
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(f, lenBuf[:]); err != nil {
+		return Config{}, fmt.Errorf("nn: %s: not a safetensors file: %v", path, err)
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
+	if n > maxHeader {
+		return Config{}, fmt.Errorf("nn: %s: header length %d is not plausible", path, n)
+	}
+	h := make([]byte, n)
+	if _, err := io.ReadFull(f, h); err != nil {
+		return Config{}, fmt.Errorf("nn: %s: truncated header: %v", path, err)
+	}
+	var hdr struct {
+		Meta map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(h, &hdr); err != nil {
+		return Config{}, fmt.Errorf("nn: %s: header is not valid JSON: %v", path, err)
+	}
+	var c Config
+	if err := json.Unmarshal([]byte(hdr.Meta["config"]), &c); err != nil {
+		return Config{}, fmt.Errorf("nn: %s: __metadata__ lacks a valid \"config\"", path)
+	}
+	return c, c.Validate()
+}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -63,9 +64,10 @@ func modelConfig(cfg *graph.Config) nn.Config {
 }
 
 type trainer struct {
-	cfg    *graph.Config
-	model  nn.Config
-	corpus *text.Corpus
+	finished atomic.Int32 // the last replica to finish saves and evaluates
+	cfg      *graph.Config
+	model    nn.Config
+	corpus   *text.Corpus
 }
 
 func newTrainer(cfg *graph.Config) (nodes.Node, error) {
@@ -116,12 +118,12 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		}
 		step++
 		tokens += b.B * b.T
+		metrics.Set("loss", loss)
+		metrics.Set("step", float64(step))
 		if r.Index() == 0 {
 			if step == 1 {
 				metrics.Set("loss_initial", loss)
 			}
-			metrics.Set("loss", loss)
-			metrics.Set("step", float64(step))
 			metrics.Set("tokens_per_s", float64(tokens*r.Replicas())/time.Since(start).Seconds())
 			if every := t.cfg.Int("checkpoint_every"); every > 0 && step%every == 0 {
 				if err := t.save(st.m, step); err != nil {
@@ -131,8 +133,8 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		}
 	}
 	group.Leave()
-	if r.Index() != 0 || st.w == nil {
-		return nil
+	if t.finished.Add(1) != int32(r.Replicas()) || st.w == nil {
+		return nil // not the last: a later replica has newer weights
 	}
 	if err := t.save(st.m, step); err != nil {
 		return err

@@ -1,0 +1,323 @@
+package dflash
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
+)
+
+func randWTE(D int, seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 1))
+	w := make([]float32, 256*D)
+	for i := range w {
+		w[i] = float32(r.NormFloat64()) * 0.5
+	}
+	return w
+}
+
+var small = DrafterConfig{D: 8, K: 2, Layers: 2, Heads: 2, Hidden: 12, BlockSize: 4}
+
+func fill(w *DrafterWork, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 2))
+	c := w.d.Config
+	h := make([]float32, c.K*c.D)
+	for s := 0; s < w.S; s++ {
+		for i := range h {
+			h[i] = float32(r.NormFloat64())
+		}
+		w.Sample(s, h, int32(r.IntN(256)), []int32{int32(r.IntN(256)), int32(r.IntN(256)), -1})
+	}
+}
+
+// TestDrafterGrad checks the drafter's backward pass, tensor by tensor,
+// against finite differences.
+func TestDrafterGrad(t *testing.T) {
+	d, err := NewDrafter(small, randWTE(8, 1), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range d.Params {
+		d.Params[i] *= 3
+	}
+	w := d.NewWork(3)
+	fill(w, 1)
+	loss := func() float64 { w.Forward(); return w.Loss(2) }
+	loss()
+	clear(d.Grads)
+	w.Backward()
+	r := rand.New(rand.NewPCG(5, 5))
+	for _, name := range d.names {
+		x, g := d.P(name), d.G(name)
+		worst := 0.0
+		for k := 0; k < min(12, len(x)); k++ {
+			i := r.IntN(len(x))
+			orig := x[i]
+			x[i] = orig + 1e-3
+			lp := loss()
+			x[i] = orig - 1e-3
+			lm := loss()
+			x[i] = orig
+			num := (lp - lm) / 2e-3
+			rel := math.Abs(num-float64(g[i])) / math.Max(1, math.Max(math.Abs(num), math.Abs(float64(g[i]))))
+			worst = max(worst, rel)
+		}
+		if worst > 2e-2 {
+			t.Errorf("%s: worst relative error %.3g", name, worst)
+		}
+	}
+}
+
+// TestDrafterOverfit: the drafter learns fixed samples to near-zero loss,
+// and the labels' weights follow exp(-(k-1)/gamma).
+func TestDrafterOverfit(t *testing.T) {
+	d, _ := NewDrafter(DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 32, BlockSize: 4}, randWTE(16, 2), 1)
+	w := d.NewWork(4)
+	fill(w, 2)
+	opt := nn.NewAdamW(len(d.Params), 1e-2)
+	opt.WeightDecay = 0
+	var first, loss float64
+	for step := 0; step < 400; step++ {
+		w.Forward()
+		loss = w.Loss(4)
+		if step == 0 {
+			first = loss
+		}
+		clear(d.Grads)
+		w.Backward()
+		opt.Step(d.Params, d.Grads, d.DecayMask())
+	}
+	if loss > 0.05 || first < 3 {
+		t.Errorf("loss %.3f -> %.3f", first, loss)
+	}
+	if w.weights[1] != 1 || math.Abs(float64(w.weights[2])-math.Exp(-0.25)) > 1e-6 {
+		t.Errorf("position weights %v", w.weights[:4])
+	}
+}
+
+func TestDrafterSaveLoad(t *testing.T) {
+	wte := randWTE(8, 3)
+	d, _ := NewDrafter(small, wte, 4)
+	opt := nn.NewAdamW(len(d.Params), 1e-3)
+	w := d.NewWork(2)
+	fill(w, 3)
+	w.Forward()
+	w.Loss(4)
+	w.Backward()
+	opt.Step(d.Params, d.Grads, nil)
+	path := filepath.Join(t.TempDir(), "d.safetensors")
+	if err := d.Save(path, opt, map[string]string{"step": "1"}); err != nil {
+		t.Fatal(err)
+	}
+	opt2 := nn.NewAdamW(len(d.Params), 1e-3)
+	got, meta, err := LoadDrafter(path, wte, opt2)
+	if err != nil || got.Config != small || meta["step"] != "1" {
+		t.Fatalf("%v %+v %v", err, got, meta)
+	}
+	m1, v1, t1 := opt.State()
+	m2, v2, t2 := opt2.State()
+	if t1 != t2 || m1[5] != m2[5] || v1[7] != v2[7] || got.Params[9] != d.Params[9] {
+		t.Error("weights or optimizer state lost in the round trip")
+	}
+	if _, _, err := LoadDrafter(filepath.Join(t.TempDir(), "none"), wte, nil); err == nil {
+		t.Error("missing file: want an error")
+	}
+}
+
+func tinyTarget(t *testing.T, dir string) (string, *nn.Model) {
+	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
+	path := filepath.Join(dir, "target.safetensors")
+	if err := m.Save(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	return path, m
+}
+
+// TestEvaluator: drafting with the target itself accepts every draft
+// (tau = block size); drafting garbage accepts none (tau near 1).
+func TestEvaluator(t *testing.T) {
+	_, m := tinyTarget(t, t.TempDir())
+	held := []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 40))
+	e := &Evaluator{Target: m, Layers: []int{0, 1}, Block: 4, Prompt: 16, Cycles: 5, Prompts: 3}
+	oracle := func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
+		seq := append(append([]int32{}, ctx...), anchor)
+		var out []int32
+		for range n {
+			ws, _ := m.NewWorkspace(1, len(seq))
+			l := ws.Forward(seq)
+			next := argmax(l[(len(seq)-1)*256:])
+			out = append(out, next)
+			seq = append(seq, next)
+		}
+		return out
+	}
+	tau, err := e.Tau(held, oracle)
+	if err != nil || tau != 4 {
+		t.Errorf("oracle tau %v (%v), want 4", tau, err)
+	}
+	garbage := func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = 255 // a byte the target never predicts on this text
+		}
+		return out
+	}
+	tau, _ = e.Tau(held, garbage)
+	if tau > 1.2 {
+		t.Errorf("garbage tau %v, want about 1", tau)
+	}
+}
+
+func registry() *nodes.Registry {
+	r := nodes.NewRegistry()
+	text.Register(r)
+	Register(r)
+	return r
+}
+
+const pipelineSpec = `
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = "CORPUS"
+    seq_len    = 32
+    batch_size = 4
+    limit      = 24
+  }
+}
+stage "target" {
+  node     = "target_forward"
+  replicas = 3
+  config {
+    model = "TARGET"
+  }
+}
+stage "drafter" {
+  node     = "drafter_train"
+  replicas = 2
+  config {
+    target        = "TARGET"
+    target_layers = LAYERS
+    block_size    = 3
+    hidden        = 32
+    heads         = 2
+    anchors       = 4
+    checkpoint    = "CKPT"
+    eval          = "CORPUS"
+    eval_prompts  = 2
+  }
+}
+edge "tokens" {
+  from = reader.out
+  to   = target.in
+}
+edge "hs" {
+  from   = target.hidden
+  to     = drafter.hidden
+  policy = "round_robin"
+}`
+
+func spec(corpus, target, ckpt, layers string) string {
+	r := strings.NewReplacer("CORPUS", corpus, "TARGET", target, "CKPT", ckpt, "LAYERS", layers)
+	return r.Replace(pipelineSpec)
+}
+
+// TestPipeline runs reader -> target_forward (3) -> drafter_train (2,
+// data-parallel, round_robin P > C with uneven ends): counts exact,
+// metrics published, checkpoint written and resumable.
+func TestPipeline(t *testing.T) {
+	dir := t.TempDir()
+	target, _ := tinyTarget(t, dir)
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
+	ckpt := filepath.Join(dir, "d.safetensors")
+	reg := registry()
+	g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(spec(corpus, target, ckpt, "2")))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	if got := g.Edge("hs").From.Type; got != HiddenType(16, 2) {
+		t.Errorf("hs carries %s", got)
+	}
+	rep, err := engine.Run(context.Background(), g, engine.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Edges["hs"].Consumed != 24 || rep.Edges["tokens"].Consumed != 24 {
+		t.Errorf("counts %d %d", rep.Edges["hs"].Consumed, rep.Edges["tokens"].Consumed)
+	}
+	m := rep.Stages["drafter"].Metrics
+	for _, k := range []string{"loss", "acceptance_length", "acceptance_length_initial", "acceptance_length_ngram", "step"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("metric %s missing: %v", k, m)
+		}
+	}
+	if _, meta, err := LoadDrafter(ckpt, nil, nil); err == nil || meta != nil {
+		// LoadDrafter needs the target embedding; with nil it must refuse.
+		t.Errorf("load without embedding: %v", err)
+	}
+	wte, _ := loadShared(target)
+	d, meta, err := LoadDrafter(ckpt, wte.P("wte"), nil)
+	steps := rep.Stages["drafter"].Metrics["step"]
+	if err != nil || d.Config.BlockSize != 3 || meta["step"] != fmt.Sprint(steps) {
+		t.Fatalf("checkpoint: %v %v, last step %v", err, meta, steps)
+	}
+	// Resume: the step count continues from the checkpoint.
+	resumed := strings.Replace(spec(corpus, target, ckpt, "2"), `eval_prompts  = 2`, "eval_prompts  = 2\n    resume = true", 1)
+	g, diags = (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(resumed))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	rep, err = engine.Run(context.Background(), g, engine.Options{Registry: reg})
+	_, meta2, _ := LoadDrafter(ckpt, wte.P("wte"), nil)
+	before, _ := strconv.Atoi(meta["step"])
+	after, _ := strconv.Atoi(meta2["step"])
+	if err != nil || after <= before || rep.Stages["drafter"].Metrics["step"] <= steps {
+		t.Errorf("resume: %v, steps %v then %v", err, steps, rep.Stages["drafter"].Metrics["step"])
+	}
+}
+
+// TestTypeMismatch: tokens into a hidden_states port, and a drafter whose
+// hidden size differs from the target's, fail validation with both types.
+func TestTypeMismatch(t *testing.T) {
+	dir := t.TempDir()
+	target, _ := tinyTarget(t, dir)
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("x", 10000)), 0o644)
+	reg := registry()
+	src := strings.Replace(spec(corpus, target, "", "3"), `checkpoint    = ""`, "", 1)
+	_, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(src))
+	if !diags.HasErrors() || !strings.Contains(diags.Error(), `emits "hidden_states(d=16,k=2)" items but drafter.hidden takes "hidden_states(d=16,k=3)"`) {
+		t.Errorf("width mismatch: %v", diags)
+	}
+	src = strings.Replace(src, "from   = target.hidden", "from   = reader.out", 1)
+	l := &graph.Loader{Catalog: reg}
+	_, diags = l.Load("p.hcl", []byte(src))
+	var b strings.Builder
+	graph.WriteDiagnostics(&b, diags, l.Sources())
+	if !diags.HasErrors() || !strings.Contains(b.String(), `reader.out emits "tokens" items but drafter.hidden takes "hidden_states(d=16,k=3)"`) {
+		t.Errorf("tokens into hidden_states:\n%s", b.String())
+	}
+}
+
+func TestDefaultLayers(t *testing.T) {
+	for _, tc := range []struct {
+		n, k int
+		want string
+	}{{4, 3, "[0 2 3]"}, {4, 2, "[0 3]"}, {2, 3, "[0 1]"}, {36, 5, "[0 9 18 26 35]"}, {4, 1, "[3]"}} {
+		if got := fmt.Sprint(DefaultLayers(tc.n, tc.k)); got != tc.want {
+			t.Errorf("DefaultLayers(%d, %d) = %s, want %s", tc.n, tc.k, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,281 @@
+package dflash
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/zclconf/go-cty/cty"
+)
+
+var drafterKind = graph.Kind{
+	Name: "drafter_train",
+	Doc:  "Trains a DFlash-style block drafter on a target's hidden states; replicas train one model data-parallel.",
+	Config: []graph.Field{
+		{Name: "target", Type: graph.String, Default: cty.StringVal("models/target.safetensors"), Doc: "the target model whose embedding and head the drafter reuses (frozen)"},
+		{Name: "target_layers", Type: graph.Int, Default: cty.NumberIntVal(3), Doc: "how many target layers the hidden states carry"},
+		{Name: "block_size", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "tokens per block: the anchor and block_size-1 drafted"},
+		{Name: "layers", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "drafter blocks"},
+		{Name: "heads", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "attention heads"},
+		{Name: "hidden", Type: graph.Int, Default: cty.NumberIntVal(256), Doc: "SwiGLU width"},
+		{Name: "anchors", Type: graph.Int, Default: cty.NumberIntVal(16), Doc: "anchor positions sampled per sequence"},
+		{Name: "gamma", Type: graph.Number, Default: cty.NumberFloatVal(4), Doc: "loss weight of drafted position k is exp(-(k-1)/gamma)"},
+		{Name: "lr", Type: graph.Number, Default: cty.NumberFloatVal(3e-3), Doc: "peak learning rate"},
+		{Name: "warmup", Type: graph.Int, Default: cty.NumberIntVal(20), Doc: "steps of linear warmup"},
+		{Name: "weight_decay", Type: graph.Number, Default: cty.NumberFloatVal(0.01), Doc: "AdamW weight decay on matrices"},
+		{Name: "checkpoint", Type: graph.String, Default: cty.StringVal(""), Doc: "safetensors file to save to (every checkpoint_every steps, on drain and at the end); \"\": none"},
+		{Name: "checkpoint_every", Type: graph.Int, Default: cty.NumberIntVal(100), Doc: "steps between checkpoints"},
+		{Name: "resume", Type: graph.Bool, Default: cty.False, Doc: "start from the checkpoint file when it exists (weights and optimizer)"},
+		{Name: "eval", Type: graph.String, Default: cty.StringVal(""), Doc: "corpus whose held-out text measures acceptance length (same path, holdout and seed as the reader); \"\": no evaluation"},
+		{Name: "holdout", Type: graph.Number, Default: cty.NumberFloatVal(0.05), Doc: "held-out share, as the reader's"},
+		{Name: "seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "split seed, as the reader's; also the drafter's init and sampling seed"},
+		{Name: "max_bytes", Type: graph.Int, Default: cty.NumberIntVal(64 << 20), Doc: "corpus cap, as the reader's"},
+		{Name: "eval_every", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "also measure acceptance every N steps (0: at the start and the end)"},
+		{Name: "eval_prompts", Type: graph.Int, Default: cty.NumberIntVal(8), Doc: "held-out prompts per evaluation"},
+	},
+	Ports: func(cfg *graph.Config) []graph.PortSpec {
+		t := "hidden_states"
+		if c, err := nn.ReadConfig(cfg.String("target")); err == nil {
+			t = HiddenType(c.DModel, cfg.Int("target_layers"))
+		}
+		return []graph.PortSpec{{Name: "hidden", Dir: graph.In, Type: t, Doc: "*dflash.HiddenStates from target_forward"}}
+	},
+	Check: func(cfg *graph.Config) []error {
+		var errs []error
+		if _, err := nn.ReadConfig(cfg.String("target")); err != nil {
+			errs = append(errs, &graph.FieldError{Field: "target", Err: err})
+		}
+		for _, f := range []string{"target_layers", "layers", "heads", "hidden", "anchors", "checkpoint_every", "eval_prompts"} {
+			if cfg.Int(f) < 1 {
+				errs = append(errs, &graph.FieldError{Field: f, Err: fmt.Errorf("must be at least 1")})
+			}
+		}
+		if cfg.Int("block_size") < 2 {
+			errs = append(errs, &graph.FieldError{Field: "block_size", Err: fmt.Errorf("must be at least 2 (an anchor and one drafted token)")})
+		}
+		if cfg.Bool("resume") && cfg.String("checkpoint") == "" {
+			errs = append(errs, &graph.FieldError{Field: "resume", Err: fmt.Errorf("needs a checkpoint file to resume from")})
+		}
+		return errs
+	},
+}
+
+type drafterNode struct {
+	// finished counts replicas done; the last one holds every update and
+	// writes the final checkpoint and evaluation.
+	finished atomic.Int32
+	cfg      *graph.Config
+	target   *nn.Model
+	dc       DrafterConfig
+	held     []byte
+	ngram    *text.NGram
+}
+
+func newDrafter(cfg *graph.Config) (nodes.Node, error) {
+	t, err := loadShared(cfg.String("target"))
+	if err != nil {
+		return nil, err
+	}
+	n := &drafterNode{cfg: cfg, target: t, dc: DrafterConfig{D: t.Config.DModel, K: cfg.Int("target_layers"),
+		Layers: cfg.Int("layers"), Heads: cfg.Int("heads"), Hidden: cfg.Int("hidden"), BlockSize: cfg.Int("block_size")}}
+	if path := cfg.String("eval"); path != "" {
+		data, err := text.ReadCorpus(path, int64(cfg.Int("max_bytes")))
+		if err != nil {
+			return nil, err
+		}
+		train, held := text.Split(data, cfg.Float("holdout"), uint64(cfg.Int("seed")))
+		n.held = held
+		n.ngram = text.NewNGram(train[:min(len(train), 4<<20)], 3)
+	}
+	return n, nil
+}
+
+// state is one replica's copy of the drafter, kept identical across
+// replicas by the all-reduced gradient.
+type state struct {
+	d    *Drafter
+	w    *DrafterWork
+	opt  *nn.AdamW
+	mask []bool
+	step int
+	rng  *rand.Rand
+}
+
+func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
+	st, err := n.init(r)
+	if err != nil {
+		return err
+	}
+	in, group, metrics := r.In("hidden"), r.Group(), r.Metrics()
+	defer group.Leave()
+	lead := r.Index() == 0
+	if lead && n.held != nil {
+		tau, err := n.tau(st.d)
+		if err != nil {
+			return err
+		}
+		metrics.Set("acceptance_length_initial", tau)
+		metrics.Set("acceptance_length", tau)
+		if nb, err := n.ngramTau(); err == nil {
+			metrics.Set("acceptance_length_ngram", nb)
+		}
+	}
+	start, items := time.Now(), 0
+	for {
+		item, err := in.Recv(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		hs, ok := item.(*HiddenStates)
+		if !ok {
+			return fmt.Errorf("drafter_train: got %T, want *dflash.HiddenStates", item)
+		}
+		if hs.D != n.dc.D || hs.K != n.dc.K {
+			return fmt.Errorf("drafter_train: hidden states of width %d x %d layers, the drafter expects %d x %d", hs.D, hs.K, n.dc.D, n.dc.K)
+		}
+		loss, err := n.train(ctx, st, hs, r)
+		if err != nil {
+			return err
+		}
+		items++
+		metrics.Set("loss", loss)
+		metrics.Set("step", float64(st.step))
+		if lead {
+			metrics.Set("tokens_per_s", float64(items*hs.B*hs.T*r.Replicas())/time.Since(start).Seconds())
+			if every := n.cfg.Int("eval_every"); every > 0 && n.held != nil && st.step%every == 0 {
+				if tau, err := n.tau(st.d); err == nil {
+					metrics.Set("acceptance_length", tau)
+				}
+			}
+			if every := n.cfg.Int("checkpoint_every"); every > 0 && st.step%every == 0 {
+				if err := n.save(st); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	group.Leave()
+	if n.finished.Add(1) != int32(r.Replicas()) {
+		return nil // not the last: a later replica has newer weights
+	}
+	if err := n.save(st); err != nil {
+		return err
+	}
+	if n.held != nil {
+		tau, err := n.tau(st.d)
+		if err != nil {
+			return err
+		}
+		metrics.Set("acceptance_length", tau)
+	}
+	return nil
+}
+
+// init builds the replica's drafter, from the checkpoint when resuming.
+// Every replica starts from the same weights (same seed or same file).
+func (n *drafterNode) init(r nodes.Replica) (*state, error) {
+	wte := n.target.P("wte")
+	d, err := NewDrafter(n.dc, wte, uint64(n.cfg.Int("seed")))
+	if err != nil {
+		return nil, err
+	}
+	opt := nn.NewAdamW(len(d.Params), float32(n.cfg.Float("lr")))
+	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
+	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
+	if path := n.cfg.String("checkpoint"); n.cfg.Bool("resume") && path != "" {
+		loaded, meta, err := LoadDrafter(path, wte, opt)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return nil, fmt.Errorf("drafter_train: resume: %w", err)
+		case loaded.Config != n.dc:
+			return nil, fmt.Errorf("drafter_train: resume: %s holds a drafter %+v, the config asks for %+v", path, loaded.Config, n.dc)
+		default:
+			st.d = loaded
+			st.step, _ = strconv.Atoi(meta["step"])
+		}
+	}
+	return st, nil
+}
+
+// train runs one data-parallel step on a batch: sample anchors, forward,
+// backward, average gradients over the replicas still training, AdamW.
+func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r nodes.Replica) (float64, error) {
+	P, A := n.dc.BlockSize, n.cfg.Int("anchors")
+	if hs.T < P+1 {
+		return 0, fmt.Errorf("drafter_train: sequences of %d tokens are too short for blocks of %d", hs.T, P)
+	}
+	S := hs.B * A
+	if st.w == nil || st.w.S != S {
+		st.w = st.d.NewWork(S)
+	}
+	labels := make([]int32, P-1)
+	KD := hs.K * hs.D
+	for b := 0; b < hs.B; b++ {
+		for k := 0; k < A; k++ {
+			a := st.rng.IntN(hs.T - P) // anchor position: labels reach a+P-1 <= T-1
+			i := b*hs.T + a
+			for j := 1; j < P; j++ {
+				labels[j-1] = hs.Greedy[i+j]
+			}
+			st.w.Sample(b*A+k, hs.Hidden[i*KD:(i+1)*KD], hs.Tokens[i+1], labels)
+		}
+	}
+	st.w.Forward()
+	loss := st.w.Loss(n.cfg.Float("gamma"))
+	clear(st.d.Grads)
+	st.w.Backward()
+	if r.Replicas() > 1 {
+		cnt, err := r.Group().AllReduceSum(ctx, st.d.Grads)
+		if err != nil {
+			return 0, err
+		}
+		inv := 1 / float32(cnt)
+		for i := range st.d.Grads {
+			st.d.Grads[i] *= inv
+		}
+	}
+	peak, warm := n.cfg.Float("lr"), n.cfg.Int("warmup")
+	st.opt.LR = float32(peak * math.Min(1, float64(st.step+1)/float64(max(warm, 1))))
+	st.opt.Step(st.d.Params, st.d.Grads, st.mask)
+	st.step++
+	return loss, nil
+}
+
+func (n *drafterNode) save(st *state) error {
+	path := n.cfg.String("checkpoint")
+	if path == "" {
+		return nil
+	}
+	if err := st.d.Save(path, st.opt, map[string]string{"step": strconv.Itoa(st.step), "target": n.cfg.String("target")}); err != nil {
+		return fmt.Errorf("drafter_train: checkpoint: %w", err)
+	}
+	return nil
+}
+
+func (n *drafterNode) evaluator() *Evaluator {
+	return &Evaluator{Target: n.target, Layers: DefaultLayers(n.target.Config.Layers, n.dc.K), Block: n.dc.BlockSize,
+		Prompt: 48, Cycles: 12, Prompts: n.cfg.Int("eval_prompts")}
+}
+
+func (n *drafterNode) tau(d *Drafter) (float64, error) {
+	return n.evaluator().Tau(n.held, DrafterProposer(d))
+}
+
+func (n *drafterNode) ngramTau() (float64, error) {
+	return n.evaluator().Tau(n.held, NGramProposer(n.ngram))
+}

@@ -1,0 +1,196 @@
+// Package dflash provides the DFlash pipeline's nodes: target_forward (a
+// frozen target LM that emits hidden states and its greedy tokens) and
+// drafter_train (a block drafter trained data-parallel on them), plus the
+// speculative-decoding evaluation that measures acceptance length.
+package dflash
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
+)
+
+func init() { Register(nodes.Default) }
+
+// Register adds target_forward and drafter_train to a registry.
+func Register(r *nodes.Registry) {
+	r.Register(nodes.Spec{Kind: targetKind, New: newTarget})
+	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter})
+}
+
+// HiddenType names the hidden-state items of a target of width d tapped at
+// k layers: "hidden_states(d=128,k=3)". Target and drafter must agree, and
+// validation compares the two ends' types, so a width mismatch is caught
+// before a run.
+func HiddenType(d, k int) string { return fmt.Sprintf("hidden_states(d=%d,k=%d)", d, k) }
+
+// HiddenStates is one batch as the target saw it. Read-only once sent.
+type HiddenStates struct {
+	B, T, K, D int
+	// Hidden holds, for every position (b, t), the K tapped layers'
+	// residual streams concatenated: [B*T, K*D].
+	Hidden []float32
+	// Tokens are the input bytes [B*T]; Greedy[i] is the target's argmax
+	// next byte after position i [B*T].
+	Tokens, Greedy []int32
+	Seq            int64
+}
+
+// SizeBytes implements nodes.Sizer.
+func (h *HiddenStates) SizeBytes() int64 {
+	return int64(4 * (len(h.Hidden) + len(h.Tokens) + len(h.Greedy)))
+}
+
+// DefaultLayers spaces k taps evenly through a model of n layers, first to
+// last block, as DFlash does.
+func DefaultLayers(n, k int) []int {
+	k = min(k, n)
+	if k <= 1 {
+		return []int{n - 1}
+	}
+	out := make([]int, k)
+	for i := range out {
+		out[i] = (i*(n-1) + (k-1)/2) / (k - 1)
+	}
+	return out
+}
+
+var targetKind = graph.Kind{
+	Name: "target_forward",
+	Doc:  "Runs a frozen safetensors target LM on token batches; emits the hidden states of chosen layers and its greedy next tokens.",
+	Config: []graph.Field{
+		{Name: "model", Type: graph.String, Required: true, Doc: "the target model (safetensors, from lm_train)"},
+		{Name: "layers", Type: graph.NumberList, Doc: "block indices to tap (0-based); default: 3 spread evenly from first to last"},
+	},
+	Ports: func(cfg *graph.Config) []graph.PortSpec {
+		t := "hidden_states"
+		if c, err := nn.ReadConfig(cfg.String("model")); err == nil {
+			t = HiddenType(c.DModel, len(tapLayers(cfg, c)))
+		}
+		return []graph.PortSpec{
+			{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches"},
+			{Name: "hidden", Dir: graph.Out, Type: t, Doc: "*dflash.HiddenStates"},
+		}
+	},
+	Check: func(cfg *graph.Config) []error {
+		c, err := nn.ReadConfig(cfg.String("model"))
+		if err != nil {
+			return []error{&graph.FieldError{Field: "model", Err: err}}
+		}
+		for _, l := range cfg.Floats("layers") {
+			if l < 0 || int(l) >= c.Layers || l != float64(int(l)) {
+				return []error{&graph.FieldError{Field: "layers", Err: fmt.Errorf("layer %g is not a block of the %d-layer target", l, c.Layers)}}
+			}
+		}
+		return nil
+	},
+}
+
+func tapLayers(cfg *graph.Config, c nn.Config) []int {
+	if fs := cfg.Floats("layers"); len(fs) > 0 {
+		out := make([]int, len(fs))
+		for i, f := range fs {
+			out[i] = int(f)
+		}
+		return out
+	}
+	return DefaultLayers(c.Layers, 3)
+}
+
+// target shares one read-only copy of the weights among its replicas;
+// each replica has its own workspace.
+type target struct {
+	m      *nn.Model
+	layers []int
+}
+
+var (
+	loadedMu sync.Mutex
+	loaded   = map[string]*nn.Model{}
+)
+
+// loadShared loads a model once per process; callers must not modify it.
+func loadShared(path string) (*nn.Model, error) {
+	loadedMu.Lock()
+	defer loadedMu.Unlock()
+	if m, ok := loaded[path]; ok {
+		return m, nil
+	}
+	m, _, err := nn.LoadModel(path)
+	if err != nil {
+		return nil, err
+	}
+	loaded[path] = m
+	return m, nil
+}
+
+func newTarget(cfg *graph.Config) (nodes.Node, error) {
+	m, err := loadShared(cfg.String("model"))
+	if err != nil {
+		return nil, err
+	}
+	return &target{m: m, layers: tapLayers(cfg, m.Config)}, nil
+}
+
+func (t *target) Run(ctx context.Context, r nodes.Replica) error {
+	in, out := r.In("in"), r.Out("hidden")
+	var w *nn.Workspace
+	for {
+		item, err := in.Recv(ctx)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		b, ok := item.(*text.Batch)
+		if !ok {
+			return fmt.Errorf("target_forward: got %T, want *text.Batch", item)
+		}
+		if w == nil || w.B != b.B || w.T != b.T {
+			if w, err = t.m.NewWorkspace(b.B, b.T); err != nil {
+				return fmt.Errorf("target_forward: %w", err)
+			}
+		}
+		hs := t.forward(w, b)
+		if err := out.Send(ctx, hs); err != nil {
+			return err
+		}
+	}
+}
+
+// forward runs the target on one batch and packs what the drafter needs.
+func (t *target) forward(w *nn.Workspace, b *text.Batch) *HiddenStates {
+	c := t.m.Config
+	N, D, K := b.B*b.T, c.DModel, len(t.layers)
+	hs := &HiddenStates{B: b.B, T: b.T, K: K, D: D, Seq: b.Seq,
+		Hidden: make([]float32, N*K*D), Tokens: make([]int32, N), Greedy: make([]int32, N)}
+	b.Inputs(hs.Tokens)
+	logits := w.Forward(hs.Tokens)
+	for k, l := range t.layers {
+		h := w.Hidden(l)
+		for n := 0; n < N; n++ {
+			copy(hs.Hidden[(n*K+k)*D:(n*K+k+1)*D], h[n*D:(n+1)*D])
+		}
+	}
+	for n := 0; n < N; n++ {
+		hs.Greedy[n] = argmax(logits[n*c.Vocab : (n+1)*c.Vocab])
+	}
+	return hs
+}
+
+func argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
