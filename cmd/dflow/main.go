@@ -49,6 +49,7 @@ func init() {
 		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
 		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run", cmdSim},
 		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table", cmdCompare},
+		{"eval", "DRAFTER.safetensors [--target M] [--corpus PATH]", "acceptance length of a saved drafter against its target, next to an n-gram drafter", cmdEval},
 		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report", cmdPlot},
 	}
 }

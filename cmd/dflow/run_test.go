@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/dflash"
 )
 
 // TestMain lets the test binary act as dflow itself (DFLOW_AS_MAIN=1), so
@@ -272,5 +274,26 @@ func TestSimAndCompare(t *testing.T) {
 	}
 	if code, _, _ := dflow(t, "compare", "../../specs/seed.hcl"); code != exitUsage {
 		t.Errorf("compare without --edge: code %d", code)
+	}
+}
+
+// TestEval: dflow eval measures a saved drafter next to the n-gram
+// baseline; bad files fail clearly.
+func TestEval(t *testing.T) {
+	dir := t.TempDir()
+	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
+	target := filepath.Join(dir, "t.safetensors")
+	m.Save(target, nil)
+	d, _ := dflash.NewDrafter(dflash.DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 16, BlockSize: 4}, m.P("wte"), 1)
+	drafter := filepath.Join(dir, "d.safetensors")
+	d.Save(drafter, nil, nil)
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("the quick brown fox jumps over the lazy dog\n", 2000)), 0o644)
+	code, stdout, stderr := dflow(t, "eval", drafter, "--target", target, "--corpus", corpus, "--prompts", "3", "--cycles", "4")
+	if code != 0 || !strings.Contains(stdout, "drafter") || !strings.Contains(stdout, "n-gram") || !strings.Contains(stdout, "at most 4") {
+		t.Fatalf("eval: code %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := dflow(t, "eval", filepath.Join(dir, "none.safetensors"), "--target", target, "--corpus", corpus); code != exitFailed || !strings.Contains(stderr, "none.safetensors") {
+		t.Errorf("missing drafter: code %d %s", code, stderr)
 	}
 }
