@@ -13,6 +13,17 @@ import (
 // check resolves node kinds, decodes configs, connects edges to ports and
 // reports everything wrong with the graph as a whole.
 func (d *decoder) check() {
+	if d.loader.Plugins != nil {
+		seen := map[string]bool{}
+		var referenced []string
+		for _, s := range d.g.Stages {
+			if name, _, ok := strings.Cut(s.Node, "/"); ok && !seen[name] {
+				seen[name] = true
+				referenced = append(referenced, name)
+			}
+		}
+		d.diags = append(d.diags, d.loader.Plugins(d.g.Plugins, referenced)...)
+	}
 	for _, s := range d.g.Stages {
 		d.resolveStage(s)
 	}

@@ -26,6 +26,11 @@ type Loader struct {
 	// "edge.NAME.capacity=16", "edge.NAME.capacity_bytes=N",
 	// "stage.NAME.replicas=3", "stage.NAME.config.KEY=VALUE".
 	Sets []string
+	// Plugins, if set, is called with the spec's plugin blocks and the
+	// plugin names its stages reference ("NAME" of node "NAME/KIND")
+	// before node kinds are resolved, so it can start the plugins and add
+	// their kinds to the Catalog. Its diagnostics join the spec's.
+	Plugins func(declared []*Plugin, referenced []string) hcl.Diagnostics
 
 	parser *hclparse.Parser
 }

@@ -35,7 +35,7 @@ func (f *specFlags) loader(e *env) (*graph.Loader, error) {
 		}
 		vars[k] = v
 	}
-	return &graph.Loader{Catalog: e.registry, Vars: vars, VarFiles: f.varFiles, Sets: f.sets}, nil
+	return &graph.Loader{Catalog: e.registry, Vars: vars, VarFiles: f.varFiles, Sets: f.sets, Plugins: e.loadPlugins}, nil
 }
 
 // parse parses flags that may come before, between or after the positional

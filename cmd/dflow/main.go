@@ -14,6 +14,7 @@ import (
 	_ "github.com/dflow-dev/dflow/nodes/lm"        // lm_train
 	_ "github.com/dflow-dev/dflow/nodes/synthetic" // built-in synthetic nodes
 	_ "github.com/dflow-dev/dflow/nodes/text"      // text_reader
+	"github.com/dflow-dev/dflow/plugins/host"
 )
 
 // Exit codes (DESIGN.md).
@@ -37,6 +38,8 @@ type env struct {
 	// signals, when set, delivers interrupts (run's drain); nil in tests
 	// that do not need it.
 	signals <-chan os.Signal
+	// plugins owns the plugin processes; created on first use.
+	plugins *host.Host
 }
 
 var commands []command
@@ -50,6 +53,7 @@ func init() {
 		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run", cmdSim},
 		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table", cmdCompare},
 		{"eval", "DRAFTER.safetensors [--target M] [--corpus PATH]", "acceptance length of a saved drafter against its target, next to an n-gram drafter", cmdEval},
+		{"plugins", "[DIR]", "list the plugins found (./plugins, $DFLOW_PLUGIN_DIR or DIR) with their nodes, ports and config", cmdPlugins},
 		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report", cmdPlot},
 	}
 }
@@ -62,6 +66,7 @@ func main() {
 }
 
 func (e *env) main(args []string) int {
+	defer e.closePlugins()
 	if len(args) == 0 {
 		e.usage(e.stderr)
 		return exitUsage

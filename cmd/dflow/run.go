@@ -192,9 +192,13 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// withLockedStderr returns a copy of e whose stderr is safe for several
+// goroutines; the copy shares e's plugin host, which writes there too.
 func (e *env) withLockedStderr() *env {
+	h := e.host()
 	c := *e
 	c.stderr = &lockedWriter{w: e.stderr}
+	h.SetStderr(c.stderr)
 	return &c
 }
 

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"sort"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/plugins/host"
+	"github.com/hashicorp/hcl/v2"
+)
+
+func (e *env) host() *host.Host {
+	if e.plugins == nil {
+		e.plugins = host.New(e.stderr)
+	}
+	return e.plugins
+}
+
+func (e *env) closePlugins() {
+	if e.plugins != nil {
+		e.plugins.Close()
+	}
+}
+
+// loadPlugins is the loader's plugin hook: it starts every plugin a spec
+// declares or references and registers its kinds.
+func (e *env) loadPlugins(declared []*graph.Plugin, referenced []string) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	done := map[string]bool{}
+	for _, p := range declared {
+		done[p.Name] = true
+		if p.Path == "" {
+			continue
+		}
+		if _, err := e.host().Load(p.Name, p.Path, e.registry); err != nil {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start",
+				Detail: err.Error(), Subject: p.DeclRange.Ptr()})
+		}
+	}
+	for _, name := range referenced {
+		if done[name] {
+			continue
+		}
+		if path, ok := host.Find(name, host.Dirs()); ok {
+			if _, err := e.host().Load(name, path, e.registry); err != nil {
+				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start", Detail: err.Error()})
+			}
+		}
+	}
+	return diags
+}
+
+func cmdPlugins(e *env, args []string) int {
+	fs := flag.NewFlagSet("plugins", flag.ContinueOnError)
+	dirs, code, ok := parse(e, fs, args, "[DIR...]")
+	if !ok {
+		return code
+	}
+	if len(dirs) == 0 {
+		dirs = host.Dirs()
+	}
+	found := host.Discover(dirs)
+	if len(found) == 0 {
+		abs := make([]string, len(dirs))
+		for i, d := range dirs {
+			abs[i], _ = filepath.Abs(d)
+		}
+		fmt.Fprintf(e.stdout, "no plugins (executables named %sNAME) in %v\n", host.Prefix, abs)
+		return exitOK
+	}
+	names := make([]string, 0, len(found))
+	for n := range found {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	status := exitOK
+	for _, n := range names {
+		kinds, err := e.host().Load(n, found[n], e.registry)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "dflow plugins: %v\n", err)
+			status = exitFailed
+			continue
+		}
+		host.Describe(e.stdout, n, found[n], kinds)
+	}
+	return status
+}

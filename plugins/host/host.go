@@ -1,0 +1,357 @@
+// Package host is dflow's side of plugins: it finds plugin executables,
+// starts them with go-plugin, registers their node kinds so specs validate
+// against them like built-ins, and runs each replica of a plugin stage in
+// its own plugin process, streaming items through gRPC.
+package host
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/plugins/proto"
+	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+)
+
+// Prefix names plugin executables found by discovery: dflow-plugin-NAME.
+const Prefix = "dflow-plugin-"
+
+// StartTimeout bounds how long a plugin may take to start.
+var StartTimeout = 10 * time.Second
+
+// Host owns the plugin processes dflow started. Close kills them all.
+type Host struct {
+	Stderr io.Writer // plugin stderr is forwarded here, prefixed
+	mu     sync.Mutex
+	procs  map[*plugin.Client]bool
+	loaded map[string]string // plugin name -> path
+}
+
+// New returns a host forwarding plugin stderr to w.
+func New(w io.Writer) *Host {
+	return &Host{Stderr: w, procs: map[*plugin.Client]bool{}, loaded: map[string]string{}}
+}
+
+// SetStderr changes where plugin stderr is forwarded from now on.
+func (h *Host) SetStderr(w io.Writer) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Stderr = w
+}
+
+// Close kills every plugin process still running.
+func (h *Host) Close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.procs {
+		c.Kill()
+	}
+	h.procs = map[*plugin.Client]bool{}
+}
+
+// Dirs are where discovery looks: ./plugins, then $DFLOW_PLUGIN_DIR.
+func Dirs() []string {
+	dirs := []string{"plugins"}
+	if d := os.Getenv("DFLOW_PLUGIN_DIR"); d != "" {
+		dirs = append(dirs, filepath.SplitList(d)...)
+	}
+	return dirs
+}
+
+// Find returns the path of plugin NAME in the discovery dirs.
+func Find(name string, dirs []string) (string, bool) {
+	for _, d := range dirs {
+		p := filepath.Join(d, Prefix+name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// Discover lists the plugins in dirs by name.
+func Discover(dirs []string) map[string]string {
+	found := map[string]string{}
+	for i := len(dirs) - 1; i >= 0; i-- { // earlier dirs win
+		entries, _ := os.ReadDir(dirs[i])
+		for _, e := range entries {
+			if name, ok := strings.CutPrefix(e.Name(), Prefix); ok && name != "" {
+				if p, ok := Find(name, dirs[i:i+1]); ok {
+					found[name] = p
+				}
+			}
+		}
+	}
+	return found
+}
+
+// ringWriter keeps the last lines written to it and forwards each line,
+// prefixed, to w.
+type ringWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	prefix string
+	lines  []string
+	part   []byte
+}
+
+const keepLines = 10
+
+func (r *ringWriter) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.part = append(r.part, p...)
+	for {
+		i := bytes.IndexByte(r.part, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(r.part[:i])
+		r.part = r.part[i+1:]
+		r.lines = append(r.lines, line)
+		if len(r.lines) > keepLines {
+			r.lines = r.lines[1:]
+		}
+		if r.w != nil {
+			fmt.Fprintf(r.w, "%s%s\n", r.prefix, line)
+		}
+	}
+	return len(p), nil
+}
+
+func (r *ringWriter) last() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lines := append([]string(nil), r.lines...)
+	if len(r.part) > 0 {
+		lines = append(lines, string(r.part))
+	}
+	if len(lines) == 0 {
+		return "(no stderr output)"
+	}
+	return "last stderr lines:\n    " + strings.Join(lines, "\n    ")
+}
+
+// process is one started plugin process.
+type process struct {
+	client *plugin.Client
+	node   proto.NodeClient
+	stderr *ringWriter
+	path   string
+}
+
+// start launches a plugin process and connects to it.
+func (h *Host) start(path, prefix string) (*process, error) {
+	h.mu.Lock()
+	stderr := &ringWriter{w: h.Stderr, prefix: prefix}
+	h.mu.Unlock()
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake,
+		Plugins:          sdk.PluginMap(nil),
+		Cmd:              exec.Command(path),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Stderr:           stderr, // before the plugin serves: start-up failures
+		SyncStderr:       stderr, // what the plugin writes to os.Stderr while serving
+		StartTimeout:     StartTimeout,
+		Logger:           hclog.NewNullLogger(),
+	})
+	h.mu.Lock()
+	h.procs[client] = true
+	h.mu.Unlock()
+	fail := func(err error) (*process, error) {
+		h.kill(client)
+		return nil, fmt.Errorf("plugin %s: %w; %s", path, err, stderr.last())
+	}
+	rpc, err := client.Client()
+	if err != nil {
+		return fail(err)
+	}
+	raw, err := rpc.Dispense(sdk.PluginName)
+	if err != nil {
+		return fail(err)
+	}
+	node, ok := raw.(proto.NodeClient)
+	if !ok {
+		return fail(fmt.Errorf("dispensed %T, not a node client", raw))
+	}
+	return &process{client: client, node: node, stderr: stderr, path: path}, nil
+}
+
+func (h *Host) kill(c *plugin.Client) {
+	c.Kill()
+	h.mu.Lock()
+	delete(h.procs, c)
+	h.mu.Unlock()
+}
+
+// KindInfo is a plugin's kind as `dflow plugins` lists it.
+type KindInfo struct {
+	Name   string // PLUGIN/KIND
+	Doc    string
+	Config []graph.Field
+	Ports  []graph.PortSpec // for the default config
+}
+
+// Load starts plugin name at path, asks it for its node kinds and
+// registers them in reg as NAME/KIND. The catalog process stays up for
+// validation (ports and config checks) until Close.
+func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) {
+	h.mu.Lock()
+	if prev, ok := h.loaded[name]; ok {
+		h.mu.Unlock()
+		if prev != path {
+			return nil, fmt.Errorf("plugin %q is already loaded from %s", name, prev)
+		}
+		return nil, nil
+	}
+	h.loaded[name] = path
+	h.mu.Unlock()
+	p, err := h.start(path, fmt.Sprintf("[plugin %s] ", name))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	desc, err := p.node.Describe(ctx, &proto.DescribeRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s (%s): describe: %v; %s", name, path, err, p.stderr.last())
+	}
+	var infos []KindInfo
+	for _, k := range desc.Kinds {
+		fields, err := sdk.FieldsFromProto(k.Config)
+		if err != nil {
+			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
+		}
+		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, ports: map[string]*proto.CheckResponse{}}
+		full := name + "/" + k.Name
+		reg.Register(nodes.Spec{
+			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
+			New:  rk.newNode,
+		})
+		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields))})
+	}
+	return infos, nil
+}
+
+func defaults(fields []graph.Field) *graph.Config {
+	cfg, _ := sdk.ConfigFromJSON("{}", fields)
+	return cfg
+}
+
+// remoteKind is one plugin kind, as the registry sees it.
+type remoteKind struct {
+	host         *Host
+	catalog      *process
+	plugin, path string
+	kind         string
+	fields       []graph.Field
+	mu           sync.Mutex
+	ports        map[string]*proto.CheckResponse // by config JSON
+}
+
+// checkConfig asks the catalog process about a config, once per config.
+func (k *remoteKind) checkConfig(cfg *graph.Config) (*proto.CheckResponse, error) {
+	js := sdk.ConfigJSON(cfg)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if r, ok := k.ports[js]; ok {
+		return r, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	r, err := k.catalog.node.Check(ctx, &proto.CheckRequest{Kind: k.kind, ConfigJson: js})
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s (%s): check: %v; %s", k.plugin, k.path, err, k.catalog.stderr.last())
+	}
+	k.ports[js] = r
+	return r, nil
+}
+
+func (k *remoteKind) portsFor(cfg *graph.Config) []graph.PortSpec {
+	r, err := k.checkConfig(cfg)
+	if err != nil {
+		return nil
+	}
+	return sdk.PortsFromProto(r.Ports)
+}
+
+func (k *remoteKind) check(cfg *graph.Config) []error {
+	r, err := k.checkConfig(cfg)
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, e := range r.Errors {
+		if e.Field != "" {
+			errs = append(errs, &graph.FieldError{Field: e.Field, Err: errors.New(e.Message)})
+		} else {
+			errs = append(errs, errors.New(e.Message))
+		}
+	}
+	return errs
+}
+
+func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
+	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg)}, nil
+}
+
+// Names lists a registry's plugin kinds, sorted.
+func Names(reg *nodes.Registry) []string {
+	var out []string
+	for _, n := range reg.KindNames() {
+		if strings.Contains(n, "/") {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Describe formats kind infos for `dflow plugins`.
+func Describe(w io.Writer, name, path string, kinds []KindInfo) {
+	bw := bufio.NewWriter(w)
+	defer bw.Flush()
+	fmt.Fprintf(bw, "plugin %s (%s)\n", name, path)
+	for _, k := range kinds {
+		fmt.Fprintf(bw, "  node %s\n", k.Name)
+		if k.Doc != "" {
+			fmt.Fprintf(bw, "    %s\n", k.Doc)
+		}
+		for _, p := range k.Ports {
+			dir := "in "
+			if p.Dir == graph.Out {
+				dir = "out"
+			}
+			t := p.Type
+			if p.SameAs != "" {
+				t = "same as " + p.SameAs
+			}
+			fmt.Fprintf(bw, "    %s %-10s %s\n", dir, p.Name, t)
+		}
+		for _, f := range k.Config {
+			def := ""
+			if d := sdk.FieldsToProto([]graph.Field{f})[0].DefaultJson; d != "" {
+				def = " = " + d
+			}
+			req := ""
+			if f.Required {
+				req = " (required)"
+			}
+			fmt.Fprintf(bw, "    config %s %s%s%s: %s\n", f.Name, f.Type, def, req, f.Doc)
+		}
+	}
+}

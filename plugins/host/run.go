@@ -1,0 +1,153 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/plugins/proto"
+	"github.com/dflow-dev/dflow/plugins/sdk"
+)
+
+// remoteNode runs a plugin stage: each replica gets its own plugin
+// process, so a replica's stderr is prefixed with its stage and index and
+// a crash names exactly that replica.
+type remoteNode struct {
+	k      *remoteKind
+	config string
+}
+
+func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
+	k := n.k
+	p, err := k.host.start(k.path, fmt.Sprintf("[%s/%d] ", r.Stage(), r.Index()))
+	if err != nil {
+		return err
+	}
+	err = n.stream(ctx, r, p)
+	// Kill waits for the process and for its stderr to be copied, so the
+	// message below has the plugin's last words.
+	k.host.kill(p.client)
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("plugin %s (%s): %w; %s", k.plugin, k.path, err, p.stderr.last())
+	}
+	return err
+}
+
+// stream pumps one replica: inputs to the plugin as it grants credit,
+// outputs and metrics back, until the plugin says Done.
+func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := p.node.Run(sctx)
+	if err != nil {
+		return err
+	}
+	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
+		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device()}
+	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
+		return err
+	}
+	credit := make(chan int32, 64)
+	sendErr := make(chan error, 1)
+	inputs := n.inputs(r)
+	go func() { sendErr <- n.feed(sctx, r, st, inputs, credit) }()
+
+	var buf []byte
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return errors.New("the plugin closed the stream without saying it was done")
+			}
+			return fmt.Errorf("the plugin process failed: %v", err)
+		}
+		switch v := m.Msg.(type) {
+		case *proto.Message_Item:
+			buf = append(buf, v.Item.Payload...)
+			if v.Item.More {
+				continue
+			}
+			item, err := sdk.Decode(v.Item.Type, buf)
+			buf = nil
+			if err != nil {
+				return err
+			}
+			if err := r.Out(v.Item.Port).Send(ctx, item); err != nil {
+				return err
+			}
+		case *proto.Message_Credit:
+			credit <- v.Credit.N
+		case *proto.Message_Metric:
+			if v.Metric.Counter {
+				r.Metrics().Add(v.Metric.Name, v.Metric.Value)
+			} else {
+				r.Metrics().Set(v.Metric.Name, v.Metric.Value)
+			}
+		case *proto.Message_Done:
+			cancel()
+			if v.Done.Error != "" {
+				return errors.New(v.Done.Error)
+			}
+			if len(inputs) > 0 {
+				if err := <-sendErr; err != nil && !errors.Is(err, context.Canceled) {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+}
+
+// inputs are the node's input port names, sorted.
+func (n *remoteNode) inputs(r nodes.Replica) []string {
+	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
+	var names []string
+	for _, p := range n.k.portsFor(cfg) {
+		if p.Dir == 0 { // graph.In
+			names = append(names, p.Name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// feed sends the replica's input items to the plugin, one per credit, then
+// end-of-input per port.
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credit <-chan int32) error {
+	var have int32
+	for _, port := range ports {
+		in := r.In(port)
+		for {
+			for have == 0 {
+				select {
+				case c := <-credit:
+					have += c
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			item, err := in.Recv(ctx)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			typ, b, err := sdk.Encode(item)
+			if err != nil {
+				return err
+			}
+			if err := sdk.SendChunks(st.Send, port, typ, b); err != nil {
+				return err
+			}
+			have--
+		}
+		if err := st.Send(&proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: port}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

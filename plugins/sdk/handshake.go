@@ -1,0 +1,57 @@
+// Package sdk is what a dflow plugin is written with, and what dflow uses
+// to talk to plugins: the go-plugin handshake and plugin map (defined once,
+// here, for both sides), the item codec, and Serve.
+//
+// A plugin implements node kinds exactly as built-in nodes do (nodes.Spec:
+// a graph.Kind with config schema and ports, and a constructor of a
+// nodes.Node) and calls Serve from main:
+//
+//	func main() { sdk.Serve(mySpec) }
+//
+// Stdout belongs to the protocol; a plugin logs to stderr, which dflow
+// forwards prefixed with the stage and replica.
+package sdk
+
+import (
+	"context"
+
+	"github.com/dflow-dev/dflow/plugins/proto"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+)
+
+// Handshake is the go-plugin handshake both sides share. A plugin started
+// by hand (not by dflow) explains it is a plugin and exits.
+var Handshake = plugin.HandshakeConfig{
+	ProtocolVersion:  1,
+	MagicCookieKey:   "DFLOW_PLUGIN_MAGIC_COOKIE",
+	MagicCookieValue: "dflow-node-plugin-v1",
+}
+
+// PluginName is the one plugin a dflow plugin process serves.
+const PluginName = "node"
+
+// ChunkSize bounds the payload bytes of one Item message, below gRPC's
+// 4 MiB default message limit.
+const ChunkSize = 1 << 20
+
+// grpcPlugin is the go-plugin glue: the server side registers a
+// proto.NodeServer, the client side returns a proto.NodeClient.
+type grpcPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	impl proto.NodeServer
+}
+
+func (p *grpcPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	proto.RegisterNodeServer(s, p.impl)
+	return nil
+}
+
+func (p *grpcPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return proto.NewNodeClient(c), nil
+}
+
+// PluginMap is the plugin set of both sides; impl is nil on the client.
+func PluginMap(impl proto.NodeServer) map[string]plugin.Plugin {
+	return map[string]plugin.Plugin{PluginName: &grpcPlugin{impl: impl}}
+}
