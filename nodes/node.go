@@ -26,8 +26,10 @@ type NodeFunc func(ctx context.Context, r Replica) error
 // Run calls f.
 func (f NodeFunc) Run(ctx context.Context, r Replica) error { return f(ctx, r) }
 
-// Replica is a node replica's view of the runtime. Its methods are safe to
-// call from the replica's goroutine; Metrics is safe from any goroutine.
+// Replica is a node replica's view of the runtime. A replica may use its
+// ports from more than one goroutine, as long as each port is used by one
+// goroutine at a time (receive on one, send on another); Metrics is safe
+// from any goroutine.
 type Replica interface {
 	Stage() string  // the stage's name
 	Index() int     // this replica, 0 <= Index < Replicas

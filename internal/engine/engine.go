@@ -247,10 +247,12 @@ func (r *run) isDraining() bool {
 // queue unfinished as its last consumer.
 func (r *run) finish(rep *replica, err error) {
 	now := time.Now()
+	rep.mu.Lock()
 	rep.itemBusy += now.Sub(rep.mark)
 	if rep.pending {
 		rep.itemDone() // returned while working on an item
 	}
+	rep.mu.Unlock()
 	rep.ended.Store(now.UnixNano())
 	rep.state.Store(stateDone)
 	rep.stage.group.leave(rep.index)

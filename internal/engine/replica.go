@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ type replica struct {
 	// (in Send or a group collective). mark is when the current busy
 	// segment began; itemBusy accumulates the busy time of the current
 	// item for the service-time histogram.
+	mu       sync.Mutex // guards mark, itemBusy, pending
 	mark     time.Time
 	itemBusy time.Duration
 	pending  bool         // an item has been received and not yet finished
@@ -70,23 +72,42 @@ const (
 )
 
 // enter closes the current busy segment at the start of a wait of the
-// given state and returns the time the wait began.
-func (r *replica) enter(state int32) time.Time {
+// given state and returns the time the wait began. With endItem, the wait
+// also ends the work on the current item (a Recv after an item, a
+// source's Send), whose service time is recorded.
+//
+// A node may use its ports from more than one goroutine (the plugin host
+// receives and sends concurrently), so the few fields a wait updates sit
+// behind an uncontended mutex.
+func (r *replica) enter(state int32, endItem bool) time.Time {
 	now := time.Now()
+	r.mu.Lock()
 	r.itemBusy += now.Sub(r.mark)
+	if endItem && (r.pending || r.isSource()) {
+		r.itemDone()
+	}
+	r.mu.Unlock()
 	r.waitStart.Store(now.UnixNano())
 	r.state.Store(state)
 	return now
 }
 
-// leave ends a wait that began at t, charging it to acc.
-func (r *replica) leave(t time.Time, acc *atomic.Int64) {
-	r.mark = time.Now()
-	acc.Add(int64(r.mark.Sub(t)))
+// leave ends a wait that began at t, charging it to acc; gotItem starts
+// the work on a received item.
+func (r *replica) leave(t time.Time, acc *atomic.Int64, gotItem bool) {
+	now := time.Now()
+	r.mu.Lock()
+	r.mark = now
+	if gotItem {
+		r.pending = true
+	}
+	r.mu.Unlock()
+	acc.Add(int64(now.Sub(t)))
 	r.state.Store(stateBusy)
 }
 
-// itemDone records the service time of the item just finished.
+// itemDone records the service time of the item just finished; r.mu is
+// held.
 func (r *replica) itemDone() {
 	r.service.observe(r.itemBusy)
 	r.itemBusy = 0
@@ -105,15 +126,11 @@ type input struct {
 
 func (in *input) Recv(ctx context.Context) (any, error) {
 	r := in.r
-	t := r.enter(stateIdle)
-	if r.pending {
-		r.itemDone() // this call ends the work on the previous item
-	}
+	t := r.enter(stateIdle, true) // this call ends the work on the previous item
 	item, err := in.recv(ctx)
-	r.leave(t, &r.idle)
+	r.leave(t, &r.idle, err == nil)
 	if err == nil {
 		r.itemsIn.Add(1)
-		r.pending = true
 	}
 	return item, err
 }
@@ -192,10 +209,7 @@ type outEdge struct {
 
 func (o *output) Send(ctx context.Context, item any) error {
 	r := o.r
-	t := r.enter(stateBlocked)
-	if r.isSource() {
-		r.itemDone()
-	}
+	t := r.enter(stateBlocked, r.isSource())
 	var err error
 	for _, e := range o.edges {
 		q := e.queues[e.next]
@@ -204,7 +218,7 @@ func (o *output) Send(ctx context.Context, item any) error {
 			break
 		}
 	}
-	r.leave(t, &r.blocked)
+	r.leave(t, &r.blocked, false)
 	if err == nil {
 		r.itemsOut.Add(1)
 	}

@@ -1,0 +1,358 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// TestMain re-runs the test binary as a plugin when DFLOW_TEST_PLUGIN
+// says so: no separate build step.
+func TestMain(m *testing.M) {
+	switch os.Getenv("DFLOW_TEST_PLUGIN") {
+	case "":
+		os.Exit(m.Run())
+	case "serve":
+		sdk.Serve(passKind, pickyKind)
+	case "garbage":
+		fmt.Println("hello, I am not a plugin handshake")
+		os.Exit(0)
+	case "hang":
+		time.Sleep(time.Hour)
+	}
+}
+
+var passKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name: "pass",
+		Config: []graph.Field{
+			{Name: "crash_after", Type: graph.Int, Default: cty.NumberIntVal(0)},
+			{Name: "fail_after", Type: graph.Int, Default: cty.NumberIntVal(0)},
+		},
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}, {Name: "out", Dir: graph.Out, SameAs: "in"}}
+		},
+	},
+	New: func(cfg *graph.Config) (nodes.Node, error) {
+		crash, fail := cfg.Int("crash_after"), cfg.Int("fail_after")
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			in, out := r.In("in"), r.Out("out")
+			for n := 0; ; n++ {
+				if crash > 0 && n == crash {
+					fmt.Fprintf(sdk.Stderr, "pass: crashing on purpose after %d items\n", n)
+					os.Exit(3)
+				}
+				if fail > 0 && n == fail {
+					return fmt.Errorf("failing on purpose after %d items", n)
+				}
+				item, err := in.Recv(ctx)
+				if err == io.EOF {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				r.Metrics().Add("items", 1)
+				if err := out.Send(ctx, item); err != nil {
+					return err
+				}
+			}
+		}), nil
+	},
+}
+
+var pickyKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name:   "picky",
+		Config: []graph.Field{{Name: "level", Type: graph.Int, Required: true}},
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "blob"}}
+		},
+		Check: func(cfg *graph.Config) []error {
+			if l := cfg.Int("level"); l < 1 || l > 3 {
+				return []error{&graph.FieldError{Field: "level", Err: fmt.Errorf("must be 1, 2 or 3, not %d", l)}}
+			}
+			return nil
+		},
+	},
+	New: func(*graph.Config) (nodes.Node, error) {
+		return nodes.NodeFunc(func(context.Context, nodes.Replica) error { return nil }), nil
+	},
+}
+
+// wrapper writes an executable dflow-plugin-NAME that runs this test
+// binary as a plugin in the given mode.
+func wrapper(t *testing.T, dir, name, mode string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, Prefix+name)
+	script := fmt.Sprintf("#!/bin/sh\nDFLOW_TEST_PLUGIN=%s exec %q -test.run='^$' \"$@\"\n", mode, self)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// syncBuf is a goroutine-safe buffer for forwarded stderr.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+type fixture struct {
+	t      *testing.T
+	dir    string
+	h      *Host
+	reg    *nodes.Registry
+	stderr *syncBuf
+	got    *sinkLog
+}
+
+type sinkLog struct {
+	mu    sync.Mutex
+	sizes map[string]int
+}
+
+func newFixture(t *testing.T) *fixture {
+	f := &fixture{t: t, dir: t.TempDir(), stderr: &syncBuf{}, reg: nodes.NewRegistry(), got: &sinkLog{sizes: map[string]int{}}}
+	f.h = New(f.stderr)
+	synthetic.Register(f.reg)
+	f.reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "check_sink", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					item, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					b := item.(*synthetic.Blob)
+					f.got.mu.Lock()
+					f.got.sizes[fmt.Sprintf("%d/%d", b.Replica, b.Seq)] = len(b.Data)
+					f.got.mu.Unlock()
+				}
+			}), nil
+		},
+	})
+	t.Cleanup(func() {
+		f.h.Close()
+		f.noProcessesLeft()
+	})
+	return f
+}
+
+// noProcessesLeft checks that no plugin process of this fixture survives.
+func (f *fixture) noProcessesLeft() {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, _ := exec.Command("pgrep", "-f", f.dir).Output()
+		if len(bytes.TrimSpace(out)) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Errorf("plugin processes left running: %s", out)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (f *fixture) run(src string, sets ...string) (*report.Report, error) {
+	f.t.Helper()
+	l := &graph.Loader{Catalog: f.reg, Sets: sets}
+	g, diags := l.Load("p.hcl", []byte(src))
+	if diags.HasErrors() {
+		f.t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return engine.Run(ctx, g, engine.Options{Registry: f.reg})
+}
+
+const passSpec = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = %d
+    size_bytes = %d
+  }
+}
+stage "p" {
+  node     = "tp/pass"
+  replicas = %d
+}
+stage "sink" {
+  node = "check_sink"
+}
+edge "a" {
+  from = src.out
+  to   = p.in
+}
+edge "b" {
+  from = p.out
+  to   = sink.in
+}`
+
+// TestThousandsOfSmallItems: exact counts through a plugin stage of two
+// replicas, metrics crossing back.
+func TestThousandsOfSmallItems(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := f.run(fmt.Sprintf(passSpec, 3000, 10, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Edges["a"].Consumed != 3000 || rep.Edges["b"].Produced != 3000 || len(f.got.sizes) != 3000 {
+		t.Errorf("counts: %d in, %d out, %d distinct at the sink", rep.Edges["a"].Consumed, rep.Edges["b"].Produced, len(f.got.sizes))
+	}
+	if m := rep.Stages["p"].Metrics["items"]; m != 3000 {
+		t.Errorf("items metric %v", m)
+	}
+}
+
+// TestLargeItems: a dozen 16 MiB items, past gRPC's 4 MiB message limit,
+// arrive whole.
+func TestLargeItems(t *testing.T) {
+	f := newFixture(t)
+	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
+	rep, err := f.run(fmt.Sprintf(passSpec, 12, 16<<20, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Edges["b"].Consumed != 12 || len(f.got.sizes) != 12 {
+		t.Fatalf("got %d items", len(f.got.sizes))
+	}
+	for k, n := range f.got.sizes {
+		if n != 16<<20 {
+			t.Errorf("item %s arrived with %d bytes", k, n)
+		}
+	}
+}
+
+// TestCrashMidStream: the plugin process exits after 7 items; the stage
+// fails naming stage, replica, plugin path and its last stderr line.
+func TestCrashMidStream(t *testing.T) {
+	f := newFixture(t)
+	path := wrapper(t, f.dir, "tp", "serve")
+	f.h.Load("tp", path, f.reg)
+	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, 1), "stage.p.config.crash_after=7")
+	if err == nil {
+		t.Fatal("a crashed plugin must fail the run")
+	}
+	for _, want := range []string{`stage "p" replica 0`, "plugin tp (" + path + ")", "pass: crashing on purpose after 7 items"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if !strings.Contains(f.stderr.String(), "[p/0] pass: crashing on purpose") {
+		t.Errorf("stderr not forwarded with its prefix:\n%s", f.stderr.String())
+	}
+}
+
+func TestPluginReturnsError(t *testing.T) {
+	f := newFixture(t)
+	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
+	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, 1), "stage.p.config.fail_after=3")
+	if err == nil || !strings.Contains(err.Error(), "failing on purpose after 3 items") || !strings.Contains(err.Error(), `stage "p" replica 0`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestBadSchema: plugin stages are validated like built-ins, at the
+// attribute.
+func TestBadSchema(t *testing.T) {
+	f := newFixture(t)
+	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
+	src := `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 1
+  }
+}
+stage "x" {
+  node = "tp/picky"
+  config {
+    level = 9
+    lvl   = 1
+  }
+}
+edge "e" {
+  from = src.out
+  to   = x.in
+}`
+	l := &graph.Loader{Catalog: f.reg}
+	_, diags := l.Load("p.hcl", []byte(src))
+	var b strings.Builder
+	graph.WriteDiagnostics(&b, diags, l.Sources())
+	for _, want := range []string{"p.hcl:11:13: error: invalid config", "level: must be 1, 2 or 3, not 9", `p.hcl:12:5: error: Unsupported argument`, `stage "x" (node "tp/picky"): An argument named "lvl" is not expected here`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("diagnostics lack %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestGarbageOnStdout(t *testing.T) {
+	f := newFixture(t)
+	path := wrapper(t, f.dir, "junk", "garbage")
+	_, err := f.h.Load("junk", path, f.reg)
+	if err == nil || !strings.Contains(err.Error(), "plugin "+path) {
+		t.Fatalf("err = %v", err)
+	}
+	t.Log(err)
+}
+
+func TestHangAtStart(t *testing.T) {
+	old := StartTimeout
+	StartTimeout = time.Second
+	defer func() { StartTimeout = old }()
+	f := newFixture(t)
+	_, err := f.h.Load("slow", wrapper(t, f.dir, "slow", "hang"), f.reg)
+	if err == nil || !strings.Contains(err.Error(), "timeout") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestDiscovery(t *testing.T) {
+	dir := t.TempDir()
+	wrapper(t, dir, "one", "serve")
+	os.WriteFile(filepath.Join(dir, Prefix+"notexec"), []byte("x"), 0o644)
+	os.WriteFile(filepath.Join(dir, "other"), []byte("x"), 0o755)
+	found := Discover([]string{dir})
+	if len(found) != 1 || found["one"] == "" {
+		t.Errorf("found %v", found)
+	}
+	if _, ok := Find("two", []string{dir}); ok {
+		t.Error("found a plugin that is not there")
+	}
+}
