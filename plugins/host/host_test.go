@@ -98,7 +98,7 @@ var pickyKind = nodes.Spec{
 
 // wrapper writes an executable dflow-plugin-NAME that runs this test
 // binary as a plugin in the given mode.
-func wrapper(t *testing.T, dir, name, mode string) string {
+func wrapper(t testing.TB, dir, name, mode string) string {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -122,7 +122,7 @@ func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	h      *Host
 	reg    *nodes.Registry
@@ -135,7 +135,7 @@ type sinkLog struct {
 	sizes map[string]int
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	f := &fixture{t: t, dir: t.TempDir(), stderr: &syncBuf{}, reg: nodes.NewRegistry(), got: &sinkLog{sizes: map[string]int{}}}
 	f.h = New(f.stderr)
 	synthetic.Register(f.reg)
@@ -206,7 +206,7 @@ stage "src" {
   }
 }
 stage "p" {
-  node     = "tp/pass"
+  node     = "%s"
   replicas = %d
 }
 stage "sink" {
@@ -228,7 +228,7 @@ func TestThousandsOfSmallItems(t *testing.T) {
 	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := f.run(fmt.Sprintf(passSpec, 3000, 10, 2))
+	rep, err := f.run(fmt.Sprintf(passSpec, 3000, 10, "tp/pass", 2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestThousandsOfSmallItems(t *testing.T) {
 func TestLargeItems(t *testing.T) {
 	f := newFixture(t)
 	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
-	rep, err := f.run(fmt.Sprintf(passSpec, 12, 16<<20, 1))
+	rep, err := f.run(fmt.Sprintf(passSpec, 12, 16<<20, "tp/pass", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestCrashMidStream(t *testing.T) {
 	f := newFixture(t)
 	path := wrapper(t, f.dir, "tp", "serve")
 	f.h.Load("tp", path, f.reg)
-	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, 1), "stage.p.config.crash_after=7")
+	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, "tp/pass", 1), "stage.p.config.crash_after=7")
 	if err == nil {
 		t.Fatal("a crashed plugin must fail the run")
 	}
@@ -282,7 +282,7 @@ func TestCrashMidStream(t *testing.T) {
 func TestPluginReturnsError(t *testing.T) {
 	f := newFixture(t)
 	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
-	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, 1), "stage.p.config.fail_after=3")
+	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, "tp/pass", 1), "stage.p.config.fail_after=3")
 	if err == nil || !strings.Contains(err.Error(), "failing on purpose after 3 items") || !strings.Contains(err.Error(), `stage "p" replica 0`) {
 		t.Fatalf("err = %v", err)
 	}

@@ -121,7 +121,7 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 }
 
 // inputWindow is how many input items a plugin replica holds at most.
-const inputWindow = 2
+const inputWindow = 8
 
 // remoteReplica is nodes.Replica inside a plugin process.
 type remoteReplica struct {
