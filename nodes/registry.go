@@ -101,3 +101,15 @@ func (r *Registry) KindNames() []string {
 	sort.Strings(names)
 	return names
 }
+
+// Clone returns a registry holding the same kinds, to which more can be
+// added without touching r (plugin kinds per run, in tests).
+func (r *Registry) Clone() *Registry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c := NewRegistry()
+	for k, s := range r.specs {
+		c.specs[k] = s
+	}
+	return c
+}

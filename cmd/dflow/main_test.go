@@ -15,7 +15,7 @@ import (
 func dflow(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	e := &env{stdout: &out, stderr: &errb, registry: nodes.Default}
+	e := &env{stdout: &out, stderr: &errb, registry: nodes.Default.Clone()}
 	code := e.main(args)
 	return code, out.String(), errb.String()
 }

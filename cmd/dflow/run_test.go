@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,7 +90,7 @@ func TestRunDrainInProcess(t *testing.T) {
 	sig := make(chan os.Signal, 1)
 	sig <- os.Interrupt
 	var stdout, stderr bytes.Buffer
-	e := &env{stdout: &stdout, stderr: &stderr, registry: nodes.Default, signals: sig}
+	e := &env{stdout: &stdout, stderr: &stderr, registry: nodes.Default.Clone(), signals: sig}
 	out := filepath.Join(t.TempDir(), "r.json")
 	code := e.main([]string{"run", "../../specs/seed.hcl", "--var", "items=100000", "--report", out})
 	if code != exitInterrupted {
@@ -295,5 +296,140 @@ func TestEval(t *testing.T) {
 	}
 	if code, _, stderr := dflow(t, "eval", filepath.Join(dir, "none.safetensors"), "--target", target, "--corpus", corpus); code != exitFailed || !strings.Contains(stderr, "none.safetensors") {
 		t.Errorf("missing drafter: code %d %s", code, stderr)
+	}
+}
+
+// buildChecksum builds the example plugin once for the CLI tests.
+var buildChecksum = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "dflow-plugin-build")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "dflow-plugin-checksum")
+	out, err := exec.Command("go", "build", "-o", path, "../../plugins/examples/checksum").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%v: %s", err, out)
+	}
+	return path, nil
+})
+
+const pluginSpec = `
+plugin "checksum" {
+  path = "%s"
+}
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count        = %d
+    size_bytes   = 64
+    service_time = "%s"
+  }
+}
+stage "crc" {
+  node     = "checksum/crc"
+  replicas = 2
+}
+stage "sink" {
+  node = "sink"
+}
+edge "a" {
+  from = src.out
+  to   = crc.in
+}
+edge "b" {
+  from = crc.out
+  to   = sink.in
+}
+`
+
+// TestPluginCLI: the example plugin, built from source, declared in a
+// spec: validate checks its stage, run streams items through it, dflow
+// plugins lists it.
+func TestPluginCLI(t *testing.T) {
+	bin, err := buildChecksum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "p.hcl")
+	os.WriteFile(spec, []byte(fmt.Sprintf(pluginSpec, bin, 500, "0s")), 0o644)
+	if code, _, stderr := dflow(t, "validate", spec); code != 0 {
+		t.Fatalf("validate: %d\n%s", code, stderr)
+	}
+	code, _, stderr := dflow(t, "run", spec, "--report", filepath.Join(dir, "r.json"))
+	if code != 0 || !strings.Contains(stderr, "crc_items=500") {
+		t.Fatalf("run: %d\n%s", code, stderr)
+	}
+	code, _, stderr = dflow(t, "validate", spec, "--set", "stage.crc.config.crash_after=-2")
+	if code != exitFailed || !strings.Contains(stderr, "crash_after: must be 0 or more") {
+		t.Errorf("plugin config check: %d\n%s", code, stderr)
+	}
+	code, stdout, _ := dflow(t, "plugins", filepath.Dir(bin))
+	if code != 0 || !strings.Contains(stdout, "node checksum/crc") || !strings.Contains(stdout, "config crash_after int = 0") {
+		t.Errorf("plugins: %d\n%s", code, stdout)
+	}
+	os.WriteFile(spec, []byte(fmt.Sprintf(pluginSpec, filepath.Join(dir, "missing"), 5, "0s")), 0o644)
+	if code, _, stderr := dflow(t, "validate", spec); code != exitFailed || !strings.Contains(stderr, "plugin failed to start") {
+		t.Errorf("missing plugin: %d\n%s", code, stderr)
+	}
+}
+
+// TestPluginSignals: SIGINT or SIGTERM to dflow, twice, leaves no plugin
+// process behind.
+func TestPluginSignals(t *testing.T) {
+	bin, err := buildChecksum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		dir := t.TempDir()
+		// A private copy, so pgrep sees only this test's processes.
+		plug := filepath.Join(dir, "dflow-plugin-checksum")
+		data, _ := os.ReadFile(bin)
+		os.WriteFile(plug, data, 0o755)
+		spec := filepath.Join(dir, "p.hcl")
+		os.WriteFile(spec, []byte(fmt.Sprintf(pluginSpec, plug, 100000, "1ms")), 0o644)
+		cmd := exec.Command(os.Args[0], "run", spec, "--interval", "0")
+		cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
+		var stderr syncBuffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			out, _ := exec.Command("pgrep", "-f", plug).Output()
+			if len(strings.Fields(string(out))) >= 3 { // catalog + 2 replicas
+				break
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("plugins never started:\n%s", stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cmd.Process.Signal(sig)
+		for !strings.Contains(stderr.String(), "draining") {
+			time.Sleep(time.Millisecond)
+		}
+		cmd.Process.Signal(sig)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			t.Fatal("dflow did not exit")
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			out, _ := exec.Command("pgrep", "-f", plug).Output()
+			if len(strings.TrimSpace(string(out))) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%v: plugin processes outlived dflow: %s", sig, out)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
