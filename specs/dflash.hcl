@@ -17,7 +17,7 @@ variable "corpus" {
 }
 
 variable "batches" {
-  default = 600
+  default = 2400
 }
 
 variable "checkpoint" {
