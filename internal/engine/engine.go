@@ -180,13 +180,18 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
 			rep.mark = r.start
-			rctx := ctx
+			parent := ctx
 			if rep.isSource() {
-				rctx = srcCtx
+				parent = srcCtx
 			}
+			// A context of its own per replica: a replica blocked on a queue
+			// selects on its own Done channel, not on one that every
+			// replica of the run contends for.
+			rctx, rcancel := context.WithCancel(parent)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer rcancel()
 				r.finish(rep, r.call(rctx, rep))
 			}()
 		}
