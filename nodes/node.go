@@ -106,3 +106,21 @@ type Metrics interface {
 	Set(name string, v float64)
 	Add(name string, delta float64)
 }
+
+// AllReduceMean replaces buf with its mean over the replicas of r's stage
+// still training (a data-parallel gradient step); with one replica it
+// does nothing.
+func AllReduceMean(ctx context.Context, r Replica, buf []float32) error {
+	if r.Replicas() == 1 {
+		return nil
+	}
+	n, err := r.Group().AllReduceSum(ctx, buf)
+	if err != nil {
+		return err
+	}
+	inv := 1 / float32(n)
+	for i := range buf {
+		buf[i] *= inv
+	}
+	return nil
+}

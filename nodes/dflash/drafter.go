@@ -239,15 +239,8 @@ func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r 
 	loss := st.w.Loss(n.cfg.Float("gamma"))
 	clear(st.d.Grads)
 	st.w.Backward()
-	if r.Replicas() > 1 {
-		cnt, err := r.Group().AllReduceSum(ctx, st.d.Grads)
-		if err != nil {
-			return 0, err
-		}
-		inv := 1 / float32(cnt)
-		for i := range st.d.Grads {
-			st.d.Grads[i] *= inv
-		}
+	if err := nodes.AllReduceMean(ctx, r, st.d.Grads); err != nil {
+		return 0, err
 	}
 	peak, warm := n.cfg.Float("lr"), n.cfg.Int("warmup")
 	st.opt.LR = float32(peak * math.Min(1, float64(st.step+1)/float64(max(warm, 1))))

@@ -158,15 +158,8 @@ func (t *trainer) step(ctx context.Context, st *replicaState, b *text.Batch, ste
 	loss := st.w.Loss(st.tgt, nil)
 	st.m.ZeroGrad()
 	st.w.Backward(st.tgt, nil)
-	if r.Replicas() > 1 {
-		n, err := r.Group().AllReduceSum(ctx, st.m.Grads)
-		if err != nil {
-			return 0, err
-		}
-		inv := 1 / float32(n)
-		for i := range st.m.Grads {
-			st.m.Grads[i] *= inv
-		}
+	if err := nodes.AllReduceMean(ctx, r, st.m.Grads); err != nil {
+		return 0, err
 	}
 	st.opt.LR = float32(t.lr(step))
 	st.opt.Step(st.m.Params, st.m.Grads, st.mask)
