@@ -15,10 +15,9 @@ import (
 	"math"
 
 	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/blas32"
 )
 
-var impl = blas32.Implementation()
+
 
 // EmbeddingForward writes out[n] = table[tokens[n]] for N tokens of width D.
 func EmbeddingForward(out []float32, tokens []int32, table []float32, N, D int) {
@@ -79,7 +78,7 @@ func RMSNormBackward(dx, dweight, dout, x, weight, rstd []float32, N, D int) {
 // MatMulForward computes out[N, Out] = in[N, In] @ w[Out, In]^T + bias
 // (bias may be nil).
 func MatMulForward(out, in, w, bias []float32, N, In, Out int) {
-	impl.Sgemm(blas.NoTrans, blas.Trans, N, Out, In, 1, in, In, w, In, 0, out, Out)
+	sgemm(blas.NoTrans, blas.Trans, N, Out, In, 1, in, In, w, In, 0, out, Out)
 	if bias != nil {
 		for n := 0; n < N; n++ {
 			o := out[n*Out : (n+1)*Out]
@@ -94,9 +93,9 @@ func MatMulForward(out, in, w, bias []float32, N, In, Out int) {
 // dbias += column sums of dout. din and dbias may be nil.
 func MatMulBackward(din, dw, dbias, dout, in, w []float32, N, In, Out int) {
 	if din != nil {
-		impl.Sgemm(blas.NoTrans, blas.NoTrans, N, In, Out, 1, dout, Out, w, In, 1, din, In)
+		sgemm(blas.NoTrans, blas.NoTrans, N, In, Out, 1, dout, Out, w, In, 1, din, In)
 	}
-	impl.Sgemm(blas.Trans, blas.NoTrans, Out, In, N, 1, dout, Out, in, In, 1, dw, In)
+	sgemm(blas.Trans, blas.NoTrans, Out, In, N, 1, dout, Out, in, In, 1, dw, In)
 	if dbias != nil {
 		for n := 0; n < N; n++ {
 			for i, g := range dout[n*Out : (n+1)*Out] {
@@ -224,5 +223,5 @@ func softmax(out, x []float32) {
 // MatMulBackwardInput accumulates only din += dout @ w, for a frozen
 // weight.
 func MatMulBackwardInput(din, dout, w []float32, N, In, Out int) {
-	impl.Sgemm(blas.NoTrans, blas.NoTrans, N, In, Out, 1, dout, Out, w, In, 1, din, In)
+	sgemm(blas.NoTrans, blas.NoTrans, N, In, Out, 1, dout, Out, w, In, 1, din, In)
 }
