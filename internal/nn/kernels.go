@@ -17,8 +17,6 @@ import (
 	"gonum.org/v1/gonum/blas"
 )
 
-
-
 // EmbeddingForward writes out[n] = table[tokens[n]] for N tokens of width D.
 func EmbeddingForward(out []float32, tokens []int32, table []float32, N, D int) {
 	for n := 0; n < N; n++ {
