@@ -146,3 +146,62 @@ func benchRaw(b *testing.B, policy graph.Policy) {
 
 func BenchmarkRawChannelShared(b *testing.B)     { benchRaw(b, graph.Shared) }
 func BenchmarkRawChannelRoundRobin(b *testing.B) { benchRaw(b, graph.RoundRobin) }
+
+// BenchmarkScaling: items/s through a chain of depth pass-through stages
+// (each `replicas` wide, shared edges), against replica count and depth.
+// One op is one item through the whole chain.
+func BenchmarkScaling(b *testing.B) {
+	for _, depth := range []int{1, 2, 4} {
+		for _, replicas := range []int{1, 2, 4, 8} {
+			b.Run(fmt.Sprintf("depth=%d/replicas=%d", depth, replicas), func(b *testing.B) {
+				g, reg := chainGraph(b, depth, replicas)
+				b.ReportAllocs()
+				b.ResetTimer()
+				rep, err := Run(context.Background(), g, Options{Registry: reg})
+				b.StopTimer()
+				if err != nil || rep.Edges[fmt.Sprintf("e%d", depth)].Consumed != int64(b.N) {
+					b.Fatalf("err %v", err)
+				}
+			})
+		}
+	}
+}
+
+func chainGraph(b *testing.B, depth, replicas int) (*graph.Graph, *nodes.Registry) {
+	_, reg := benchGraph(b, graph.Shared) // registers bench_src and bench_sink
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "bench_pass", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "x"}, {Name: "out", Dir: graph.Out, Type: "x"}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				in, out := r.In("in"), r.Out("out")
+				for {
+					it, err := in.Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					if err := out.Send(ctx, it); err != nil {
+						return err
+					}
+				}
+			}), nil
+		},
+	})
+	src := fmt.Sprintf("stage \"s0\" {\n  node = \"bench_src\"\n  replicas = %d\n  config {\n    count = %d\n  }\n}\n", replicas, b.N)
+	for d := 1; d <= depth; d++ {
+		node := "bench_pass"
+		if d == depth {
+			node = "bench_sink"
+		}
+		src += fmt.Sprintf("stage \"s%d\" {\n  node = %q\n  replicas = %d\n}\nedge \"e%d\" {\n  from = s%d.out\n  to = s%d.in\n  policy = \"shared\"\n}\n", d, node, replicas, d, d-1, d)
+	}
+	g, diags := (&graph.Loader{Catalog: reg}).Load("chain.hcl", []byte(src))
+	if diags.HasErrors() {
+		b.Fatal(diags)
+	}
+	return g, reg
+}
