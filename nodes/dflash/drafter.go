@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -24,7 +25,8 @@ var drafterKind = graph.Kind{
 	Doc:  "Trains a DFlash-style block drafter on a target's hidden states; replicas train one model data-parallel.",
 	Config: []graph.Field{
 		{Name: "target", Type: graph.String, Default: cty.StringVal("models/target.safetensors"), Doc: "the target model whose embedding and head the drafter reuses (frozen)"},
-		{Name: "target_layers", Type: graph.Int, Default: cty.NumberIntVal(3), Doc: "how many target layers the hidden states carry"},
+		{Name: "target_layers", Type: graph.Int, Default: cty.NumberIntVal(3), Doc: "how many target layers the hidden states carry, spaced evenly (as target_forward's default)"},
+		{Name: "taps", Type: graph.NumberList, Doc: "the target blocks the hidden states come from, when target_forward sets its layers; overrides target_layers"},
 		{Name: "block_size", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "tokens per block: the anchor and block_size-1 drafted"},
 		{Name: "layers", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "drafter blocks"},
 		{Name: "heads", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "attention heads"},
@@ -47,7 +49,7 @@ var drafterKind = graph.Kind{
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		t := "hidden_states"
 		if c, err := nn.ReadConfig(cfg.String("target")); err == nil {
-			t = HiddenType(c.DModel, cfg.Int("target_layers"))
+			t = HiddenType(c.DModel, drafterTaps(cfg, c))
 		}
 		return []graph.PortSpec{{Name: "hidden", Dir: graph.In, Type: t, Doc: "*dflash.HiddenStates from target_forward"}}
 	},
@@ -87,7 +89,8 @@ func newDrafter(cfg *graph.Config) (nodes.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &drafterNode{cfg: cfg, target: t, dc: DrafterConfig{D: t.Config.DModel, K: cfg.Int("target_layers"),
+	taps := drafterTaps(cfg, t.Config)
+	n := &drafterNode{cfg: cfg, target: t, dc: DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,
 		Layers: cfg.Int("layers"), Heads: cfg.Int("heads"), Hidden: cfg.Int("hidden"), BlockSize: cfg.Int("block_size")}}
 	if path := cfg.String("eval"); path != "" {
 		data, err := text.ReadCorpus(path, int64(cfg.Int("max_bytes")))
@@ -202,7 +205,7 @@ func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 		case errors.Is(err, fs.ErrNotExist):
 		case err != nil:
 			return nil, fmt.Errorf("drafter_train: resume: %w", err)
-		case loaded.Config != n.dc:
+		case !reflect.DeepEqual(loaded.Config, n.dc):
 			return nil, fmt.Errorf("drafter_train: resume: %s holds a drafter %+v, the config asks for %+v", path, loaded.Config, n.dc)
 		default:
 			st.d = loaded
@@ -261,7 +264,7 @@ func (n *drafterNode) save(st *state) error {
 }
 
 func (n *drafterNode) evaluator() *Evaluator {
-	return &Evaluator{Target: n.target, Layers: DefaultLayers(n.target.Config.Layers, n.dc.K), Block: n.dc.BlockSize,
+	return &Evaluator{Target: n.target, Layers: n.dc.Taps, Block: n.dc.BlockSize,
 		Prompt: 48, Cycles: 12, Prompts: n.cfg.Int("eval_prompts")}
 }
 
@@ -271,4 +274,16 @@ func (n *drafterNode) tau(d *Drafter) (float64, error) {
 
 func (n *drafterNode) ngramTau() (float64, error) {
 	return n.evaluator().Tau(n.held, NGramProposer(n.ngram))
+}
+
+// drafterTaps are the target blocks the drafter's hidden states come from.
+func drafterTaps(cfg *graph.Config, c nn.Config) []int {
+	if fs := cfg.Floats("taps"); len(fs) > 0 {
+		out := make([]int, len(fs))
+		for i, f := range fs {
+			out[i] = int(f)
+		}
+		return out
+	}
+	return DefaultLayers(c.Layers, cfg.Int("target_layers"))
 }

@@ -33,7 +33,11 @@ func Evaluate(targetPath, drafterPath, corpus string, holdout float64, seed uint
 		return nil, err
 	}
 	train, held := text.Split(data, holdout, seed)
-	e := &Evaluator{Target: target, Layers: DefaultLayers(target.Config.Layers, d.Config.K), Block: d.Config.BlockSize,
+	taps := d.Config.Taps
+	if len(taps) == 0 {
+		taps = DefaultLayers(target.Config.Layers, d.Config.K)
+	}
+	e := &Evaluator{Target: target, Layers: taps, Block: d.Config.BlockSize,
 		Prompt: 48, Cycles: cycles, Prompts: prompts}
 	res := &EvalResult{Block: d.Config.BlockSize, Prompts: prompts}
 	if res.Drafter, err = e.Tau(held, DrafterProposer(d)); err != nil {

@@ -11,12 +11,13 @@ import (
 
 // DrafterConfig is the block drafter's shape.
 type DrafterConfig struct {
-	D         int `json:"d_model"`       // the target's width
-	K         int `json:"target_layers"` // tapped target layers
-	Layers    int `json:"layers"`
-	Heads     int `json:"heads"`
-	Hidden    int `json:"hidden"`
-	BlockSize int `json:"block_size"`
+	D         int   `json:"d_model"`        // the target's width
+	K         int   `json:"target_layers"`  // tapped target layers
+	Taps      []int `json:"taps,omitempty"` // which target blocks, for evaluation
+	Layers    int   `json:"layers"`
+	Heads     int   `json:"heads"`
+	Hidden    int   `json:"hidden"`
+	BlockSize int   `json:"block_size"`
 }
 
 // Drafter is a DFlash-style block drafter. From an anchor it drafts

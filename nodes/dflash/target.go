@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -25,10 +26,16 @@ func Register(r *nodes.Registry) {
 }
 
 // HiddenType names the hidden-state items of a target of width d tapped at
-// k layers: "hidden_states(d=128,k=3)". Target and drafter must agree, and
-// validation compares the two ends' types, so a width mismatch is caught
-// before a run.
-func HiddenType(d, k int) string { return fmt.Sprintf("hidden_states(d=%d,k=%d)", d, k) }
+// the given blocks: "hidden_states(d=128,layers=0,2,3)". Target and drafter
+// must agree, and validation compares the two ends' types, so a width or
+// tap mismatch is caught before a run.
+func HiddenType(d int, layers []int) string {
+	s := make([]string, len(layers))
+	for i, l := range layers {
+		s[i] = fmt.Sprint(l)
+	}
+	return fmt.Sprintf("hidden_states(d=%d,layers=%s)", d, strings.Join(s, ","))
+}
 
 // HiddenStates is one batch as the target saw it. Read-only once sent.
 type HiddenStates struct {
@@ -71,7 +78,7 @@ var targetKind = graph.Kind{
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		t := "hidden_states"
 		if c, err := nn.ReadConfig(cfg.String("model")); err == nil {
-			t = HiddenType(c.DModel, len(tapLayers(cfg, c)))
+			t = HiddenType(c.DModel, tapLayers(cfg, c))
 		}
 		return []graph.PortSpec{
 			{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches"},
