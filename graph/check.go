@@ -3,6 +3,8 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -145,7 +147,7 @@ func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
 		var err error
 		var v cty.Value
 		if !ok {
-			err = fmt.Errorf("node %q has no config attribute %q%s", s.Node, name, didYouMean(name, keys(fields)))
+			err = fmt.Errorf("node %q has no config attribute %q%s", s.Node, name, didYouMean(name, slices.Sorted(maps.Keys(fields))))
 		} else if v, err = ParseValue(raw, f.Type.cty()); err == nil {
 			err = checkField(f, v)
 		}
@@ -192,7 +194,7 @@ func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Ra
 	s := d.g.stages[stageName]
 	if s == nil {
 		d.errorf(tr[0].SourceRange(), "unknown stage", "%s", sentence(fmt.Sprintf("edge %q: stage %q is not defined%s",
-			e.Name, stageName, didYouMean(stageName, keys(d.g.stages)))))
+			e.Name, stageName, didYouMean(stageName, slices.Sorted(maps.Keys(d.g.stages))))))
 		return nil
 	}
 	if s.Kind == nil {

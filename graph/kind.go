@@ -2,7 +2,8 @@ package graph
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -151,11 +152,7 @@ func (c *Config) Value(name string) cty.Value { return c.values[name] }
 
 // Names lists the set attributes, sorted.
 func (c *Config) Names() []string {
-	names := make([]string, 0, len(c.values))
-	for k := range c.values {
-		names = append(names, k)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(c.values))
 	return names
 }
 

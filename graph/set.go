@@ -2,6 +2,8 @@ package graph
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -36,13 +38,13 @@ func (d *decoder) applySet(set string) error {
 	case "edge":
 		e := d.g.edges[parts[1]]
 		if e == nil {
-			return fmt.Errorf("no edge %q%s", parts[1], didYouMean(parts[1], keys(d.g.edges)))
+			return fmt.Errorf("no edge %q%s", parts[1], didYouMean(parts[1], slices.Sorted(maps.Keys(d.g.edges))))
 		}
 		return d.setEdge(e, parts[2:], raw)
 	case "stage":
 		s := d.g.stages[parts[1]]
 		if s == nil {
-			return fmt.Errorf("no stage %q%s", parts[1], didYouMean(parts[1], keys(d.g.stages)))
+			return fmt.Errorf("no stage %q%s", parts[1], didYouMean(parts[1], slices.Sorted(maps.Keys(d.g.stages))))
 		}
 		return d.setStage(s, parts[2:], raw)
 	}

@@ -2,7 +2,8 @@ package graph
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -45,11 +46,7 @@ func (d *decoder) evalContext(blocks []*hcl.Block) *hcl.EvalContext {
 	for _, path := range d.loader.VarFiles {
 		d.applyVarFile(path, vars)
 	}
-	names := make([]string, 0, len(d.loader.Vars))
-	for name := range d.loader.Vars {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(d.loader.Vars))
 	for _, name := range names {
 		d.applyVar(name, d.loader.Vars[name], vars)
 	}
@@ -119,7 +116,7 @@ func (d *decoder) applyVarFile(path string, vars map[string]*variable) {
 		v, ok := vars[name]
 		if !ok {
 			d.errorf(a.NameRange, "undeclared variable",
-				"%s", sentence(fmt.Sprintf("%s sets variable %q, which %s does not declare%s", path, name, d.filename, didYouMean(name, keys(vars)))))
+				"%s", sentence(fmt.Sprintf("%s sets variable %q, which %s does not declare%s", path, name, d.filename, didYouMean(name, slices.Sorted(maps.Keys(vars))))))
 			continue
 		}
 		val, diags := a.Expr.Value(nil)
@@ -144,7 +141,7 @@ func (d *decoder) applyVar(name, raw string, vars map[string]*variable) {
 			Severity: hcl.DiagError,
 			Summary:  "undeclared variable",
 			Detail: sentence(fmt.Sprintf("--var %s=%s: %s declares no variable %q%s",
-				name, raw, d.filename, name, didYouMean(name, keys(vars)))),
+				name, raw, d.filename, name, didYouMean(name, slices.Sorted(maps.Keys(vars))))),
 		})
 		return
 	}
@@ -214,13 +211,4 @@ func describe(v cty.Value) string {
 		return fmt.Sprintf("the bool %t", v.True())
 	}
 	return v.Type().FriendlyName()
-}
-
-func keys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -2,7 +2,8 @@ package nodes
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,11 +95,7 @@ func (r *Registry) Kind(name string) (*graph.Kind, bool) {
 func (r *Registry) KindNames() []string {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	names := make([]string, 0, len(r.specs))
-	for n := range r.specs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(r.specs))
 	return names
 }
 

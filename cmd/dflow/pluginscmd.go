@@ -3,8 +3,9 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"path/filepath"
-	"sort"
+	"slices"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/plugins/host"
@@ -70,11 +71,7 @@ func cmdPlugins(e *env, args []string) int {
 		fmt.Fprintf(e.stdout, "no plugins (executables named %sNAME) in %v\n", host.Prefix, abs)
 		return exitOK
 	}
-	names := make([]string, 0, len(found))
-	for n := range found {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(found))
 	status := exitOK
 	for _, n := range names {
 		kinds, err := e.host().Load(n, found[n], e.registry)

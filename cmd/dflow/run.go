@@ -5,8 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,11 +205,7 @@ func (e *env) withLockedStderr() *env {
 
 // metricList formats node metrics as " name=value ..." in name order.
 func metricList(m map[string]float64) string {
-	names := make([]string, 0, len(m))
-	for k := range m {
-		names = append(names, k)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(m))
 	var b strings.Builder
 	for _, k := range names {
 		fmt.Fprintf(&b, " %s=%.4g", k, m[k])

@@ -2,8 +2,9 @@ package monitor
 
 import (
 	"fmt"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 
 	"github.com/dflow-dev/dflow/internal/report"
 	"gonum.org/v1/plot"
@@ -79,7 +80,7 @@ func queueLines(rep *report.Report) []line {
 	byName := map[string]*line{}
 	var names []string
 	for _, s := range rep.Series {
-		for _, edge := range sortedKeys(s.Queues) {
+		for _, edge := range slices.Sorted(maps.Keys(s.Queues)) {
 			depths := s.Queues[edge]
 			for i, d := range depths {
 				name := edge
@@ -108,7 +109,7 @@ func replicaLines(rep *report.Report, of func(report.Sample) map[string][]float6
 	var names []string
 	for _, s := range rep.Series {
 		m := of(s)
-		for _, stage := range sortedKeys(m) {
+		for _, stage := range slices.Sorted(maps.Keys(m)) {
 			if len(rep.Stages[stage].Replicas) == 1 && rep.Stages[stage].Replicas[0].Utilization < 0.01 {
 				continue
 			}
@@ -142,15 +143,6 @@ func addLines(p *plot.Plot, lines []line) error {
 		p.Legend.Add(l.name, lp)
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // Bar is one bar of a bar chart.

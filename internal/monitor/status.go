@@ -6,6 +6,8 @@ package monitor
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -141,11 +143,7 @@ func (st *Status) stage(s *engine.Snapshot, i int, stg engine.StageSnapshot) str
 		b.WriteString("]")
 	}
 	fmt.Fprintf(&b, " %.1f/s", st.rate(s, i))
-	names := make([]string, 0, len(stg.Metrics))
-	for k := range stg.Metrics {
-		names = append(names, k)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(stg.Metrics))
 	for _, k := range names {
 		fmt.Fprintf(&b, " %s=%.4g", k, stg.Metrics[k])
 	}

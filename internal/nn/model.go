@@ -225,9 +225,6 @@ func LoadModel(path string) (*Model, map[string]string, error) {
 	return m, meta, nil
 }
 
-// NumParams is the number of parameters.
-func (m *Model) NumParams() int { return len(m.Params) }
-
 // ReadConfig reads only a model file's header and returns its config, so a
 // spec can be checked against a model without loading its weights.
 func ReadConfig(path string) (Config, error) {

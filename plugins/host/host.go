@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -151,7 +150,6 @@ type process struct {
 	client *plugin.Client
 	node   proto.NodeClient
 	stderr *ringWriter
-	path   string
 }
 
 // start launches a plugin process and connects to it.
@@ -188,7 +186,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	if !ok {
 		return fail(fmt.Errorf("dispensed %T, not a node client", raw))
 	}
-	return &process{client: client, node: node, stderr: stderr, path: path}, nil
+	return &process{client: client, node: node, stderr: stderr}, nil
 }
 
 func (h *Host) kill(c *plugin.Client) {
@@ -307,18 +305,6 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 
 func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
 	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg)}, nil
-}
-
-// Names lists a registry's plugin kinds, sorted.
-func Names(reg *nodes.Registry) []string {
-	var out []string
-	for _, n := range reg.KindNames() {
-		if strings.Contains(n, "/") {
-			out = append(out, n)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // Describe formats kind infos for `dflow plugins`.

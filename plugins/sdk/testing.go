@@ -5,7 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -119,7 +120,7 @@ func testGraph(spec nodes.Spec, cfg *graph.Config, replicas int, reg *nodes.Regi
 	var body strings.Builder
 	var raw map[string]json.RawMessage
 	json.Unmarshal([]byte(ConfigJSON(cfg)), &raw)
-	for _, k := range sortedKeys(raw) {
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		fmt.Fprintf(&body, "    %s = %s\n", k, raw[k]) // JSON literals are HCL too
 	}
 	src := fmt.Sprintf("stage \"node\" {\n  node = %q\n  replicas = %d\n  config {\n%s  }\n}\n", spec.Name, max(replicas, 1), body.String())
@@ -136,13 +137,4 @@ func testGraph(spec nodes.Spec, cfg *graph.Config, replicas int, reg *nodes.Regi
 		return nil, fmt.Errorf("sdk: %v", diags)
 	}
 	return g, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
