@@ -127,12 +127,13 @@ edge "e" {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if total := p.Snapshot(); total == nil {
-		t.Fatal("no snapshot")
-	}
 	rep, err := p.Execute(context.Background())
 	if err != nil || rep.Edges["e"].Consumed != 25 {
 		t.Fatalf("err %v, consumed %d", err, rep.Edges["e"].Consumed)
+	}
+	// The runtime knows the reader's total (progress and ETA).
+	if st := p.Snapshot(); st.Stages[0].Name != "reader" || st.Stages[0].Total != 25 {
+		t.Errorf("snapshot total %+v", st.Stages[0])
 	}
 	spec, _ := reg.Spec("text_reader")
 	if n := spec.Total(g.Stage("reader").Config); n != 25 {
