@@ -32,7 +32,7 @@ func benchGraph(b *testing.B, policy graph.Policy) (*graph.Graph, *nodes.Registr
 			n := cfg.Int("count")
 			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 				out := r.Out("out")
-				for i := 0; i < share(n, r.Index(), r.Replicas()); i++ {
+				for i, mine := 0, share(n, r.Index(), r.Replicas()); i < mine; i++ {
 					if err := out.Send(ctx, r); err != nil {
 						return err
 					}

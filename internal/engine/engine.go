@@ -46,6 +46,7 @@ type run struct {
 	stages   []*stage
 	edges    []*edge
 	draining chan struct{}
+	coarse   coarseClock
 	start    time.Time
 	startNs  atomic.Int64 // start, for monitoring goroutines
 	series   []report.Sample
@@ -136,7 +137,7 @@ func (r *run) build() error {
 				rep.inputs[p.Name] = &input{r: rep}
 			}
 			for _, p := range gs.Outputs {
-				rep.outputs[p.Name] = &output{r: rep}
+				rep.outputs[p.Name] = &output{r: rep, source: len(gs.Inputs) == 0}
 			}
 		}
 		r.stages = append(r.stages, s)
@@ -151,16 +152,27 @@ func (r *run) build() error {
 		for i, rep := range from.replicas {
 			oe := &outEdge{}
 			for _, qi := range ge.ProducerQueues(i) {
-				oe.queues = append(oe.queues, e.queues[qi])
+				oq := newOutQueue(e.queues[qi])
+				oq.q.senders = append(oq.q.senders, oq)
+				oe.queues = append(oe.queues, oq)
 			}
 			out := rep.outputs[ge.From.Name]
 			out.edges = append(out.edges, oe)
+			out.one = nil
+			if len(out.edges) == 1 && len(oe.queues) == 1 {
+				out.one = oe.queues[0]
+			}
 		}
 		for i, rep := range to.replicas {
 			in := rep.inputs[ge.To.Name]
-			q := e.queues[ge.ConsumerQueue(i)]
-			in.all = append(in.all, q)
-			in.live = append(in.live, q)
+			iq := newInQueue(e.queues[ge.ConsumerQueue(i)])
+			iq.q.receivers = append(iq.q.receivers, iq)
+			in.all = append(in.all, iq)
+			in.live = append(in.live, iq)
+			in.one = nil
+			if len(in.all) == 1 {
+				in.one = iq
+			}
 		}
 		r.edges = append(r.edges, e)
 	}
@@ -174,12 +186,12 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	srcCtx, stopSources := context.WithCancel(ctx)
 	defer stopSources()
 
+	r.coarse.now.Store(nanotime())
 	r.start = time.Now()
 	r.startNs.Store(r.start.UnixNano())
 	var wg sync.WaitGroup
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			rep.mark = r.start
 			parent := ctx
 			if rep.isSource() {
 				parent = srcCtx
@@ -188,6 +200,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			// selects on its own Done channel, not on one that every
 			// replica of the run contends for.
 			rctx, rcancel := context.WithCancel(parent)
+			rep.ctx, rep.done, rep.coarse = rctx, rctx.Done(), &r.coarse
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -213,6 +226,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			close(r.draining)
 			stopSources()
 		case <-ctx.Done():
+			go r.wake(finished)
 			select {
 			case <-finished:
 			case <-time.After(r.opts.Grace):
@@ -251,14 +265,9 @@ func (r *run) isDraining() bool {
 // queues it was the last producer of, and checks that it did not leave a
 // queue unfinished as its last consumer.
 func (r *run) finish(rep *replica, err error) {
-	now := time.Now()
-	rep.mu.Lock()
-	rep.itemBusy += now.Sub(rep.mark)
-	if rep.pending {
-		rep.itemDone() // returned while working on an item
-	}
-	rep.mu.Unlock()
-	rep.ended.Store(now.UnixNano())
+	rep.clock.stop(rep) // returned while working on an item
+	rep.flush()
+	rep.ended.Store(time.Now().UnixNano())
 	rep.state.Store(stateDone)
 	rep.stage.group.leave(rep.index)
 	if err != nil {
@@ -266,13 +275,14 @@ func (r *run) finish(rep *replica, err error) {
 	}
 	for _, out := range rep.outputs {
 		for _, oe := range out.edges {
-			for _, q := range oe.queues {
-				q.producerDone(rep.index)
+			for _, oq := range oe.queues {
+				oq.q.producerDone(rep.index)
 			}
 		}
 	}
 	for _, in := range rep.inputs {
-		for _, q := range in.all {
+		for _, iq := range in.all {
+			q := iq.q
 			if unfinished, unread := q.consumerDone(); unfinished && err == nil {
 				r.fail(fmt.Errorf("edge %q: stage %q returned while stage %q still produces (%d items unread); a consumer must read its input to the end",
 					q.edge.g.Name, q.edge.g.To.Stage.Name, q.edge.g.From.Stage.Name, unread))
@@ -337,7 +347,8 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	return r.report(time.Now(), status, err), err
 }
 
-// sample records queue depths every SampleEvery and, with an Interval, a
+// sample advances the coarse clock and records queue depths every
+// SampleEvery and, with an Interval, a
 // series point (and an Observe call) every Interval, until done or stop.
 // stop is idempotent and adds a last series point at the end of the run.
 func (r *run) sample(done <-chan struct{}) (stop func()) {
@@ -357,6 +368,7 @@ func (r *run) sample(done <-chan struct{}) (stop func()) {
 		for {
 			select {
 			case <-t.C:
+				r.coarse.now.Store(nanotime())
 				for _, e := range r.edges {
 					for _, q := range e.queues {
 						q.sample()

@@ -265,13 +265,13 @@ func TestNoConsumersError(t *testing.T) {
 	h := newHarness(t)
 	g := h.load(seedLike)
 	q := newQueue(&edge{g: g.Edge("hs")}, graph.Queue{Producers: []int{0}, Consumers: []int{0}}, 1, 0)
-	if err := q.send(context.Background(), 1); err != nil {
+	if err := q.sendWait(context.Background(), &replica{}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if unfinished, unread := q.consumerDone(); !unfinished || unread != 1 {
 		t.Errorf("consumerDone = %v, %d; want unfinished with 1 unread", unfinished, unread)
 	}
-	err := q.send(context.Background(), 2)
+	err := q.sendWait(context.Background(), &replica{}, 2)
 	if !errors.Is(err, nodes.ErrNoConsumers) || !strings.Contains(err.Error(), `stage "drafter"`) {
 		t.Fatalf("send to a queue without consumers: %v", err)
 	}

@@ -13,7 +13,7 @@ func members(n int) []*member {
 	g := newGroup(n)
 	ms := make([]*member, n)
 	for i := range ms {
-		ms[i] = &member{g: g, r: &replica{index: i, mark: time.Now()}}
+		ms[i] = &member{g: g, r: &replica{index: i}}
 	}
 	return ms
 }

@@ -75,8 +75,8 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 		es := EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
 			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
 		for i, q := range e.queues {
-			es.Produced += q.produced.Load()
-			es.Consumed += q.consumed.Load()
+			es.Produced += q.produced()
+			es.Consumed += q.consumed()
 			es.Queues = append(es.Queues, QueueSnapshot{
 				Depth: len(q.ch), Open: q.Open(),
 				Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers,
@@ -90,8 +90,8 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 // snapshot reads a replica; a wait in progress counts from its start.
 func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
 	out := ReplicaSnapshot{
-		ItemsIn:  rp.itemsIn.Load(),
-		ItemsOut: rp.itemsOut.Load(),
+		ItemsIn:  rp.itemsIn(),
+		ItemsOut: rp.itemsOut(),
 		Idle:     time.Duration(rp.idle.Load()),
 		Blocked:  time.Duration(rp.blocked.Load()),
 	}
@@ -99,7 +99,7 @@ func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
 	if ns := rp.ended.Load(); ns != 0 {
 		end, out.Done = time.Unix(0, ns), true
 	} else if st := rp.state.Load(); st == stateIdle || st == stateBlocked {
-		if w := now.Sub(time.Unix(0, rp.waitStart.Load())); w > 0 {
+		if w := time.Duration(nanotime() - rp.waitStart.Load()); w > 0 {
 			if st == stateIdle {
 				out.Idle += w
 			} else {

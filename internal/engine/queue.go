@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -18,6 +19,10 @@ type queue struct {
 	index int
 	ch    chan any
 	gone  chan struct{}
+	// mu orders the close of ch with the wake tokens sent once the run is
+	// cancelled (wake.go); closed is true once ch is closed.
+	mu     sync.Mutex
+	closed bool
 
 	producersLeft atomic.Int32
 	consumersLeft atomic.Int32
@@ -31,9 +36,11 @@ type queue struct {
 	bytes    atomic.Int64
 	room     chan struct{}
 
-	produced, consumed atomic.Int64
-	maxDepth           atomic.Int64
-	depthSum, samples  atomic.Int64 // sampled depth, for the mean
+	// the ports on the queue, whose counters make produced and consumed
+	senders   []*outQueue
+	receivers []*inQueue
+
+	depthSum, samples atomic.Int64 // sampled depth, for the mean
 }
 
 func newQueue(e *edge, q graph.Queue, capacity int, capBytes int64) *queue {
@@ -62,61 +69,91 @@ func sizeOf(item any) int64 {
 	return 0
 }
 
-// send pushes an item, blocking while the queue is full.
-func (q *queue) send(ctx context.Context, item any) error {
-	if q.capBytes > 0 {
-		if err := q.reserve(ctx, sizeOf(item)); err != nil {
-			return err
+// sendWait pushes an item for replica r, blocking while the queue is
+// full. When ctx is the replica's own context, the one its Run was given,
+// the wait is a plain channel send, released on cancellation by the run's
+// wake-ups (wake.go).
+func (q *queue) sendWait(ctx context.Context, r *replica, item any) error {
+	if ctx == r.ctx {
+		// Two checks, not one select: a select on two channels locks both,
+		// and gone is shared by every producer of the queue.
+		if isClosed(q.gone) {
+			return q.noConsumers()
 		}
+		if isClosed(r.done) {
+			return ctx.Err()
+		}
+		q.ch <- item
+		return nil
 	}
 	select {
 	case q.ch <- item:
-	default:
-		select {
-		case q.ch <- item:
-		case <-q.gone:
-			return q.noConsumers()
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return nil
+	case <-q.gone:
+		return q.noConsumers()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	q.produced.Add(1)
-	if d := int64(len(q.ch)); d > q.maxDepth.Load() {
-		q.maxDepth.Store(d) // a lost race only under-reports by one sample
-	}
-	return nil
 }
 
-// reserve waits for n bytes of room. An item larger than the whole budget
-// passes alone once the queue is empty, so it cannot deadlock.
-func (q *queue) reserve(ctx context.Context, n int64) error {
+// tryReserve takes n bytes of the capacity_bytes budget if they fit, or
+// if the queue holds nothing (an item larger than the whole budget then
+// passes alone instead of deadlocking).
+func (q *queue) tryReserve(n int64) bool {
 	for {
 		cur := q.bytes.Load()
-		if cur == 0 || cur+n <= q.capBytes {
-			if q.bytes.CompareAndSwap(cur, cur+n) {
-				return nil
-			}
-			continue
+		if cur != 0 && cur+n > q.capBytes {
+			return false
 		}
-		select {
-		case <-q.room:
-		case <-q.gone:
-			return q.noConsumers()
-		case <-ctx.Done():
-			return ctx.Err()
+		if q.bytes.CompareAndSwap(cur, cur+n) {
+			return true
 		}
 	}
 }
 
-// received does the accounting for an item taken off the queue.
-func (q *queue) received(item any) {
-	q.consumed.Add(1)
-	if q.capBytes > 0 {
-		q.bytes.Add(-sizeOf(item))
-		select {
-		case q.room <- struct{}{}:
-		default:
-		}
+// release frees the bytes of an item taken off the queue.
+func (q *queue) release(item any) {
+	q.bytes.Add(-sizeOf(item))
+	select {
+	case q.room <- struct{}{}:
+	default:
+	}
+}
+
+// produced and consumed add up the counters of the ports on the queue.
+func (q *queue) produced() int64 {
+	var n int64
+	for _, oq := range q.senders {
+		n += oq.sent.load()
+	}
+	return n
+}
+
+// maxDepth is the deepest any producer saw the queue, right after a send.
+func (q *queue) maxDepth() int64 {
+	var d int64
+	for _, oq := range q.senders {
+		d = max(d, oq.maxDepth.Load())
+	}
+	return d
+}
+
+func (q *queue) consumed() int64 {
+	var n int64
+	for _, iq := range q.receivers {
+		n += iq.got.load()
+	}
+	return n
+}
+
+// isClosed reports whether a signal channel (one that is only ever
+// closed) is closed, without taking its lock while it is open.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -134,7 +171,10 @@ func (q *queue) producerDone(replica int) {
 		}
 	}
 	if q.producersLeft.Add(-1) == 0 {
+		q.mu.Lock()
+		q.closed = true
 		close(q.ch)
+		q.mu.Unlock()
 	}
 }
 

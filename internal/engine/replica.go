@@ -5,15 +5,19 @@ import (
 	"fmt"
 	"io"
 	"reflect"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/dflow-dev/dflow/nodes"
 )
 
 // replica is one running replica of a stage. It implements nodes.Replica.
-// Its counters are atomics so monitoring can read them while it runs.
+//
+// Accounting is built so that an item that does not have to wait costs
+// next to nothing: a Recv that finds an item waiting and a Send that finds
+// room read no clock and touch only counters of their own (see tally).
+// Only a wait that blocks is timed, to the replica's idle or blocked total;
+// busy is the rest of its lifetime. Service times are timed on a sample of
+// items (see itemClock).
 type replica struct {
 	stage   *stage
 	index   int
@@ -21,23 +25,21 @@ type replica struct {
 	inputs  map[string]*input
 	outputs map[string]*output
 
-	// Time accounting. Busy is whatever is not idle (in Recv) or blocked
-	// (in Send or a group collective). mark is when the current busy
-	// segment began; itemBusy accumulates the busy time of the current
-	// item for the service-time histogram.
-	mu       sync.Mutex // guards mark, itemBusy, pending
-	mark     time.Time
-	itemBusy time.Duration
-	pending  bool         // an item has been received and not yet finished
-	idle     atomic.Int64 // ns
-	blocked  atomic.Int64 // ns
-	itemsIn  atomic.Int64
-	itemsOut atomic.Int64
-	service  histogram
-	ended    atomic.Int64 // unix ns when Run returned; 0 while running
-	// state and waitStart let monitoring count a wait in progress.
+	// ctx is the context the replica's Run is given, done its Done channel.
+	ctx    context.Context
+	done   <-chan struct{}
+	coarse *coarseClock // the run's; nil times every wait exactly
+
+	_       linePad
+	idle    atomic.Int64 // ns spent blocked in Recv
+	blocked atomic.Int64 // ns spent blocked in Send or a group collective
+	ended   atomic.Int64 // unix ns when Run returned; 0 while running
+	// state and waitStart (nanotime) let monitoring count a wait in
+	// progress.
 	state     atomic.Int32
 	waitStart atomic.Int64
+	clock     itemClock
+	_         linePad
 }
 
 func (r *replica) Stage() string             { return r.stage.g.Name }
@@ -71,112 +73,200 @@ const (
 	stateDone
 )
 
-// enter closes the current busy segment at the start of a wait of the
-// given state and returns the time the wait began. With endItem, the wait
-// also ends the work on the current item (a Recv after an item, a
-// source's Send), whose service time is recorded.
-//
-// A node may use its ports from more than one goroutine (the plugin host
-// receives and sends concurrently), so the few fields a wait updates sit
-// behind an uncontended mutex.
-func (r *replica) enter(state int32, endItem bool) time.Time {
-	now := time.Now()
-	r.mu.Lock()
-	r.itemBusy += now.Sub(r.mark)
-	if endItem && (r.pending || r.isSource()) {
-		r.itemDone()
+// waited is the replica's idle and blocked time so far.
+func (r *replica) waited() int64 { return r.idle.Load() + r.blocked.Load() }
+
+// itemsIn and itemsOut add up the replica's port counters.
+func (r *replica) itemsIn() int64 {
+	var n int64
+	for _, in := range r.inputs {
+		for _, iq := range in.all {
+			n += iq.got.load()
+		}
 	}
-	r.mu.Unlock()
-	r.waitStart.Store(now.UnixNano())
-	r.state.Store(state)
-	return now
+	return n
 }
 
-// leave ends a wait that began at t, charging it to acc; gotItem starts
-// the work on a received item.
-func (r *replica) leave(t time.Time, acc *atomic.Int64, gotItem bool) {
-	now := time.Now()
-	r.mu.Lock()
-	r.mark = now
-	if gotItem {
-		r.pending = true
+func (r *replica) itemsOut() int64 {
+	var n int64
+	for _, out := range r.outputs {
+		if len(out.edges) > 0 {
+			for _, oq := range out.edges[0].queues {
+				n += oq.sent.load() // every item goes once to each edge
+			}
+		}
 	}
-	r.mu.Unlock()
-	acc.Add(int64(now.Sub(t)))
-	r.state.Store(stateBusy)
+	return n
 }
 
-// itemDone records the service time of the item just finished; r.mu is
-// held.
-func (r *replica) itemDone() {
-	r.service.observe(r.itemBusy)
-	r.itemBusy = 0
-	r.pending = false
+// flush publishes every counter of the replica's ports; called once Run
+// has returned, when no port is in use any more.
+func (r *replica) flush() {
+	for _, in := range r.inputs {
+		for _, iq := range in.all {
+			iq.got.flush()
+		}
+	}
+	for _, out := range r.outputs {
+		for _, oe := range out.edges {
+			for _, oq := range oe.queues {
+				oq.sent.flush()
+			}
+		}
+	}
 }
 
 // input merges the queues of every edge ending on one port, for one
 // replica.
+//
+// What the fast path touches sits in the port and in its queues' port-side
+// views (inQueue, outQueue), each on cache lines of its own: a Recv that
+// finds an item reads the input, its one inQueue, the channel and a flag
+// of the replica, and writes nothing another goroutine reads per item.
 type input struct {
+	_     linePad
 	r     *replica
-	all   []*queue             // every queue feeding this port for this replica
-	live  []*queue             // those not yet ended
+	one   *inQueue             // the only queue, when the port has one
+	all   []*inQueue           // every queue feeding this port for this replica
+	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
+	next  int                  // fan-in: the live queue poll tries first
 	eof   bool
+	pick  sampler
+	_     linePad
+}
+
+// inQueue is one queue as one consumer replica's port sees it.
+type inQueue struct {
+	_        linePad
+	ch       chan any
+	capBytes int64
+	got      tally
+	q        *queue
+	_        linePad
+}
+
+func newInQueue(q *queue) *inQueue {
+	return &inQueue{ch: q.ch, capBytes: q.capBytes, q: q}
 }
 
 func (in *input) Recv(ctx context.Context) (any, error) {
 	r := in.r
-	t := r.enter(stateIdle, true) // this call ends the work on the previous item
-	item, err := in.recv(ctx)
-	r.leave(t, &r.idle, err == nil)
-	if err == nil {
-		r.itemsIn.Add(1)
+	if r.clock.timing.Load() {
+		r.clock.stop(r) // this call ends the work on the timed item
 	}
-	return item, err
+	if iq := in.one; iq != nil {
+		select {
+		case item, ok := <-iq.ch: // fast path: an item is waiting
+			if ok && !isWake(item) {
+				return in.got(iq, item), nil
+			}
+		default:
+		}
+	} else if iq, item := in.poll(); iq != nil {
+		return in.got(iq, item), nil
+	}
+	in.flush() // a replica that waits shows exact counts
+	t := r.beginWait(stateIdle)
+	iq, item, err := in.recv(ctx)
+	r.endWait(t, &r.idle)
+	if err != nil {
+		return nil, err
+	}
+	return in.got(iq, item), nil
 }
 
-func (in *input) recv(ctx context.Context) (any, error) {
+// got does the accounting for an item taken off iq.
+func (in *input) got(iq *inQueue, item any) any {
+	iq.got.add()
+	if iq.capBytes > 0 {
+		iq.q.release(item)
+	}
+	if in.pick.next() {
+		in.r.clock.start(in.r)
+		in.pick.reset(in.r.clock.every.Load())
+	}
+	return item
+}
+
+// poll is the fast path of fan-in: it takes an item waiting on any live
+// queue, starting from the queue after the one it took from last so that
+// no edge is starved.
+func (in *input) poll() (*inQueue, any) {
+	n := len(in.live)
+	for k := range n {
+		i := (in.next + k) % n
+		select {
+		case item, ok := <-in.live[i].ch:
+			if !ok || isWake(item) {
+				return nil, nil // the slow path drops a closed queue and checks for cancellation
+			}
+			in.next = i + 1
+			return in.live[i], item
+		default:
+		}
+	}
+	return nil, nil
+}
+
+func (in *input) flush() {
+	for _, iq := range in.live {
+		iq.got.flush()
+	}
+}
+
+func (in *input) recv(ctx context.Context) (*inQueue, any, error) {
 	for len(in.live) > 0 {
-		var q *queue
+		var iq *inQueue
 		var item any
 		var ok bool
 		if len(in.live) == 1 {
-			q = in.live[0]
-			select {
-			case item, ok = <-q.ch: // fast path: an item is waiting
-			default:
+			iq = in.live[0]
+			if ctx == in.r.ctx {
+				// A plain receive, released on cancellation by a wake
+				// token (wake.go).
+				if isClosed(in.r.done) {
+					return nil, nil, ctx.Err()
+				}
+				item, ok = <-iq.q.ch
+			} else {
 				select {
-				case item, ok = <-q.ch:
+				case item, ok = <-iq.q.ch:
 				case <-ctx.Done():
-					return nil, ctx.Err()
+					return nil, nil, ctx.Err()
 				}
 			}
 		} else {
 			i, v, recvOK := in.selectLive(ctx)
 			if i < 0 {
-				return nil, ctx.Err()
+				return nil, nil, ctx.Err()
 			}
-			q, ok = in.live[i], recvOK
+			iq, ok = in.live[i], recvOK
 			if ok {
 				item = v.Interface()
 			}
 		}
-		if ok {
-			q.received(item)
-			return item, nil
+		if ok && isWake(item) {
+			if isClosed(in.r.done) {
+				return nil, nil, in.r.ctx.Err()
+			}
+			continue
 		}
-		in.drop(q)
+		if ok {
+			return iq, item, nil
+		}
+		in.drop(iq)
 	}
 	in.eof = true
-	return nil, io.EOF
+	return nil, nil, io.EOF
 }
 
 // selectLive waits on every live queue and ctx; it returns -1 when ctx is
 // done.
 func (in *input) selectLive(ctx context.Context) (int, reflect.Value, bool) {
 	in.cases = in.cases[:0]
-	for _, q := range in.live {
-		in.cases = append(in.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(q.ch)})
+	for _, iq := range in.live {
+		in.cases = append(in.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(iq.q.ch)})
 	}
 	in.cases = append(in.cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
 	i, v, ok := reflect.Select(in.cases)
@@ -186,9 +276,9 @@ func (in *input) selectLive(ctx context.Context) (int, reflect.Value, bool) {
 	return i, v, ok
 }
 
-func (in *input) drop(q *queue) {
+func (in *input) drop(iq *inQueue) {
 	for i, l := range in.live {
-		if l == q {
+		if l == iq {
 			in.live = append(in.live[:i], in.live[i+1:]...)
 			return
 		}
@@ -198,29 +288,116 @@ func (in *input) drop(q *queue) {
 // output fans one port out to every edge leaving it; on each edge the
 // replica rotates over the queues it feeds.
 type output struct {
-	r     *replica
-	edges []*outEdge
+	_      linePad
+	r      *replica
+	one    *outQueue // the only queue, when the port feeds one
+	edges  []*outEdge
+	source bool // the replica has no inputs: a Send ends its item
+	pick   sampler
+	_      linePad
 }
 
 type outEdge struct {
-	queues []*queue
+	_      linePad
+	queues []*outQueue
 	next   int
+	_      linePad
+}
+
+// outQueue is one queue as one producer replica's port sees it.
+type outQueue struct {
+	_        linePad
+	ch       chan any
+	capBytes int64
+	sent     tally
+	maxDepth atomic.Int64 // the deepest this producer saw the queue
+	q        *queue
+	_        linePad
+}
+
+func newOutQueue(q *queue) *outQueue {
+	return &outQueue{ch: q.ch, capBytes: q.capBytes, q: q}
 }
 
 func (o *output) Send(ctx context.Context, item any) error {
 	r := o.r
-	t := r.enter(stateBlocked, r.isSource())
-	var err error
-	for _, e := range o.edges {
-		q := e.queues[e.next]
-		e.next = (e.next + 1) % len(e.queues)
-		if err = q.send(ctx, item); err != nil {
-			break
+	if o.source && r.clock.timing.Load() {
+		r.clock.stop(r)
+	}
+	if oq := o.one; oq != nil {
+		if err := o.send(ctx, oq, item); err != nil {
+			return err
+		}
+	} else {
+		for _, e := range o.edges {
+			oq := e.queues[e.next]
+			if e.next++; e.next == len(e.queues) {
+				e.next = 0
+			}
+			if err := o.send(ctx, oq, item); err != nil {
+				return err
+			}
 		}
 	}
-	r.leave(t, &r.blocked, false)
-	if err == nil {
-		r.itemsOut.Add(1)
+	if o.source && o.pick.next() {
+		r.clock.start(r)
+		o.pick.reset(r.clock.every.Load())
 	}
-	return err
+	return nil
+}
+
+// send pushes an item on one queue, blocking (and timing the wait) only
+// when it is full.
+func (o *output) send(ctx context.Context, oq *outQueue, item any) error {
+	if oq.capBytes > 0 {
+		if err := o.reserve(ctx, oq.q, sizeOf(item)); err != nil {
+			return err
+		}
+	}
+	select {
+	case oq.ch <- item:
+	default:
+		o.flush() // a replica that waits shows exact counts
+		t := o.r.beginWait(stateBlocked)
+		err := oq.q.sendWait(ctx, o.r, item)
+		o.r.endWait(t, &o.r.blocked)
+		if err != nil {
+			return err
+		}
+	}
+	oq.sent.add()
+	if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
+		oq.maxDepth.Store(d)
+	}
+	return nil
+}
+
+// reserve waits for n bytes of room on q (capacity_bytes). An item larger
+// than the whole budget passes alone once the queue is empty, so it cannot
+// deadlock.
+func (o *output) reserve(ctx context.Context, q *queue, n int64) error {
+	if q.tryReserve(n) {
+		return nil
+	}
+	o.flush()
+	t := o.r.beginWait(stateBlocked)
+	defer o.r.endWait(t, &o.r.blocked)
+	for !q.tryReserve(n) {
+		select {
+		case <-q.room:
+		case <-q.gone:
+			return q.noConsumers()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (o *output) flush() {
+	for _, e := range o.edges {
+		for _, oq := range e.queues {
+			oq.sent.flush()
+		}
+	}
 }

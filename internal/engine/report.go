@@ -33,12 +33,12 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 	for _, e := range r.edges {
 		re := report.Edge{Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
 		for i, q := range e.queues {
-			re.Produced += q.produced.Load()
-			re.Consumed += q.consumed.Load()
+			re.Produced += q.produced()
+			re.Consumed += q.consumed()
 			rq := report.Queue{
 				Producers: e.g.Queues[i].Producers,
 				Consumers: e.g.Queues[i].Consumers,
-				MaxDepth:  q.maxDepth.Load(),
+				MaxDepth:  q.maxDepth(),
 			}
 			if n := q.samples.Load(); n > 0 {
 				rq.MeanDepth = float64(q.depthSum.Load()) / float64(n)
@@ -66,15 +66,15 @@ func (rp *replica) figures(start, now time.Time) report.Replica {
 	out := report.Replica{
 		Index:          rp.index,
 		Device:         rp.device,
-		ItemsIn:        rp.itemsIn.Load(),
-		ItemsOut:       rp.itemsOut.Load(),
+		ItemsIn:        rp.itemsIn(),
+		ItemsOut:       rp.itemsOut(),
 		BusySeconds:    seconds(busy),
 		IdleSeconds:    seconds(idle),
 		BlockedSeconds: seconds(blocked),
 		ServiceSeconds: report.Summary{
-			Mean: seconds(rp.service.mean()),
-			P50:  seconds(rp.service.quantile(0.5)),
-			P99:  seconds(rp.service.quantile(0.99)),
+			Mean: seconds(rp.clock.service.mean()),
+			P50:  seconds(rp.clock.service.quantile(0.5)),
+			P99:  seconds(rp.clock.service.quantile(0.99)),
 		},
 	}
 	if life > 0 {

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// tally is a count kept by the one goroutine using a port and read by
+// monitoring. Counting is a plain increment, so the per-item path has no
+// atomic read-modify-write on a shared cache line; readers see the count
+// as last published: every publishEvery counts, before every wait that
+// blocks, and once Run has returned. A replica in a wait therefore shows
+// exact counts, one streaming items without ever waiting lags by fewer
+// than publishEvery, and reports (taken when every replica has returned)
+// are exact.
+type tally struct {
+	n   int64 // owned by the port's goroutine
+	pub atomic.Int64
+}
+
+// linePad keeps what one replica's goroutine writes on every item off the
+// cache lines of other replicas' (false sharing cost more than all the
+// accounting together).
+type linePad [64]byte
+
+const publishEvery = 64 // a power of two
+
+func (t *tally) add() {
+	t.n++
+	if t.n&(publishEvery-1) == 0 {
+		t.pub.Store(t.n)
+	}
+}
+
+func (t *tally) flush()      { t.pub.Store(t.n) }
+func (t *tally) load() int64 { return t.pub.Load() }
+
+// itemClock measures a replica's service time (the busy time between two
+// Recv calls; for a source, between two Sends) on a sample of its items.
+// Timing an item costs two clock reads and a lock, about 100ns: every item
+// is timed while items take 10µs or more, and a random one in every n of
+// faster ones, n chosen from the mean so far to keep the cost near 1% (at
+// most one in maxSampleEvery). The mean and quantiles are those of the
+// sample.
+type itemClock struct {
+	mu      sync.Mutex // start and stop may come from two port goroutines
+	timing  atomic.Bool
+	begin   int64 // nanotime
+	waited  int64 // the replica's idle+blocked when the item began
+	every   atomic.Int32
+	service histogram
+}
+
+const (
+	timeEveryItemAbove = 10 * time.Microsecond
+	maxSampleEvery     = 256
+)
+
+// start begins timing the item just taken.
+func (c *itemClock) start(r *replica) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timing.Load() {
+		return
+	}
+	c.begin = nanotime()
+	c.waited = r.waited()
+	c.timing.Store(true)
+}
+
+// stop ends the timed item: its service time is the time since start less
+// the replica's waits meanwhile.
+func (c *itemClock) stop(r *replica) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.timing.Load() {
+		return
+	}
+	d := time.Duration(max(nanotime()-c.begin-(r.waited()-c.waited), 0))
+	c.service.observe(d)
+	c.every.Store(sampleEvery(c.service.mean()))
+	c.timing.Store(false)
+}
+
+func sampleEvery(mean time.Duration) int32 {
+	if mean >= timeEveryItemAbove {
+		return 1
+	}
+	return int32(min(int64(timeEveryItemAbove/max(mean, 1)), maxSampleEvery))
+}
+
+// sampler, one per port, picks which items to time: on average one in
+// every n, at a random distance from the last so that a periodic workload
+// cannot line up with it. Its zero value picks the first item.
+type sampler struct {
+	left int32
+	rng  uint32
+}
+
+func (s *sampler) next() bool {
+	s.left--
+	return s.left <= 0
+}
+
+func (s *sampler) reset(every int32) {
+	if every <= 1 {
+		s.left = 1
+		return
+	}
+	if s.rng == 0 {
+		s.rng = 0x9e3779b9
+	}
+	s.rng ^= s.rng << 13 // xorshift32
+	s.rng ^= s.rng >> 17
+	s.rng ^= s.rng << 5
+	s.left = 1 + int32(s.rng%uint32(2*every-1)) // mean every
+}
