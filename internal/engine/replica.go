@@ -178,7 +178,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 
 // got does the accounting for an item taken off iq.
 func (in *input) got(iq *inQueue, item any) any {
-	iq.got.add()
+	iq.got.add(in.r.clock.every.Load())
 	if iq.capBytes > 0 {
 		iq.q.release(item)
 	}
@@ -365,7 +365,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any) error {
 			return err
 		}
 	}
-	oq.sent.add()
+	oq.sent.add(o.r.clock.every.Load())
 	if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
 		oq.maxDepth.Store(d)
 	}

@@ -1,0 +1,372 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// Tests of the per-item fast path: plain channel waits released by wake
+// tokens, lazily published counters, sampled service times, coarse waits.
+
+// funcKind registers a one-off node kind with an optional input and an
+// optional output port, both of type "x".
+func funcKind(reg *nodes.Registry, name string, in, out bool, run func(ctx context.Context, r nodes.Replica) error) {
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: name, Ports: func(*graph.Config) []graph.PortSpec {
+			var ps []graph.PortSpec
+			if in {
+				ps = append(ps, graph.PortSpec{Name: "in", Dir: graph.In, Type: "x"})
+			}
+			if out {
+				ps = append(ps, graph.PortSpec{Name: "out", Dir: graph.Out, Type: "x"})
+			}
+			return ps
+		}},
+		New: func(*graph.Config) (nodes.Node, error) { return nodes.NodeFunc(run), nil },
+	})
+}
+
+func loadPair(t *testing.T, reg *nodes.Registry, from, to string, producers, consumers int, policy graph.Policy) *graph.Graph {
+	t.Helper()
+	src := fmt.Sprintf(`
+stage "p" {
+  node     = %q
+  replicas = %d
+}
+stage "c" {
+  node     = %q
+  replicas = %d
+}
+edge "e" {
+  from     = p.out
+  to       = c.in
+  policy   = %q
+  capacity = 4
+}`, from, producers, to, consumers, policy)
+	g, diags := (&graph.Loader{Catalog: reg}).Load("pair.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	return g
+}
+
+// TestAbortReleasesBlockedProducers: producers blocked on full queues (in
+// plain channel sends) return when the run is aborted, well within the
+// grace period, and the run ends interrupted without naming stuck
+// replicas.
+func TestAbortReleasesBlockedProducers(t *testing.T) {
+	for _, policy := range []graph.Policy{graph.Shared, graph.RoundRobin} {
+		t.Run(string(policy), func(t *testing.T) {
+			reg := nodes.NewRegistry()
+			funcKind(reg, "flood", false, true, func(ctx context.Context, r nodes.Replica) error {
+				out := r.Out("out")
+				for i := 0; ; i++ {
+					if err := out.Send(ctx, i); err != nil {
+						return err
+					}
+				}
+			})
+			funcKind(reg, "deaf", true, false, func(ctx context.Context, r nodes.Replica) error {
+				<-ctx.Done() // never reads: the queues fill up
+				return ctx.Err()
+			})
+			p, err := New(loadPair(t, reg, "flood", "deaf", 5, 3, policy), Options{Registry: reg, Grace: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			var rep *report.Report
+			go func() {
+				defer close(done)
+				rep, err = p.Execute(ctx)
+			}()
+			// Wait until every producer is blocked on a full queue.
+			eventually(t, 10*time.Second, func() bool {
+				for _, rp := range p.r.stages[0].replicas {
+					if rp.state.Load() != stateBlocked {
+						return false
+					}
+				}
+				return true
+			}, "producers blocked")
+			cancel()
+			<-done
+			if err != nil || rep.Status != report.Interrupted {
+				t.Fatalf("status %s, err %v", rep.Status, err)
+			}
+		})
+	}
+}
+
+// TestAbortReleasesBlockedConsumers: consumers blocked on empty queues (in
+// plain channel receives) get ctx.Err() from Recv when the run is
+// aborted, while their producers are still running, so it is the wake
+// token that releases them, not the end of input; no token reaches a node.
+func TestAbortReleasesBlockedConsumers(t *testing.T) {
+	reg := nodes.NewRegistry()
+	const consumers = 3
+	var (
+		mu       sync.Mutex
+		recvErrs []error
+		released = make(chan struct{})
+	)
+	funcKind(reg, "silent", false, true, func(ctx context.Context, r nodes.Replica) error {
+		<-ctx.Done()
+		// Stay alive (keeping the queue open) until every consumer has
+		// returned from Recv; give up after a while so a failure cannot
+		// hang the test.
+		select {
+		case <-released:
+		case <-time.After(5 * time.Second):
+		}
+		return ctx.Err()
+	})
+	funcKind(reg, "listener", true, false, func(ctx context.Context, r nodes.Replica) error {
+		item, err := r.In("in").Recv(ctx)
+		mu.Lock()
+		recvErrs = append(recvErrs, err)
+		if len(recvErrs) == consumers {
+			close(released)
+		}
+		mu.Unlock()
+		if err == nil {
+			return fmt.Errorf("received %T %v from a producer that sends nothing", item, item)
+		}
+		return err
+	})
+	p, err := New(loadPair(t, reg, "silent", "listener", 2, consumers, graph.Shared), Options{Registry: reg, Grace: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err = p.Execute(ctx)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		for _, rp := range p.r.stages[1].replicas {
+			if rp.state.Load() != stateIdle {
+				return false
+			}
+		}
+		return true
+	}, "consumers idle")
+	cancel()
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recvErrs) != consumers {
+		t.Fatalf("%d consumers returned from Recv, want %d", len(recvErrs), consumers)
+	}
+	for _, e := range recvErrs {
+		if !errors.Is(e, context.Canceled) {
+			t.Errorf("Recv returned %v, want context.Canceled", e)
+		}
+	}
+}
+
+// TestRecvOwnDeadline: a node that waits with a context of its own (here
+// with a deadline) gets that context's error: only waits on the
+// replica's own context take the plain path.
+func TestRecvOwnDeadline(t *testing.T) {
+	reg := nodes.NewRegistry()
+	funcKind(reg, "once", false, true, func(ctx context.Context, r nodes.Replica) error {
+		return r.Out("out").Send(ctx, 1)
+	})
+	var recvErr error
+	funcKind(reg, "patient", true, false, func(ctx context.Context, r nodes.Replica) error {
+		in := r.In("in")
+		if _, err := in.Recv(ctx); err != nil {
+			return err
+		}
+		// The producer has sent its only item; wait for a second one with
+		// a deadline. It either times out or sees the end of input.
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		_, recvErr = in.Recv(short)
+		for {
+			if _, err := in.Recv(ctx); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	})
+	rep, err := Run(context.Background(), loadPair(t, reg, "once", "patient", 1, 1, graph.Shared), Options{Registry: reg})
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("status %s, err %v", rep.Status, err)
+	}
+	if recvErr != io.EOF && !errors.Is(recvErr, context.DeadlineExceeded) {
+		t.Errorf("Recv with a deadline returned %v", recvErr)
+	}
+}
+
+// TestCountsWhileWaiting: live counters are exact for a replica in a wait
+// and for one whose items are slow, though both publish lazily.
+func TestCountsWhileWaiting(t *testing.T) {
+	reg := nodes.NewRegistry()
+	release := make(chan struct{})
+	const sent = 10
+	funcKind(reg, "burst", false, true, func(ctx context.Context, r nodes.Replica) error {
+		out := r.Out("out")
+		for i := range sent {
+			time.Sleep(time.Millisecond) // slow items: counts published at once
+			if err := out.Send(ctx, i); err != nil {
+				return err
+			}
+		}
+		<-release // holds the queue open, busy in its own code
+		return nil
+	})
+	funcKind(reg, "drain", true, false, func(ctx context.Context, r nodes.Replica) error {
+		in := r.In("in")
+		for {
+			if _, err := in.Recv(ctx); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+	})
+	p, err := New(loadPair(t, reg, "burst", "drain", 1, 1, graph.Shared), Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err = p.Execute(context.Background())
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		s := p.Snapshot()
+		return len(s.Edges) == 1 && s.Edges[0].Consumed == sent
+	}, "the consumer to show every item")
+	s := p.Snapshot()
+	if e := s.Edges[0]; e.Produced != sent {
+		t.Errorf("produced %d, want %d (the producer's items are slow)", e.Produced, sent)
+	}
+	if in := s.Stages[1].Replicas[0].ItemsIn; in != sent {
+		t.Errorf("consumer items in %d, want %d", in, sent)
+	}
+	close(release)
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServiceSampling: fast items are timed on a sample, slow ones all;
+// either way the mean is near the truth.
+func TestServiceSampling(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		items int
+		work  time.Duration
+	}{
+		{"fast", 20000, 0},
+		{"slow", 40, 2 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := nodes.NewRegistry()
+			funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+				out := r.Out("out")
+				for i := range tc.items {
+					if err := out.Send(ctx, i); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			funcKind(reg, "work", true, false, func(ctx context.Context, r nodes.Replica) error {
+				in := r.In("in")
+				for {
+					if _, err := in.Recv(ctx); err == io.EOF {
+						return nil
+					} else if err != nil {
+						return err
+					}
+					if tc.work > 0 {
+						time.Sleep(tc.work)
+					}
+				}
+			})
+			p, err := New(loadPair(t, reg, "src", "work", 1, 1, graph.Shared), Options{Registry: reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := p.Execute(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			timed := p.r.stages[1].replicas[0].clock.service.count.Load()
+			mean := time.Duration(rep.Stages["c"].Replicas[0].ServiceSeconds.Mean * 1e9)
+			if tc.work == 0 {
+				if timed == 0 || timed > int64(tc.items)/4 {
+					t.Errorf("%d of %d fast items timed, want a small sample", timed, tc.items)
+				}
+				if mean > 100*time.Microsecond {
+					t.Errorf("fast items' mean service %v", mean)
+				}
+				return
+			}
+			if timed != int64(tc.items) {
+				t.Errorf("%d of %d slow items timed, want all", timed, tc.items)
+			}
+			if mean < tc.work || mean > 10*tc.work {
+				t.Errorf("mean service %v, want about %v", mean, tc.work)
+			}
+		})
+	}
+}
+
+// TestCoarseWaitsUnbiased drives a replica's wait accounting with a coarse
+// clock that ticks every 10ms, over waits shorter than a tick that begin
+// at random phases: each wait counts as 0 or a whole tick, and the total
+// must match the true total within the sampling error, which is that of
+// asking at each tick whether the replica is waiting (4 sigma here).
+func TestCoarseWaitsUnbiased(t *testing.T) {
+	const tick, ticks = int64(10 * time.Millisecond), 4000
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, meanWait := range []int64{20_000, 300_000, 3_000_000} { // 20µs, 300µs, 3ms
+		var c coarseClock
+		r := &replica{coarse: &c}
+		r.clock.every.Store(maxSampleEvery) // fast items: coarse waits
+		now, truth := int64(0), int64(0)
+		advance := func(d int64) {
+			now += d
+			c.now.Store(now - now%tick)
+		}
+		for now < ticks*tick {
+			advance(rng.Int64N(2 * meanWait)) // busy
+			w := r.beginWait(stateIdle)
+			if w.exact {
+				t.Fatal("a replica with fast items timed a wait exactly")
+			}
+			d := rng.Int64N(2 * meanWait)
+			advance(d)
+			truth += d
+			r.endWait(w, &r.idle)
+		}
+		share := float64(truth) / float64(now)
+		sigma := math.Sqrt(share*(1-share)/ticks) / share
+		ratio := float64(r.idle.Load()) / float64(truth)
+		if math.Abs(ratio-1) > 4*sigma {
+			t.Errorf("mean wait %v: coarse total %v, true %v: ratio %.3f, sigma %.3f",
+				time.Duration(meanWait), time.Duration(r.idle.Load()), time.Duration(truth), ratio, sigma)
+		}
+	}
+}
