@@ -69,7 +69,10 @@ type Input interface {
 type Output interface {
 	// Send blocks while the queue is full (backpressure). It fails with an
 	// error wrapping ErrNoConsumers once no consumer replica can ever
-	// receive the item, and with ctx.Err() when ctx is done.
+	// receive the item, and with ctx.Err() when ctx is done. One case
+	// completes instead: during a drain, which cancels only the sources'
+	// context, a source's Send already waiting for room finishes when the
+	// consumers make room, and the item is delivered.
 	Send(ctx context.Context, item any) error
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -15,8 +16,10 @@ import (
 // The edge benchmarks move b.N items from 5 producer replicas to 3
 // consumer replicas over one edge of capacity 8; one op is one item
 // delivered. BenchmarkEdge* go through the runtime (ports, accounting,
-// termination); BenchmarkRawChannel* are the same shape with plain
-// channels and a WaitGroup, the baseline.
+// termination) with monitoring on: depth sampling, a series point and a
+// snapshot handed to an observer every 100ms, as `dflow run` does every
+// --interval. BenchmarkRawChannel* are the same shape with plain channels
+// and a WaitGroup, the baseline.
 
 func benchGraph(b *testing.B, policy graph.Policy) (*graph.Graph, *nodes.Registry) {
 	reg := nodes.NewRegistry()
@@ -95,10 +98,20 @@ func benchEdge(b *testing.B, policy graph.Policy) {
 	g, reg := benchGraph(b, policy)
 	b.ReportAllocs()
 	b.ResetTimer()
-	rep, err := Run(context.Background(), g, Options{Registry: reg})
+	var prev *Snapshot
+	observed := 0
+	rep, err := Run(context.Background(), g, Options{Registry: reg, Interval: 100 * time.Millisecond,
+		Observe: func(s *Snapshot) {
+			_ = s.Sample(prev)
+			prev = s
+			observed++
+		}})
 	b.StopTimer()
 	if err != nil || rep.Edges["e"].Consumed != int64(b.N) {
 		b.Fatalf("err %v, consumed %d of %d", err, rep.Edges["e"].Consumed, b.N)
+	}
+	if rep.WallSeconds > 0.2 && observed == 0 {
+		b.Fatal("monitoring was not on: no snapshot observed")
 	}
 }
 

@@ -159,34 +159,50 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 		select {
 		case item, ok := <-iq.ch: // fast path: an item is waiting
 			if ok && !isWake(item) {
-				return in.got(iq, item), nil
+				iq.got.add(r.clock.every.Load())
+				if iq.capBytes > 0 {
+					iq.q.release(item)
+				}
+				if in.pick.next() {
+					in.startTiming()
+				}
+				return item, nil
 			}
 		default:
 		}
-	} else if iq, item := in.poll(); iq != nil {
-		return in.got(iq, item), nil
 	}
-	in.flush() // a replica that waits shows exact counts
-	t := r.beginWait(stateIdle)
-	iq, item, err := in.recv(ctx)
-	r.endWait(t, &r.idle)
-	if err != nil {
-		return nil, err
-	}
-	return in.got(iq, item), nil
+	return in.recvSlow(ctx)
 }
 
-// got does the accounting for an item taken off iq.
-func (in *input) got(iq *inQueue, item any) any {
-	iq.got.add(in.r.clock.every.Load())
+// recvSlow is Recv when no item waits on the port's only queue: fan-in,
+// or a wait.
+func (in *input) recvSlow(ctx context.Context) (any, error) {
+	r := in.r
+	iq, item := in.poll()
+	if iq == nil {
+		in.flush() // a replica that waits shows exact counts
+		t := r.beginWait(stateIdle)
+		var err error
+		iq, item, err = in.recv(ctx)
+		r.endWait(t, &r.idle)
+		if err != nil {
+			return nil, err
+		}
+	}
+	iq.got.add(r.clock.every.Load())
 	if iq.capBytes > 0 {
 		iq.q.release(item)
 	}
 	if in.pick.next() {
-		in.r.clock.start(in.r)
-		in.pick.reset(in.r.clock.every.Load())
+		in.startTiming()
 	}
-	return item
+	return item, nil
+}
+
+// startTiming starts timing the item just received.
+func (in *input) startTiming() {
+	in.r.clock.start(in.r)
+	in.pick.reset(in.r.clock.every.Load())
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live
@@ -324,6 +340,26 @@ func (o *output) Send(ctx context.Context, item any) error {
 	if o.source && r.clock.timing.Load() {
 		r.clock.stop(r)
 	}
+	if oq := o.one; oq != nil && oq.capBytes == 0 {
+		select {
+		case oq.ch <- item: // fast path: there is room
+			oq.sent.add(r.clock.every.Load())
+			if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
+				oq.maxDepth.Store(d)
+			}
+			if o.source && o.pick.next() {
+				o.startTiming()
+			}
+			return nil
+		default:
+		}
+	}
+	return o.sendSlow(ctx, item)
+}
+
+// sendSlow is Send for fan-out, rotation over several queues,
+// capacity_bytes, or a full queue.
+func (o *output) sendSlow(ctx context.Context, item any) error {
 	if oq := o.one; oq != nil {
 		if err := o.send(ctx, oq, item); err != nil {
 			return err
@@ -340,10 +376,15 @@ func (o *output) Send(ctx context.Context, item any) error {
 		}
 	}
 	if o.source && o.pick.next() {
-		r.clock.start(r)
-		o.pick.reset(r.clock.every.Load())
+		o.startTiming()
 	}
 	return nil
+}
+
+// startTiming starts timing a source's next item.
+func (o *output) startTiming() {
+	o.r.clock.start(o.r)
+	o.pick.reset(o.r.clock.every.Load())
 }
 
 // send pushes an item on one queue, blocking (and timing the wait) only
