@@ -28,8 +28,9 @@ func (f NodeFunc) Run(ctx context.Context, r Replica) error { return f(ctx, r) }
 
 // Replica is a node replica's view of the runtime. A replica may use its
 // ports from more than one goroutine, as long as each port is used by one
-// goroutine at a time (receive on one, send on another); Metrics is safe
-// from any goroutine.
+// goroutine at a time (receive on one, send on another) and none is used
+// once Run has returned: Run waits for the goroutines it started. Metrics
+// is safe from any goroutine.
 type Replica interface {
 	Stage() string  // the stage's name
 	Index() int     // this replica, 0 <= Index < Replicas

@@ -53,7 +53,17 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	credit := make(chan int32, 64)
 	sendErr := make(chan error, 1)
 	inputs := n.inputs(r)
-	go func() { sendErr <- n.feed(sctx, r, st, inputs, credit) }()
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		sendErr <- n.feed(sctx, r, st, inputs, credit)
+	}()
+	// The feeding goroutine uses the replica's input ports: it must be
+	// done before Run returns, whichever way it returns.
+	defer func() {
+		cancel()
+		<-fed
+	}()
 
 	var buf []byte
 	for {
