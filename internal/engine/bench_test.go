@@ -50,14 +50,7 @@ func benchGraph(b *testing.B, policy graph.Policy) (*graph.Graph, *nodes.Registr
 		}},
 		New: func(*graph.Config) (nodes.Node, error) {
 			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				in := r.In("in")
-				for {
-					if _, err := in.Recv(ctx); err == io.EOF {
-						return nil
-					} else if err != nil {
-						return err
-					}
-				}
+				return readAll(ctx, r.In("in"))
 			}), nil
 		},
 	})

@@ -159,13 +159,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 		select {
 		case item, ok := <-iq.ch: // fast path: an item is waiting
 			if ok && !isWake(item) {
-				iq.got.add(r.clock.every.Load())
-				if iq.capBytes > 0 {
-					iq.q.release(item)
-				}
-				if in.pick.next() {
-					in.startTiming()
-				}
+				in.took(iq, item)
 				return item, nil
 			}
 		default:
@@ -189,20 +183,22 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 			return nil, err
 		}
 	}
+	in.took(iq, item)
+	return item, nil
+}
+
+// took does the accounting for an item taken off iq: the count, the bytes
+// it held, and whether to time it.
+func (in *input) took(iq *inQueue, item any) {
+	r := in.r
 	iq.got.add(r.clock.every.Load())
 	if iq.capBytes > 0 {
 		iq.q.release(item)
 	}
 	if in.pick.next() {
-		in.startTiming()
+		r.clock.start(r)
+		in.pick.reset(r.clock.every.Load())
 	}
-	return item, nil
-}
-
-// startTiming starts timing the item just received.
-func (in *input) startTiming() {
-	in.r.clock.start(in.r)
-	in.pick.reset(in.r.clock.every.Load())
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live
@@ -335,6 +331,15 @@ func newOutQueue(q *queue) *outQueue {
 	return &outQueue{ch: q.ch, capBytes: q.capBytes, q: q}
 }
 
+// put does the accounting for an item just sent: the count, and the depth
+// it left the queue at. every is the replica's itemClock.every.
+func (oq *outQueue) put(every int32) {
+	oq.sent.add(every)
+	if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
+		oq.maxDepth.Store(d)
+	}
+}
+
 func (o *output) Send(ctx context.Context, item any) error {
 	r := o.r
 	if o.source && r.clock.timing.Load() {
@@ -343,10 +348,7 @@ func (o *output) Send(ctx context.Context, item any) error {
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
 		select {
 		case oq.ch <- item: // fast path: there is room
-			oq.sent.add(r.clock.every.Load())
-			if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
-				oq.maxDepth.Store(d)
-			}
+			oq.put(r.clock.every.Load())
 			if o.source && o.pick.next() {
 				o.startTiming()
 			}
@@ -406,10 +408,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any) error {
 			return err
 		}
 	}
-	oq.sent.add(o.r.clock.every.Load())
-	if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
-		oq.maxDepth.Store(d)
-	}
+	oq.put(o.r.clock.every.Load())
 	return nil
 }
 
