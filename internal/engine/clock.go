@@ -17,7 +17,7 @@ import (
 // clock, an atomic the run's sampler advances every 10ms: a wait shorter
 // than a tick counts as nothing or as a whole tick, as it happens to
 // straddle a tick or not, so that the sum over many waits, which begin at
-// random phases of the tick, is right on average (TestCoarseWaits checks
+// random phases of the tick, is right on average (TestCoarseWaitsUnbiased checks
 // it against exact timing). No timer of its own: every Go timer makes the
 // scheduler read the clock at each goroutine switch.
 
