@@ -226,12 +226,21 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			close(r.draining)
 			stopSources()
 		case <-ctx.Done():
-			go r.wake(finished)
+			// Release the waits the cancellation cannot reach, until every
+			// replica has returned or the grace period is over.
+			quit := make(chan struct{})
+			woken := make(chan struct{})
+			go func() {
+				defer close(woken)
+				r.wake(finished, quit)
+			}()
 			select {
 			case <-finished:
 			case <-time.After(r.opts.Grace):
 				r.stuck()
 			}
+			close(quit)
+			<-woken
 			stopSampling()
 			return r.result(parent)
 		}

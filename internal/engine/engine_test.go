@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -283,6 +284,11 @@ func TestStuckReplicaGrace(t *testing.T) {
 	h := newHarness(t)
 	g := h.load(seedLike, "stage.drafter.config.stuck=true", "stage.target.config.fail_after=1")
 	rep, err := h.run(g, Options{Grace: 50 * time.Millisecond})
+	// The wake-ups stop with the run, though stuck replicas remain.
+	buf := make([]byte, 1<<20)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "engine.(*run).wake") {
+		t.Error("the run's wake-ups outlive it")
+	}
 	close(h.stuck) // release the stuck goroutines so nothing leaks
 	if err == nil || rep.Status != report.Failed {
 		t.Fatalf("want a failure, got %v", err)

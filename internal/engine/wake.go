@@ -37,8 +37,8 @@ func isWake(item any) bool {
 }
 
 // wake releases the replicas blocked on the run's queues, every wakePeriod
-// until finished is closed.
-func (r *run) wake(finished <-chan struct{}) {
+// until finished or quit is closed.
+func (r *run) wake(finished, quit <-chan struct{}) {
 	t := time.NewTicker(wakePeriod)
 	defer t.Stop()
 	for {
@@ -49,6 +49,8 @@ func (r *run) wake(finished <-chan struct{}) {
 		}
 		select {
 		case <-finished:
+			return
+		case <-quit:
 			return
 		case <-t.C:
 		}
