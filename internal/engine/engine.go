@@ -137,7 +137,7 @@ func (r *run) build() error {
 				rep.inputs[p.Name] = &input{r: rep}
 			}
 			for _, p := range gs.Outputs {
-				rep.outputs[p.Name] = &output{r: rep, source: len(gs.Inputs) == 0}
+				rep.outputs[p.Name] = &output{r: rep}
 			}
 		}
 		r.stages = append(r.stages, s)

@@ -185,11 +185,20 @@ func TestAbortReleasesBlockedConsumers(t *testing.T) {
 
 // TestRecvOwnDeadline: a node that waits with a context of its own (here
 // with a deadline) gets that context's error: only waits on the
-// replica's own context take the plain path.
+// replica's own context take the plain path. The producer holds the queue
+// open meanwhile, so the deadline is the only way out of that Recv.
 func TestRecvOwnDeadline(t *testing.T) {
 	reg := nodes.NewRegistry()
+	waited := make(chan struct{})
 	funcKind(reg, "once", false, true, func(ctx context.Context, r nodes.Replica) error {
-		return r.Out("out").Send(ctx, 1)
+		if err := r.Out("out").Send(ctx, 1); err != nil {
+			return err
+		}
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second): // the deadline was ignored
+		}
+		return nil
 	})
 	var recvErr error
 	funcKind(reg, "patient", true, false, func(ctx context.Context, r nodes.Replica) error {
@@ -197,19 +206,18 @@ func TestRecvOwnDeadline(t *testing.T) {
 		if _, err := in.Recv(ctx); err != nil {
 			return err
 		}
-		// The producer has sent its only item; wait for a second one with
-		// a deadline. It either times out or sees the end of input.
 		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		defer cancel()
 		_, recvErr = in.Recv(short)
+		close(waited)
 		return readAll(ctx, in)
 	})
 	rep, err := Run(context.Background(), loadPair(t, reg, "once", "patient", 1, 1, graph.Shared), Options{Registry: reg})
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("status %s, err %v", rep.Status, err)
 	}
-	if recvErr != io.EOF && !errors.Is(recvErr, context.DeadlineExceeded) {
-		t.Errorf("Recv with a deadline returned %v", recvErr)
+	if !errors.Is(recvErr, context.DeadlineExceeded) {
+		t.Errorf("Recv with a deadline returned %v, want context.DeadlineExceeded", recvErr)
 	}
 }
 

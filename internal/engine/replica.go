@@ -131,7 +131,6 @@ type input struct {
 	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
 	next  int                  // fan-in: the live queue poll tries first
-	eof   bool
 	pick  sampler
 	_     linePad
 }
@@ -222,7 +221,7 @@ func (in *input) poll() (*inQueue, any) {
 }
 
 func (in *input) flush() {
-	for _, iq := range in.live {
+	for _, iq := range in.all {
 		iq.got.flush()
 	}
 }
@@ -269,7 +268,6 @@ func (in *input) recv(ctx context.Context) (*inQueue, any, error) {
 		}
 		in.drop(iq)
 	}
-	in.eof = true
 	return nil, nil, io.EOF
 }
 
@@ -304,7 +302,6 @@ type output struct {
 	r      *replica
 	one    *outQueue // the only queue, when the port feeds one
 	edges  []*outEdge
-	source bool // the replica has no inputs: a Send ends its item
 	pick   sampler
 	_      linePad
 }
@@ -342,14 +339,14 @@ func (oq *outQueue) put(every int32) {
 
 func (o *output) Send(ctx context.Context, item any) error {
 	r := o.r
-	if o.source && r.clock.timing.Load() {
+	if r.isSource() && r.clock.timing.Load() {
 		r.clock.stop(r)
 	}
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
 		select {
 		case oq.ch <- item: // fast path: there is room
 			oq.put(r.clock.every.Load())
-			if o.source && o.pick.next() {
+			if r.isSource() && o.pick.next() {
 				o.startTiming()
 			}
 			return nil
@@ -377,7 +374,7 @@ func (o *output) sendSlow(ctx context.Context, item any) error {
 			}
 		}
 	}
-	if o.source && o.pick.next() {
+	if o.r.isSource() && o.pick.next() {
 		o.startTiming()
 	}
 	return nil
