@@ -298,12 +298,12 @@ func (in *input) drop(iq *inQueue) {
 // output fans one port out to every edge leaving it; on each edge the
 // replica rotates over the queues it feeds.
 type output struct {
-	_      linePad
-	r      *replica
-	one    *outQueue // the only queue, when the port feeds one
-	edges  []*outEdge
-	pick   sampler
-	_      linePad
+	_     linePad
+	r     *replica
+	one   *outQueue // the only queue, when the port feeds one
+	edges []*outEdge
+	pick  sampler
+	_     linePad
 }
 
 type outEdge struct {
