@@ -34,32 +34,61 @@ type coarseClock struct {
 	_   linePad
 }
 
-// wait is a wait in progress: when it began, on which clock.
+// waitTotal is a replica's total time in one kind of wait, idle or
+// blocked, with the wait in progress folded into the same word, so that a
+// wait costs one atomic add when it begins and one when it ends and
+// monitoring still sees it as it happens. A wait that begins at start adds
+// -(start+waitBias) and adds end+waitBias when it ends: between waits the
+// word is the total of those done (>= 0); during one it is that total less
+// start+waitBias, negative whatever the clock's origin. The bias, 2^60 ns
+// (36 years), leaves room for a few waits at once (a node that uses a
+// port and a group collective from two goroutines) and lets at count them.
+type waitTotal struct {
+	v atomic.Int64
+}
+
+const waitBias = 1 << 60
+
+func (w *waitTotal) begin(start int64) { w.v.Add(-(start + waitBias)) }
+func (w *waitTotal) end(end int64)     { w.v.Add(end + waitBias) }
+
+// waitsAt reads a waitTotal's word v as of now (nanotime, read after v,
+// so that every wait in v began before now): the total with the waits in
+// progress counted up to now, and how many there are.
+func waitsAt(v, now int64) (total int64, waiting int) {
+	if v >= 0 {
+		return v, 0
+	}
+	k := (-v + waitBias/2) / waitBias // each wait in progress took off about waitBias
+	return max(v+k*(now+waitBias), 0), int(k)
+}
+
+// wait is a wait in progress: when it began, on which clock, and what it
+// is charged to.
 type wait struct {
+	acc   *waitTotal
 	start int64
 	exact bool
 }
 
-// beginWait marks the start of a wait that blocks; state is stateIdle or
-// stateBlocked.
-func (r *replica) beginWait(state int32) wait {
-	w := wait{exact: r.coarse == nil || r.clock.timing.Load() || r.clock.every.Load() <= 1}
+// beginWait marks the start of a wait that blocks, charged to acc (the
+// replica's idle or blocked).
+func (r *replica) beginWait(acc *waitTotal) wait {
+	w := wait{acc: acc, exact: r.coarse == nil || r.clock.timing.Load() || r.clock.every.Load() <= 1}
 	if w.exact {
 		w.start = nanotime()
 	} else {
 		w.start = r.coarse.now.Load()
 	}
-	r.waitStart.Store(w.start)
-	r.state.Store(state)
+	acc.begin(w.start)
 	return w
 }
 
-// endWait charges the wait w to acc.
-func (r *replica) endWait(w wait, acc *atomic.Int64) {
+// endWait ends the wait w.
+func (r *replica) endWait(w wait) {
 	if w.exact {
-		acc.Add(nanotime() - w.start)
+		w.acc.end(nanotime())
 	} else {
-		acc.Add(r.coarse.now.Load() - w.start)
+		w.acc.end(r.coarse.now.Load())
 	}
-	r.state.Store(stateBusy)
 }

@@ -212,7 +212,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
 
-	stopSampling := r.sample(finished)
+	stopSampling := r.sample()
 	defer stopSampling()
 
 	drain := r.opts.Drain
@@ -277,7 +277,6 @@ func (r *run) finish(rep *replica, err error) {
 	rep.clock.stop(rep) // returned while working on an item
 	rep.flush()
 	rep.ended.Store(time.Now().UnixNano())
-	rep.state.Store(stateDone)
 	rep.stage.group.leave(rep.index)
 	if err != nil {
 		r.fail(fmt.Errorf("stage %q replica %d: %w", rep.stage.g.Name, rep.index, err))
@@ -357,45 +356,38 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 }
 
 // sample advances the coarse clock and records queue depths every
-// SampleEvery and, with an Interval, a
-// series point (and an Observe call) every Interval, until done or stop.
-// stop is idempotent and adds a last series point at the end of the run.
-func (r *run) sample(done <-chan struct{}) (stop func()) {
-	quit := make(chan struct{})
+// SampleEvery and, with an Interval, takes a series point (and makes an
+// Observe call) every Interval, until stop. stop is idempotent and adds a
+// last series point at the end of the run.
+func (r *run) sample() (stop func()) {
+	t := newTicker(r.opts.SampleEvery)
 	finished := make(chan struct{})
 	var prev *Snapshot
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(r.opts.SampleEvery)
-		defer t.Stop()
-		var tick <-chan time.Time
-		if r.opts.Interval > 0 {
-			it := time.NewTicker(r.opts.Interval)
-			defer it.Stop()
-			tick = it.C
-		}
-		for {
-			select {
-			case <-t.C:
-				r.coarse.now.Store(nanotime())
-				for _, e := range r.edges {
-					for _, q := range e.queues {
-						q.sample()
+		next := time.Now().Add(r.opts.Interval)
+		for t.wait() {
+			r.coarse.now.Store(nanotime())
+			for _, e := range r.edges {
+				for _, q := range e.queues {
+					q.sample()
+				}
+			}
+			if r.opts.Interval > 0 {
+				if now := time.Now(); !now.Before(next) {
+					prev = r.observe(now, prev, true)
+					next = next.Add(r.opts.Interval)
+					if next.Before(now) { // fell behind: no burst of catch-up points
+						next = now.Add(r.opts.Interval)
 					}
 				}
-			case now := <-tick:
-				prev = r.observe(now, prev, true)
-			case <-done:
-				return
-			case <-quit:
-				return
 			}
 		}
 	}()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			close(quit)
+			t.stop()
 			<-finished
 			// A last series point closes the picture, unless one was
 			// taken moments ago (its utilization would be noise).

@@ -76,7 +76,7 @@ func abortWhen(t *testing.T, p *Pipeline, stage int, state int32, what string) (
 	}()
 	eventually(t, 10*time.Second, func() bool {
 		for _, rp := range p.r.stages[stage].replicas {
-			if rp.state.Load() != state {
+			if _, _, st := rp.waits(); st != state {
 				return false
 			}
 		}
@@ -351,21 +351,91 @@ func TestCoarseWaitsUnbiased(t *testing.T) {
 		}
 		for now < ticks*tick {
 			advance(rng.Int64N(2 * meanWait)) // busy
-			w := r.beginWait(stateIdle)
+			w := r.beginWait(&r.idle)
 			if w.exact {
 				t.Fatal("a replica with fast items timed a wait exactly")
 			}
 			d := rng.Int64N(2 * meanWait)
 			advance(d)
 			truth += d
-			r.endWait(w, &r.idle)
+			r.endWait(w)
 		}
 		share := float64(truth) / float64(now)
 		sigma := math.Sqrt(share*(1-share)/ticks) / share
-		ratio := float64(r.idle.Load()) / float64(truth)
+		total, _ := waitsAt(r.idle.v.Load(), now)
+		ratio := float64(total) / float64(truth)
 		if math.Abs(ratio-1) > 4*sigma {
 			t.Errorf("mean wait %v: coarse total %v, true %v: ratio %.3f, sigma %.3f",
-				time.Duration(meanWait), time.Duration(r.idle.Load()), time.Duration(truth), ratio, sigma)
+				time.Duration(meanWait), time.Duration(total), time.Duration(truth), ratio, sigma)
+		}
+	}
+}
+
+// TestWaitTotal: the word that holds a replica's wait total also shows
+// the waits in progress, counted up to now, whatever the clock's origin
+// (0 included: a coarse clock or a test clock may start there), with
+// several at once.
+func TestWaitTotal(t *testing.T) {
+	for _, origin := range []int64{0, 1, 5e15, 1 << 57} { // clocks up to 4.5 years from their origin
+		var w waitTotal
+		at := func(now int64) (int64, int) { return waitsAt(w.v.Load(), origin+now) }
+		if total, n := at(0); total != 0 || n != 0 {
+			t.Fatalf("origin %d: fresh total %d, %d waiting", origin, total, n)
+		}
+		w.begin(origin + 0)
+		w.end(origin + 100)
+		w.begin(origin + 150)
+		if total, n := at(180); total != 130 || n != 1 {
+			t.Fatalf("origin %d: in a wait: total %d, %d waiting; want 130, 1", origin, total, n)
+		}
+		w.begin(origin + 170) // a second wait, from another goroutine
+		if total, n := at(200); total != 100+50+30 || n != 2 {
+			t.Fatalf("origin %d: two waits: total %d, %d waiting; want 180, 2", origin, total, n)
+		}
+		w.end(origin + 200)
+		w.end(origin + 210)
+		if total, n := at(1000); total != 100+60+30 || n != 0 {
+			t.Fatalf("origin %d: after: total %d, %d waiting; want 190, 0", origin, total, n)
+		}
+	}
+}
+
+// TestMaxDepth: max_depth is the deepest a producer saw the queue, read
+// after each send until the producer has seen it full (then it is the
+// capacity, and the fast path stops reading the channel's length).
+func TestMaxDepth(t *testing.T) {
+	for _, tc := range []struct{ items, want int }{{3, 3}, {4, 4}, {20, 4}} {
+		reg := nodes.NewRegistry()
+		release := make(chan struct{})
+		funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+			out := r.Out("out")
+			// The consumer starts reading once the queue is as deep as it
+			// gets: all the items, or a full queue.
+			defer func() {
+				if tc.items <= 4 {
+					close(release)
+				}
+			}()
+			for i := range tc.items {
+				if i == 4 {
+					close(release)
+				}
+				if err := out.Send(ctx, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		funcKind(reg, "sink", true, false, func(ctx context.Context, r nodes.Replica) error {
+			<-release
+			return readAll(ctx, r.In("in"))
+		})
+		rep, err := Run(context.Background(), loadPair(t, reg, "src", "sink", 1, 1, graph.Shared), Options{Registry: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rep.Edges["e"].Queues[0].MaxDepth; got != int64(tc.want) {
+			t.Errorf("%d items through capacity 4: max depth %d, want %d", tc.items, got, tc.want)
 		}
 	}
 }

@@ -103,8 +103,7 @@ func (m *member) wait(ctx context.Context, rd *round) error {
 }
 
 func (m *member) Barrier(ctx context.Context) error {
-	t := m.r.beginWait(stateBlocked)
-	defer m.r.endWait(t, &m.r.blocked)
+	defer m.r.endWait(m.r.beginWait(&m.r.blocked))
 	rd, err := m.g.arrive(m.r.index, nil, false)
 	if err != nil {
 		return err
@@ -113,8 +112,7 @@ func (m *member) Barrier(ctx context.Context) error {
 }
 
 func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
-	t := m.r.beginWait(stateBlocked)
-	defer m.r.endWait(t, &m.r.blocked)
+	defer m.r.endWait(m.r.beginWait(&m.r.blocked))
 	rd, err := m.g.arrive(m.r.index, buf, true)
 	if err != nil {
 		return 0, err

@@ -89,23 +89,16 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 
 // snapshot reads a replica; a wait in progress counts from its start.
 func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
+	idle, blocked, _ := rp.waits()
 	out := ReplicaSnapshot{
 		ItemsIn:  rp.itemsIn(),
 		ItemsOut: rp.itemsOut(),
-		Idle:     time.Duration(rp.idle.Load()),
-		Blocked:  time.Duration(rp.blocked.Load()),
+		Idle:     time.Duration(idle),
+		Blocked:  time.Duration(blocked),
 	}
 	end := now
 	if ns := rp.ended.Load(); ns != 0 {
 		end, out.Done = time.Unix(0, ns), true
-	} else if st := rp.state.Load(); st == stateIdle || st == stateBlocked {
-		if w := time.Duration(nanotime() - rp.waitStart.Load()); w > 0 {
-			if st == stateIdle {
-				out.Idle += w
-			} else {
-				out.Blocked += w
-			}
-		}
 	}
 	out.Busy = max(end.Sub(start)-out.Idle-out.Blocked, 0)
 	return out

@@ -31,15 +31,11 @@ type replica struct {
 	coarse *coarseClock // the run's; nil times every wait exactly
 
 	_       linePad
-	idle    atomic.Int64 // ns spent blocked in Recv
-	blocked atomic.Int64 // ns spent blocked in Send or a group collective
+	idle    waitTotal    // ns spent blocked in Recv
+	blocked waitTotal    // ns spent blocked in Send or a group collective
 	ended   atomic.Int64 // unix ns when Run returned; 0 while running
-	// state and waitStart (nanotime) let monitoring count a wait in
-	// progress.
-	state     atomic.Int32
-	waitStart atomic.Int64
-	clock     itemClock
-	_         linePad
+	clock   itemClock
+	_       linePad
 }
 
 func (r *replica) Stage() string             { return r.stage.g.Name }
@@ -73,8 +69,29 @@ const (
 	stateDone
 )
 
+// waits returns the replica's idle and blocked time so far, a wait in
+// progress counted up to now, and its state.
+func (r *replica) waits() (idle, blocked int64, state int32) {
+	vi, vb := r.idle.v.Load(), r.blocked.v.Load()
+	now := nanotime()
+	idle, inIdle := waitsAt(vi, now)
+	blocked, inBlocked := waitsAt(vb, now)
+	switch {
+	case r.ended.Load() != 0:
+		state = stateDone
+	case inBlocked > 0:
+		state = stateBlocked
+	case inIdle > 0:
+		state = stateIdle
+	}
+	return idle, blocked, state
+}
+
 // waited is the replica's idle and blocked time so far.
-func (r *replica) waited() int64 { return r.idle.Load() + r.blocked.Load() }
+func (r *replica) waited() int64 {
+	idle, blocked, _ := r.waits()
+	return idle + blocked
+}
 
 // itemsIn and itemsOut add up the replica's port counters.
 func (r *replica) itemsIn() int64 {
@@ -171,13 +188,17 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 // or a wait.
 func (in *input) recvSlow(ctx context.Context) (any, error) {
 	r := in.r
-	iq, item := in.poll()
+	var iq *inQueue
+	var item any
+	if in.one == nil {
+		iq, item = in.poll()
+	}
 	if iq == nil {
 		in.flush() // a replica that waits shows exact counts
-		t := r.beginWait(stateIdle)
+		w := r.beginWait(&r.idle)
 		var err error
 		iq, item, err = in.recv(ctx)
-		r.endWait(t, &r.idle)
+		r.endWait(w)
 		if err != nil {
 			return nil, err
 		}
@@ -319,7 +340,8 @@ type outQueue struct {
 	ch       chan any
 	capBytes int64
 	sent     tally
-	maxDepth atomic.Int64 // the deepest this producer saw the queue
+	deepest  int          // the deepest this producer saw the queue
+	maxDepth atomic.Int64 // deepest, for monitoring
 	q        *queue
 	_        linePad
 }
@@ -329,11 +351,21 @@ func newOutQueue(q *queue) *outQueue {
 }
 
 // put does the accounting for an item just sent: the count, and the depth
-// it left the queue at. every is the replica's itemClock.every.
+// it left the queue at. every is the replica's itemClock.every. Once the
+// producer has seen the queue full, the depth is no longer read: under
+// contention the channel's length sits on its most contended cache line.
 func (oq *outQueue) put(every int32) {
 	oq.sent.add(every)
-	if d := int64(len(oq.ch)); d > oq.maxDepth.Load() {
-		oq.maxDepth.Store(d)
+	if oq.deepest < cap(oq.ch) {
+		oq.saw(len(oq.ch))
+	}
+}
+
+// saw records a depth the producer saw.
+func (oq *outQueue) saw(depth int) {
+	if depth > oq.deepest {
+		oq.deepest = depth
+		oq.maxDepth.Store(int64(depth))
 	}
 }
 
@@ -397,10 +429,11 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any) error {
 	select {
 	case oq.ch <- item:
 	default:
-		o.flush() // a replica that waits shows exact counts
-		t := o.r.beginWait(stateBlocked)
+		oq.saw(cap(oq.ch)) // full
+		o.flush()          // a replica that waits shows exact counts
+		w := o.r.beginWait(&o.r.blocked)
 		err := oq.q.sendWait(ctx, o.r, item)
-		o.r.endWait(t, &o.r.blocked)
+		o.r.endWait(w)
 		if err != nil {
 			return err
 		}
@@ -417,8 +450,7 @@ func (o *output) reserve(ctx context.Context, q *queue, n int64) error {
 		return nil
 	}
 	o.flush()
-	t := o.r.beginWait(stateBlocked)
-	defer o.r.endWait(t, &o.r.blocked)
+	defer o.r.endWait(o.r.beginWait(&o.r.blocked))
 	for !q.tryReserve(n) {
 		select {
 		case <-q.room:

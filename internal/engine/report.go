@@ -61,7 +61,8 @@ func (rp *replica) figures(start, now time.Time) report.Replica {
 	if !start.IsZero() {
 		life = end.Sub(start)
 	}
-	idle, blocked := time.Duration(rp.idle.Load()), time.Duration(rp.blocked.Load())
+	idleNs, blockedNs, _ := rp.waits() // a replica stuck past the grace period is still waiting
+	idle, blocked := time.Duration(idleNs), time.Duration(blockedNs)
 	busy := max(life-idle-blocked, 0)
 	out := report.Replica{
 		Index:          rp.index,

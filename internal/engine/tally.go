@@ -35,7 +35,14 @@ func (t *tally) add(every int32) {
 	}
 }
 
-func (t *tally) flush()      { t.pub.Store(t.n) }
+// flush publishes the count, if it has moved (a store costs a barrier;
+// a load of its own cache line does not).
+func (t *tally) flush() {
+	if t.pub.Load() != t.n {
+		t.pub.Store(t.n)
+	}
+}
+
 func (t *tally) load() int64 { return t.pub.Load() }
 
 // itemClock measures a replica's service time (the busy time between two
