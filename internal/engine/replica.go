@@ -383,16 +383,18 @@ func (o *output) Send(ctx context.Context, item any) error {
 			}
 			return nil
 		default:
+			return o.sendSlow(ctx, item, true)
 		}
 	}
-	return o.sendSlow(ctx, item)
+	return o.sendSlow(ctx, item, false)
 }
 
 // sendSlow is Send for fan-out, rotation over several queues,
-// capacity_bytes, or a full queue.
-func (o *output) sendSlow(ctx context.Context, item any) error {
+// capacity_bytes, or a full queue; full says the port's only queue was
+// just found full.
+func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 	if oq := o.one; oq != nil {
-		if err := o.send(ctx, oq, item); err != nil {
+		if err := o.send(ctx, oq, item, full); err != nil {
 			return err
 		}
 	} else {
@@ -401,7 +403,7 @@ func (o *output) sendSlow(ctx context.Context, item any) error {
 			if e.next++; e.next == len(e.queues) {
 				e.next = 0
 			}
-			if err := o.send(ctx, oq, item); err != nil {
+			if err := o.send(ctx, oq, item, false); err != nil {
 				return err
 			}
 		}
@@ -419,24 +421,29 @@ func (o *output) startTiming() {
 }
 
 // send pushes an item on one queue, blocking (and timing the wait) only
-// when it is full.
-func (o *output) send(ctx context.Context, oq *outQueue, item any) error {
+// when it is full; full says the caller has just found it full, so that
+// it is not tried twice.
+func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) error {
 	if oq.capBytes > 0 {
 		if err := o.reserve(ctx, oq.q, sizeOf(item)); err != nil {
 			return err
 		}
 	}
-	select {
-	case oq.ch <- item:
-	default:
-		oq.saw(cap(oq.ch)) // full
-		o.flush()          // a replica that waits shows exact counts
-		w := o.r.beginWait(&o.r.blocked)
-		err := oq.q.sendWait(ctx, o.r, item)
-		o.r.endWait(w)
-		if err != nil {
-			return err
+	if !full {
+		select {
+		case oq.ch <- item:
+			oq.put(o.r.clock.every.Load())
+			return nil
+		default:
 		}
+	}
+	oq.saw(cap(oq.ch))
+	o.flush() // a replica that waits shows exact counts
+	w := o.r.beginWait(&o.r.blocked)
+	err := oq.q.sendWait(ctx, o.r, item)
+	o.r.endWait(w)
+	if err != nil {
+		return err
 	}
 	oq.put(o.r.clock.every.Load())
 	return nil
