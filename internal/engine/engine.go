@@ -47,9 +47,15 @@ type run struct {
 	edges    []*edge
 	draining chan struct{}
 	coarse   coarseClock
-	start    time.Time
-	startNs  atomic.Int64 // start, for monitoring goroutines
-	series   []report.Sample
+	// stop is set once the run is cancelled, srcStop once it is cancelled
+	// or drained: a replica's cheap test, before it blocks in a plain
+	// channel operation, of whether its context may be done (a flag set
+	// once is one load; a closed-channel test is a call).
+	stop    stopFlag
+	srcStop stopFlag
+	start   time.Time
+	startNs atomic.Int64 // start, for monitoring goroutines
+	series  []report.Sample
 
 	mu       sync.Mutex
 	firstErr error
@@ -200,7 +206,10 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			// selects on its own Done channel, not on one that every
 			// replica of the run contends for.
 			rctx, rcancel := context.WithCancel(parent)
-			rep.ctx, rep.done, rep.coarse = rctx, rctx.Done(), &r.coarse
+			rep.ctx, rep.done, rep.coarse, rep.stop = rctx, rctx.Done(), &r.coarse, &r.stop
+			if rep.isSource() {
+				rep.stop = &r.srcStop
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -225,7 +234,10 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			drain = nil
 			close(r.draining)
 			stopSources()
+			r.srcStop.set()
 		case <-ctx.Done():
+			r.stop.set()
+			r.srcStop.set()
 			// Release the waits the cancellation cannot reach, until every
 			// replica has returned or the grace period is over.
 			quit := make(chan struct{})

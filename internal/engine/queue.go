@@ -26,6 +26,7 @@ type queue struct {
 
 	producersLeft atomic.Int32
 	consumersLeft atomic.Int32
+	consumersGone stopFlag // set as gone is closed
 	// live[i] is true while producer replica producers[i] has not finished;
 	// read by monitoring to say who holds the queue open.
 	producers []int
@@ -75,12 +76,12 @@ func sizeOf(item any) int64 {
 // wake-ups (wake.go).
 func (q *queue) sendWait(ctx context.Context, r *replica, item any) error {
 	if ctx == r.ctx {
-		// Two checks, not one select: a select on two channels locks both,
-		// and gone is shared by every producer of the queue.
-		if isClosed(q.gone) {
+		// Flags, not a select: a select on two channels locks both, and
+		// gone is shared by every producer of the queue.
+		if q.consumersGone.isSet() {
 			return q.noConsumers()
 		}
-		if isClosed(r.done) {
+		if r.stopping() {
 			return ctx.Err()
 		}
 		q.ch <- item
@@ -185,6 +186,7 @@ func (q *queue) consumerDone() (unfinished bool, unread int) {
 	if q.consumersLeft.Add(-1) != 0 {
 		return false, 0
 	}
+	q.consumersGone.set()
 	close(q.gone)
 	return q.producersLeft.Load() > 0 || len(q.ch) > 0, len(q.ch)
 }

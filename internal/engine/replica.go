@@ -29,6 +29,7 @@ type replica struct {
 	ctx    context.Context
 	done   <-chan struct{}
 	coarse *coarseClock // the run's; nil times every wait exactly
+	stop   *stopFlag    // set once ctx may be done (see stopping)
 
 	_       linePad
 	idle    waitTotal    // ns spent blocked in Recv
@@ -257,10 +258,10 @@ func (in *input) recv(ctx context.Context) (*inQueue, any, error) {
 			if ctx == in.r.ctx {
 				// A plain receive, released on cancellation by a wake
 				// token (wake.go).
-				if isClosed(in.r.done) {
+				if in.r.stopping() {
 					return nil, nil, ctx.Err()
 				}
-				item, ok = <-iq.q.ch
+				item, ok = <-iq.ch
 			} else {
 				select {
 				case item, ok = <-iq.q.ch:

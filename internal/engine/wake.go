@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Waking blocked replicas on cancellation.
 //
@@ -88,4 +91,24 @@ func (q *queue) discard() bool {
 	default:
 		return false
 	}
+}
+
+// stopFlag is set once and read before every wait, by every replica it
+// concerns: on a cache line of its own.
+type stopFlag struct {
+	_ linePad
+	v atomic.Bool
+	_ linePad
+}
+
+func (f *stopFlag) set()        { f.v.Store(true) }
+func (f *stopFlag) isSet() bool { return f.v.Load() }
+
+// stopping reports whether the replica's context is done, testing its
+// Done channel only once the run has set the replica's stop flag. The
+// flag may come a moment after the context is done (the context's
+// children are cancelled after it): a wait that starts then blocks and is
+// released by the wake-ups, like one that started just before.
+func (r *replica) stopping() bool {
+	return r.stop != nil && r.stop.isSet() && isClosed(r.done)
 }
