@@ -182,6 +182,17 @@ func (r *run) build() error {
 		}
 		r.edges = append(r.edges, e)
 	}
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			for _, in := range rep.inputs {
+				in.clock.starts, in.clock.solo = true, len(rep.inputs) == 1
+			}
+			for _, out := range rep.outputs {
+				out.clock.starts = rep.isSource()
+				out.clock.solo = out.clock.starts && len(rep.outputs) == 1
+			}
+		}
+	}
 	return nil
 }
 

@@ -139,8 +139,8 @@ func (r *replica) flush() {
 //
 // What the fast path touches sits in the port and in its queues' port-side
 // views (inQueue, outQueue), each on cache lines of its own: a Recv that
-// finds an item reads the input, its one inQueue, the channel and a flag
-// of the replica, and writes nothing another goroutine reads per item.
+// finds an item reads the input, its one inQueue and the channel, and
+// writes nothing another goroutine reads per item.
 type input struct {
 	_     linePad
 	r     *replica
@@ -149,7 +149,7 @@ type input struct {
 	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
 	next  int                  // fan-in: the live queue poll tries first
-	pick  sampler
+	clock portClock
 	_     linePad
 }
 
@@ -168,9 +168,8 @@ func newInQueue(q *queue) *inQueue {
 }
 
 func (in *input) Recv(ctx context.Context) (any, error) {
-	r := in.r
-	if r.clock.timing.Load() {
-		r.clock.stop(r) // this call ends the work on the timed item
+	if in.clock.inHand(&in.r.clock) {
+		in.clock.stop(in.r) // this call ends the work on the timed item
 	}
 	if iq := in.one; iq != nil {
 		select {
@@ -211,15 +210,11 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 // took does the accounting for an item taken off iq: the count, the bytes
 // it held, and whether to time it.
 func (in *input) took(iq *inQueue, item any) {
-	r := in.r
-	iq.got.add(r.clock.every.Load())
+	iq.got.add(in.clock.every)
 	if iq.capBytes > 0 {
 		iq.q.release(item)
 	}
-	if in.pick.next() {
-		r.clock.start(r)
-		in.pick.reset(r.clock.every.Load())
-	}
+	in.clock.next(in.r)
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live
@@ -324,7 +319,7 @@ type output struct {
 	r     *replica
 	one   *outQueue // the only queue, when the port feeds one
 	edges []*outEdge
-	pick  sampler
+	clock portClock // a source's: its Sends delimit its items
 	_     linePad
 }
 
@@ -371,16 +366,16 @@ func (oq *outQueue) saw(depth int) {
 }
 
 func (o *output) Send(ctx context.Context, item any) error {
-	r := o.r
-	if r.isSource() && r.clock.timing.Load() {
-		r.clock.stop(r)
+	source := o.clock.starts
+	if source && o.clock.inHand(&o.r.clock) {
+		o.clock.stop(o.r)
 	}
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
 		select {
 		case oq.ch <- item: // fast path: there is room
-			oq.put(r.clock.every.Load())
-			if r.isSource() && o.pick.next() {
-				o.startTiming()
+			oq.put(o.clock.every)
+			if source {
+				o.clock.next(o.r)
 			}
 			return nil
 		default:
@@ -409,16 +404,10 @@ func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 			}
 		}
 	}
-	if o.r.isSource() && o.pick.next() {
-		o.startTiming()
+	if o.clock.starts {
+		o.clock.next(o.r)
 	}
 	return nil
-}
-
-// startTiming starts timing a source's next item.
-func (o *output) startTiming() {
-	o.r.clock.start(o.r)
-	o.pick.reset(o.r.clock.every.Load())
 }
 
 // send pushes an item on one queue, blocking (and timing the wait) only
@@ -433,7 +422,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 	if !full {
 		select {
 		case oq.ch <- item:
-			oq.put(o.r.clock.every.Load())
+			oq.put(o.clock.every)
 			return nil
 		default:
 		}
@@ -446,7 +435,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 	if err != nil {
 		return err
 	}
-	oq.put(o.r.clock.every.Load())
+	oq.put(o.clock.every)
 	return nil
 }
 
