@@ -439,3 +439,76 @@ func TestMaxDepth(t *testing.T) {
 		}
 	}
 }
+
+// TestPortsFollowTheRate: every port learns its replica's sampling rate,
+// including the output of a stage that is not a source (it picks no items
+// to time): a port stuck at the initial rate would publish its count, a
+// barrier, on every item.
+func TestPortsFollowTheRate(t *testing.T) {
+	reg := nodes.NewRegistry()
+	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+		out := r.Out("out")
+		for i := range 20000 {
+			if err := out.Send(ctx, i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	funcKind(reg, "pass", true, true, func(ctx context.Context, r nodes.Replica) error {
+		in, out := r.In("in"), r.Out("out")
+		for {
+			item, err := in.Recv(ctx)
+			if err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+			if err := out.Send(ctx, item); err != nil {
+				return err
+			}
+		}
+	})
+	funcKind(reg, "sink", true, false, func(ctx context.Context, r nodes.Replica) error {
+		return readAll(ctx, r.In("in"))
+	})
+	g, diags := (&graph.Loader{Catalog: reg}).Load("chain.hcl", []byte(`
+stage "a" { node = "src" }
+stage "b" { node = "pass" }
+stage "c" { node = "sink" }
+edge "ab" {
+  from = a.out
+  to   = b.in
+}
+edge "bc" {
+  from = b.out
+  to   = c.in
+}`))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := New(g, Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Execute(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range p.r.stages {
+		rep := s.replicas[0]
+		every := rep.clock.every.Load()
+		if every <= 1 {
+			t.Fatalf("stage %s: items of %v are fast, yet every = %d", s.g.Name, rep.clock.service.mean(), every)
+		}
+		for name, in := range rep.inputs {
+			if in.clock.every <= 1 {
+				t.Errorf("stage %s input %s: rate %d, the replica's %d", s.g.Name, name, in.clock.every, every)
+			}
+		}
+		for name, out := range rep.outputs {
+			if out.clock.every <= 1 {
+				t.Errorf("stage %s output %s: rate %d, the replica's %d", s.g.Name, name, out.clock.every, every)
+			}
+		}
+	}
+}

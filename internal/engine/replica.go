@@ -142,14 +142,16 @@ func (r *replica) flush() {
 // finds an item reads the input, its one inQueue and the channel, and
 // writes nothing another goroutine reads per item.
 type input struct {
-	_     linePad
+	_ linePad
+	// what the fast path reads, on one cache line
 	r     *replica
-	one   *inQueue             // the only queue, when the port has one
+	one   *inQueue // the only queue, when the port has one
+	clock portClock
+
 	all   []*inQueue           // every queue feeding this port for this replica
 	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
 	next  int                  // fan-in: the live queue poll tries first
-	clock portClock
 	_     linePad
 }
 
@@ -336,6 +338,7 @@ type outQueue struct {
 	ch       chan any
 	capBytes int64
 	sent     tally
+	capacity int          // cap(ch), kept here: reading it from the channel touches its contended cache line
 	deepest  int          // the deepest this producer saw the queue
 	maxDepth atomic.Int64 // deepest, for monitoring
 	q        *queue
@@ -343,16 +346,20 @@ type outQueue struct {
 }
 
 func newOutQueue(q *queue) *outQueue {
-	return &outQueue{ch: q.ch, capBytes: q.capBytes, q: q}
+	return &outQueue{ch: q.ch, capBytes: q.capBytes, capacity: cap(q.ch), q: q}
 }
 
-// put does the accounting for an item just sent: the count, and the depth
-// it left the queue at. every is the replica's itemClock.every. Once the
-// producer has seen the queue full, the depth is no longer read: under
-// contention the channel's length sits on its most contended cache line.
-func (oq *outQueue) put(every int32) {
-	oq.sent.add(every)
-	if oq.deepest < cap(oq.ch) {
+// put does the accounting for an item just sent on oq: the count, and the
+// depth it left the queue at. Once the producer has seen the queue full,
+// the depth is no longer read: under contention the channel's length sits
+// on its most contended cache line.
+func (o *output) put(oq *outQueue) {
+	if oq.sent.add(o.clock.every) && !o.clock.starts {
+		// A port that does not pick items to time follows its replica's
+		// rate as it publishes (a source's output follows it as it picks).
+		o.clock.every = o.r.clock.every.Load()
+	}
+	if oq.deepest < oq.capacity {
 		oq.saw(len(oq.ch))
 	}
 }
@@ -373,7 +380,7 @@ func (o *output) Send(ctx context.Context, item any) error {
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
 		select {
 		case oq.ch <- item: // fast path: there is room
-			oq.put(o.clock.every)
+			o.put(oq)
 			if source {
 				o.clock.next(o.r)
 			}
@@ -422,12 +429,12 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 	if !full {
 		select {
 		case oq.ch <- item:
-			oq.put(o.clock.every)
+			o.put(oq)
 			return nil
 		default:
 		}
 	}
-	oq.saw(cap(oq.ch))
+	oq.saw(oq.capacity)
 	o.flush() // a replica that waits shows exact counts
 	w := o.r.beginWait(&o.r.blocked)
 	err := oq.q.sendWait(ctx, o.r, item)
@@ -435,7 +442,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 	if err != nil {
 		return err
 	}
-	oq.put(o.clock.every)
+	o.put(oq)
 	return nil
 }
 

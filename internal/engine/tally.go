@@ -28,11 +28,14 @@ const publishEvery = 64 // a power of two
 
 // add counts one; every is the replica's itemClock.every, 1 while its
 // items are slow.
-func (t *tally) add(every int32) {
+// It reports whether it published the count.
+func (t *tally) add(every int32) bool {
 	t.n++
 	if every <= 1 || t.n&(publishEvery-1) == 0 {
 		t.pub.Store(t.n)
+		return true
 	}
+	return false
 }
 
 // flush publishes the count, if it has moved (a store costs a barrier;
