@@ -311,9 +311,10 @@ func TestServiceSampling(t *testing.T) {
 			timed := p.r.stages[1].replicas[0].clock.service.count.Load()
 			mean := time.Duration(rep.Stages["c"].Replicas[0].ServiceSeconds.Mean * 1e9)
 			if tc.work == 0 {
-				// One in every 10µs/mean (at least 1 in 256) is timed; the
-				// mean depends on the machine (and -race).
-				want := float64(tc.items) * max(float64(mean)/float64(timeEveryItemAbove), 1.0/maxSampleEvery)
+				// One in every sampleBudget/mean (at least 1 in
+				// maxSampleEvery) is timed; the mean depends on the machine
+				// (and -race).
+				want := float64(tc.items) / float64(sampleEvery(mean))
 				if timed == 0 || timed >= int64(tc.items) || float64(timed) > 3*want+50 {
 					t.Errorf("%d of %d fast items timed (mean %v), want about %.0f", timed, tc.items, mean, want)
 				}

@@ -88,10 +88,14 @@ func (r *replica) waits() (idle, blocked int64, state int32) {
 	return idle, blocked, state
 }
 
-// waited is the replica's idle and blocked time so far.
-func (r *replica) waited() int64 {
-	idle, blocked, _ := r.waits()
-	return idle + blocked
+// waited returns the time (nanotime) and the replica's idle and blocked
+// time until then.
+func (r *replica) waited() (now, waited int64) {
+	vi, vb := r.idle.v.Load(), r.blocked.v.Load()
+	now = nanotime()
+	idle, _ := waitsAt(vi, now)
+	blocked, _ := waitsAt(vb, now)
+	return now, idle + blocked
 }
 
 // itemsIn and itemsOut add up the replica's port counters.
