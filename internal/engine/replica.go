@@ -220,7 +220,9 @@ func (in *input) took(iq *inQueue, item any) {
 	if iq.capBytes > 0 {
 		iq.q.release(item)
 	}
-	in.clock.next(in.r)
+	if in.clock.pick.next() {
+		in.clock.picked(in.r)
+	}
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live
@@ -385,8 +387,8 @@ func (o *output) Send(ctx context.Context, item any) error {
 		select {
 		case oq.ch <- item: // fast path: there is room
 			o.put(oq)
-			if source {
-				o.clock.next(o.r)
+			if source && o.clock.pick.next() {
+				o.clock.picked(o.r)
 			}
 			return nil
 		default:
@@ -415,8 +417,8 @@ func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 			}
 		}
 	}
-	if o.clock.starts {
-		o.clock.next(o.r)
+	if o.clock.starts && o.clock.pick.next() {
+		o.clock.picked(o.r)
 	}
 	return nil
 }

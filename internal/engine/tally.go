@@ -135,12 +135,10 @@ func (pc *portClock) stop(r *replica) {
 	r.clock.stop(r)
 }
 
-// next counts one item off the sampler and, when it is picked, starts
-// timing it and takes the replica's current rate.
-func (pc *portClock) next(r *replica) {
-	if !pc.pick.next() {
-		return
-	}
+// picked starts timing the item the sampler just picked, and takes the
+// replica's current rate. (Callers test pick.next themselves, so that the
+// per-item test is inlined.)
+func (pc *portClock) picked(r *replica) {
 	pc.timed = r.clock.start(r)
 	pc.every = r.clock.every.Load()
 	pc.pick.reset(pc.every)
