@@ -383,7 +383,11 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 // Observe call) every Interval, until stop. stop is idempotent and adds a
 // last series point at the end of the run.
 func (r *run) sample() (stop func()) {
-	t := newTicker(r.opts.SampleEvery)
+	period := r.opts.SampleEvery
+	if r.opts.Interval > 0 && r.opts.Interval < period {
+		period = r.opts.Interval // series points as often as asked
+	}
+	t := newTicker(period)
 	finished := make(chan struct{})
 	var prev *Snapshot
 	go func() {

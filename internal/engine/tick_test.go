@@ -1,10 +1,14 @@
 package engine
 
 import (
+	"context"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 // TestTickers: both tickers tick about every period, and stop releases a
@@ -76,4 +80,36 @@ func containsIOWait(stacks string) bool {
 		}
 	}
 	return false
+}
+
+// TestObserveInterval: series points come every Interval even when it is
+// shorter than SampleEvery (the sampler then ticks at the Interval).
+func TestObserveInterval(t *testing.T) {
+	reg := nodes.NewRegistry()
+	funcKind(reg, "slow", false, true, func(ctx context.Context, r nodes.Replica) error {
+		out := r.Out("out")
+		for i := range 40 {
+			time.Sleep(5 * time.Millisecond) // the work: 200ms in all
+			if err := out.Send(ctx, i); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	funcKind(reg, "sink", true, false, func(ctx context.Context, r nodes.Replica) error {
+		return readAll(ctx, r.In("in"))
+	})
+	observed := 0
+	rep, err := Run(context.Background(), loadPair(t, reg, "slow", "sink", 1, 1, graph.Shared), Options{
+		Registry: reg, SampleEvery: 100 * time.Millisecond, Interval: 10 * time.Millisecond,
+		Observe: func(*Snapshot) { observed++ },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 200ms at 10ms: about 20; a sampler ticking at SampleEvery would
+	// manage 2.
+	if observed < 8 || len(rep.Series) < 8 {
+		t.Errorf("%d observe calls and %d series points over %.0fms at a 10ms interval", observed, len(rep.Series), rep.WallSeconds*1000)
+	}
 }
