@@ -70,13 +70,20 @@ const (
 	stateDone
 )
 
-// waits returns the replica's idle and blocked time so far, a wait in
-// progress counted up to now, and its state.
-func (r *replica) waits() (idle, blocked int64, state int32) {
+// waitTotals reads the replica's idle and blocked time as of now
+// (nanotime, read after the totals, so that every wait in them began
+// before it), waits in progress counted up to now, and how many there are.
+func (r *replica) waitTotals() (now, idle, blocked int64, inIdle, inBlocked int) {
 	vi, vb := r.idle.v.Load(), r.blocked.v.Load()
-	now := nanotime()
-	idle, inIdle := waitsAt(vi, now)
-	blocked, inBlocked := waitsAt(vb, now)
+	now = nanotime()
+	idle, inIdle = waitsAt(vi, now)
+	blocked, inBlocked = waitsAt(vb, now)
+	return now, idle, blocked, inIdle, inBlocked
+}
+
+// waits returns the replica's idle and blocked time so far and its state.
+func (r *replica) waits() (idle, blocked int64, state int32) {
+	_, idle, blocked, inIdle, inBlocked := r.waitTotals()
 	switch {
 	case r.ended.Load() != 0:
 		state = stateDone
@@ -91,10 +98,7 @@ func (r *replica) waits() (idle, blocked int64, state int32) {
 // waited returns the time (nanotime) and the replica's idle and blocked
 // time until then.
 func (r *replica) waited() (now, waited int64) {
-	vi, vb := r.idle.v.Load(), r.blocked.v.Load()
-	now = nanotime()
-	idle, _ := waitsAt(vi, now)
-	blocked, _ := waitsAt(vb, now)
+	now, idle, blocked, _, _ := r.waitTotals()
 	return now, idle + blocked
 }
 

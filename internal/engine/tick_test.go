@@ -101,15 +101,15 @@ func TestObserveInterval(t *testing.T) {
 	})
 	observed := 0
 	rep, err := Run(context.Background(), loadPair(t, reg, "slow", "sink", 1, 1, graph.Shared), Options{
-		Registry: reg, SampleEvery: 100 * time.Millisecond, Interval: 10 * time.Millisecond,
+		Registry: reg, SampleEvery: time.Second, Interval: 10 * time.Millisecond,
 		Observe: func(*Snapshot) { observed++ },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 200ms at 10ms: about 20; a sampler ticking at SampleEvery would
-	// manage 2.
-	if observed < 8 || len(rep.Series) < 8 {
+	// 200ms at 10ms: about 20, fewer on a loaded machine; a sampler
+	// ticking at SampleEvery would manage none (and one last series point).
+	if observed < 4 || len(rep.Series) < 4 {
 		t.Errorf("%d observe calls and %d series points over %.0fms at a 10ms interval", observed, len(rep.Series), rep.WallSeconds*1000)
 	}
 }
