@@ -517,3 +517,21 @@ edge "bc" {
 		}
 	}
 }
+
+// TestFitWaits: waits that add up to more than the lifetime (coarse
+// timing overcounts by up to a tick) are scaled to fit, keeping their
+// proportions, so that busy, idle and blocked add up to the lifetime.
+func TestFitWaits(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct{ idle, blocked, life, wantIdle, wantBlocked time.Duration }{
+		{300 * ms, 100 * ms, 500 * ms, 300 * ms, 100 * ms}, // fits: unchanged
+		{330 * ms, 110 * ms, 400 * ms, 300 * ms, 100 * ms}, // 10% over
+		{410 * ms, 0, 400 * ms, 400 * ms, 0},
+		{5 * ms, 5 * ms, 0, 0, 0},
+	} {
+		idle, blocked := fitWaits(tc.idle, tc.blocked, tc.life)
+		if idle != tc.wantIdle || blocked != tc.wantBlocked || idle+blocked > max(tc.life, 0) {
+			t.Errorf("fitWaits(%v, %v, %v) = %v, %v; want %v, %v", tc.idle, tc.blocked, tc.life, idle, blocked, tc.wantIdle, tc.wantBlocked)
+		}
+	}
+}

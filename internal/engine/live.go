@@ -100,7 +100,9 @@ func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
 	if ns := rp.ended.Load(); ns != 0 {
 		end, out.Done = time.Unix(0, ns), true
 	}
-	out.Busy = max(end.Sub(start)-out.Idle-out.Blocked, 0)
+	life := end.Sub(start)
+	out.Idle, out.Blocked = fitWaits(out.Idle, out.Blocked, life)
+	out.Busy = life - out.Idle - out.Blocked
 	return out
 }
 

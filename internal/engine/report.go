@@ -62,8 +62,8 @@ func (rp *replica) figures(start, now time.Time) report.Replica {
 		life = end.Sub(start)
 	}
 	idleNs, blockedNs, _ := rp.waits() // a replica stuck past the grace period is still waiting
-	idle, blocked := time.Duration(idleNs), time.Duration(blockedNs)
-	busy := max(life-idle-blocked, 0)
+	idle, blocked := fitWaits(time.Duration(idleNs), time.Duration(blockedNs), life)
+	busy := life - idle - blocked
 	out := report.Replica{
 		Index:          rp.index,
 		Device:         rp.device,
@@ -85,3 +85,16 @@ func (rp *replica) figures(start, now time.Time) report.Replica {
 }
 
 func seconds(d time.Duration) float64 { return d.Seconds() }
+
+// fitWaits scales idle and blocked down to fit in life when they exceed
+// it: waits timed on the coarse clock are right on average but can add up
+// to a tick more than the time they took, and busy, idle and blocked must
+// add up to the replica's lifetime.
+func fitWaits(idle, blocked, life time.Duration) (time.Duration, time.Duration) {
+	if w := idle + blocked; w > life {
+		life = max(life, 0)
+		idle = time.Duration(float64(idle) * float64(life) / float64(w))
+		blocked = life - idle
+	}
+	return idle, blocked
+}
