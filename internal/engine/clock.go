@@ -42,7 +42,8 @@ type coarseClock struct {
 // word is the total of those done (>= 0); during one it is that total less
 // start+waitBias, negative whatever the clock's origin. The bias, 2^60 ns
 // (36 years), leaves room for a few waits at once (a node that uses a
-// port and a group collective from two goroutines) and lets at count them.
+// port and a group collective from two goroutines) and lets waitsAt count
+// them.
 type waitTotal struct {
 	v atomic.Int64
 }

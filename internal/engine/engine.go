@@ -378,10 +378,11 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	return r.report(time.Now(), status, err), err
 }
 
-// sample advances the coarse clock and records queue depths every
-// SampleEvery and, with an Interval, takes a series point (and makes an
-// Observe call) every Interval, until stop. stop is idempotent and adds a
-// last series point at the end of the run.
+// sample advances the coarse clock and records queue depths at every tick
+// (every SampleEvery, or every Interval when that is shorter) and, with an
+// Interval, takes a series point (and makes an Observe call) every
+// Interval, until stop. stop is idempotent and adds a last series point at
+// the end of the run.
 func (r *run) sample() (stop func()) {
 	period := r.opts.SampleEvery
 	if r.opts.Interval > 0 && r.opts.Interval < period {
