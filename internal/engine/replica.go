@@ -182,14 +182,36 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 		in.clock.stop(in.r) // this call ends the work on the timed item
 	}
 	if iq := in.one; iq != nil {
+		// The port's only queue, written out in full for the common cases
+		// (an item waiting, or a plain wait with the replica's own
+		// context): each call level costs a few ns an item here.
+		var item any
+		var ok bool
 		select {
-		case item, ok := <-iq.ch: // fast path: an item is waiting
-			if ok && !isWake(item) {
-				in.took(iq, item)
-				return item, nil
-			}
+		case item, ok = <-iq.ch: // fast path: an item is waiting
 		default:
+			r := in.r
+			if ctx != r.ctx || r.stopping() {
+				return in.recvSlow(ctx)
+			}
+			in.flush() // a replica that waits shows exact counts
+			w := r.beginWait(&r.idle)
+			item, ok = <-iq.ch // released on cancellation by a wake token (wake.go)
+			r.endWait(w)
 		}
+		if ok && !isWake(item) {
+			// took, by hand
+			iq.got.add(in.clock.every)
+			if iq.capBytes > 0 {
+				iq.q.release(item)
+			}
+			if in.clock.pick.next() {
+				in.clock.picked(in.r)
+			}
+			return item, nil
+		}
+		// The queue is closed, or the run cancelled: the slow path sorts
+		// out which.
 	}
 	return in.recvSlow(ctx)
 }
@@ -388,16 +410,33 @@ func (o *output) Send(ctx context.Context, item any) error {
 		o.clock.stop(o.r)
 	}
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
+		// The port's only queue, written out in full for the common cases
+		// (room, or a plain wait with the replica's own context), as in
+		// Recv; sendSlow and send do the rest.
 		select {
 		case oq.ch <- item: // fast path: there is room
-			o.put(oq)
-			if source && o.clock.pick.next() {
-				o.clock.picked(o.r)
-			}
-			return nil
 		default:
-			return o.sendSlow(ctx, item, true)
+			r := o.r
+			if ctx != r.ctx {
+				return o.sendSlow(ctx, item, true)
+			}
+			if oq.q.consumersGone.isSet() {
+				return oq.q.noConsumers()
+			}
+			if r.stopping() {
+				return ctx.Err()
+			}
+			oq.saw(oq.capacity) // full
+			o.flush()           // a replica that waits shows exact counts
+			w := r.beginWait(&r.blocked)
+			oq.ch <- item // released on cancellation by the wake-ups (wake.go)
+			r.endWait(w)
 		}
+		o.put(oq)
+		if source && o.clock.pick.next() {
+			o.clock.picked(o.r)
+		}
+		return nil
 	}
 	return o.sendSlow(ctx, item, false)
 }
