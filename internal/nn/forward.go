@@ -33,7 +33,7 @@ func (m *Model) NewWorkspace(B, T int) (*Workspace, error) {
 	w := &Workspace{B: B, T: T, m: m, tokens: make([]int32, N), x0: f(N * D),
 		lnf: f(N * D), rstdf: f(N), logits: f(N * V), probs: f(N * V),
 		dres: f(N * D), dtmp: f(N * D), dqkv: f(N * 3 * D), dfc: f(N * 2 * H), dsw: f(N * H),
-		dlnf: f(N * D), dlogits: f(N * V), scratch: f(B * c.Heads * T)}
+		dlnf: f(N * D), dlogits: f(N * V), scratch: f(B * c.Heads * T * T)}
 	for l := 0; l < c.Layers; l++ {
 		w.layers = append(w.layers, layerActs{
 			ln1: f(N * D), rstd1: f(N), qkv: f(N * 3 * D), att: f(B * c.Heads * T * T), atty: f(N * D),

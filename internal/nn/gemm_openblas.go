@@ -24,7 +24,7 @@ import (
 // in Go made the forward pass 1.5x faster on 2 cores (docs/performance.md).
 func init() {
 	C.openblas_set_num_threads(1)
-	sgemm = openblasSgemm
+	sgemm, sgemm1 = openblasSgemm, cblasSgemm
 	Backend = "openblas"
 }
 

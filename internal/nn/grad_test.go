@@ -110,7 +110,7 @@ func TestAttentionGrad(t *testing.T) {
 		B, T, C, NH := 2, 5, 8, 2
 		qkv, R := randn(r, B*T*3*C, 1), randn(r, B*T*C, 1)
 		out, att := make([]float32, B*T*C), make([]float32, B*NH*T*T)
-		dqkv, scratch := make([]float32, B*T*3*C), make([]float32, B*NH*T)
+		dqkv, scratch := make([]float32, B*T*3*C), make([]float32, B*NH*T*T)
 		AttentionForward(out, att, qkv, B, T, C, NH, causal)
 		AttentionBackward(dqkv, R, qkv, att, scratch, B, T, C, NH, causal)
 		name := map[bool]string{true: "dqkv causal", false: "dqkv non-causal"}[causal]

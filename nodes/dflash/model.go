@@ -220,7 +220,7 @@ func (d *Drafter) NewWork(S int) *DrafterWork {
 		anchors: make([]int32, S), x0: f(N * D), lnf: f(N * D), rstdf: f(N), logits: f(N * 256), probs: f(N * 256),
 		targets: make([]int32, N), weights: f(N),
 		dres: f(N * D), dtmp: f(N * D), dqkv: f(N * 3 * D), dfc: f(N * 2 * H), dsw: f(N * H), dlnf: f(N * D),
-		dlogits: f(N * 256), dctx: f(S * D), dfused: f(S * D), scratch: f(S * c.Heads * P)}
+		dlogits: f(N * 256), dctx: f(S * D), dfused: f(S * D), scratch: f(S * c.Heads * P * P)}
 	for l := 0; l < c.Layers; l++ {
 		w.blocks = append(w.blocks, dblock{in: f(N * D), ln1: f(N * D), rstd1: f(N), qkv: f(N * 3 * D),
 			att: f(S * c.Heads * P * P), atty: f(N * D), res1: f(N * D), ln2: f(N * D), rstd2: f(N),
