@@ -200,14 +200,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 			r.endWait(w)
 		}
 		if ok && !isWake(item) {
-			// took, by hand
-			iq.got.add(in.clock.every)
-			if iq.capBytes > 0 {
-				iq.q.release(item)
-			}
-			if in.clock.pick.next() {
-				in.clock.picked(in.r)
-			}
+			in.took(iq, item)
 			return item, nil
 		}
 		// The queue is closed, or the run cancelled: the slow path sorts
@@ -410,29 +403,16 @@ func (o *output) Send(ctx context.Context, item any) error {
 		o.clock.stop(o.r)
 	}
 	if oq := o.one; oq != nil && oq.capBytes == 0 {
-		// The port's only queue, written out in full for the common cases
-		// (room, or a plain wait with the replica's own context), as in
-		// Recv; sendSlow and send do the rest.
+		// The port's only queue: straight to the wait when it is full,
+		// without sendSlow's call level.
 		select {
 		case oq.ch <- item: // fast path: there is room
+			o.put(oq)
 		default:
-			r := o.r
-			if ctx != r.ctx {
-				return o.sendSlow(ctx, item, true)
+			if err := o.send(ctx, oq, item, true); err != nil {
+				return err
 			}
-			if oq.q.consumersGone.isSet() {
-				return oq.q.noConsumers()
-			}
-			if r.stopping() {
-				return ctx.Err()
-			}
-			oq.saw(oq.capacity) // full
-			o.flush()           // a replica that waits shows exact counts
-			w := r.beginWait(&r.blocked)
-			oq.ch <- item // released on cancellation by the wake-ups (wake.go)
-			r.endWait(w)
 		}
-		o.put(oq)
 		if source && o.clock.pick.next() {
 			o.clock.picked(o.r)
 		}
