@@ -162,6 +162,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 		Plugins:          sdk.PluginMap(nil),
 		Cmd:              exec.Command(path),
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		GRPCDialOptions:  sdk.DialOptions(),
 		Stderr:           stderr, // before the plugin serves: start-up failures
 		SyncStderr:       stderr, // what the plugin writes to os.Stderr while serving
 		StartTimeout:     StartTimeout,

@@ -65,7 +65,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		<-fed
 	}()
 
-	var buf []byte
+	var items sdk.Assembler
 	for {
 		m, err := st.Recv()
 		if err != nil {
@@ -76,12 +76,11 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		}
 		switch v := m.Msg.(type) {
 		case *proto.Message_Item:
-			buf = append(buf, v.Item.Payload...)
-			if v.Item.More {
+			b, whole := items.Add(v.Item)
+			if !whole {
 				continue
 			}
-			item, err := sdk.Decode(v.Item.Type, buf)
-			buf = nil
+			item, err := sdk.Decode(v.Item.Type, b)
 			if err != nil {
 				return err
 			}
@@ -146,11 +145,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 			if err != nil {
 				return err
 			}
-			typ, b, err := sdk.Encode(item)
-			if err != nil {
-				return err
-			}
-			if err := sdk.SendChunks(st.Send, port, typ, b); err != nil {
+			if err := sdk.SendItem(st.Send, port, item); err != nil {
 				return err
 			}
 			have--

@@ -710,11 +710,15 @@ func (x *Start) GetDevice() string {
 // Item carries one item, possibly in several chunks: every chunk but the
 // last has more = true. Payloads are encoded per type (docs/plugins.md).
 type Item struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Port          string                 `protobuf:"bytes,1,opt,name=port,proto3" json:"port,omitempty"`
-	Type          string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
-	Payload       []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
-	More          bool                   `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Port    string                 `protobuf:"bytes,1,opt,name=port,proto3" json:"port,omitempty"`
+	Type    string                 `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Payload []byte                 `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	More    bool                   `protobuf:"varint,4,opt,name=more,proto3" json:"more,omitempty"`
+	// size is the whole payload's length in bytes, on the first chunk, so
+	// that the receiver can allocate it once; 0 when the sender does not
+	// say.
+	Size          int64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,6 +779,13 @@ func (x *Item) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *Item) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
 }
 
 // Eof: the input port will receive nothing more.
@@ -1022,12 +1033,13 @@ const file_dflow_proto_rawDesc = "" +
 	"\x05stage\x18\x03 \x01(\tR\x05stage\x12\x18\n" +
 	"\areplica\x18\x04 \x01(\x05R\areplica\x12\x1a\n" +
 	"\breplicas\x18\x05 \x01(\x05R\breplicas\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\tR\x06device\"\\\n" +
+	"\x06device\x18\x06 \x01(\tR\x06device\"p\n" +
 	"\x04Item\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x12\n" +
-	"\x04more\x18\x04 \x01(\bR\x04more\"\x19\n" +
+	"\x04more\x18\x04 \x01(\bR\x04more\x12\x12\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\"\x19\n" +
 	"\x03Eof\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\"\x16\n" +
 	"\x06Credit\x12\f\n" +

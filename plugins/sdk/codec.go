@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"unsafe"
 
 	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
@@ -23,23 +25,31 @@ import (
 
 // Encode turns an item into its wire name and bytes.
 func Encode(item any) (string, []byte, error) {
+	typ, pieces, err := encode(item)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(pieces) == 1 {
+		return typ, pieces[0], nil
+	}
+	return typ, slices.Concat(pieces...), nil
+}
+
+// encode turns an item into its wire name and the pieces of its bytes, in
+// order: a large array is a piece of its own, the array's own memory
+// where the machine is little-endian like the wire, so that it is sent
+// without being copied first.
+func encode(item any) (string, [][]byte, error) {
 	switch v := item.(type) {
 	case []byte:
-		return "bytes", v, nil
+		return "bytes", [][]byte{v}, nil
 	case *synthetic.Blob:
-		b := make([]byte, 16+len(v.Data))
-		binary.LittleEndian.PutUint64(b, uint64(v.Replica))
-		binary.LittleEndian.PutUint64(b[8:], uint64(v.Seq))
-		copy(b[16:], v.Data)
-		return "blob", b, nil
+		return "blob", [][]byte{header(int64(v.Replica), v.Seq), v.Data}, nil
 	case *text.Batch:
-		b := header(int64(v.B), int64(v.T), v.Seq)
-		return "tokens", appendInt32s(b, v.Tokens), nil
+		return "tokens", [][]byte{header(int64(v.B), int64(v.T), v.Seq), int32Bytes(v.Tokens)}, nil
 	case *dflash.HiddenStates:
-		b := header(int64(v.B), int64(v.T), int64(v.K), int64(v.D), v.Seq)
-		b = appendFloat32s(b, v.Hidden)
-		b = appendInt32s(b, v.Tokens)
-		return "hidden", appendInt32s(b, v.Greedy), nil
+		return "hidden", [][]byte{header(int64(v.B), int64(v.T), int64(v.K), int64(v.D), v.Seq),
+			float32Bytes(v.Hidden), int32Bytes(v.Tokens), int32Bytes(v.Greedy)}, nil
 	}
 	return "", nil, fmt.Errorf("sdk: no wire encoding for %T", item)
 }
@@ -97,21 +107,48 @@ func readHeader(b []byte, n int) ([]int64, []byte, bool) {
 	return h, b[8*n:], true
 }
 
-func appendInt32s(b []byte, xs []int32) []byte {
+// littleEndian: this machine lays out integers and floats as the wire
+// does, so arrays cross as the bytes they occupy in memory, without a
+// conversion loop or a copy.
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// int32Bytes is xs as wire bytes: xs's own memory where the machine is
+// little-endian, a converted copy elsewhere.
+func int32Bytes(xs []int32) []byte {
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(xs))), 4*len(xs))
+	}
+	b := make([]byte, 0, 4*len(xs))
 	for _, x := range xs {
 		b = binary.LittleEndian.AppendUint32(b, uint32(x))
 	}
 	return b
 }
 
-func appendFloat32s(b []byte, xs []float32) []byte {
+func float32Bytes(xs []float32) []byte {
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(xs))), 4*len(xs))
+	}
+	b := make([]byte, 0, 4*len(xs))
 	for _, x := range xs {
 		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
 	}
 	return b
 }
 
+// aligned4 reports whether b can be read in place as 4-byte values: the
+// machine is little-endian and b starts on a 4-byte boundary (payloads
+// are allocated whole, and every array in them starts at a multiple of 4).
+func aligned4(b []byte) bool {
+	return littleEndian && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 == 0
+}
+
+// readInt32s reads b as int32s: in place where it can (the item then owns
+// the received bytes, which nothing else holds), converted otherwise.
 func readInt32s(b []byte) []int32 {
+	if aligned4(b) {
+		return unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+	}
 	out := make([]int32, len(b)/4)
 	for i := range out {
 		out[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
@@ -120,6 +157,9 @@ func readInt32s(b []byte) []int32 {
 }
 
 func readFloat32s(b []byte) []float32 {
+	if aligned4(b) {
+		return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
+	}
 	out := make([]float32, len(b)/4)
 	for i := range out {
 		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))

@@ -31,9 +31,23 @@ var Handshake = plugin.HandshakeConfig{
 // PluginName is the one plugin a dflow plugin process serves.
 const PluginName = "node"
 
-// ChunkSize bounds the payload bytes of one Item message, below gRPC's
-// 4 MiB default message limit.
-const ChunkSize = 1 << 20
+// streamWindow is the HTTP/2 flow-control window of the stream and the
+// connection between dflow and a plugin, both ways. gRPC's default starts
+// at 64 KiB and grows only as it measures the connection, so a large item
+// crosses in many round trips of window updates; between two processes on
+// one host the window only needs to bound the memory in flight.
+const streamWindow = 16 << 20
+
+// ServerOptions are the gRPC options of a plugin's server (Serve uses
+// them), DialOptions dflow's; they set the flow-control windows.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(streamWindow)}
+}
+
+// DialOptions: see ServerOptions.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
+}
 
 // grpcPlugin is the go-plugin glue: the server side registers a
 // proto.NodeServer, the client side returns a proto.NodeClient.

@@ -13,6 +13,7 @@ import (
 	"github.com/dflow-dev/dflow/plugins/proto"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
 )
 
 // Stderr is the plugin process's own standard error. go-plugin redirects
@@ -29,7 +30,9 @@ func Serve(specs ...nodes.Spec) {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         PluginMap(NewServer(specs...)),
-		GRPCServer:      plugin.DefaultGRPCServer,
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			return grpc.NewServer(append(opts, ServerOptions()...)...)
+		},
 		// go-plugin's own chatter stays quiet; the plugin's stderr is its own.
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "dflow-plugin", Level: hclog.Error, Output: os.Stderr}),
 	})
@@ -156,7 +159,7 @@ func (r *remoteReplica) send(m *proto.Message) error {
 // inputs, end-of-input, until the stream ends.
 func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	defer close(r.dead)
-	var buf []byte
+	var items Assembler
 	// Grant the first window of input credit.
 	if len(r.inputs) > 0 {
 		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: inputWindow}}})
@@ -169,12 +172,11 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 		}
 		switch v := m.Msg.(type) {
 		case *proto.Message_Item:
-			buf = append(buf, v.Item.Payload...)
-			if v.Item.More {
+			b, whole := items.Add(v.Item)
+			if !whole {
 				continue
 			}
-			item, err := Decode(v.Item.Type, buf)
-			buf = nil
+			item, err := Decode(v.Item.Type, b)
 			in := r.inputs[v.Item.Port]
 			if err != nil || in == nil {
 				cancel()
@@ -240,32 +242,12 @@ type remoteOutput struct {
 // Send streams the item to dflow in chunks; gRPC's flow control blocks it
 // while dflow's side of the edge is full.
 func (o *remoteOutput) Send(ctx context.Context, item any) error {
-	typ, b, err := Encode(item)
-	if err != nil {
-		return err
-	}
-	return SendChunks(func(m *proto.Message) error {
+	return SendItem(func(m *proto.Message) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		return o.r.send(m)
-	}, o.port, typ, b)
-}
-
-// SendChunks sends one item's payload as Item messages of at most
-// ChunkSize bytes.
-func SendChunks(send func(*proto.Message) error, port, typ string, b []byte) error {
-	for {
-		n := min(len(b), ChunkSize)
-		more := n < len(b)
-		if err := send(&proto.Message{Msg: &proto.Message_Item{Item: &proto.Item{Port: port, Type: typ, Payload: b[:n], More: more}}}); err != nil {
-			return err
-		}
-		if !more {
-			return nil
-		}
-		b = b[n:]
-	}
+	}, o.port, item)
 }
 
 type remoteMetrics struct{ r *remoteReplica }
