@@ -116,6 +116,9 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 	defer cancel()
 	go r.receive(cancel)
 	runErr := node.Run(ctx, r)
+	if err := r.failed(); err != nil && errors.Is(runErr, context.Canceled) {
+		runErr = err // the node stopped because its input broke
+	}
 	done := &proto.Done{}
 	if runErr != nil {
 		done.Error = runErr.Error()
@@ -130,7 +133,10 @@ const inputWindow = 8
 type remoteReplica struct {
 	stream  proto.Node_RunServer
 	start   *proto.Start
-	sendMu  sync.Mutex
+	sendMu  sync.Mutex // one message at a time on the stream
+	itemMu  sync.Mutex // one item at a time: its chunks must not interleave with another's
+	errMu   sync.Mutex
+	err     error // why receiving stopped, when the stream did not simply end
 	inputs  map[string]*remoteInput
 	outputs map[string]*remoteOutput
 	dead    chan struct{} // closed when the stream breaks
@@ -178,7 +184,11 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			}
 			item, err := Decode(v.Item.Type, b)
 			in := r.inputs[v.Item.Port]
-			if err != nil || in == nil {
+			if err == nil && in == nil {
+				err = fmt.Errorf("sdk: an item for input port %q, which the node does not have", v.Item.Port)
+			}
+			if err != nil {
+				r.fail(err)
 				cancel()
 				return
 			}
@@ -189,6 +199,20 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			}
 		}
 	}
+}
+
+func (r *remoteReplica) fail(err error) {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *remoteReplica) failed() error {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	return r.err
 }
 
 func (r *remoteReplica) Stage() string             { return r.start.Stage }
@@ -242,6 +266,8 @@ type remoteOutput struct {
 // Send streams the item to dflow in chunks; gRPC's flow control blocks it
 // while dflow's side of the edge is full.
 func (o *remoteOutput) Send(ctx context.Context, item any) error {
+	o.r.itemMu.Lock()
+	defer o.r.itemMu.Unlock()
 	return SendItem(func(m *proto.Message) error {
 		if err := ctx.Err(); err != nil {
 			return err
