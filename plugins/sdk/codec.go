@@ -69,7 +69,11 @@ func Decode(name string, b []byte) (any, error) {
 		return &synthetic.Blob{Replica: int(int64(binary.LittleEndian.Uint64(b))), Seq: int64(binary.LittleEndian.Uint64(b[8:])), Data: b[16:]}, nil
 	case "tokens":
 		h, rest, ok := readHeader(b, 3)
-		if !ok || h[0] < 0 || h[1] < 0 || int64(len(rest)) != 4*h[0]*(h[1]+1) {
+		if !ok {
+			return bad("shorter than its header")
+		}
+		n, ok := elems(h[0], h[1], 1)
+		if !ok || int64(len(rest)) != 4*n {
 			return bad("sizes do not match the header")
 		}
 		return &text.Batch{B: int(h[0]), T: int(h[1]), Seq: h[2], Tokens: readInt32s(rest)}, nil
@@ -78,14 +82,40 @@ func Decode(name string, b []byte) (any, error) {
 		if !ok {
 			return bad("shorter than its header")
 		}
-		n, kd := h[0]*h[1], h[2]*h[3]
-		if h[0] < 0 || h[1] < 0 || kd < 0 || n > 1<<40 || int64(len(rest)) != 4*(n*kd+2*n) {
+		n, ok1 := elems(h[0], h[1], 0)
+		all, ok2 := elems(h[0], h[1], 0, h[2], h[3])
+		if !ok1 || !ok2 || int64(len(rest)) != 4*(all+2*n) {
 			return bad("sizes do not match the header")
 		}
 		return &dflash.HiddenStates{B: int(h[0]), T: int(h[1]), K: int(h[2]), D: int(h[3]), Seq: h[4],
-			Hidden: readFloat32s(rest[:4*n*kd]), Tokens: readInt32s(rest[4*n*kd : 4*n*kd+4*n]), Greedy: readInt32s(rest[4*n*kd+4*n:])}, nil
+			Hidden: readFloat32s(rest[:4*all]), Tokens: readInt32s(rest[4*all : 4*all+4*n]), Greedy: readInt32s(rest[4*all+4*n:])}, nil
 	}
 	return nil, fmt.Errorf("sdk: unknown item encoding %q", name)
+}
+
+// Limits on the sizes a header may give: any one dimension, and the
+// elements of an array.
+const (
+	maxDim   = 1 << 31
+	maxElems = 1 << 40
+)
+
+// elems is the number of elements of an array with the given dimensions,
+// read from a header, and whether they are sane: each in [0, maxDim], the
+// product at most maxElems (checked before it could overflow). plus is
+// added to the second dimension: tokens hold T+1 per row.
+func elems(b, t, plus int64, more ...int64) (int64, bool) {
+	if t >= 0 {
+		t += plus
+	}
+	p := int64(1)
+	for _, d := range append([]int64{b, t}, more...) {
+		if d < 0 || d > maxDim || d != 0 && p > maxElems/d {
+			return 0, false
+		}
+		p *= d
+	}
+	return p, true
 }
 
 func header(vals ...int64) []byte {

@@ -222,3 +222,45 @@ func BenchmarkCodec(b *testing.B) {
 	}
 	b.SetBytes(int64(size))
 }
+
+// FuzzDecode: whatever bytes a plugin sends, Decode returns an error or an
+// item that is consistent with itself (sizes that match its arrays, no
+// negative dimension) and encodes back to the same bytes; it never panics.
+func FuzzDecode(f *testing.F) {
+	for _, item := range []any{
+		[]byte("raw"),
+		&synthetic.Blob{Replica: 3, Seq: 99, Data: []byte{1, 2, 3}},
+		&text.Batch{B: 2, T: 2, Seq: 7, Tokens: []int32{1, 2, 3, 4, 5, 6}},
+		&dflash.HiddenStates{B: 1, T: 2, K: 1, D: 2, Seq: 4, Hidden: []float32{1, -2, 3.5, 4}, Tokens: []int32{9, 8}, Greedy: []int32{7, 6}},
+	} {
+		name, b, _ := Encode(item)
+		f.Add(name, b)
+	}
+	// Headers whose sizes multiply out to the payload only by overflow, or
+	// with negative dimensions that cancel out.
+	f.Add("hidden", append(header(1, 1, -1, -4, 0), make([]byte, 24)...))
+	f.Add("hidden", append(header(1, 1, 1<<62, 4, 0), make([]byte, 8)...))
+	f.Add("tokens", append(header(1<<62, 3, 0), make([]byte, 0)...))
+	f.Add("tokens", append(header(-1, -2, 0), make([]byte, 4)...))
+	f.Fuzz(func(t *testing.T, name string, b []byte) {
+		item, err := Decode(name, bytes.Clone(b))
+		if err != nil {
+			return
+		}
+		switch v := item.(type) {
+		case *text.Batch:
+			if v.B < 0 || v.T < 0 || v.B > 1<<31 || v.T > 1<<31 || len(v.Tokens) != v.B*(v.T+1) {
+				t.Fatalf("tokens B=%d T=%d with %d tokens", v.B, v.T, len(v.Tokens))
+			}
+		case *dflash.HiddenStates:
+			big := func(d int) bool { return d < 0 || d > 1<<31 }
+			if big(v.B) || big(v.T) || big(v.K) || big(v.D) || len(v.Hidden) != v.B*v.T*v.K*v.D || len(v.Tokens) != v.B*v.T || len(v.Greedy) != v.B*v.T {
+				t.Fatalf("hidden B=%d T=%d K=%d D=%d with %d, %d, %d values", v.B, v.T, v.K, v.D, len(v.Hidden), len(v.Tokens), len(v.Greedy))
+			}
+		}
+		name2, b2, err := Encode(item)
+		if err != nil || name2 != name || !bytes.Equal(b2, b) {
+			t.Fatalf("%s did not encode back to its bytes (%v)", name, err)
+		}
+	})
+}
