@@ -15,13 +15,16 @@ import (
 	"github.com/dflow-dev/dflow/nodes/text"
 )
 
+// sampleItems has one item of every wire type.
+var sampleItems = []any{
+	[]byte("raw"),
+	&synthetic.Blob{Replica: 3, Seq: 99, Data: []byte{1, 2, 3}},
+	&text.Batch{B: 2, T: 2, Seq: 7, Tokens: []int32{1, 2, 3, 4, 5, 6}},
+	&dflash.HiddenStates{B: 1, T: 2, K: 1, D: 2, Seq: 4, Hidden: []float32{1, -2, 3.5, 4}, Tokens: []int32{9, 8}, Greedy: []int32{7, 6}},
+}
+
 func TestCodecRoundTrip(t *testing.T) {
-	for _, item := range []any{
-		[]byte("raw"),
-		&synthetic.Blob{Replica: 3, Seq: 99, Data: []byte{1, 2, 3}},
-		&text.Batch{B: 2, T: 2, Seq: 7, Tokens: []int32{1, 2, 3, 4, 5, 6}},
-		&dflash.HiddenStates{B: 1, T: 2, K: 1, D: 2, Seq: 4, Hidden: []float32{1, -2, 3.5, 4}, Tokens: []int32{9, 8}, Greedy: []int32{7, 6}},
-	} {
+	for _, item := range sampleItems {
 		name, b, err := Encode(item)
 		if err != nil {
 			t.Fatal(err)
@@ -227,12 +230,7 @@ func BenchmarkCodec(b *testing.B) {
 // item that is consistent with itself (sizes that match its arrays, no
 // negative dimension) and encodes back to the same bytes; it never panics.
 func FuzzDecode(f *testing.F) {
-	for _, item := range []any{
-		[]byte("raw"),
-		&synthetic.Blob{Replica: 3, Seq: 99, Data: []byte{1, 2, 3}},
-		&text.Batch{B: 2, T: 2, Seq: 7, Tokens: []int32{1, 2, 3, 4, 5, 6}},
-		&dflash.HiddenStates{B: 1, T: 2, K: 1, D: 2, Seq: 4, Hidden: []float32{1, -2, 3.5, 4}, Tokens: []int32{9, 8}, Greedy: []int32{7, 6}},
-	} {
+	for _, item := range sampleItems {
 		name, b, _ := Encode(item)
 		f.Add(name, b)
 	}
