@@ -37,7 +37,7 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 		out = append(out, siblings(g, rep, s, predict)...)
 	}
 	for _, e := range g.Edges {
-		out = append(out, queueRules(rep, e)...)
+		out = append(out, queueRules(g, rep, e)...)
 	}
 	return out
 }
@@ -162,7 +162,7 @@ func unevenFeed(s *graph.Stage, c int) (*graph.Edge, string) {
 	return nil, ""
 }
 
-func queueRules(rep *report.Report, e *graph.Edge) []string {
+func queueRules(g *graph.Graph, rep *report.Report, e *graph.Edge) []string {
 	re, ok := rep.Edges[e.Name]
 	if !ok {
 		return nil
@@ -188,8 +188,14 @@ func queueRules(rep *report.Report, e *graph.Edge) []string {
 		who += ")"
 		switch {
 		case q.MeanDepth >= fullShare*float64(re.Capacity):
-			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s cannot keep up and holds back %s",
-				name, q.MeanDepth, re.Capacity, who, e.From.Stage.Name))
+			// A consumer blocked on outputs that are full themselves is
+			// not the cause: what holds it back is further downstream.
+			why := "cannot keep up"
+			if full := fullEdgesFrom(g, rep, e.To.Stage); len(full) > 0 && median(blocked) >= siblingGap {
+				why = "is held back in turn by " + strings.Join(full, ", ")
+			}
+			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s %s and holds back %s",
+				name, q.MeanDepth, re.Capacity, who, why, e.From.Stage.Name))
 		case q.MeanDepth <= emptyDepth && re.Produced > 0 && len(idle) > 0 &&
 			median(idle) >= siblingGap && median(busy) >= minBusy:
 			out = append(out, fmt.Sprintf("%s is always empty (mean depth %.2f): %s waits for input %s of the time",
@@ -197,6 +203,26 @@ func queueRules(rep *report.Report, e *graph.Edge) []string {
 		}
 	}
 	return out
+}
+
+// fullEdgesFrom names the edges leaving stage s with a queue that is
+// always full ("edge hs"): mean depth at fullShare of the capacity or
+// more.
+func fullEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
+	var names []string
+	for _, e := range g.Edges {
+		re, ok := rep.Edges[e.Name]
+		if e.From.Stage != s || !ok {
+			continue
+		}
+		for _, q := range re.Queues {
+			if q.MeanDepth >= fullShare*float64(re.Capacity) {
+				names = append(names, "edge "+e.Name)
+				break
+			}
+		}
+	}
+	return names
 }
 
 // Prediction is a simulated before/after wall time, in seconds.

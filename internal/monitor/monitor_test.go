@@ -142,6 +142,17 @@ func TestDiagnoseRules(t *testing.T) {
 	if strings.Contains(all, "edge trained") {
 		t.Errorf("a sink that never works should not be reported as starved:\n%s", all)
 	}
+
+	// A consumer blocked on outputs that are full themselves is not what
+	// holds its input back: the diagnosis points downstream (the main
+	// job's shape, where the drafters hold back the targets, which hold
+	// back the reader). The drafters above are blocked too, but at their
+	// sync steps: edge trained is empty, so they "cannot keep up".
+	rep.Stages["target"] = report.Stage{Replicas: []report.Replica{rp(4.9, 0, 5.1), rp(4.9, 0, 5.1), rp(7.9, 0, 2.1), rp(4.8, 0, 5.2), rp(4.9, 0, 5.1)}}
+	all = strings.Join(Diagnose(g, rep, nil), "\n")
+	if want := "edge tokens is always full (mean depth 15.5 of 16): target (busy 49%, blocked 51%) is held back in turn by edge hs and holds back reader"; !strings.Contains(all, want) {
+		t.Errorf("missing %q in:\n%s", want, all)
+	}
 	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}, nil); len(got) != 0 {
 		t.Errorf("too short a run to judge: %v", got)
 	}
