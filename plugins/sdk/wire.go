@@ -24,9 +24,9 @@ func SendItem(send func(*proto.Message) error, port string, item any) error {
 	for _, p := range pieces {
 		size += len(p)
 	}
-	if size <= ChunkSize {
+	if size <= ChunkSize && len(pieces) > 1 {
 		pieces = [][]byte{slices.Concat(pieces...)}
-	} else {
+	} else if size > ChunkSize {
 		pieces = slices.DeleteFunc(pieces, func(p []byte) bool { return len(p) == 0 })
 	}
 	for i, p := range pieces {
