@@ -1,0 +1,361 @@
+"""dflow plugins in Python.
+
+A plugin is an executable that speaks the dflow.plugin.v1 Node service
+(plugins/proto/dflow.proto) over hashicorp/go-plugin's gRPC transport:
+dflow starts it, reads one handshake line from its stdout, and connects.
+This module is that transport, the Node service and the item codec, so
+that a plugin is a few node classes and a call to serve():
+
+    class Scale(Node):
+        name = "scale"
+        config = [Field("factor", "number", default=2.0)]
+
+        def ports(self, config):
+            return [Port("in", "any"), Port("out", output=True, same_as="in")]
+
+        def run(self, r):
+            for item in r.recv("in"):
+                r.send("out", item)
+
+    serve(Scale())
+
+Needs grpcio, protobuf and numpy (Debian: python3-grpcio, python3-protobuf,
+python3-numpy). The layouts of the wire types are in docs/plugins.md.
+"""
+
+import json
+import os
+import queue
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+from concurrent import futures
+
+import grpc
+import numpy as np
+
+import dflow_pb2 as pb
+
+COOKIE_KEY, COOKIE = "DFLOW_PLUGIN_MAGIC_COOKIE", "dflow-node-plugin-v1"
+CHUNK = 1 << 20  # payload bytes per Item message, as dflow sends them
+INPUT_WINDOW = 8  # input items a replica holds at most (its credit)
+
+
+# --- items ---------------------------------------------------------------
+
+class Blob:
+    """synthetic_source items: replica, seq, data (bytes)."""
+
+    def __init__(self, replica, seq, data):
+        self.replica, self.seq, self.data = replica, seq, data
+
+
+class Tokens:
+    """text_reader batches: B rows of T+1 byte tokens (int32 [B, T+1])."""
+
+    def __init__(self, B, T, seq, tokens):
+        self.B, self.T, self.seq, self.tokens = B, T, seq, tokens
+
+
+class Hidden:
+    """target_forward items: hidden float32 [B, T, K, D] (K tapped layers),
+    tokens and greedy int32 [B, T]."""
+
+    def __init__(self, B, T, K, D, seq, hidden, tokens, greedy):
+        self.B, self.T, self.K, self.D, self.seq = B, T, K, D, seq
+        self.hidden, self.tokens, self.greedy = hidden, tokens, greedy
+
+
+class BadItem(ValueError):
+    pass
+
+
+def decode(typ, b):
+    """An item from its wire type and payload (docs/plugins.md)."""
+    if typ == "bytes":
+        return bytes(b)
+    if typ == "blob":
+        if len(b) < 16:
+            raise BadItem("blob item shorter than its header")
+        replica, seq = struct.unpack_from("<qq", b)
+        return Blob(replica, seq, bytes(b[16:]))
+    if typ == "tokens":
+        if len(b) < 24:
+            raise BadItem("tokens item shorter than its header")
+        B, T, seq = struct.unpack_from("<qqq", b)
+        if B < 0 or T < 0 or len(b) != 24 + 4 * B * (T + 1):
+            raise BadItem("tokens item: sizes do not match the header")
+        return Tokens(B, T, seq, np.frombuffer(b, "<i4", B * (T + 1), 24).reshape(B, T + 1))
+    if typ == "hidden":
+        if len(b) < 40:
+            raise BadItem("hidden item shorter than its header")
+        B, T, K, D, seq = struct.unpack_from("<qqqqq", b)
+        n, m = B * T, B * T * K * D
+        if min(B, T, K, D) < 0 or len(b) != 40 + 4 * (m + 2 * n):
+            raise BadItem("hidden item: sizes do not match the header")
+        hidden = np.frombuffer(b, "<f4", m, 40).reshape(B, T, K, D)
+        tokens = np.frombuffer(b, "<i4", n, 40 + 4 * m).reshape(B, T)
+        greedy = np.frombuffer(b, "<i4", n, 40 + 4 * (m + n)).reshape(B, T)
+        return Hidden(B, T, K, D, seq, hidden, tokens, greedy)
+    raise BadItem("unknown item encoding %r" % typ)
+
+
+def encode(item):
+    """An item's wire type and payload."""
+    if isinstance(item, (bytes, bytearray)):
+        return "bytes", bytes(item)
+    if isinstance(item, Blob):
+        return "blob", struct.pack("<qq", item.replica, item.seq) + bytes(item.data)
+    if isinstance(item, Tokens):
+        return "tokens", struct.pack("<qqq", item.B, item.T, item.seq) + \
+            np.ascontiguousarray(item.tokens, "<i4").tobytes()
+    if isinstance(item, Hidden):
+        return "hidden", b"".join([
+            struct.pack("<qqqqq", item.B, item.T, item.K, item.D, item.seq),
+            np.ascontiguousarray(item.hidden, "<f4").tobytes(),
+            np.ascontiguousarray(item.tokens, "<i4").tobytes(),
+            np.ascontiguousarray(item.greedy, "<i4").tobytes()])
+    raise TypeError("no wire encoding for %s" % type(item).__name__)
+
+
+# --- what a plugin author writes ----------------------------------------
+
+class Field:
+    """A config attribute: type is string, number, int, bool, list(string)
+    or list(number)."""
+
+    def __init__(self, name, type, default=None, required=False, doc=""):
+        self.name, self.type, self.default = name, type, default
+        self.required, self.doc = required, doc
+
+
+class Port:
+    """A port: an input unless output; same_as makes an output's type the
+    type of the named input's edge."""
+
+    def __init__(self, name, type="", output=False, same_as="", doc=""):
+        self.name, self.type, self.output = name, type, output
+        self.same_as, self.doc = same_as, doc
+
+
+class Node:
+    """A node kind. Subclasses set name, doc and config, and define ports
+    (for a config) and run (one replica); check may return errors as
+    (field, message) pairs."""
+
+    name = ""
+    doc = ""
+    config = []
+
+    def ports(self, config):
+        raise NotImplementedError
+
+    def check(self, config):
+        return []
+
+    def run(self, replica):
+        raise NotImplementedError
+
+
+class Replica:
+    """One running replica, as Node.run sees it."""
+
+    def __init__(self, start, config, out):
+        self.stage, self.index, self.replicas = start.stage, start.replica, start.replicas
+        self.device, self.config = start.device, config
+        self._out = out
+        self._inputs = {}
+        self._lock = threading.Lock()
+
+    def recv(self, port):
+        """The items arriving on an input port, until every producer has
+        finished."""
+        q = self._inputs[port]
+        while True:
+            item = q.get()
+            if item is _EOF:
+                return
+            # The item is taken: credit for one more.
+            self._out.put(pb.Message(credit=pb.Credit(n=1)))
+            yield item
+
+    def send(self, port, item):
+        """Sends an item on an output port, in chunks of at most CHUNK
+        bytes, the first giving the whole size."""
+        typ, b = encode(item)
+        view = memoryview(b)
+        with self._lock:  # one item's chunks in a row
+            for i in range(0, max(len(b), 1), CHUNK):
+                chunk = pb.Item(port=port, type=typ, payload=bytes(view[i:i + CHUNK]),
+                                more=i + CHUNK < len(b))
+                if i == 0:
+                    chunk.size = len(b)
+                self._out.put(pb.Message(item=chunk))
+
+    def metric(self, name, value, counter=False):
+        """Sets a gauge, or adds to a counter."""
+        self._out.put(pb.Message(metric=pb.Metric(name=name, value=value, counter=counter)))
+
+
+_EOF = object()
+_DONE = object()
+
+
+# --- the service -----------------------------------------------------------
+
+def _config(kind, config_json):
+    """The config values, defaults filled in, and the field errors."""
+    try:
+        given = json.loads(config_json or "{}")
+    except ValueError as e:
+        return None, [("", "config is not JSON: %s" % e)]
+    fields = {f.name: f for f in kind.config}
+    errors = [(k, "unknown attribute") for k in given if k not in fields]
+    config = {}
+    for f in kind.config:
+        if f.name in given:
+            config[f.name] = given[f.name]
+        elif f.required:
+            errors.append((f.name, "required"))
+        else:
+            config[f.name] = f.default
+    return config, errors
+
+
+class _Service:
+    def __init__(self, kinds):
+        self.kinds = {k.name: k for k in kinds}
+
+    def describe(self, request, context):
+        resp = pb.DescribeResponse()
+        for k in self.kinds.values():
+            kind = resp.kinds.add(name=k.name, doc=k.doc)
+            for f in k.config:
+                kind.config.add(name=f.name, type=f.type, required=f.required, doc=f.doc,
+                                default_json="" if f.default is None else json.dumps(f.default))
+        return resp
+
+    def check(self, request, context):
+        kind = self.kinds.get(request.kind)
+        if kind is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no node kind %r" % request.kind)
+        resp = pb.CheckResponse()
+        config, errors = _config(kind, request.config_json)
+        if config is not None:
+            errors += kind.check(config)
+            for p in kind.ports(config):
+                resp.ports.add(name=p.name, output=p.output, type=p.type, same_as=p.same_as, doc=p.doc)
+        for field, message in errors:
+            resp.errors.add(field=field, message=message)
+        return resp
+
+    def run(self, requests, context):
+        first = next(requests)
+        start = first.start
+        kind = self.kinds.get(start.kind)
+        if kind is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no node kind %r" % start.kind)
+        config, errors = _config(kind, start.config_json)
+        out = queue.Queue()
+        r = Replica(start, config, out)
+        for p in kind.ports(config):
+            if not p.output:
+                r._inputs[p.name] = queue.Queue(INPUT_WINDOW)
+        if r._inputs:
+            out.put(pb.Message(credit=pb.Credit(n=INPUT_WINDOW)))
+
+        failure = []
+
+        def receive():
+            parts, size = [], 0
+            try:
+                for m in requests:
+                    which = m.WhichOneof("msg")
+                    if which == "item":
+                        parts.append(m.item.payload)
+                        if m.item.more:
+                            continue
+                        item = decode(m.item.type, b"".join(parts))
+                        parts = []
+                        if m.item.port not in r._inputs:
+                            raise BadItem("an item for input port %r, which the node does not have" % m.item.port)
+                        r._inputs[m.item.port].put(item)
+                    elif which == "eof" and m.eof.port in r._inputs:
+                        r._inputs[m.eof.port].put(_EOF)
+            except Exception as e:  # a broken input ends the replica with the reason
+                failure.append(e)
+                for q in r._inputs.values():
+                    q.put(_EOF)
+
+        def work():
+            error = ""
+            try:
+                kind.run(r)
+            except Exception:
+                error = traceback.format_exc(limit=3).strip()
+            if failure:
+                error = "input: %s" % failure[0]
+            out.put(pb.Message(done=pb.Done(error=error)))
+            out.put(_DONE)
+
+        threading.Thread(target=receive, daemon=True).start()
+        threading.Thread(target=work, daemon=True).start()
+        while True:
+            m = out.get()
+            if m is _DONE:
+                return
+            yield m
+
+
+def serve(*kinds):
+    """Serves the node kinds to dflow until dflow stops the process. Call it
+    from the plugin's main."""
+    if os.environ.get(COOKIE_KEY) != COOKIE:
+        sys.stderr.write("This is a dflow plugin: dflow starts it when a spec uses one of its nodes.\n")
+        sys.exit(1)
+    svc = _Service(kinds)
+    raw = dict(request_deserializer=None, response_serializer=None)
+    handlers = [
+        grpc.method_handlers_generic_handler("dflow.plugin.v1.Node", {
+            "Describe": grpc.unary_unary_rpc_method_handler(
+                svc.describe, pb.DescribeRequest.FromString, pb.DescribeResponse.SerializeToString),
+            "Check": grpc.unary_unary_rpc_method_handler(
+                svc.check, pb.CheckRequest.FromString, pb.CheckResponse.SerializeToString),
+            "Run": grpc.stream_stream_rpc_method_handler(
+                svc.run, pb.Message.FromString, pb.Message.SerializeToString),
+        }),
+        # go-plugin asks the standard health service about "plugin":
+        # SERVING is field 1 = 1.
+        grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+            "Check": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"\x08\x01", **raw),
+        }),
+        # go-plugin's graceful stop: answer, then exit.
+        grpc.method_handlers_generic_handler("plugin.GRPCController", {
+            "Shutdown": grpc.unary_unary_rpc_method_handler(_shutdown, **raw),
+        }),
+    ]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), handlers=handlers,
+                         options=[("grpc.max_receive_message_length", 8 << 20)])
+    sock = os.path.join(tempfile.mkdtemp(prefix="dflow-py-"), "plugin.sock")
+    server.add_insecure_port("unix:" + sock)
+    server.start()
+    global _sockdir
+    _sockdir = os.path.dirname(sock)
+    # The handshake: core protocol 1, app protocol 1, network, address, grpc.
+    sys.stdout.write("1|1|unix|%s|grpc\n" % sock)
+    sys.stdout.flush()
+    server.wait_for_termination()
+
+
+_sockdir = None
+
+
+def _shutdown(request, context):
+    def stop():
+        shutil.rmtree(_sockdir, ignore_errors=True)
+        os._exit(0)
+    threading.Timer(0.05, stop).start()
+    return b""

@@ -1,0 +1,266 @@
+// Package python holds the example dflow plugin written in Python
+// (stats.py, on the module dflowplugin.py); this test runs it through
+// dflow where Python has what it needs.
+package python
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/dflash"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/plugins/host"
+)
+
+// python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
+// Debian's, which is where python3-grpcio installs); the test skips
+// without grpcio, protobuf and numpy.
+func python(t *testing.T) string {
+	py := os.Getenv("DFLOW_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	out, err := exec.Command(py, "-c", "import grpc, google.protobuf, numpy").CombinedOutput()
+	if err != nil {
+		t.Skipf("%s lacks grpcio, protobuf or numpy (Debian: python3-grpcio python3-protobuf python3-numpy): %s", py, bytes.TrimSpace(out))
+	}
+	t.Setenv("DFLOW_PYTHON", py)
+	return py
+}
+
+// lockedBuf is a goroutine-safe buffer for the plugin's forwarded stderr.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+type fixture struct {
+	reg    *nodes.Registry
+	h      *host.Host
+	stderr lockedBuf
+	mu     sync.Mutex
+	rms    []float64 // per hidden-states item the sink got, in order
+	items  int
+}
+
+func newFixture(t *testing.T) *fixture {
+	python(t)
+	f := &fixture{reg: nodes.NewRegistry()}
+	synthetic.Register(f.reg)
+	text.Register(f.reg)
+	dflash.Register(f.reg)
+	f.reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "rms_sink", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					item, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					f.mu.Lock()
+					f.items++
+					if h, ok := item.(*dflash.HiddenStates); ok {
+						if len(h.Hidden) != h.B*h.T*h.K*h.D || len(h.Tokens) != h.B*h.T {
+							f.mu.Unlock()
+							return fmt.Errorf("hidden states of %dx%dx%dx%d with %d values", h.B, h.T, h.K, h.D, len(h.Hidden))
+						}
+						var sum float64
+						for _, x := range h.Hidden {
+							sum += float64(x) * float64(x)
+						}
+						f.rms = append(f.rms, math.Sqrt(sum/float64(len(h.Hidden))))
+					}
+					f.mu.Unlock()
+				}
+			}), nil
+		},
+	})
+	f.h = host.New(&f.stderr)
+	path, err := filepath.Abs("dflow-plugin-pystats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.h.Load("py", path, f.reg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.h.Close)
+	return f
+}
+
+func (f *fixture) run(t *testing.T, src string) (*report.Report, error) {
+	t.Helper()
+	g, diags := (&graph.Loader{Catalog: f.reg}).Load("p.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return engine.Run(ctx, g, engine.Options{Registry: f.reg})
+}
+
+// TestSmallItems: thousands of items through two replicas of the Python
+// plugin, counts exact, its counter metric summed over the replicas.
+func TestSmallItems(t *testing.T) {
+	f := newFixture(t)
+	rep, err := f.run(t, `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 2000
+    size_bytes = 100
+  }
+}
+stage "s" {
+  node     = "py/stats"
+  replicas = 2
+}
+stage "sink" {
+  node = "rms_sink"
+}
+edge "a" {
+  from = src.out
+  to   = s.in
+}
+edge "b" {
+  from = s.out
+  to   = sink.in
+}`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	if rep.Edges["b"].Produced != 2000 || f.items != 2000 || rep.Stages["s"].Metrics["items"] != 2000 {
+		t.Errorf("out %d, sink %d, items metric %v; want 2000", rep.Edges["b"].Produced, f.items, rep.Stages["s"].Metrics["items"])
+	}
+}
+
+// TestHiddenStates: the target's hidden states cross into Python and back:
+// the plugin scales them by 2 and publishes the RMS it saw, and the sink
+// sees twice that.
+func TestHiddenStates(t *testing.T) {
+	f := newFixture(t)
+	corpus := filepath.Join(t.TempDir(), "corpus.txt")
+	if err := os.WriteFile(corpus, bytes.Repeat([]byte("func main() { fmt.Println(\"hello, dflow\") }\n"), 400), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := f.run(t, fmt.Sprintf(`
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = %q
+    seq_len    = 32
+    batch_size = 4
+    limit      = 3
+  }
+}
+stage "target" {
+  node = "target_forward"
+  config {
+    model = "../../../models/target.safetensors"
+  }
+}
+stage "s" {
+  node = "py/stats"
+  config {
+    scale = 2
+  }
+}
+stage "sink" {
+  node = "rms_sink"
+}
+edge "tokens" {
+  from = reader.out
+  to   = target.in
+}
+edge "hs" {
+  from = target.hidden
+  to   = s.in
+}
+edge "out" {
+  from = s.out
+  to   = sink.in
+}`, corpus))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	if len(f.rms) != 3 {
+		t.Fatalf("the sink got %d hidden-states items, want 3", len(f.rms))
+	}
+	// hidden_rms is a gauge: the last item's, before scaling.
+	seen := rep.Stages["s"].Metrics["hidden_rms"]
+	if last := f.rms[2]; seen <= 0 || math.Abs(last-2*seen) > 1e-4*last {
+		t.Errorf("the plugin saw RMS %g, the sink got %g after scaling by 2", seen, last)
+	}
+}
+
+// TestCrash: a Python plugin that dies mid-stream fails its stage with its
+// last words, and leaves no process behind.
+func TestCrash(t *testing.T) {
+	f := newFixture(t)
+	_, err := f.run(t, `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 100
+  }
+}
+stage "s" {
+  node = "py/stats"
+  config {
+    crash_after = 10
+  }
+}
+stage "sink" {
+  node = "rms_sink"
+}
+edge "a" {
+  from = src.out
+  to   = s.in
+}
+edge "b" {
+  from = s.out
+  to   = sink.in
+}`)
+	if err == nil || !strings.Contains(err.Error(), "crashing on purpose after 10 items") || !strings.Contains(err.Error(), `stage "s"`) {
+		t.Fatalf("want the stage to fail with the plugin's last words, got %v", err)
+	}
+	f.h.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, _ := exec.Command("pgrep", "-f", "examples/python/stats.py").Output()
+		if len(bytes.TrimSpace(out)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin processes left running: %s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

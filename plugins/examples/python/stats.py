@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""dflow-plugin-pystats: an example dflow plugin in Python.
+
+Node kind "stats" (py/stats when the plugin block is named py): items of
+any type pass through; hidden states (target_forward's items) are scaled
+by the config's `scale` and their root mean square, before scaling, is
+published as the metric `hidden_rms`; every item counts in `items`.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+from dflowplugin import Field, Hidden, Node, Port, serve  # noqa: E402
+
+
+class Stats(Node):
+    name = "stats"
+    doc = "passes items through; scales hidden states and publishes their RMS"
+    config = [
+        Field("scale", "number", default=1.0, doc="factor applied to hidden states"),
+        Field("crash_after", "int", default=0, doc="exit abruptly after this many items (0: never)"),
+    ]
+
+    def ports(self, config):
+        return [Port("in", "any", doc="items of any type"),
+                Port("out", output=True, same_as="in", doc="the same items")]
+
+    def check(self, config):
+        if not isinstance(config["scale"], (int, float)):
+            return [("scale", "must be a number")]
+        return []
+
+    def run(self, r):
+        scale, crash = float(r.config["scale"]), int(r.config["crash_after"])
+        n = 0
+        for item in r.recv("in"):
+            if crash and n == crash:
+                sys.stderr.write("stats: crashing on purpose after %d items\n" % n)
+                sys.stderr.flush()
+                os._exit(3)
+            if isinstance(item, Hidden):
+                r.metric("hidden_rms", float(np.sqrt(np.mean(np.square(item.hidden, dtype=np.float64)))))
+                item.hidden = item.hidden * np.float32(scale)
+            r.send("out", item)
+            n += 1
+            r.metric("items", 1, counter=True)
+
+
+if __name__ == "__main__":
+    serve(Stats())
