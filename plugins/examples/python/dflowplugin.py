@@ -42,6 +42,7 @@ import dflow_pb2 as pb
 COOKIE_KEY, COOKIE = "DFLOW_PLUGIN_MAGIC_COOKIE", "dflow-node-plugin-v1"
 CHUNK = 1 << 20  # payload bytes per Item message, as dflow sends them
 INPUT_WINDOW = 8  # input items a replica holds at most (its credit)
+OUTPUT_WINDOW = 64  # messages a replica queues for dflow before send blocks
 
 
 # --- items ---------------------------------------------------------------
@@ -74,7 +75,9 @@ class BadItem(ValueError):
 
 
 def decode(typ, b):
-    """An item from its wire type and payload (docs/plugins.md)."""
+    """An item from its wire type and payload (docs/plugins.md). Arrays are
+    numpy views of b: writable when b is a bytearray, as received items'
+    payloads are."""
     if typ == "bytes":
         return bytes(b)
     if typ == "blob":
@@ -259,7 +262,9 @@ class _Service:
         if kind is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no node kind %r" % start.kind)
         config, errors = _config(kind, start.config_json)
-        out = queue.Queue()
+        # Bounded: a node that sends faster than dflow takes its items
+        # waits in send, as a Go node waits in Send.
+        out = queue.Queue(OUTPUT_WINDOW)
         r = Replica(start, config, out)
         for p in kind.ports(config):
             if not p.output:
@@ -270,16 +275,16 @@ class _Service:
         failure = []
 
         def receive():
-            parts, size = [], 0
+            buf = bytearray()
             try:
                 for m in requests:
                     which = m.WhichOneof("msg")
                     if which == "item":
-                        parts.append(m.item.payload)
+                        buf += m.item.payload
                         if m.item.more:
                             continue
-                        item = decode(m.item.type, b"".join(parts))
-                        parts = []
+                        item = decode(m.item.type, buf)
+                        buf = bytearray()
                         if m.item.port not in r._inputs:
                             raise BadItem("an item for input port %r, which the node does not have" % m.item.port)
                         r._inputs[m.item.port].put(item)

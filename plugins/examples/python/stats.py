@@ -44,7 +44,7 @@ class Stats(Node):
                 os._exit(3)
             if isinstance(item, Hidden):
                 r.metric("hidden_rms", float(np.sqrt(np.mean(np.square(item.hidden, dtype=np.float64)))))
-                item.hidden = item.hidden * np.float32(scale)
+                item.hidden *= np.float32(scale)  # in place: received arrays are writable
             r.send("out", item)
             n += 1
             r.metric("items", 1, counter=True)
