@@ -13,7 +13,10 @@ import (
 // BenchmarkPluginStage moves items through the pass node as a plugin
 // (its own process, gRPC, the codec, 1 MiB chunks) and in-process (the
 // same node registered as a built-in), with small (64 B) and large
-// (16 MiB) payloads. One op is one item; MB/s counts payload bytes.
+// (16 MiB) payloads. One op is one item; MB/s counts payload bytes. A
+// run includes starting the plugin's process (a few hundred ms here), so
+// take enough items to amortize it: bench/run moves 30,000 small and 40
+// large ones.
 func BenchmarkPluginStage(b *testing.B) {
 	for _, size := range []int{64, 16 << 20} {
 		for _, where := range []string{"plugin", "in-process"} {
