@@ -46,7 +46,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		return err
 	}
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
-		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device()}
+		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true}
 	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
 		return err
 	}
@@ -80,12 +80,15 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 			if !whole {
 				continue
 			}
-			item, err := sdk.Decode(v.Item.Type, b)
-			if err != nil {
+			v.Item.Payload = b
+			if err := n.deliver(ctx, r, v.Item); err != nil {
 				return err
 			}
-			if err := r.Out(v.Item.Port).Send(ctx, item); err != nil {
-				return err
+		case *proto.Message_Batch:
+			for _, it := range v.Batch.Items {
+				if err := n.deliver(ctx, r, it); err != nil {
+					return err
+				}
 			}
 		case *proto.Message_Credit:
 			credit <- v.Credit.N
@@ -110,6 +113,15 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	}
 }
 
+// deliver decodes a whole item from the plugin and sends it on.
+func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, it *proto.Item) error {
+	item, err := sdk.Decode(it.Type, it.Payload)
+	if err != nil {
+		return err
+	}
+	return r.Out(it.Port).Send(ctx, item)
+}
+
 // inputs are the node's input port names, sorted.
 func (n *remoteNode) inputs(r nodes.Replica) []string {
 	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
@@ -124,12 +136,17 @@ func (n *remoteNode) inputs(r nodes.Replica) []string {
 }
 
 // feed sends the replica's input items to the plugin, one per credit, then
-// end-of-input per port.
+// end-of-input per port. To a plugin that takes batches, it sends with
+// each item the others already waiting (as much as its credit allows), so
+// that small items do not cost a message each.
 func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credit <-chan int32) error {
 	var have int32
+	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
+	waiting, stop := context.WithCancel(ctx)
+	stop() // Recv(waiting) takes an item only if one is there
 	for _, port := range ports {
 		in := r.In(port)
-		for {
+		for eof := false; !eof; {
 			for have == 0 {
 				select {
 				case c := <-credit:
@@ -145,10 +162,21 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 			if err != nil {
 				return err
 			}
-			if err := sdk.SendItem(st.Send, port, item); err != nil {
+			for {
+				if err := out.Add(port, item); err != nil {
+					return err
+				}
+				if have--; have == 0 || !out.Batches {
+					break
+				}
+				if item, err = in.Recv(waiting); err != nil {
+					eof = err == io.EOF
+					break
+				}
+			}
+			if err := out.Flush(); err != nil {
 				return err
 			}
-			have--
 		}
 		if err := st.Send(&proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: port}}}); err != nil {
 			return err

@@ -63,8 +63,10 @@ func (*DescribeRequest) Descriptor() ([]byte, []int) {
 }
 
 type DescribeResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kinds         []*Kind                `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kinds []*Kind                `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	// batches: the plugin takes Batch messages (then dflow may send them).
+	Batches       bool `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +106,13 @@ func (x *DescribeResponse) GetKinds() []*Kind {
 		return x.Kinds
 	}
 	return nil
+}
+
+func (x *DescribeResponse) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
 }
 
 type Kind struct {
@@ -486,6 +495,7 @@ type Message struct {
 	//	*Message_Credit
 	//	*Message_Metric
 	//	*Message_Done
+	//	*Message_Batch
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -582,6 +592,15 @@ func (x *Message) GetDone() *Done {
 	return nil
 }
 
+func (x *Message) GetBatch() *Batch {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -610,6 +629,10 @@ type Message_Done struct {
 	Done *Done `protobuf:"bytes,6,opt,name=done,proto3,oneof"`
 }
 
+type Message_Batch struct {
+	Batch *Batch `protobuf:"bytes,7,opt,name=batch,proto3,oneof"`
+}
+
 func (*Message_Start) isMessage_Msg() {}
 
 func (*Message_Item) isMessage_Msg() {}
@@ -622,15 +645,19 @@ func (*Message_Metric) isMessage_Msg() {}
 
 func (*Message_Done) isMessage_Msg() {}
 
+func (*Message_Batch) isMessage_Msg() {}
+
 // Start opens a replica.
 type Start struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	ConfigJson    string                 `protobuf:"bytes,2,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
-	Stage         string                 `protobuf:"bytes,3,opt,name=stage,proto3" json:"stage,omitempty"`
-	Replica       int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
-	Replicas      int32                  `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Device        string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Kind       string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	ConfigJson string                 `protobuf:"bytes,2,opt,name=config_json,json=configJson,proto3" json:"config_json,omitempty"`
+	Stage      string                 `protobuf:"bytes,3,opt,name=stage,proto3" json:"stage,omitempty"`
+	Replica    int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
+	Replicas   int32                  `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Device     string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
+	// batches: dflow takes Batch messages (then the plugin may send them).
+	Batches       bool `protobuf:"varint,7,opt,name=batches,proto3" json:"batches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -705,6 +732,13 @@ func (x *Start) GetDevice() string {
 		return x.Device
 	}
 	return ""
+}
+
+func (x *Start) GetBatches() bool {
+	if x != nil {
+		return x.Batches
+	}
+	return false
 }
 
 // Item carries one item, possibly in several chunks: every chunk but the
@@ -788,6 +822,53 @@ func (x *Item) GetSize() int64 {
 	return 0
 }
 
+// Batch carries several whole items (each with more = false), in order;
+// a side sends one only to a side that said it takes them
+// (DescribeResponse.batches, Start.batches).
+type Batch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*Item                `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Batch) Reset() {
+	*x = Batch{}
+	mi := &file_dflow_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Batch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Batch) ProtoMessage() {}
+
+func (x *Batch) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Batch.ProtoReflect.Descriptor instead.
+func (*Batch) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Batch) GetItems() []*Item {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
 // Eof: the input port will receive nothing more.
 type Eof struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -798,7 +879,7 @@ type Eof struct {
 
 func (x *Eof) Reset() {
 	*x = Eof{}
-	mi := &file_dflow_proto_msgTypes[11]
+	mi := &file_dflow_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +891,7 @@ func (x *Eof) String() string {
 func (*Eof) ProtoMessage() {}
 
 func (x *Eof) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[11]
+	mi := &file_dflow_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +904,7 @@ func (x *Eof) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eof.ProtoReflect.Descriptor instead.
 func (*Eof) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{11}
+	return file_dflow_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Eof) GetPort() string {
@@ -843,7 +924,7 @@ type Credit struct {
 
 func (x *Credit) Reset() {
 	*x = Credit{}
-	mi := &file_dflow_proto_msgTypes[12]
+	mi := &file_dflow_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +936,7 @@ func (x *Credit) String() string {
 func (*Credit) ProtoMessage() {}
 
 func (x *Credit) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[12]
+	mi := &file_dflow_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +949,7 @@ func (x *Credit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credit.ProtoReflect.Descriptor instead.
 func (*Credit) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{12}
+	return file_dflow_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Credit) GetN() int32 {
@@ -889,7 +970,7 @@ type Metric struct {
 
 func (x *Metric) Reset() {
 	*x = Metric{}
-	mi := &file_dflow_proto_msgTypes[13]
+	mi := &file_dflow_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +982,7 @@ func (x *Metric) String() string {
 func (*Metric) ProtoMessage() {}
 
 func (x *Metric) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[13]
+	mi := &file_dflow_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +995,7 @@ func (x *Metric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metric.ProtoReflect.Descriptor instead.
 func (*Metric) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{13}
+	return file_dflow_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Metric) GetName() string {
@@ -948,7 +1029,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_dflow_proto_msgTypes[14]
+	mi := &file_dflow_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1041,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[14]
+	mi := &file_dflow_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1054,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{14}
+	return file_dflow_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Done) GetError() string {
@@ -988,9 +1069,10 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"?\n" +
+	"\x0fDescribeRequest\"Y\n" +
 	"\x10DescribeResponse\x12+\n" +
-	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\"\\\n" +
+	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
+	"\abatches\x18\x02 \x01(\bR\abatches\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1017,15 +1099,16 @@ const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"FieldError\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xaa\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xda\x02\n" +
 	"\aMessage\x12.\n" +
 	"\x05start\x18\x01 \x01(\v2\x16.dflow.plugin.v1.StartH\x00R\x05start\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x15.dflow.plugin.v1.ItemH\x00R\x04item\x12(\n" +
 	"\x03eof\x18\x03 \x01(\v2\x14.dflow.plugin.v1.EofH\x00R\x03eof\x121\n" +
 	"\x06credit\x18\x04 \x01(\v2\x17.dflow.plugin.v1.CreditH\x00R\x06credit\x121\n" +
 	"\x06metric\x18\x05 \x01(\v2\x17.dflow.plugin.v1.MetricH\x00R\x06metric\x12+\n" +
-	"\x04done\x18\x06 \x01(\v2\x15.dflow.plugin.v1.DoneH\x00R\x04doneB\x05\n" +
-	"\x03msg\"\xa0\x01\n" +
+	"\x04done\x18\x06 \x01(\v2\x15.dflow.plugin.v1.DoneH\x00R\x04done\x12.\n" +
+	"\x05batch\x18\a \x01(\v2\x16.dflow.plugin.v1.BatchH\x00R\x05batchB\x05\n" +
+	"\x03msg\"\xba\x01\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -1033,13 +1116,16 @@ const file_dflow_proto_rawDesc = "" +
 	"\x05stage\x18\x03 \x01(\tR\x05stage\x12\x18\n" +
 	"\areplica\x18\x04 \x01(\x05R\areplica\x12\x1a\n" +
 	"\breplicas\x18\x05 \x01(\x05R\breplicas\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\tR\x06device\"p\n" +
+	"\x06device\x18\x06 \x01(\tR\x06device\x12\x18\n" +
+	"\abatches\x18\a \x01(\bR\abatches\"p\n" +
 	"\x04Item\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x12\n" +
 	"\x04more\x18\x04 \x01(\bR\x04more\x12\x12\n" +
-	"\x04size\x18\x05 \x01(\x03R\x04size\"\x19\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\"4\n" +
+	"\x05Batch\x12+\n" +
+	"\x05items\x18\x01 \x03(\v2\x15.dflow.plugin.v1.ItemR\x05items\"\x19\n" +
 	"\x03Eof\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\"\x16\n" +
 	"\x06Credit\x12\f\n" +
@@ -1067,7 +1153,7 @@ func file_dflow_proto_rawDescGZIP() []byte {
 	return file_dflow_proto_rawDescData
 }
 
-var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_dflow_proto_goTypes = []any{
 	(*DescribeRequest)(nil),  // 0: dflow.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil), // 1: dflow.plugin.v1.DescribeResponse
@@ -1080,10 +1166,11 @@ var file_dflow_proto_goTypes = []any{
 	(*Message)(nil),          // 8: dflow.plugin.v1.Message
 	(*Start)(nil),            // 9: dflow.plugin.v1.Start
 	(*Item)(nil),             // 10: dflow.plugin.v1.Item
-	(*Eof)(nil),              // 11: dflow.plugin.v1.Eof
-	(*Credit)(nil),           // 12: dflow.plugin.v1.Credit
-	(*Metric)(nil),           // 13: dflow.plugin.v1.Metric
-	(*Done)(nil),             // 14: dflow.plugin.v1.Done
+	(*Batch)(nil),            // 11: dflow.plugin.v1.Batch
+	(*Eof)(nil),              // 12: dflow.plugin.v1.Eof
+	(*Credit)(nil),           // 13: dflow.plugin.v1.Credit
+	(*Metric)(nil),           // 14: dflow.plugin.v1.Metric
+	(*Done)(nil),             // 15: dflow.plugin.v1.Done
 }
 var file_dflow_proto_depIdxs = []int32{
 	2,  // 0: dflow.plugin.v1.DescribeResponse.kinds:type_name -> dflow.plugin.v1.Kind
@@ -1092,21 +1179,23 @@ var file_dflow_proto_depIdxs = []int32{
 	4,  // 3: dflow.plugin.v1.CheckResponse.ports:type_name -> dflow.plugin.v1.Port
 	9,  // 4: dflow.plugin.v1.Message.start:type_name -> dflow.plugin.v1.Start
 	10, // 5: dflow.plugin.v1.Message.item:type_name -> dflow.plugin.v1.Item
-	11, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
-	12, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
-	13, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
-	14, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
-	0,  // 10: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
-	5,  // 11: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
-	8,  // 12: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
-	1,  // 13: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
-	6,  // 14: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
-	8,  // 15: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	12, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
+	13, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
+	14, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
+	15, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
+	11, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
+	10, // 11: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
+	0,  // 12: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
+	5,  // 13: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
+	8,  // 14: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
+	1,  // 15: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
+	6,  // 16: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
+	8,  // 17: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_dflow_proto_init() }
@@ -1121,6 +1210,7 @@ func file_dflow_proto_init() {
 		(*Message_Credit)(nil),
 		(*Message_Metric)(nil),
 		(*Message_Done)(nil),
+		(*Message_Batch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1128,7 +1218,7 @@ func file_dflow_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dflow_proto_rawDesc), len(file_dflow_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -57,7 +58,7 @@ func NewServer(specs ...nodes.Spec) *Server {
 
 // Describe implements proto.NodeServer.
 func (s *Server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{}
+	resp := &proto.DescribeResponse{Batches: true}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: FieldsToProto(sp.Config)})
@@ -115,7 +116,13 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	go r.receive(cancel)
+	go r.sendItems()
 	runErr := node.Run(ctx, r)
+	close(r.outq) // the node is done with its ports: send what it left
+	<-r.sent
+	if err := r.sendFailed(); err != nil && runErr == nil {
+		runErr = err
+	}
 	if err := r.failed(); err != nil && errors.Is(runErr, context.Canceled) {
 		runErr = err // the node stopped because its input broke
 	}
@@ -126,17 +133,112 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 	return r.send(&proto.Message{Msg: &proto.Message_Done{Done: done}})
 }
 
-// inputWindow is how many input items a plugin replica holds at most.
-const inputWindow = 8
+// Input credit: a replica holds at most inputWindow items, and grants
+// credit for more only while those it holds and those it has granted
+// credit for (counted at the size of the last item) fit in inputBytes. It starts
+// with firstCredit, before it has seen an item's size. outputWindow is
+// how many items its node may have sent that are not yet on the stream.
+const (
+	inputWindow  = 32
+	firstCredit  = 8
+	outputWindow = 64
+)
+
+var inputBytes int64 = 64 << 20 // a variable for tests
+
+// outItem is an item a node sent on a port.
+type outItem struct {
+	port string
+	item any
+}
+
+// sendItems puts the items the node sends on the stream, in order, from
+// one goroutine (so one item's chunks never interleave with another's):
+// with each it takes the others already waiting, to go as one Batch when
+// dflow takes them (Start.batches). It also grants the input credit the
+// node's Recvs owe, all that is owed in one message: with credit coming
+// back a few items at a time, dflow batches its items too.
+func (r *remoteReplica) sendItems() {
+	defer close(r.sent)
+	b := Batcher{Send: r.send, Batches: r.start.Batches}
+	grant := func() error {
+		n := r.owed.Load()
+		if size := r.last.Load(); size > 0 {
+			held, lent := r.held.Load(), r.lent.Load()
+			room := int32((inputBytes-held)/size) - lent
+			if held == 0 && lent == 0 {
+				room = max(room, 1) // an item larger than the budget passes alone
+			}
+			n = min(n, room)
+		}
+		if n <= 0 {
+			return nil // granted as the node takes what is held
+		}
+		r.owed.Add(-n)
+		r.lent.Add(n)
+		return r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n}}})
+	}
+	for {
+		var err error
+		select {
+		case <-r.kick:
+			err = grant()
+		case it, ok := <-r.outq:
+			if !ok {
+				return
+			}
+			err = b.Add(it.port, it.item)
+		more:
+			for n := 1; err == nil && b.Batches && n < maxBatchItems; n++ {
+				select {
+				case next, ok := <-r.outq:
+					if !ok {
+						break more
+					}
+					err = b.Add(next.port, next.item)
+				default:
+					break more
+				}
+			}
+			if err == nil {
+				err = b.Flush()
+			}
+			if err == nil {
+				err = grant()
+			}
+		}
+		if err != nil {
+			r.errMu.Lock()
+			r.sendErr = err
+			r.errMu.Unlock()
+			for range r.outq { // let the node's Sends through; they fail from now on
+			}
+			return
+		}
+	}
+}
+
+func (r *remoteReplica) sendFailed() error {
+	r.errMu.Lock()
+	defer r.errMu.Unlock()
+	return r.sendErr
+}
 
 // remoteReplica is nodes.Replica inside a plugin process.
 type remoteReplica struct {
 	stream  proto.Node_RunServer
 	start   *proto.Start
-	sendMu  sync.Mutex // one message at a time on the stream
-	itemMu  sync.Mutex // one item at a time: its chunks must not interleave with another's
+	sendMu  sync.Mutex    // one message at a time on the stream
+	outq    chan outItem  // items the node sent, for sendItems
+	sent    chan struct{} // closed when sendItems is done
+	owed    atomic.Int32  // input credit taken and not yet granted again
+	held    atomic.Int64  // payload bytes of the input items received and not yet taken
+	lent    atomic.Int32  // input credit granted and not yet used by dflow
+	last    atomic.Int64  // payload bytes of the last input item received
+	kick    chan struct{} // wakes sendItems to grant what is owed
 	errMu   sync.Mutex
 	err     error // why receiving stopped, when the stream did not simply end
+	sendErr error // why sending stopped
 	inputs  map[string]*remoteInput
 	outputs map[string]*remoteOutput
 	dead    chan struct{} // closed when the stream breaks
@@ -144,10 +246,11 @@ type remoteReplica struct {
 
 func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []graph.PortSpec) *remoteReplica {
 	r := &remoteReplica{stream: stream, start: start, inputs: map[string]*remoteInput{},
-		outputs: map[string]*remoteOutput{}, dead: make(chan struct{})}
+		outputs: map[string]*remoteOutput{}, dead: make(chan struct{}),
+		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, p := range ports {
 		if p.Dir == graph.In {
-			r.inputs[p.Name] = &remoteInput{r: r, ch: make(chan any, inputWindow)}
+			r.inputs[p.Name] = &remoteInput{r: r, ch: make(chan inItem, inputWindow)}
 		} else {
 			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name}
 		}
@@ -168,7 +271,9 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	var items Assembler
 	// Grant the first window of input credit.
 	if len(r.inputs) > 0 {
-		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: inputWindow}}})
+		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit}}})
+		r.lent.Store(firstCredit)
+		r.owed.Store(inputWindow - firstCredit)
 	}
 	for {
 		m, err := r.stream.Recv()
@@ -176,27 +281,38 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			cancel()
 			return
 		}
+		var whole []*proto.Item // items complete with this message
 		switch v := m.Msg.(type) {
 		case *proto.Message_Item:
-			b, whole := items.Add(v.Item)
-			if !whole {
+			b, done := items.Add(v.Item)
+			if !done {
 				continue
 			}
-			item, err := Decode(v.Item.Type, b)
-			in := r.inputs[v.Item.Port]
+			v.Item.Payload = b
+			whole = []*proto.Item{v.Item}
+		case *proto.Message_Batch:
+			whole = v.Batch.Items
+		case *proto.Message_Eof:
+			if in := r.inputs[v.Eof.Port]; in != nil {
+				close(in.ch)
+			}
+		}
+		for _, it := range whole {
+			item, err := Decode(it.Type, it.Payload)
+			in := r.inputs[it.Port]
 			if err == nil && in == nil {
-				err = fmt.Errorf("sdk: an item for input port %q, which the node does not have", v.Item.Port)
+				err = fmt.Errorf("sdk: an item for input port %q, which the node does not have", it.Port)
 			}
 			if err != nil {
 				r.fail(err)
 				cancel()
 				return
 			}
-			in.ch <- item
-		case *proto.Message_Eof:
-			if in := r.inputs[v.Eof.Port]; in != nil {
-				close(in.ch)
-			}
+			size := int64(max(len(it.Payload), 1))
+			r.last.Store(size)
+			r.held.Add(size)
+			r.lent.Add(-1)
+			in.ch <- inItem{item, size}
 		}
 	}
 }
@@ -239,20 +355,30 @@ func (r *remoteReplica) Out(port string) nodes.Output {
 
 type remoteInput struct {
 	r  *remoteReplica
-	ch chan any
+	ch chan inItem
+}
+
+// inItem is an item received for the node, with its payload's size.
+type inItem struct {
+	item any
+	size int64
 }
 
 func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 	select {
-	case item, ok := <-in.ch:
+	case it, ok := <-in.ch:
 		if !ok {
 			return nil, io.EOF
 		}
-		// The item is taken: grant credit for one more.
-		if err := in.r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: 1}}}); err != nil {
-			return nil, err
+		// The item is taken: credit for one more, which the sender grants
+		// (several in one message when items come fast).
+		in.r.held.Add(-it.size)
+		in.r.owed.Add(1)
+		select {
+		case in.r.kick <- struct{}{}:
+		default:
 		}
-		return item, nil
+		return it.item, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -263,17 +389,22 @@ type remoteOutput struct {
 	port string
 }
 
-// Send streams the item to dflow in chunks; gRPC's flow control blocks it
-// while dflow's side of the edge is full.
+// Send hands the item to the replica's sender (sendItems), which streams
+// it to dflow. It waits while outputWindow items are queued: gRPC's flow
+// control holds the sender while dflow's side of the edge is full, and so
+// the node. A failure of the stream shows at the next Send, and in Done.
 func (o *remoteOutput) Send(ctx context.Context, item any) error {
-	o.r.itemMu.Lock()
-	defer o.r.itemMu.Unlock()
-	return SendItem(func(m *proto.Message) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		return o.r.send(m)
-	}, o.port, item)
+	if err := o.r.sendFailed(); err != nil {
+		return err
+	}
+	select {
+	case o.r.outq <- outItem{o.port, item}:
+		return nil
+	case <-o.r.sent:
+		return o.r.sendFailed()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 type remoteMetrics struct{ r *remoteReplica }

@@ -149,3 +149,111 @@ func TestBrokenInputIsReported(t *testing.T) {
 		}
 	}
 }
+
+// TestBatcher: small items held and sent as one Batch, in order; a large
+// one sends what is held first, then goes in chunks; with a receiver that
+// does not take batches, every item goes alone.
+func TestBatcher(t *testing.T) {
+	var msgs []*proto.Message
+	b := Batcher{Send: func(m *proto.Message) error { msgs = append(msgs, m); return nil }, Batches: true}
+	for i := range 3 {
+		if err := b.Add("out", []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(msgs) != 0 {
+		t.Fatalf("%d messages before Flush", len(msgs))
+	}
+	big := bytes.Repeat([]byte{9}, ChunkSize+1)
+	if err := b.Add("out", big); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Add("out", []byte{3}); err != nil || b.Flush() != nil {
+		t.Fatal(err)
+	}
+	// A Batch of three, the big item's two chunks, the last item alone.
+	if len(msgs) != 4 || len(msgs[0].GetBatch().GetItems()) != 3 || !msgs[1].GetItem().GetMore() || msgs[2].GetItem() == nil || msgs[2].GetItem().GetMore() || msgs[3].GetItem() == nil {
+		t.Fatalf("messages: %v", msgs)
+	}
+	for i, it := range msgs[0].GetBatch().GetItems() {
+		if !bytes.Equal(it.Payload, []byte{byte(i)}) || it.More {
+			t.Errorf("batched item %d: %v", i, it)
+		}
+	}
+	if !bytes.Equal(msgs[3].GetItem().Payload, []byte{3}) {
+		t.Errorf("last item: %v", msgs[3])
+	}
+
+	msgs = nil
+	b = Batcher{Send: func(m *proto.Message) error { msgs = append(msgs, m); return nil }}
+	for i := range 3 {
+		b.Add("out", []byte{byte(i)})
+	}
+	if b.Flush(); len(msgs) != 3 || msgs[0].GetItem() == nil {
+		t.Errorf("without batches: %v", msgs)
+	}
+}
+
+// TestBatchesAndCredit: a plugin replica told that dflow takes batches
+// receives a Batch in order, and grants input credit only while what it
+// holds and what it has granted fit its byte budget: with 1 MiB items and
+// a 4 MiB budget, no more than 4 items' worth once it has taken the 8 it
+// was first sent; with items larger than the budget, one at a time, but
+// never none.
+func TestBatchesAndCredit(t *testing.T) {
+	for _, tc := range []struct {
+		budget, size int64
+		least, most  int32
+	}{{4 << 20, 1 << 20, 1, 4}, {1 << 20, 2 << 20, 1, 1}} {
+		old := inputBytes
+		inputBytes = tc.budget
+		take := make(chan struct{})
+		var got []byte
+		slow := nodes.Spec{
+			Kind: graph.Kind{Name: "slow", Ports: func(*graph.Config) []graph.PortSpec {
+				return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+			}},
+			New: func(*graph.Config) (nodes.Node, error) {
+				return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+					for range take {
+						item, err := r.In("in").Recv(ctx)
+						if err != nil {
+							return err
+						}
+						got = append(got, item.([]byte)[0])
+					}
+					return nil
+				}), nil
+			},
+		}
+		st := &fakeStream{in: make(chan *proto.Message, 16)}
+		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "slow", ConfigJson: "{}", Batches: true}}}
+		var items []*proto.Item
+		for i := range firstCredit {
+			items = append(items, &proto.Item{Port: "in", Type: "bytes", Payload: append([]byte{byte(i)}, make([]byte, tc.size-1)...)})
+		}
+		st.in <- &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: items}}}
+		done := make(chan error)
+		go func() { done <- NewServer(slow).Run(st) }()
+		for range firstCredit {
+			take <- struct{}{}
+		}
+		close(take)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		close(st.in)
+		inputBytes = old
+		if !bytes.Equal(got, []byte{0, 1, 2, 3, 4, 5, 6, 7}) {
+			t.Errorf("the node got %v", got)
+		}
+		var credit int32
+		for _, m := range st.sent {
+			credit += m.GetCredit().GetN()
+		}
+		if more := credit - firstCredit; more < tc.least || more > tc.most {
+			t.Errorf("%d-byte items, %d-byte budget: %d items of credit granted after the first %d; want %d to %d",
+				tc.size, tc.budget, more, firstCredit, tc.least, tc.most)
+		}
+	}
+}

@@ -49,7 +49,7 @@ func SendItem(send func(*proto.Message) error, port string, item any) error {
 
 // maxPrealloc bounds what an Assembler allocates on a first chunk's word:
 // a larger item grows as its chunks come.
-const maxPrealloc = 1 << 30
+const maxPrealloc = 64 << 20
 
 // An Assembler puts items back together from their Item chunks, on one
 // stream.
@@ -75,4 +75,69 @@ func (a *Assembler) Add(c *proto.Item) ([]byte, bool) {
 	b := a.buf
 	a.buf = nil
 	return b, true
+}
+
+// A batch holds at most this many items, and items of at most ChunkSize
+// bytes in all.
+const maxBatchItems = 64
+
+// A Batcher sends items on a stream, several small ones to a message (a
+// Batch) when the receiving side takes them: its owner adds the items it
+// has at hand and flushes, so that items go out together when they come
+// faster than the stream takes them, and alone, at once, when they do
+// not. Items of more than ChunkSize bytes go in chunks, after what is
+// pending. One goroutine uses a Batcher.
+type Batcher struct {
+	Send    func(*proto.Message) error
+	Batches bool // the receiver takes Batch messages
+	items   []*proto.Item
+	size    int
+}
+
+// Add sends an item, or holds it for the next Flush.
+func (b *Batcher) Add(port string, item any) error {
+	if !b.Batches {
+		return SendItem(b.Send, port, item)
+	}
+	typ, pieces, err := encode(item)
+	if err != nil {
+		return err
+	}
+	size := 0
+	for _, p := range pieces {
+		size += len(p)
+	}
+	if size > ChunkSize {
+		if err := b.Flush(); err != nil {
+			return err
+		}
+		return SendItem(b.Send, port, item)
+	}
+	if b.size+size > ChunkSize || len(b.items) == maxBatchItems {
+		if err := b.Flush(); err != nil {
+			return err
+		}
+	}
+	payload := pieces[0]
+	if len(pieces) > 1 {
+		payload = slices.Concat(pieces...)
+	}
+	b.items = append(b.items, &proto.Item{Port: port, Type: typ, Payload: payload, Size: int64(size)})
+	b.size += size
+	return nil
+}
+
+// Flush sends the items held: one alone as an Item, several as a Batch.
+func (b *Batcher) Flush() error {
+	var m *proto.Message
+	switch len(b.items) {
+	case 0:
+		return nil
+	case 1:
+		m = &proto.Message{Msg: &proto.Message_Item{Item: b.items[0]}}
+	default:
+		m = &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: b.items}}}
+	}
+	b.items, b.size = nil, 0
+	return b.Send(m)
 }
