@@ -233,7 +233,7 @@ class _Service:
         self.kinds = {k.name: k for k in kinds}
 
     def describe(self, request, context):
-        resp = pb.DescribeResponse()
+        resp = pb.DescribeResponse(batches=True)
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -274,6 +274,11 @@ class _Service:
 
         failure = []
 
+        def deliver(port, typ, payload):
+            if port not in r._inputs:
+                raise BadItem("an item for input port %r, which the node does not have" % port)
+            r._inputs[port].put(decode(typ, payload))
+
         def receive():
             buf = bytearray()
             try:
@@ -283,11 +288,11 @@ class _Service:
                         buf += m.item.payload
                         if m.item.more:
                             continue
-                        item = decode(m.item.type, buf)
+                        deliver(m.item.port, m.item.type, buf)
                         buf = bytearray()
-                        if m.item.port not in r._inputs:
-                            raise BadItem("an item for input port %r, which the node does not have" % m.item.port)
-                        r._inputs[m.item.port].put(item)
+                    elif which == "batch":
+                        for it in m.batch.items:
+                            deliver(it.port, it.type, bytearray(it.payload))
                     elif which == "eof" and m.eof.port in r._inputs:
                         r._inputs[m.eof.port].put(_EOF)
             except Exception as e:  # a broken input ends the replica with the reason
@@ -308,11 +313,66 @@ class _Service:
 
         threading.Thread(target=receive, daemon=True).start()
         threading.Thread(target=work, daemon=True).start()
+        done = None  # Done goes last, after everything queued before it
         while True:
             m = out.get()
             if m is _DONE:
                 return
-            yield m
+            if not start.batches or m.WhichOneof("msg") == "item" and (m.item.more or len(m.item.payload) > CHUNK):
+                yield m  # a large item's chunks go as they come
+                continue
+            # dflow takes batches: with this message, send the others
+            # already queued: whole items together in Batches of at most
+            # CHUNK bytes (in order), credit summed into one grant, metrics
+            # merged by name (counters added, gauges the last value).
+            pending = [m]
+            while len(pending) < 256:
+                try:
+                    pending.append(out.get_nowait())
+                except queue.Empty:
+                    break
+            credit, batch, size, metrics, end, send = 0, [], 0, {}, False, []
+            for x in pending:
+                which = None if x is _DONE else x.WhichOneof("msg")
+                if which == "credit":
+                    credit += x.credit.n
+                elif which == "metric":
+                    key = (x.metric.name, x.metric.counter)
+                    if x.metric.counter and key in metrics:
+                        metrics[key].metric.value += x.metric.value
+                    else:
+                        metrics[key] = x
+                elif which == "item" and not x.item.more and size + len(x.item.payload) <= CHUNK:
+                    batch.append(x.item)
+                    size += len(x.item.payload)
+                else:  # a chunk, a full batch, Done: after the items before it
+                    if batch:
+                        send.append(_batch(batch))
+                        batch, size = [], 0
+                    if which == "item" and not x.item.more and len(x.item.payload) <= CHUNK:
+                        batch, size = [x.item], len(x.item.payload)
+                    elif x is _DONE:
+                        end = True
+                    elif which == "done":
+                        done = x
+                    else:
+                        send.append(x)
+            if batch:
+                send.append(_batch(batch))
+            if credit:  # first: dflow may be waiting for it
+                yield pb.Message(credit=pb.Credit(n=credit))
+            yield from send
+            yield from metrics.values()
+            if end:
+                if done is not None:
+                    yield done
+                return
+
+
+def _batch(items):
+    if len(items) == 1:
+        return pb.Message(item=items[0])
+    return pb.Message(batch=pb.Batch(items=items))
 
 
 def serve(*kinds):
