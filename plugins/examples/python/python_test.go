@@ -126,21 +126,21 @@ func (f *fixture) run(t *testing.T, src string) (*report.Report, error) {
 	return engine.Run(ctx, g, engine.Options{Registry: f.reg})
 }
 
-// TestSmallItems: thousands of items through two replicas of the Python
-// plugin, counts exact, its counter metric summed over the replicas.
-func TestSmallItems(t *testing.T) {
-	f := newFixture(t)
-	rep, err := f.run(t, `
+// passSpec: COUNT small items through REPLICAS of py/stats with CONFIG.
+const passSpec = `
 stage "src" {
   node = "synthetic_source"
   config {
-    count      = 2000
+    count      = %d
     size_bytes = 100
   }
 }
 stage "s" {
   node     = "py/stats"
-  replicas = 2
+  replicas = %d
+  config {
+    %s
+  }
 }
 stage "sink" {
   node = "rms_sink"
@@ -152,7 +152,13 @@ edge "a" {
 edge "b" {
   from = s.out
   to   = sink.in
-}`)
+}`
+
+// TestSmallItems: thousands of items through two replicas of the Python
+// plugin, counts exact, its counter metric summed over the replicas.
+func TestSmallItems(t *testing.T) {
+	f := newFixture(t)
+	rep, err := f.run(t, fmt.Sprintf(passSpec, 2000, 2, ""))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, f.stderr.String())
 	}
@@ -224,30 +230,7 @@ edge "out" {
 // last words, and leaves no process behind.
 func TestCrash(t *testing.T) {
 	f := newFixture(t)
-	_, err := f.run(t, `
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = 100
-  }
-}
-stage "s" {
-  node = "py/stats"
-  config {
-    crash_after = 10
-  }
-}
-stage "sink" {
-  node = "rms_sink"
-}
-edge "a" {
-  from = src.out
-  to   = s.in
-}
-edge "b" {
-  from = s.out
-  to   = sink.in
-}`)
+	_, err := f.run(t, fmt.Sprintf(passSpec, 100, 1, "crash_after = 10"))
 	if err == nil || !strings.Contains(err.Error(), "crashing on purpose after 10 items") || !strings.Contains(err.Error(), `stage "s"`) {
 		t.Fatalf("want the stage to fail with the plugin's last words, got %v", err)
 	}
