@@ -135,9 +135,10 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 
 // Input credit: a replica holds at most inputWindow items, and grants
 // credit for more only while those it holds and those it has granted
-// credit for (counted at the size of the last item) fit in inputBytes. It starts
-// with firstCredit, before it has seen an item's size. outputWindow is
-// how many items its node may have sent that are not yet on the stream.
+// credit for (counted at the size of the last item) fit in inputBytes.
+// It starts with firstCredit, before it has seen an item's size.
+// outputWindow is how many items its node may have sent that are not yet
+// on the stream.
 const (
 	inputWindow  = 32
 	firstCredit  = 8
