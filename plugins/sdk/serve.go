@@ -272,9 +272,9 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	var items Assembler
 	// Grant the first window of input credit.
 	if len(r.inputs) > 0 {
-		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit}}})
 		r.lent.Store(firstCredit)
 		r.owed.Store(inputWindow - firstCredit)
+		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit}}})
 	}
 	for {
 		m, err := r.stream.Recv()
