@@ -30,7 +30,7 @@ import (
 // python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
 // Debian's, which is where python3-grpcio installs); the test skips
 // without grpcio, protobuf and numpy.
-func python(t *testing.T) string {
+func python(t testing.TB) string {
 	py := os.Getenv("DFLOW_PYTHON")
 	if py == "" {
 		py = "/usr/bin/python3"
@@ -65,7 +65,7 @@ type fixture struct {
 	items  int
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	python(t)
 	f := &fixture{reg: nodes.NewRegistry()}
 	synthetic.Register(f.reg)
@@ -115,7 +115,7 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-func (f *fixture) run(t *testing.T, src string) (*report.Report, error) {
+func (f *fixture) run(t testing.TB, src string) (*report.Report, error) {
 	t.Helper()
 	g, diags := (&graph.Loader{Catalog: f.reg}).Load("p.hcl", []byte(src))
 	if diags.HasErrors() {
@@ -245,5 +245,25 @@ func TestCrash(t *testing.T) {
 			t.Fatalf("plugin processes left running: %s", out)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// BenchmarkPythonPlugin: items through one replica of the Python plugin,
+// small (64 B) and large (16 MiB); one op is one item there and back, and
+// a run includes starting the plugin (bench/run moves 10,000 small and 20
+// large ones). Compare with BenchmarkPluginStage in plugins/host, the same
+// shape through a Go plugin.
+func BenchmarkPythonPlugin(b *testing.B) {
+	for _, size := range []int{64, 16 << 20} {
+		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
+			f := newFixture(b)
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			start := time.Now()
+			if _, err := f.run(b, fmt.Sprintf(strings.Replace(passSpec, "size_bytes = 100", "size_bytes = %d", 1), b.N, size, 1, "")); err != nil {
+				b.Fatalf("%v\n%s", err, f.stderr.String())
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
+		})
 	}
 }
