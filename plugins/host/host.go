@@ -235,7 +235,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
-		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, ports: map[string]*proto.CheckResponse{}}
+		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
 		reg.Register(nodes.Spec{
 			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
@@ -259,6 +259,7 @@ type remoteKind struct {
 	kind         string
 	fields       []graph.Field
 	batches      bool // the plugin takes Batch messages
+	portCredit   bool // the plugin grants credit per input port
 	mu           sync.Mutex
 	ports        map[string]*proto.CheckResponse // by config JSON
 }

@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		sdk.Serve(passKind, pickyKind)
+		sdk.Serve(passKind, pickyKind, zipKind)
 	case "garbage":
 		fmt.Println("hello, I am not a plugin handshake")
 		os.Exit(0)
@@ -93,6 +93,44 @@ var pickyKind = nodes.Spec{
 	},
 	New: func(*graph.Config) (nodes.Node, error) {
 		return nodes.NodeFunc(func(context.Context, nodes.Replica) error { return nil }), nil
+	},
+}
+
+// zipKind takes items from its inputs b and a in turn, b first, until
+// both end: a node that needs its inputs interleaved.
+var zipKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name: "zip",
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{
+				{Name: "a", Dir: graph.In, Type: graph.Any},
+				{Name: "b", Dir: graph.In, Type: graph.Any},
+				{Name: "out", Dir: graph.Out, SameAs: "a"},
+			}
+		},
+	},
+	New: func(*graph.Config) (nodes.Node, error) {
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			ins := []nodes.Input{r.In("b"), r.In("a")}
+			ended := make([]bool, 2)
+			for i := 0; !ended[0] || !ended[1]; i = 1 - i {
+				if ended[i] {
+					continue
+				}
+				item, err := ins[i].Recv(ctx)
+				if err == io.EOF {
+					ended[i] = true
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				if err := r.Out("out").Send(ctx, item); err != nil {
+					return err
+				}
+			}
+			return nil
+		}), nil
 	},
 }
 
@@ -192,7 +230,7 @@ func (f *fixture) run(src string, sets ...string) (*report.Report, error) {
 	if diags.HasErrors() {
 		f.t.Fatal(diags)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	return engine.Run(ctx, g, engine.Options{Registry: f.reg})
 }
@@ -354,5 +392,53 @@ func TestDiscovery(t *testing.T) {
 	}
 	if _, ok := Find("two", []string{dir}); ok {
 		t.Error("found a plugin that is not there")
+	}
+}
+
+// TestInterleavedInputs: a plugin node that reads its two inputs in turn
+// gets both, though dflow feeds each of a replica's inputs as it comes: a
+// feed that drained one input before starting the next would leave the
+// node waiting on the other, and the run hung.
+func TestInterleavedInputs(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := f.run(`
+stage "sa" {
+  node = "synthetic_source"
+  config {
+    count = 300
+  }
+}
+stage "sb" {
+  node = "synthetic_source"
+  config {
+    count = 200
+  }
+}
+stage "z" {
+  node = "tp/zip"
+}
+stage "sink" {
+  node = "check_sink"
+}
+edge "a" {
+  from = sa.out
+  to   = z.a
+}
+edge "b" {
+  from = sb.out
+  to   = z.b
+}
+edge "out" {
+  from = z.out
+  to   = sink.in
+}`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	if rep.Edges["out"].Produced != 500 {
+		t.Errorf("%d items out, want 500", rep.Edges["out"].Produced)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"sync"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/proto"
 	"github.com/dflow-dev/dflow/plugins/sdk"
@@ -50,13 +52,22 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
 		return err
 	}
-	credit := make(chan int32, 64)
+	// Credit: per input port when the plugin grants it so (port_credit);
+	// otherwise one pool, under "". At most inputWindow grants wait in a
+	// channel: the plugin grants credit only for items it has taken.
+	inputs, outputs := n.ports(r)
+	credits := map[string]chan int32{"": make(chan int32, 64)}
+	if n.k.portCredit {
+		credits = map[string]chan int32{}
+		for _, port := range inputs {
+			credits[port] = make(chan int32, 64)
+		}
+	}
 	sendErr := make(chan error, 1)
-	inputs := n.inputs(r)
 	fed := make(chan struct{})
 	go func() {
 		defer close(fed)
-		sendErr <- n.feed(sctx, r, st, inputs, credit)
+		sendErr <- n.feed(sctx, r, st, inputs, credits)
 	}()
 	// The feeding goroutine uses the replica's input ports: it must be
 	// done before Run returns, whichever way it returns.
@@ -81,17 +92,25 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 				continue
 			}
 			v.Item.Payload = b
-			if err := n.deliver(ctx, r, v.Item); err != nil {
+			if err := n.deliver(ctx, r, outputs, v.Item); err != nil {
 				return err
 			}
 		case *proto.Message_Batch:
 			for _, it := range v.Batch.Items {
-				if err := n.deliver(ctx, r, it); err != nil {
+				if err := n.deliver(ctx, r, outputs, it); err != nil {
 					return err
 				}
 			}
 		case *proto.Message_Credit:
-			credit <- v.Credit.N
+			port := v.Credit.Port
+			if !n.k.portCredit {
+				port = ""
+			}
+			c, ok := credits[port]
+			if !ok {
+				return fmt.Errorf("the plugin granted credit on %q, which is not an input port", port)
+			}
+			c <- v.Credit.N
 		case *proto.Message_Metric:
 			if v.Metric.Counter {
 				r.Metrics().Add(v.Metric.Name, v.Metric.Value)
@@ -114,7 +133,10 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 }
 
 // deliver decodes a whole item from the plugin and sends it on.
-func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, it *proto.Item) error {
+func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[string]bool, it *proto.Item) error {
+	if !outputs[it.Port] {
+		return fmt.Errorf("the plugin sent an item on %q, which is not an output port of %s", it.Port, n.k.kind)
+	}
 	item, err := sdk.Decode(it.Type, it.Payload)
 	if err != nil {
 		return err
@@ -122,26 +144,57 @@ func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, it *proto.Ite
 	return r.Out(it.Port).Send(ctx, item)
 }
 
-// inputs are the node's input port names, sorted.
-func (n *remoteNode) inputs(r nodes.Replica) []string {
+// ports are the node's input port names, sorted, and its output ports.
+func (n *remoteNode) ports(r nodes.Replica) ([]string, map[string]bool) {
 	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
-	var names []string
+	var inputs []string
+	outputs := map[string]bool{}
 	for _, p := range n.k.portsFor(cfg) {
-		if p.Dir == 0 { // graph.In
-			names = append(names, p.Name)
+		if p.Dir == graph.In {
+			inputs = append(inputs, p.Name)
+		} else {
+			outputs[p.Name] = true
 		}
 	}
-	sort.Strings(names)
-	return names
+	sort.Strings(inputs)
+	return inputs, outputs
 }
 
 // feed sends the replica's input items to the plugin, one per credit, then
-// end-of-input per port. To a plugin that takes batches, it sends with
-// each item the others already waiting (as much as its credit allows), so
-// that small items do not cost a message each.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credit <-chan int32) error {
+// end-of-input per port: with credit per port, each port from a goroutine
+// of its own, so that a node may read its inputs in any order; with one
+// pool of credit (an older plugin), the ports one after the other.
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credits map[string]chan int32) error {
+	var mu sync.Mutex // one item's messages at a time on the stream
+	if !n.k.portCredit {
+		return n.feedPorts(ctx, r, st, &mu, ports, credits[""])
+	}
+	errs := make([]error, len(ports))
+	var wg sync.WaitGroup
+	for i, port := range ports {
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, &mu, []string{port}, credits[port]) })
+	}
+	wg.Wait()
+	for _, err := range errs { // the cause, not the cancellations it led to
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// feedPorts feeds ports one after the other, as credit comes. To a plugin
+// that takes batches, it sends with each item the others already waiting
+// (as much as the credit allows), so that small items do not cost a
+// message each.
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, mu *sync.Mutex, ports []string, credit <-chan int32) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
+	locked := func(f func() error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return f()
+	}
 	waiting, stop := context.WithCancel(ctx)
 	stop() // Recv(waiting) takes an item only if one is there
 	for _, port := range ports {
@@ -163,7 +216,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 				return err
 			}
 			for {
-				if err := out.Add(port, item); err != nil {
+				if err := locked(func() error { return out.Add(port, item) }); err != nil {
 					return err
 				}
 				if have--; have == 0 || !out.Batches {
@@ -174,11 +227,12 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 					break
 				}
 			}
-			if err := out.Flush(); err != nil {
+			if err := locked(out.Flush); err != nil {
 				return err
 			}
 		}
-		if err := st.Send(&proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: port}}}); err != nil {
+		eof := &proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: port}}}
+		if err := locked(func() error { return st.Send(eof) }); err != nil {
 			return err
 		}
 	}

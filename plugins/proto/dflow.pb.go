@@ -66,7 +66,11 @@ type DescribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kinds []*Kind                `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
 	// batches: the plugin takes Batch messages (then dflow may send them).
-	Batches       bool `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
+	Batches bool `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`
+	// port_credit: the plugin grants credit per input port (Credit.port),
+	// and dflow then feeds each input as its credit allows, not one input
+	// after the other.
+	PortCredit    bool `protobuf:"varint,3,opt,name=port_credit,json=portCredit,proto3" json:"port_credit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -111,6 +115,13 @@ func (x *DescribeResponse) GetKinds() []*Kind {
 func (x *DescribeResponse) GetBatches() bool {
 	if x != nil {
 		return x.Batches
+	}
+	return false
+}
+
+func (x *DescribeResponse) GetPortCredit() bool {
+	if x != nil {
+		return x.PortCredit
 	}
 	return false
 }
@@ -914,10 +925,13 @@ func (x *Eof) GetPort() string {
 	return ""
 }
 
-// Credit grants the other side leave to send n more items.
+// Credit grants the other side leave to send n more items: on the input
+// port named, or, with no port (a plugin that did not say port_credit),
+// on any.
 type Credit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	N             int32                  `protobuf:"varint,1,opt,name=n,proto3" json:"n,omitempty"`
+	Port          string                 `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -957,6 +971,13 @@ func (x *Credit) GetN() int32 {
 		return x.N
 	}
 	return 0
+}
+
+func (x *Credit) GetPort() string {
+	if x != nil {
+		return x.Port
+	}
+	return ""
 }
 
 type Metric struct {
@@ -1069,10 +1090,12 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"Y\n" +
+	"\x0fDescribeRequest\"z\n" +
 	"\x10DescribeResponse\x12+\n" +
 	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
-	"\abatches\x18\x02 \x01(\bR\abatches\"\\\n" +
+	"\abatches\x18\x02 \x01(\bR\abatches\x12\x1f\n" +
+	"\vport_credit\x18\x03 \x01(\bR\n" +
+	"portCredit\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1127,9 +1150,10 @@ const file_dflow_proto_rawDesc = "" +
 	"\x05Batch\x12+\n" +
 	"\x05items\x18\x01 \x03(\v2\x15.dflow.plugin.v1.ItemR\x05items\"\x19\n" +
 	"\x03Eof\x12\x12\n" +
-	"\x04port\x18\x01 \x01(\tR\x04port\"\x16\n" +
+	"\x04port\x18\x01 \x01(\tR\x04port\"*\n" +
 	"\x06Credit\x12\f\n" +
-	"\x01n\x18\x01 \x01(\x05R\x01n\"L\n" +
+	"\x01n\x18\x01 \x01(\x05R\x01n\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\tR\x04port\"L\n" +
 	"\x06Metric\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value\x12\x18\n" +

@@ -58,7 +58,7 @@ func NewServer(specs ...nodes.Spec) *Server {
 
 // Describe implements proto.NodeServer.
 func (s *Server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{Batches: true}
+	resp := &proto.DescribeResponse{Batches: true, PortCredit: true}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: FieldsToProto(sp.Config)})
@@ -133,10 +133,12 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 	return r.send(&proto.Message{Msg: &proto.Message_Done{Done: done}})
 }
 
-// Input credit: a replica holds at most inputWindow items, and grants
-// credit for more only while those it holds and those it has granted
-// credit for (counted at the size of the last item) fit in inputBytes.
-// It starts with firstCredit, before it has seen an item's size.
+// Input credit, per input port (DescribeResponse.port_credit, so that dflow
+// feeds each input as it comes and a node may read them in any order): a
+// port holds at most inputWindow items, and grants credit for more only
+// while those it holds and those it has granted credit for (counted at
+// the size of its last item) fit in inputBytes. It starts with
+// firstCredit, before it has seen an item's size.
 // outputWindow is how many items its node may have sent that are not yet
 // on the stream.
 const (
@@ -153,31 +155,42 @@ type outItem struct {
 	item any
 }
 
+// grant returns the credit the node's Recvs on this port owe, as much of
+// it as the port's byte budget allows, in one message.
+func (in *remoteInput) grant() error {
+	n := in.owed.Load()
+	if size := in.last.Load(); size > 0 {
+		held, lent := in.held.Load(), in.lent.Load()
+		room := int32((inputBytes-held)/size) - lent
+		if held == 0 && lent == 0 {
+			room = max(room, 1) // an item larger than the budget passes alone
+		}
+		n = min(n, room)
+	}
+	if n <= 0 {
+		return nil // granted as the node takes what is held
+	}
+	in.owed.Add(-n)
+	in.lent.Add(n)
+	return in.r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: in.port}}})
+}
+
 // sendItems puts the items the node sends on the stream, in order, from
 // one goroutine (so one item's chunks never interleave with another's):
 // with each it takes the others already waiting, to go as one Batch when
 // dflow takes them (Start.batches). It also grants the input credit the
-// node's Recvs owe, all that is owed in one message: with credit coming
-// back a few items at a time, dflow batches its items too.
+// node's Recvs owe, all that is owed on a port in one message: with
+// credit coming back a few items at a time, dflow batches its items too.
 func (r *remoteReplica) sendItems() {
 	defer close(r.sent)
 	b := Batcher{Send: r.send, Batches: r.start.Batches}
 	grant := func() error {
-		n := r.owed.Load()
-		if size := r.last.Load(); size > 0 {
-			held, lent := r.held.Load(), r.lent.Load()
-			room := int32((inputBytes-held)/size) - lent
-			if held == 0 && lent == 0 {
-				room = max(room, 1) // an item larger than the budget passes alone
+		for _, in := range r.inputs {
+			if err := in.grant(); err != nil {
+				return err
 			}
-			n = min(n, room)
 		}
-		if n <= 0 {
-			return nil // granted as the node takes what is held
-		}
-		r.owed.Add(-n)
-		r.lent.Add(n)
-		return r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n}}})
+		return nil
 	}
 	for {
 		var err error
@@ -232,10 +245,6 @@ type remoteReplica struct {
 	sendMu  sync.Mutex    // one message at a time on the stream
 	outq    chan outItem  // items the node sent, for sendItems
 	sent    chan struct{} // closed when sendItems is done
-	owed    atomic.Int32  // input credit taken and not yet granted again
-	held    atomic.Int64  // payload bytes of the input items received and not yet taken
-	lent    atomic.Int32  // input credit granted and not yet used by dflow
-	last    atomic.Int64  // payload bytes of the last input item received
 	kick    chan struct{} // wakes sendItems to grant what is owed
 	errMu   sync.Mutex
 	err     error // why receiving stopped, when the stream did not simply end
@@ -251,7 +260,7 @@ func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []g
 		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, p := range ports {
 		if p.Dir == graph.In {
-			r.inputs[p.Name] = &remoteInput{r: r, ch: make(chan inItem, inputWindow)}
+			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow)}
 		} else {
 			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name}
 		}
@@ -272,9 +281,11 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	var items Assembler
 	// Grant the first window of input credit.
 	if len(r.inputs) > 0 {
-		r.lent.Store(firstCredit)
-		r.owed.Store(inputWindow - firstCredit)
-		r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit}}})
+		for name, in := range r.inputs {
+			in.lent.Store(firstCredit)
+			in.owed.Store(inputWindow - firstCredit)
+			r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit, Port: name}}})
+		}
 	}
 	for {
 		m, err := r.stream.Recv()
@@ -310,9 +321,9 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 				return
 			}
 			size := int64(max(len(it.Payload), 1))
-			r.last.Store(size)
-			r.held.Add(size)
-			r.lent.Add(-1)
+			in.last.Store(size)
+			in.held.Add(size)
+			in.lent.Add(-1)
 			in.ch <- inItem{item, size}
 		}
 	}
@@ -355,8 +366,13 @@ func (r *remoteReplica) Out(port string) nodes.Output {
 }
 
 type remoteInput struct {
-	r  *remoteReplica
-	ch chan inItem
+	r    *remoteReplica
+	port string
+	ch   chan inItem
+	owed atomic.Int32 // credit taken and not yet granted again
+	held atomic.Int64 // payload bytes of the items received and not yet taken
+	lent atomic.Int32 // credit granted and not yet used by dflow
+	last atomic.Int64 // payload bytes of the last item received
 }
 
 // inItem is an item received for the node, with its payload's size.
@@ -373,8 +389,8 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 		}
 		// The item is taken: credit for one more, which the sender grants
 		// (several in one message when items come fast).
-		in.r.held.Add(-it.size)
-		in.r.owed.Add(1)
+		in.held.Add(-it.size)
+		in.owed.Add(1)
 		select {
 		case in.r.kick <- struct{}{}:
 		default:

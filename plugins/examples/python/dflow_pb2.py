@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x64\x66low.proto\x12\x0f\x64\x66low.plugin.v1\"\x11\n\x0f\x44\x65scribeRequest\"I\n\x10\x44\x65scribeResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.dflow.plugin.v1.Kind\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x08\"I\n\x04Kind\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64oc\x18\x02 \x01(\t\x12&\n\x06\x63onfig\x18\x03 \x03(\x0b\x32\x16.dflow.plugin.v1.Field\"X\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x14\n\x0c\x64\x65\x66\x61ult_json\x18\x04 \x01(\t\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"P\n\x04Port\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\x08\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0f\n\x07same_as\x18\x04 \x01(\t\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"1\n\x0c\x43heckRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"b\n\rCheckResponse\x12+\n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x1b.dflow.plugin.v1.FieldError\x12$\n\x05ports\x18\x02 \x03(\x0b\x32\x15.dflow.plugin.v1.Port\",\n\nFieldError\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xab\x02\n\x07Message\x12\'\n\x05start\x18\x01 \x01(\x0b\x32\x16.dflow.plugin.v1.StartH\x00\x12%\n\x04item\x18\x02 \x01(\x0b\x32\x15.dflow.plugin.v1.ItemH\x00\x12#\n\x03\x65of\x18\x03 \x01(\x0b\x32\x14.dflow.plugin.v1.EofH\x00\x12)\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x17.dflow.plugin.v1.CreditH\x00\x12)\n\x06metric\x18\x05 \x01(\x0b\x32\x17.dflow.plugin.v1.MetricH\x00\x12%\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.dflow.plugin.v1.DoneH\x00\x12\'\n\x05\x62\x61tch\x18\x07 \x01(\x0b\x32\x16.dflow.plugin.v1.BatchH\x00\x42\x05\n\x03msg\"}\n\x05Start\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x0f\n\x07replica\x18\x04 \x01(\x05\x12\x10\n\x08replicas\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61tches\x18\x07 \x01(\x08\"O\n\x04Item\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0c\n\x04more\x18\x04 \x01(\x08\x12\x0c\n\x04size\x18\x05 \x01(\x03\"-\n\x05\x42\x61tch\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.dflow.plugin.v1.Item\"\x13\n\x03\x45of\x12\x0c\n\x04port\x18\x01 \x01(\t\"\x13\n\x06\x43redit\x12\t\n\x01n\x18\x01 \x01(\x05\"6\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x08\"\x15\n\x04\x44one\x12\r\n\x05\x65rror\x18\x01 \x01(\t2\xde\x01\n\x04Node\x12O\n\x08\x44\x65scribe\x12 .dflow.plugin.v1.DescribeRequest\x1a!.dflow.plugin.v1.DescribeResponse\x12\x46\n\x05\x43heck\x12\x1d.dflow.plugin.v1.CheckRequest\x1a\x1e.dflow.plugin.v1.CheckResponse\x12=\n\x03Run\x12\x18.dflow.plugin.v1.Message\x1a\x18.dflow.plugin.v1.Message(\x01\x30\x01\x42*Z(github.com/dflow-dev/dflow/plugins/protob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x64\x66low.proto\x12\x0f\x64\x66low.plugin.v1\"\x11\n\x0f\x44\x65scribeRequest\"^\n\x10\x44\x65scribeResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.dflow.plugin.v1.Kind\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x08\x12\x13\n\x0bport_credit\x18\x03 \x01(\x08\"I\n\x04Kind\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64oc\x18\x02 \x01(\t\x12&\n\x06\x63onfig\x18\x03 \x03(\x0b\x32\x16.dflow.plugin.v1.Field\"X\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x10\n\x08required\x18\x03 \x01(\x08\x12\x14\n\x0c\x64\x65\x66\x61ult_json\x18\x04 \x01(\t\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"P\n\x04Port\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\x08\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x0f\n\x07same_as\x18\x04 \x01(\t\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"1\n\x0c\x43heckRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"b\n\rCheckResponse\x12+\n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x1b.dflow.plugin.v1.FieldError\x12$\n\x05ports\x18\x02 \x03(\x0b\x32\x15.dflow.plugin.v1.Port\",\n\nFieldError\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xab\x02\n\x07Message\x12\'\n\x05start\x18\x01 \x01(\x0b\x32\x16.dflow.plugin.v1.StartH\x00\x12%\n\x04item\x18\x02 \x01(\x0b\x32\x15.dflow.plugin.v1.ItemH\x00\x12#\n\x03\x65of\x18\x03 \x01(\x0b\x32\x14.dflow.plugin.v1.EofH\x00\x12)\n\x06\x63redit\x18\x04 \x01(\x0b\x32\x17.dflow.plugin.v1.CreditH\x00\x12)\n\x06metric\x18\x05 \x01(\x0b\x32\x17.dflow.plugin.v1.MetricH\x00\x12%\n\x04\x64one\x18\x06 \x01(\x0b\x32\x15.dflow.plugin.v1.DoneH\x00\x12\'\n\x05\x62\x61tch\x18\x07 \x01(\x0b\x32\x16.dflow.plugin.v1.BatchH\x00\x42\x05\n\x03msg\"}\n\x05Start\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\r\n\x05stage\x18\x03 \x01(\t\x12\x0f\n\x07replica\x18\x04 \x01(\x05\x12\x10\n\x08replicas\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61tches\x18\x07 \x01(\x08\"O\n\x04Item\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x0c\n\x04more\x18\x04 \x01(\x08\x12\x0c\n\x04size\x18\x05 \x01(\x03\"-\n\x05\x42\x61tch\x12$\n\x05items\x18\x01 \x03(\x0b\x32\x15.dflow.plugin.v1.Item\"\x13\n\x03\x45of\x12\x0c\n\x04port\x18\x01 \x01(\t\"!\n\x06\x43redit\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x0c\n\x04port\x18\x02 \x01(\t\"6\n\x06Metric\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x08\"\x15\n\x04\x44one\x12\r\n\x05\x65rror\x18\x01 \x01(\t2\xde\x01\n\x04Node\x12O\n\x08\x44\x65scribe\x12 .dflow.plugin.v1.DescribeRequest\x1a!.dflow.plugin.v1.DescribeResponse\x12\x46\n\x05\x43heck\x12\x1d.dflow.plugin.v1.CheckRequest\x1a\x1e.dflow.plugin.v1.CheckResponse\x12=\n\x03Run\x12\x18.dflow.plugin.v1.Message\x1a\x18.dflow.plugin.v1.Message(\x01\x30\x01\x42*Z(github.com/dflow-dev/dflow/plugins/protob\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dflow_pb2', globals())
@@ -24,35 +24,35 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _DESCRIBEREQUEST._serialized_start=32
   _DESCRIBEREQUEST._serialized_end=49
   _DESCRIBERESPONSE._serialized_start=51
-  _DESCRIBERESPONSE._serialized_end=124
-  _KIND._serialized_start=126
-  _KIND._serialized_end=199
-  _FIELD._serialized_start=201
-  _FIELD._serialized_end=289
-  _PORT._serialized_start=291
-  _PORT._serialized_end=371
-  _CHECKREQUEST._serialized_start=373
-  _CHECKREQUEST._serialized_end=422
-  _CHECKRESPONSE._serialized_start=424
-  _CHECKRESPONSE._serialized_end=522
-  _FIELDERROR._serialized_start=524
-  _FIELDERROR._serialized_end=568
-  _MESSAGE._serialized_start=571
-  _MESSAGE._serialized_end=870
-  _START._serialized_start=872
-  _START._serialized_end=997
-  _ITEM._serialized_start=999
-  _ITEM._serialized_end=1078
-  _BATCH._serialized_start=1080
-  _BATCH._serialized_end=1125
-  _EOF._serialized_start=1127
-  _EOF._serialized_end=1146
-  _CREDIT._serialized_start=1148
-  _CREDIT._serialized_end=1167
-  _METRIC._serialized_start=1169
-  _METRIC._serialized_end=1223
-  _DONE._serialized_start=1225
-  _DONE._serialized_end=1246
-  _NODE._serialized_start=1249
-  _NODE._serialized_end=1471
+  _DESCRIBERESPONSE._serialized_end=145
+  _KIND._serialized_start=147
+  _KIND._serialized_end=220
+  _FIELD._serialized_start=222
+  _FIELD._serialized_end=310
+  _PORT._serialized_start=312
+  _PORT._serialized_end=392
+  _CHECKREQUEST._serialized_start=394
+  _CHECKREQUEST._serialized_end=443
+  _CHECKRESPONSE._serialized_start=445
+  _CHECKRESPONSE._serialized_end=543
+  _FIELDERROR._serialized_start=545
+  _FIELDERROR._serialized_end=589
+  _MESSAGE._serialized_start=592
+  _MESSAGE._serialized_end=891
+  _START._serialized_start=893
+  _START._serialized_end=1018
+  _ITEM._serialized_start=1020
+  _ITEM._serialized_end=1099
+  _BATCH._serialized_start=1101
+  _BATCH._serialized_end=1146
+  _EOF._serialized_start=1148
+  _EOF._serialized_end=1167
+  _CREDIT._serialized_start=1169
+  _CREDIT._serialized_end=1202
+  _METRIC._serialized_start=1204
+  _METRIC._serialized_end=1258
+  _DONE._serialized_start=1260
+  _DONE._serialized_end=1281
+  _NODE._serialized_start=1284
+  _NODE._serialized_end=1506
 # @@protoc_insertion_point(module_scope)

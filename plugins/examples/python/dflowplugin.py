@@ -41,7 +41,7 @@ import dflow_pb2 as pb
 
 COOKIE_KEY, COOKIE = "DFLOW_PLUGIN_MAGIC_COOKIE", "dflow-node-plugin-v1"
 CHUNK = 1 << 20  # payload bytes per Item message, as dflow sends them
-INPUT_WINDOW = 8  # input items a replica holds at most (its credit)
+INPUT_WINDOW = 8  # input items a replica holds at most per port (its credit)
 OUTPUT_WINDOW = 64  # messages a replica queues for dflow before send blocks
 
 
@@ -181,8 +181,8 @@ class Replica:
             item = q.get()
             if item is _EOF:
                 return
-            # The item is taken: credit for one more.
-            self._out.put(pb.Message(credit=pb.Credit(n=1)))
+            # The item is taken: credit for one more on this port.
+            self._out.put(pb.Message(credit=pb.Credit(n=1, port=port)))
             yield item
 
     def send(self, port, item):
@@ -233,7 +233,7 @@ class _Service:
         self.kinds = {k.name: k for k in kinds}
 
     def describe(self, request, context):
-        resp = pb.DescribeResponse(batches=True)
+        resp = pb.DescribeResponse(batches=True, port_credit=True)
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -269,8 +269,10 @@ class _Service:
         for p in kind.ports(config):
             if not p.output:
                 r._inputs[p.name] = queue.Queue(INPUT_WINDOW)
-        if r._inputs:
-            out.put(pb.Message(credit=pb.Credit(n=INPUT_WINDOW)))
+        # Credit per port (port_credit): dflow feeds each input as its
+        # credit allows, so a node may read its inputs in any order.
+        for name in r._inputs:
+            out.put(pb.Message(credit=pb.Credit(n=INPUT_WINDOW, port=name)))
 
         failure = []
 
@@ -323,7 +325,7 @@ class _Service:
                 continue
             # dflow takes batches: with this message, send the others
             # already queued: whole items together in Batches of at most
-            # CHUNK bytes (in order), credit summed into one grant, metrics
+            # CHUNK bytes (in order), credit summed per port, metrics
             # merged by name (counters added, gauges the last value).
             pending = [m]
             while len(pending) < 256:
@@ -331,11 +333,11 @@ class _Service:
                     pending.append(out.get_nowait())
                 except queue.Empty:
                     break
-            credit, batch, size, metrics, end, send = 0, [], 0, {}, False, []
+            credit, batch, size, metrics, end, send = {}, [], 0, {}, False, []
             for x in pending:
                 which = None if x is _DONE else x.WhichOneof("msg")
                 if which == "credit":
-                    credit += x.credit.n
+                    credit[x.credit.port] = credit.get(x.credit.port, 0) + x.credit.n
                 elif which == "metric":
                     key = (x.metric.name, x.metric.counter)
                     if x.metric.counter and key in metrics:
@@ -359,8 +361,8 @@ class _Service:
                         send.append(x)
             if batch:
                 send.append(_batch(batch))
-            if credit:  # first: dflow may be waiting for it
-                yield pb.Message(credit=pb.Credit(n=credit))
+            for port, n in credit.items():  # first: dflow may be waiting for it
+                yield pb.Message(credit=pb.Credit(n=n, port=port))
             yield from send
             yield from metrics.values()
             if end:

@@ -5,6 +5,8 @@ Node kind "stats" (py/stats when the plugin block is named py): items of
 any type pass through; hidden states (target_forward's items) are scaled
 by the config's `scale` and their root mean square, before scaling, is
 published as the metric `hidden_rms`; every item counts in `items`.
+Node kind "zip": two inputs read in turn, a node that needs them
+interleaved.
 """
 
 import os
@@ -50,5 +52,23 @@ class Stats(Node):
             r.metric("items", 1, counter=True)
 
 
+class Zip(Node):
+    name = "zip"
+    doc = "takes items from inputs b and a in turn, b first, until both end"
+
+    def ports(self, config):
+        return [Port("a", "any"), Port("b", "any"), Port("out", output=True, same_as="a")]
+
+    def run(self, r):
+        inputs = [r.recv("b"), r.recv("a")]
+        while inputs:
+            for it in list(inputs):
+                item = next(it, None)
+                if item is None:
+                    inputs.remove(it)
+                else:
+                    r.send("out", item)
+
+
 if __name__ == "__main__":
-    serve(Stats())
+    serve(Stats(), Zip())
