@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -53,14 +54,13 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		return err
 	}
 	// Credit: per input port when the plugin grants it so (port_credit);
-	// otherwise one pool, under "". At most inputWindow grants wait in a
-	// channel: the plugin grants credit only for items it has taken.
+	// otherwise one pool, under "".
 	inputs, outputs := n.ports(r)
-	credits := map[string]chan int32{"": make(chan int32, 64)}
+	credits := map[string]*credit{"": newCredit()}
 	if n.k.portCredit {
-		credits = map[string]chan int32{}
+		credits = map[string]*credit{}
 		for _, port := range inputs {
-			credits[port] = make(chan int32, 64)
+			credits[port] = newCredit()
 		}
 	}
 	sendErr := make(chan error, 1)
@@ -110,7 +110,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 			if !ok {
 				return fmt.Errorf("the plugin granted credit on %q, which is not an input port", port)
 			}
-			c <- v.Credit.N
+			c.grant(v.Credit.N)
 		case *proto.Message_Metric:
 			if v.Metric.Counter {
 				r.Metrics().Add(v.Metric.Name, v.Metric.Value)
@@ -160,11 +160,31 @@ func (n *remoteNode) ports(r nodes.Replica) ([]string, map[string]bool) {
 	return inputs, outputs
 }
 
+// credit is what the plugin has granted on a port (or on all) and the
+// feed has not used yet. Granting never blocks the stream's reader, however
+// the plugin grants.
+type credit struct {
+	n    atomic.Int32
+	more chan struct{} // a grant since the feed last looked
+}
+
+func newCredit() *credit { return &credit{more: make(chan struct{}, 1)} }
+
+func (c *credit) grant(n int32) {
+	c.n.Add(n)
+	select {
+	case c.more <- struct{}{}:
+	default:
+	}
+}
+
+func (c *credit) take() int32 { return c.n.Swap(0) }
+
 // feed sends the replica's input items to the plugin, one per credit, then
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credits map[string]chan int32) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credits map[string]*credit) error {
 	var mu sync.Mutex // one item's messages at a time on the stream
 	if !n.k.portCredit {
 		return n.feedPorts(ctx, r, st, &mu, ports, credits[""])
@@ -187,7 +207,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, mu *sync.Mutex, ports []string, credit <-chan int32) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, mu *sync.Mutex, ports []string, credit *credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
 	locked := func(f func() error) error {
@@ -201,9 +221,11 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 		in := r.In(port)
 		for eof := false; !eof; {
 			for have == 0 {
+				if have = credit.take(); have > 0 {
+					break
+				}
 				select {
-				case c := <-credit:
-					have += c
+				case <-credit.more:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
