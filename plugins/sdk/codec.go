@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"slices"
 	"unsafe"
 
 	"github.com/dflow-dev/dflow/nodes/dflash"
@@ -25,14 +24,11 @@ import (
 
 // Encode turns an item into its wire name and bytes.
 func Encode(item any) (string, []byte, error) {
-	typ, pieces, err := encode(item)
+	e, err := encodeItem(item)
 	if err != nil {
 		return "", nil, err
 	}
-	if len(pieces) == 1 {
-		return typ, pieces[0], nil
-	}
-	return typ, slices.Concat(pieces...), nil
+	return e.typ, e.whole(), nil
 }
 
 // encode turns an item into its wire name and the pieces of its bytes, in

@@ -16,25 +16,52 @@ const ChunkSize = 1 << 20
 // its pieces (see encode), each cut into chunks, so that its arrays are
 // never copied into one buffer on this side.
 func SendItem(send func(*proto.Message) error, port string, item any) error {
-	typ, pieces, err := encode(item)
+	e, err := encodeItem(item)
 	if err != nil {
 		return err
 	}
-	size := 0
+	return e.send(send, port)
+}
+
+// encoded is an item as it goes on the wire: its type, the pieces of its
+// payload and their total size.
+type encoded struct {
+	typ    string
+	pieces [][]byte
+	size   int
+}
+
+func encodeItem(item any) (encoded, error) {
+	typ, pieces, err := encode(item)
+	e := encoded{typ: typ, pieces: pieces}
 	for _, p := range pieces {
-		size += len(p)
+		e.size += len(p)
 	}
-	if size <= ChunkSize && len(pieces) > 1 {
-		pieces = [][]byte{slices.Concat(pieces...)}
-	} else if size > ChunkSize {
-		pieces = slices.DeleteFunc(pieces, func(p []byte) bool { return len(p) == 0 })
+	return e, err
+}
+
+// whole is the payload in one slice, copied only if it has several pieces.
+func (e encoded) whole() []byte {
+	if len(e.pieces) == 1 {
+		return e.pieces[0]
+	}
+	return slices.Concat(e.pieces...)
+}
+
+// send sends the item as Item messages (see SendItem).
+func (e encoded) send(send func(*proto.Message) error, port string) error {
+	pieces := e.pieces
+	if e.size <= ChunkSize {
+		pieces = [][]byte{e.whole()}
+	} else {
+		pieces = slices.DeleteFunc(slices.Clone(pieces), func(p []byte) bool { return len(p) == 0 })
 	}
 	for i, p := range pieces {
 		for {
 			n := min(len(p), ChunkSize)
-			chunk := &proto.Item{Port: port, Type: typ, Payload: p[:n], More: n < len(p) || i < len(pieces)-1}
+			chunk := &proto.Item{Port: port, Type: e.typ, Payload: p[:n], More: n < len(p) || i < len(pieces)-1}
 			if i == 0 && len(p) == len(pieces[0]) {
-				chunk.Size = int64(size)
+				chunk.Size = int64(e.size)
 			}
 			if err := send(&proto.Message{Msg: &proto.Message_Item{Item: chunk}}); err != nil {
 				return err
@@ -99,31 +126,23 @@ func (b *Batcher) Add(port string, item any) error {
 	if !b.Batches {
 		return SendItem(b.Send, port, item)
 	}
-	typ, pieces, err := encode(item)
+	e, err := encodeItem(item)
 	if err != nil {
 		return err
 	}
-	size := 0
-	for _, p := range pieces {
-		size += len(p)
-	}
-	if size > ChunkSize {
+	if e.size > ChunkSize {
 		if err := b.Flush(); err != nil {
 			return err
 		}
-		return SendItem(b.Send, port, item)
+		return e.send(b.Send, port)
 	}
-	if b.size+size > ChunkSize || len(b.items) == maxBatchItems {
+	if b.size+e.size > ChunkSize || len(b.items) == maxBatchItems {
 		if err := b.Flush(); err != nil {
 			return err
 		}
 	}
-	payload := pieces[0]
-	if len(pieces) > 1 {
-		payload = slices.Concat(pieces...)
-	}
-	b.items = append(b.items, &proto.Item{Port: port, Type: typ, Payload: payload, Size: int64(size)})
-	b.size += size
+	b.items = append(b.items, &proto.Item{Port: port, Type: e.typ, Payload: e.whole(), Size: int64(e.size)})
+	b.size += e.size
 	return nil
 }
 
