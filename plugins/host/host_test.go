@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		sdk.Serve(passKind, pickyKind, zipKind)
+		sdk.Serve(passKind, pickyKind, zipKind, forkKind)
 	case "garbage":
 		fmt.Println("hello, I am not a plugin handshake")
 		os.Exit(0)
@@ -130,6 +131,37 @@ var zipKind = nodes.Spec{
 				}
 			}
 			return nil
+		}), nil
+	},
+}
+
+// forkKind sends count items on each of its outputs a and b, from two
+// goroutines: in process, a full edge on a holds back only a's Sends.
+var forkKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name:   "fork",
+		Config: []graph.Field{{Name: "count", Type: graph.Int, Default: cty.NumberIntVal(0)}},
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "a", Dir: graph.Out, Type: "blob"}, {Name: "b", Dir: graph.Out, Type: "blob"}}
+		},
+	},
+	New: func(cfg *graph.Config) (nodes.Node, error) {
+		count := cfg.Int("count")
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for k, port := range []string{"a", "b"} {
+				wg.Go(func() {
+					out := r.Out(port)
+					for i := range count {
+						if errs[k] = out.Send(ctx, &synthetic.Blob{Seq: int64(i), Data: []byte(port)}); errs[k] != nil {
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			return errors.Join(errs...)
 		}), nil
 	},
 }
@@ -440,5 +472,79 @@ edge "out" {
 	}
 	if rep.Edges["out"].Produced != 500 {
 		t.Errorf("%d items out, want 500", rep.Edges["out"].Produced)
+	}
+}
+
+// TestOutputsHeldBackApart: a plugin node sends on two outputs from two
+// goroutines, and the consumer reads every item of b before any of a,
+// with a's edge far smaller than what the plugin sends on it. In process
+// the full edge holds back only the Sends on a. Through the plugin it must
+// be the same: before output credit, the items on a filled the edge and
+// held the stream's reader, b's items waited behind them on the stream,
+// and the run hung.
+func TestOutputsHeldBackApart(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	const count = 500
+	var gotA, gotB int64
+	f.reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "b_then_a", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "a", Dir: graph.In, Type: "blob"}, {Name: "b", Dir: graph.In, Type: "blob"}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for gotB < count {
+					item, err := r.In("b").Recv(ctx)
+					if err != nil {
+						return fmt.Errorf("b after %d items: %w", gotB, err)
+					}
+					if b := item.(*synthetic.Blob); string(b.Data) != "b" || b.Seq != gotB {
+						return fmt.Errorf("item %d on b is %q #%d", gotB, b.Data, b.Seq)
+					}
+					gotB++
+				}
+				for {
+					item, err := r.In("a").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					if b := item.(*synthetic.Blob); string(b.Data) != "a" || b.Seq != gotA {
+						return fmt.Errorf("item %d on a is %q #%d", gotA, b.Data, b.Seq)
+					}
+					gotA++
+				}
+			}), nil
+		},
+	})
+	rep, err := f.run(fmt.Sprintf(`
+stage "f" {
+  node = "tp/fork"
+  config {
+    count = %d
+  }
+}
+stage "j" {
+  node = "b_then_a"
+}
+edge "a" {
+  from     = f.a
+  to       = j.a
+  capacity = 4
+}
+edge "b" {
+  from     = f.b
+  to       = j.b
+  capacity = 4
+}`, count))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	if gotA != count || gotB != count || rep.Edges["a"].Consumed != count || rep.Edges["b"].Consumed != count {
+		t.Errorf("a %d, b %d items, want %d each", gotA, gotB, count)
 	}
 }

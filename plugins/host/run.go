@@ -48,14 +48,40 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if err != nil {
 		return err
 	}
+	var mu sync.Mutex // one message (or one item's messages) at a time on the stream
+	locked := func(f func() error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return f()
+	}
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
-		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true}
+		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true,
+		OutputCredit: n.k.outputCredit}
 	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
 		return err
 	}
+	inputs, outputs := n.ports(r)
+	if !n.k.outputCredit {
+		// An older plugin: its items are handed on as they come, and an
+		// output whose edges are full holds back the whole stream.
+		return n.pump(sctx, cancel, r, st, locked, inputs, func(it *proto.Item) error {
+			return n.deliver(ctx, r, outputs, it)
+		})
+	}
+	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
+	outs, err := newOutlets(ctx, r, outputs, send, cancel)
+	if err != nil {
+		return err
+	}
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, inputs, outs.put))
+}
+
+// pump feeds the replica's inputs to the plugin and reads what it sends,
+// handing each whole output item to put, until the plugin says Done.
+func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
+	locked func(func() error) error, inputs []string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
-	inputs, outputs := n.ports(r)
 	credits := map[string]*credit{"": newCredit()}
 	if n.k.portCredit {
 		credits = map[string]*credit{}
@@ -67,7 +93,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	fed := make(chan struct{})
 	go func() {
 		defer close(fed)
-		sendErr <- n.feed(sctx, r, st, inputs, credits)
+		sendErr <- n.feed(sctx, r, st, locked, inputs, credits)
 	}()
 	// The feeding goroutine uses the replica's input ports: it must be
 	// done before Run returns, whichever way it returns.
@@ -92,12 +118,12 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 				continue
 			}
 			v.Item.Payload = b
-			if err := n.deliver(ctx, r, outputs, v.Item); err != nil {
+			if err := put(v.Item); err != nil {
 				return err
 			}
 		case *proto.Message_Batch:
 			for _, it := range v.Batch.Items {
-				if err := n.deliver(ctx, r, outputs, it); err != nil {
+				if err := put(it); err != nil {
 					return err
 				}
 			}
@@ -144,6 +170,133 @@ func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[s
 	return r.Out(it.Port).Send(ctx, item)
 }
 
+// outlets hand a plugin replica's output items on, each output port from
+// a goroutine of its own (Start.output_credit), so that a full edge holds
+// back the items of its own port only, as it would hold back only the
+// Sends on that port of a node in process. The stream's reader puts each
+// item in its port's buffer and never waits: the credit dflow grants on
+// the port keeps the buffer from overflowing.
+type outlets struct {
+	ports  map[string]*outlet
+	ctx    context.Context // the deliveries', cancelled if the replica fails
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	err    error // the first delivery that failed
+}
+
+type outlet struct {
+	port string
+	out  nodes.Output
+	ch   chan outItem
+	w    sdk.Window
+}
+
+type outItem struct {
+	item any
+	size int64
+}
+
+// An output port's buffer holds at most outletItems items, within
+// outletBytes once it has seen an item's size. It starts with outletFirst
+// of credit, before it has seen an item's size: little, since the items
+// may be large (four of 16 MiB hidden states are already 64 MiB).
+const (
+	outletItems = 64
+	outletFirst = 4
+)
+
+var outletBytes int64 = 64 << 20 // a variable for tests
+
+// newOutlets grants each output port its first credit and starts handing
+// items on; a delivery that fails calls stopStream, so that the stream's
+// reader stops too.
+func newOutlets(ctx context.Context, r nodes.Replica, outputs map[string]bool, send func(*proto.Message) error, stopStream context.CancelFunc) (*outlets, error) {
+	o := &outlets{ports: map[string]*outlet{}}
+	o.ctx, o.cancel = context.WithCancel(ctx)
+	for port := range outputs {
+		p := &outlet{port: port, out: r.Out(port), ch: make(chan outItem, outletItems),
+			w: sdk.Window{Items: outletItems, Bytes: outletBytes}}
+		first := p.w.Open(outletFirst)
+		if err := send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: first, Port: port}}}); err != nil {
+			o.cancel()
+			return nil, err
+		}
+		o.ports[port] = p
+	}
+	for _, p := range o.ports {
+		o.wg.Go(func() {
+			if err := p.run(o.ctx, send); err != nil {
+				o.mu.Lock()
+				if o.err == nil {
+					o.err = err
+				}
+				o.mu.Unlock()
+				stopStream()
+			}
+		})
+	}
+	return o, nil
+}
+
+// put takes a whole item from the stream's reader.
+func (o *outlets) put(it *proto.Item) error {
+	p := o.ports[it.Port]
+	if p == nil {
+		return fmt.Errorf("the plugin sent an item on %q, which is not an output port", it.Port)
+	}
+	item, err := sdk.Decode(it.Type, it.Payload)
+	if err != nil {
+		return err
+	}
+	size := int64(len(it.Payload))
+	p.w.Arrived(size)
+	select {
+	case p.ch <- outItem{item, size}:
+		return nil
+	default:
+		return fmt.Errorf("the plugin sent more items on %q than dflow granted it credit for", it.Port)
+	}
+}
+
+// finish ends the deliveries once the stream has ended with err: after
+// handing on every item received if the plugin said Done without error,
+// at once otherwise (the replica has failed). A failed delivery is the
+// cause of whatever error the stream then ended with.
+func (o *outlets) finish(err error) error {
+	if err != nil {
+		o.cancel()
+	}
+	for _, p := range o.ports {
+		close(p.ch)
+	}
+	o.wg.Wait()
+	o.cancel()
+	if o.err != nil {
+		return o.err
+	}
+	return err
+}
+
+// run hands the port's items on, granting credit back as they go: in one
+// message when the buffer has run dry or a quarter of it is owed, so that
+// small items do not cost a message each.
+func (p *outlet) run(ctx context.Context, send func(*proto.Message) error) error {
+	for it := range p.ch {
+		if err := p.out.Send(ctx, it.item); err != nil {
+			return err
+		}
+		p.w.Taken(it.size)
+		if len(p.ch) == 0 || p.w.Owed() >= outletItems/4 {
+			if n := p.w.Grant(); n > 0 {
+				// A stream that broke is the reader's to report.
+				_ = send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: p.port}}})
+			}
+		}
+	}
+	return nil
+}
+
 // ports are the node's input port names, sorted, and its output ports.
 func (n *remoteNode) ports(r nodes.Replica) ([]string, map[string]bool) {
 	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
@@ -184,15 +337,14 @@ func (c *credit) take() int32 { return c.n.Swap(0) }
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, ports []string, credits map[string]*credit) error {
-	var mu sync.Mutex // one item's messages at a time on the stream
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credits map[string]*credit) error {
 	if !n.k.portCredit {
-		return n.feedPorts(ctx, r, st, &mu, ports, credits[""])
+		return n.feedPorts(ctx, r, st, locked, ports, credits[""])
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, port := range ports {
-		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, &mu, []string{port}, credits[port]) })
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, []string{port}, credits[port]) })
 	}
 	wg.Wait()
 	for _, err := range errs { // the cause, not the cancellations it led to
@@ -207,14 +359,9 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, mu *sync.Mutex, ports []string, credit *credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credit *credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
-	locked := func(f func() error) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return f()
-	}
 	waiting, stop := context.WithCancel(ctx)
 	stop() // Recv(waiting) takes an item only if one is there
 	for _, port := range ports {

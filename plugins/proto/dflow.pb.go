@@ -70,7 +70,12 @@ type DescribeResponse struct {
 	// port_credit: the plugin grants credit per input port (Credit.port),
 	// and dflow then feeds each input as its credit allows, not one input
 	// after the other.
-	PortCredit    bool `protobuf:"varint,3,opt,name=port_credit,json=portCredit,proto3" json:"port_credit,omitempty"`
+	PortCredit bool `protobuf:"varint,3,opt,name=port_credit,json=portCredit,proto3" json:"port_credit,omitempty"`
+	// output_credit: the plugin sends on an output port only as dflow's
+	// credit on that port allows (Credit from dflow, Start.output_credit),
+	// so that an output whose consumers are full holds back only that
+	// output's items, not the others' behind them on the stream.
+	OutputCredit  bool `protobuf:"varint,4,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -122,6 +127,13 @@ func (x *DescribeResponse) GetBatches() bool {
 func (x *DescribeResponse) GetPortCredit() bool {
 	if x != nil {
 		return x.PortCredit
+	}
+	return false
+}
+
+func (x *DescribeResponse) GetOutputCredit() bool {
+	if x != nil {
+		return x.OutputCredit
 	}
 	return false
 }
@@ -668,7 +680,11 @@ type Start struct {
 	Replicas   int32                  `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	Device     string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
 	// batches: dflow takes Batch messages (then the plugin may send them).
-	Batches       bool `protobuf:"varint,7,opt,name=batches,proto3" json:"batches,omitempty"`
+	Batches bool `protobuf:"varint,7,opt,name=batches,proto3" json:"batches,omitempty"`
+	// output_credit: dflow grants credit per output port (to a plugin that
+	// said DescribeResponse.output_credit); the plugin sends on a port only
+	// as that credit allows.
+	OutputCredit  bool `protobuf:"varint,8,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -748,6 +764,13 @@ func (x *Start) GetDevice() string {
 func (x *Start) GetBatches() bool {
 	if x != nil {
 		return x.Batches
+	}
+	return false
+}
+
+func (x *Start) GetOutputCredit() bool {
+	if x != nil {
+		return x.OutputCredit
 	}
 	return false
 }
@@ -925,9 +948,10 @@ func (x *Eof) GetPort() string {
 	return ""
 }
 
-// Credit grants the other side leave to send n more items: on the input
-// port named, or, with no port (a plugin that did not say port_credit),
-// on any.
+// Credit grants the other side leave to send n more items. From a
+// plugin: on the input port named, or, with no port (a plugin that did
+// not say port_credit), on any. From dflow (Start.output_credit): on the
+// plugin's output port named.
 type Credit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	N             int32                  `protobuf:"varint,1,opt,name=n,proto3" json:"n,omitempty"`
@@ -1090,12 +1114,13 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"z\n" +
+	"\x0fDescribeRequest\"\x9f\x01\n" +
 	"\x10DescribeResponse\x12+\n" +
 	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\bR\abatches\x12\x1f\n" +
 	"\vport_credit\x18\x03 \x01(\bR\n" +
-	"portCredit\"\\\n" +
+	"portCredit\x12#\n" +
+	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1131,7 +1156,7 @@ const file_dflow_proto_rawDesc = "" +
 	"\x06metric\x18\x05 \x01(\v2\x17.dflow.plugin.v1.MetricH\x00R\x06metric\x12+\n" +
 	"\x04done\x18\x06 \x01(\v2\x15.dflow.plugin.v1.DoneH\x00R\x04done\x12.\n" +
 	"\x05batch\x18\a \x01(\v2\x16.dflow.plugin.v1.BatchH\x00R\x05batchB\x05\n" +
-	"\x03msg\"\xba\x01\n" +
+	"\x03msg\"\xdf\x01\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -1140,7 +1165,8 @@ const file_dflow_proto_rawDesc = "" +
 	"\areplica\x18\x04 \x01(\x05R\areplica\x12\x1a\n" +
 	"\breplicas\x18\x05 \x01(\x05R\breplicas\x12\x16\n" +
 	"\x06device\x18\x06 \x01(\tR\x06device\x12\x18\n" +
-	"\abatches\x18\a \x01(\bR\abatches\"p\n" +
+	"\abatches\x18\a \x01(\bR\abatches\x12#\n" +
+	"\routput_credit\x18\b \x01(\bR\foutputCredit\"p\n" +
 	"\x04Item\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"sync"
-	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -58,7 +57,7 @@ func NewServer(specs ...nodes.Spec) *Server {
 
 // Describe implements proto.NodeServer.
 func (s *Server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{Batches: true, PortCredit: true}
+	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: FieldsToProto(sp.Config)})
@@ -135,12 +134,12 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 
 // Input credit, per input port (DescribeResponse.port_credit, so that dflow
 // feeds each input as it comes and a node may read them in any order): a
-// port holds at most inputWindow items, and grants credit for more only
-// while those it holds and those it has granted credit for (counted at
-// the size of its last item) fit in inputBytes. It starts with
-// firstCredit, before it has seen an item's size.
+// port's Window holds at most inputWindow items within inputBytes, and
+// starts with firstCredit, before it has seen an item's size.
 // outputWindow is how many items its node may have sent that are not yet
-// on the stream.
+// on the stream. With output credit (Start.output_credit) a node's Send on
+// a port also waits for dflow's credit on that port, so that the items on
+// the stream are all items dflow has room for.
 const (
 	inputWindow  = 32
 	firstCredit  = 8
@@ -155,23 +154,13 @@ type outItem struct {
 	item any
 }
 
-// grant returns the credit the node's Recvs on this port owe, as much of
-// it as the port's byte budget allows, in one message.
+// grant sends the credit the node's Recvs on this port owe, as much of it
+// as the port's byte budget allows, in one message.
 func (in *remoteInput) grant() error {
-	n := in.owed.Load()
-	if size := in.last.Load(); size > 0 {
-		held, lent := in.held.Load(), in.lent.Load()
-		room := int32((inputBytes-held)/size) - lent
-		if held == 0 && lent == 0 {
-			room = max(room, 1) // an item larger than the budget passes alone
-		}
-		n = min(n, room)
-	}
-	if n <= 0 {
+	n := in.w.Grant()
+	if n == 0 {
 		return nil // granted as the node takes what is held
 	}
-	in.owed.Add(-n)
-	in.lent.Add(n)
 	return in.r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: in.port}}})
 }
 
@@ -260,9 +249,10 @@ func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []g
 		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for _, p := range ports {
 		if p.Dir == graph.In {
-			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow)}
+			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow),
+				w: Window{Items: inputWindow, Bytes: inputBytes}}
 		} else {
-			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name}
+			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name, credit: newCredit(), held: start.OutputCredit}
 		}
 	}
 	return r
@@ -282,9 +272,8 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	// Grant the first window of input credit.
 	if len(r.inputs) > 0 {
 		for name, in := range r.inputs {
-			in.lent.Store(firstCredit)
-			in.owed.Store(inputWindow - firstCredit)
-			r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: firstCredit, Port: name}}})
+			n := in.w.Open(firstCredit)
+			r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: name}}})
 		}
 	}
 	for {
@@ -308,6 +297,14 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			if in := r.inputs[v.Eof.Port]; in != nil {
 				close(in.ch)
 			}
+		case *proto.Message_Credit:
+			out := r.outputs[v.Credit.Port]
+			if out == nil || !out.held {
+				r.fail(fmt.Errorf("sdk: credit from dflow on %q, which is not an output port held to credit", v.Credit.Port))
+				cancel()
+				return
+			}
+			out.credit.grant(v.Credit.N)
 		}
 		for _, it := range whole {
 			item, err := Decode(it.Type, it.Payload)
@@ -320,10 +317,8 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 				cancel()
 				return
 			}
-			size := int64(max(len(it.Payload), 1))
-			in.last.Store(size)
-			in.held.Add(size)
-			in.lent.Add(-1)
+			size := int64(len(it.Payload))
+			in.w.Arrived(size)
 			in.ch <- inItem{item, size}
 		}
 	}
@@ -369,10 +364,7 @@ type remoteInput struct {
 	r    *remoteReplica
 	port string
 	ch   chan inItem
-	owed atomic.Int32 // credit taken and not yet granted again
-	held atomic.Int64 // payload bytes of the items received and not yet taken
-	lent atomic.Int32 // credit granted and not yet used by dflow
-	last atomic.Int64 // payload bytes of the last item received
+	w    Window
 }
 
 // inItem is an item received for the node, with its payload's size.
@@ -389,8 +381,7 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 		}
 		// The item is taken: credit for one more, which the sender grants
 		// (several in one message when items come fast).
-		in.held.Add(-it.size)
-		in.owed.Add(1)
+		in.w.Taken(it.size)
 		select {
 		case in.r.kick <- struct{}{}:
 		default:
@@ -402,17 +393,27 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 }
 
 type remoteOutput struct {
-	r    *remoteReplica
-	port string
+	r      *remoteReplica
+	port   string
+	held   bool // to dflow's credit on this port (Start.output_credit)
+	credit *credit
 }
 
 // Send hands the item to the replica's sender (sendItems), which streams
-// it to dflow. It waits while outputWindow items are queued: gRPC's flow
-// control holds the sender while dflow's side of the edge is full, and so
-// the node. A failure of the stream shows at the next Send, and in Done.
+// it to dflow. Held to dflow's credit, it first waits for credit on its
+// port, so that a full edge holds back this port's Sends and no other's.
+// It also waits while outputWindow items are queued (without credit, the
+// only wait: gRPC's flow control holds the sender while dflow's side of
+// any edge is full, and so every Send). A failure of the stream shows at
+// the next Send, and in Done.
 func (o *remoteOutput) Send(ctx context.Context, item any) error {
 	if err := o.r.sendFailed(); err != nil {
 		return err
+	}
+	if o.held {
+		if err := o.credit.wait(ctx, o.r.dead); err != nil {
+			return err
+		}
 	}
 	select {
 	case o.r.outq <- outItem{o.port, item}:

@@ -171,6 +171,7 @@ class Replica:
         self.device, self.config = start.device, config
         self._out = out
         self._inputs = {}
+        self._credit = {}  # output port: dflow's credit (Start.output_credit)
         self._lock = threading.Lock()
 
     def recv(self, port):
@@ -187,7 +188,12 @@ class Replica:
 
     def send(self, port, item):
         """Sends an item on an output port, in chunks of at most CHUNK
-        bytes, the first giving the whole size."""
+        bytes, the first giving the whole size. It waits for dflow's
+        credit on the port, so that a full edge holds back this port's
+        items only."""
+        credit = self._credit.get(port)
+        if credit is not None:
+            credit.take()
         typ, b = encode(item)
         view = memoryview(b)
         with self._lock:  # one item's chunks in a row
@@ -205,6 +211,33 @@ class Replica:
 
 _EOF = object()
 _DONE = object()
+
+
+class _Credit:
+    """dflow's credit on one output port: send takes one, waiting for a
+    grant while there is none."""
+
+    def __init__(self):
+        self._n, self._closed = 0, False
+        self._cv = threading.Condition()
+
+    def grant(self, n):
+        with self._cv:
+            self._n += n
+            self._cv.notify_all()
+
+    def take(self):
+        with self._cv:
+            while self._n == 0 and not self._closed:
+                self._cv.wait()
+            if self._n == 0:
+                raise BrokenPipeError("the stream to dflow is gone")
+            self._n -= 1
+
+    def close(self):
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
 
 
 # --- the service -----------------------------------------------------------
@@ -233,7 +266,7 @@ class _Service:
         self.kinds = {k.name: k for k in kinds}
 
     def describe(self, request, context):
-        resp = pb.DescribeResponse(batches=True, port_credit=True)
+        resp = pb.DescribeResponse(batches=True, port_credit=True, output_credit=True)
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -269,6 +302,8 @@ class _Service:
         for p in kind.ports(config):
             if not p.output:
                 r._inputs[p.name] = queue.Queue(INPUT_WINDOW)
+            elif start.output_credit:
+                r._credit[p.name] = _Credit()
         # Credit per port (port_credit): dflow feeds each input as its
         # credit allows, so a node may read its inputs in any order.
         for name in r._inputs:
@@ -297,10 +332,16 @@ class _Service:
                             deliver(it.port, it.type, bytearray(it.payload))
                     elif which == "eof" and m.eof.port in r._inputs:
                         r._inputs[m.eof.port].put(_EOF)
+                    elif which == "credit":
+                        if m.credit.port not in r._credit:
+                            raise BadItem("credit on %r, which is not an output port held to credit" % m.credit.port)
+                        r._credit[m.credit.port].grant(m.credit.n)
             except Exception as e:  # a broken input ends the replica with the reason
                 failure.append(e)
                 for q in r._inputs.values():
                     q.put(_EOF)
+            for c in r._credit.values():  # no more credit can come
+                c.close()
 
         def work():
             error = ""

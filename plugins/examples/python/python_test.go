@@ -310,3 +310,61 @@ edge "out" {
 		t.Errorf("%d items out, %d at the sink; want 500", rep.Edges["out"].Produced, f.items)
 	}
 }
+
+// TestOutputsHeldBackApart: a Python node sends on two outputs from two
+// threads, and the consumer takes every item of b before any of a, whose
+// edge holds 4: the full edge must hold back a's items only (output
+// credit), or the run hangs with b's items behind a's on the stream.
+func TestOutputsHeldBackApart(t *testing.T) {
+	f := newFixture(t)
+	const count = 300
+	f.reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "b_then_a", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "a", Dir: graph.In, Type: "blob"}, {Name: "b", Dir: graph.In, Type: "blob"}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for _, port := range []string{"b", "a"} {
+					for i := range count {
+						item, err := r.In(port).Recv(ctx)
+						if err != nil {
+							return fmt.Errorf("%s after %d items: %w", port, i, err)
+						}
+						if b := item.(*synthetic.Blob); string(b.Data) != port || b.Seq != int64(i) {
+							return fmt.Errorf("item %d on %s is %q #%d", i, port, b.Data, b.Seq)
+						}
+					}
+				}
+				for _, port := range []string{"a", "b"} {
+					if item, err := r.In(port).Recv(ctx); err != io.EOF {
+						return fmt.Errorf("%s: %v (%v) after %d items, want the end", port, item, err, count)
+					}
+				}
+				return nil
+			}), nil
+		},
+	})
+	_, err := f.run(t, fmt.Sprintf(`
+stage "f" {
+  node = "py/fork"
+  config {
+    count = %d
+  }
+}
+stage "j" {
+  node = "b_then_a"
+}
+edge "a" {
+  from     = f.a
+  to       = j.a
+  capacity = 4
+}
+edge "b" {
+  from     = f.b
+  to       = j.b
+  capacity = 4
+}`, count))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+}

@@ -6,17 +6,19 @@ any type pass through; hidden states (target_forward's items) are scaled
 by the config's `scale` and their root mean square, before scaling, is
 published as the metric `hidden_rms`; every item counts in `items`.
 Node kind "zip": two inputs read in turn, a node that needs them
-interleaved.
+interleaved. Node kind "fork": `count` items on each of two outputs, sent
+from two threads.
 """
 
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from dflowplugin import Field, Hidden, Node, Port, serve  # noqa: E402
+from dflowplugin import Blob, Field, Hidden, Node, Port, serve  # noqa: E402
 
 
 class Stats(Node):
@@ -70,5 +72,25 @@ class Zip(Node):
                     r.send("out", item)
 
 
+class Fork(Node):
+    name = "fork"
+    doc = "sends count items on each of outputs a and b, from two threads"
+    config = [Field("count", "int", default=0, doc="items per output")]
+
+    def ports(self, config):
+        return [Port("a", "blob", output=True), Port("b", "blob", output=True)]
+
+    def run(self, r):
+        def send(port):
+            for i in range(int(r.config["count"])):
+                r.send(port, Blob(r.index, i, port.encode()))
+
+        threads = [threading.Thread(target=send, args=(port,)) for port in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
 if __name__ == "__main__":
-    serve(Stats(), Zip())
+    serve(Stats(), Zip(), Fork())

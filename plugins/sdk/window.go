@@ -1,0 +1,122 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+)
+
+// Window is the credit accounting of the receiving end of one port: a
+// plugin's input port, or, on dflow's side, a plugin's output port. The
+// receiver holds at most Items items that it has been sent and not yet
+// handed on, and, once it has seen an item's size, grants credit for more
+// only while what it holds and what it has granted (counted at the size of
+// the last item) fit in Bytes. An item larger than Bytes passes alone.
+//
+// The receiving goroutine calls Arrived, the goroutine that hands items on
+// calls Taken, and whichever sends credit calls Grant: each may be a
+// different goroutine.
+type Window struct {
+	Items int32
+	Bytes int64
+
+	owed atomic.Int32 // credit taken and not yet granted again
+	lent atomic.Int32 // credit granted and not yet used by the sender
+	held atomic.Int64 // payload bytes of the items arrived and not yet taken
+	last atomic.Int64 // payload bytes of the last item arrived
+}
+
+// Open starts the window with first items of credit, the rest of Items
+// owed; it returns first, the credit to send.
+func (w *Window) Open(first int32) int32 {
+	first = min(first, w.Items)
+	w.lent.Store(first)
+	w.owed.Store(w.Items - first)
+	return first
+}
+
+// Arrived records an item of size payload bytes come in on credit.
+func (w *Window) Arrived(size int64) {
+	size = max(size, 1)
+	w.last.Store(size)
+	w.held.Add(size)
+	w.lent.Add(-1)
+}
+
+// Taken records an item of size payload bytes handed on: credit for one
+// more is owed.
+func (w *Window) Taken(size int64) {
+	w.held.Add(-max(size, 1))
+	w.owed.Add(1)
+}
+
+// Owed is the credit taken and not yet granted again.
+func (w *Window) Owed() int32 { return w.owed.Load() }
+
+// Grant returns the credit to send now, as much of what is owed as the
+// byte budget allows, and counts it as lent; 0 means send nothing (it is
+// granted as the items held are taken).
+func (w *Window) Grant() int32 {
+	n := w.owed.Load()
+	if size := w.last.Load(); size > 0 {
+		held, lent := w.held.Load(), w.lent.Load()
+		room := int32(min((w.Bytes-held)/size, int64(w.Items))) - lent
+		if held == 0 && lent == 0 {
+			room = max(room, 1) // an item larger than the budget passes alone
+		}
+		n = min(n, room)
+	}
+	if n <= 0 {
+		return 0
+	}
+	w.owed.Add(-n)
+	w.lent.Add(n)
+	return n
+}
+
+// credit is the sending end of a port's credit: what the receiver has
+// granted and the sender not used yet. Granting never blocks; any number
+// of goroutines may wait for it.
+type credit struct {
+	n    atomic.Int32
+	more chan struct{} // a grant since a waiter last looked
+}
+
+func newCredit() *credit { return &credit{more: make(chan struct{}, 1)} }
+
+func (c *credit) grant(n int32) {
+	c.n.Add(n)
+	c.signal()
+}
+
+func (c *credit) signal() {
+	select {
+	case c.more <- struct{}{}:
+	default:
+	}
+}
+
+// wait takes one credit, waiting for a grant while there is none; it
+// fails when ctx is done or gone is closed.
+func (c *credit) wait(ctx context.Context, gone <-chan struct{}) error {
+	for {
+		if n := c.n.Load(); n > 0 {
+			if c.n.CompareAndSwap(n, n-1) {
+				if n > 1 {
+					c.signal() // more left: the next waiter need not wait
+				}
+				return nil
+			}
+			continue
+		}
+		select {
+		case <-c.more:
+		case <-gone:
+			return errStreamGone
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+var errStreamGone = errors.New("sdk: the stream to dflow is gone")
