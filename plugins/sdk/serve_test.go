@@ -3,11 +3,13 @@ package sdk
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -41,6 +43,17 @@ func (s *fakeStream) Send(m *proto.Message) error {
 	defer s.mu.Unlock()
 	s.sent = append(s.sent, m)
 	return nil
+}
+
+// credit is the input credit the server has granted so far.
+func (s *fakeStream) credit() int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int32
+	for _, m := range s.sent {
+		n += m.GetCredit().GetN()
+	}
+	return n
 }
 
 // TestConcurrentOutputsDoNotInterleave: a plugin node that sends large
@@ -199,7 +212,8 @@ func TestBatcher(t *testing.T) {
 // holds and what it has granted fit its byte budget: with 1 MiB items and
 // a 4 MiB budget, no more than 4 items' worth once it has taken the 8 it
 // was first sent; with items larger than the budget, one at a time, but
-// never none.
+// never none. The node waits for that credit before it returns (credit is
+// granted by another goroutine, and none is owed once the node is done).
 func TestBatchesAndCredit(t *testing.T) {
 	for _, tc := range []struct {
 		budget, size int64
@@ -209,6 +223,7 @@ func TestBatchesAndCredit(t *testing.T) {
 		inputBytes = tc.budget
 		take := make(chan struct{})
 		var got []byte
+		st := &fakeStream{in: make(chan *proto.Message, 16)}
 		slow := nodes.Spec{
 			Kind: graph.Kind{Name: "slow", Ports: func(*graph.Config) []graph.PortSpec {
 				return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
@@ -222,11 +237,16 @@ func TestBatchesAndCredit(t *testing.T) {
 						}
 						got = append(got, item.([]byte)[0])
 					}
+					for deadline := time.Now().Add(5 * time.Second); st.credit() <= firstCredit; {
+						if time.Now().After(deadline) {
+							return errors.New("no credit granted after the first items were taken")
+						}
+						time.Sleep(time.Millisecond)
+					}
 					return nil
 				}), nil
 			},
 		}
-		st := &fakeStream{in: make(chan *proto.Message, 16)}
 		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "slow", ConfigJson: "{}", Batches: true}}}
 		var items []*proto.Item
 		for i := range firstCredit {
@@ -247,11 +267,7 @@ func TestBatchesAndCredit(t *testing.T) {
 		if !bytes.Equal(got, []byte{0, 1, 2, 3, 4, 5, 6, 7}) {
 			t.Errorf("the node got %v", got)
 		}
-		var credit int32
-		for _, m := range st.sent {
-			credit += m.GetCredit().GetN()
-		}
-		if more := credit - firstCredit; more < tc.least || more > tc.most {
+		if more := st.credit() - firstCredit; more < tc.least || more > tc.most {
 			t.Errorf("%d-byte items, %d-byte budget: %d items of credit granted after the first %d; want %d to %d",
 				tc.size, tc.budget, more, firstCredit, tc.least, tc.most)
 		}
