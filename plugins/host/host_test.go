@@ -3,6 +3,7 @@ package host
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +20,9 @@ import (
 	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/proto"
 	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/hashicorp/go-plugin"
 	"github.com/zclconf/go-cty/cty"
 )
 
@@ -36,6 +39,56 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "hang":
 		time.Sleep(time.Hour)
+	case "rogue":
+		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: sdk.Handshake, Plugins: sdk.PluginMap(rogue{}), GRPCServer: plugin.DefaultGRPCServer})
+	}
+}
+
+// rogue is a plugin that breaks the protocol the way its kind's `mode`
+// says: "overrun" sends 100 items on its output at once, whatever its
+// credit; "port" sends an item on a port it does not have; "credit" grants
+// credit on its output port. Each must fail its stage with an error that
+// says what the plugin did, not hang.
+type rogue struct{ proto.UnimplementedNodeServer }
+
+func (rogue) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
+	return &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, Kinds: []*proto.Kind{{
+		Name: "rogue", Config: []*proto.Field{{Name: "mode", Type: "string", Required: true}}}}}, nil
+}
+
+func (rogue) Check(context.Context, *proto.CheckRequest) (*proto.CheckResponse, error) {
+	return &proto.CheckResponse{Ports: []*proto.Port{{Name: "in", Type: "blob"}, {Name: "out", Output: true, Type: "blob"}}}, nil
+}
+
+func (rogue) Run(st proto.Node_RunServer) error {
+	m, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	var cfg struct{ Mode string }
+	if err := json.Unmarshal([]byte(m.GetStart().GetConfigJson()), &cfg); err != nil {
+		return err
+	}
+	item := func(port string) error { return sdk.SendItem(st.Send, port, &synthetic.Blob{Data: []byte("x")}) }
+	switch cfg.Mode {
+	case "overrun":
+		for range 100 {
+			if err := item("out"); err != nil {
+				return err
+			}
+		}
+	case "port":
+		err = item("nope")
+	case "credit":
+		err = st.Send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{Port: "out", N: 1}}})
+	}
+	if err != nil {
+		return err
+	}
+	for { // until dflow ends the stream
+		if _, err := st.Recv(); err != nil {
+			return nil
+		}
 	}
 }
 
@@ -546,5 +599,51 @@ edge "b" {
 	}
 	if gotA != count || gotB != count || rep.Edges["a"].Consumed != count || rep.Edges["b"].Consumed != count {
 		t.Errorf("a %d, b %d items, want %d each", gotA, gotB, count)
+	}
+}
+
+// TestRoguePlugin: a plugin that sends beyond its credit, on a port it
+// does not have, or grants credit on an output fails its stage with an
+// error that says so, and leaves no process behind.
+func TestRoguePlugin(t *testing.T) {
+	for mode, want := range map[string]string{
+		"overrun": `the plugin sent more items on "out" than dflow granted it credit for`,
+		"port":    `the plugin sent an item on "nope", which is not an output port`,
+		"credit":  `the plugin granted credit on "out", which is not an input port`,
+	} {
+		t.Run(mode, func(t *testing.T) {
+			f := newFixture(t)
+			if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "rogue"), f.reg); err != nil {
+				t.Fatal(err)
+			}
+			_, err := f.run(fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 10
+  }
+}
+stage "r" {
+  node = "tp/rogue"
+  config {
+    mode = %q
+  }
+}
+stage "sink" {
+  node = "check_sink"
+}
+edge "a" {
+  from = src.out
+  to   = r.in
+}
+edge "b" {
+  from     = r.out
+  to       = sink.in
+  capacity = 2
+}`, mode))
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `stage "r" replica 0`) {
+				t.Fatalf("got %v\nwant an error on stage r saying: %s", err, want)
+			}
+		})
 	}
 }

@@ -250,13 +250,11 @@ func (o *outlets) put(it *proto.Item) error {
 		return err
 	}
 	size := int64(len(it.Payload))
-	p.w.Arrived(size)
-	select {
-	case p.ch <- outItem{item, size}:
-		return nil
-	default:
+	if !p.w.Arrived(size) {
 		return fmt.Errorf("the plugin sent more items on %q than dflow granted it credit for", it.Port)
 	}
+	p.ch <- outItem{item, size} // never full: the buffer holds all the credit
+	return nil
 }
 
 // finish ends the deliveries once the stream has ended with err: after

@@ -35,12 +35,13 @@ func (w *Window) Open(first int32) int32 {
 	return first
 }
 
-// Arrived records an item of size payload bytes come in on credit.
-func (w *Window) Arrived(size int64) {
+// Arrived records an item of size payload bytes come in; it reports
+// whether the item was within the credit granted.
+func (w *Window) Arrived(size int64) bool {
 	size = max(size, 1)
 	w.last.Store(size)
 	w.held.Add(size)
-	w.lent.Add(-1)
+	return w.lent.Add(-1) >= 0
 }
 
 // Taken records an item of size payload bytes handed on: credit for one
