@@ -45,10 +45,10 @@ func TestMain(m *testing.M) {
 }
 
 // rogue is a plugin that breaks the protocol the way its kind's `mode`
-// says: "overrun" sends 100 items on its output at once, whatever its
-// credit; "port" sends an item on a port it does not have; "credit" grants
-// credit on its output port. Each must fail its stage with an error that
-// says what the plugin did, not hang.
+// says, then says Done: "overrun" sends 100 items on its output at once,
+// whatever its credit; "port" sends an item on a port it does not have;
+// "credit" grants credit on its output port. Each must fail its stage with
+// an error that says what the plugin did.
 type rogue struct{ proto.UnimplementedNodeServer }
 
 func (rogue) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
@@ -85,11 +85,7 @@ func (rogue) Run(st proto.Node_RunServer) error {
 	if err != nil {
 		return err
 	}
-	for { // until dflow ends the stream
-		if _, err := st.Recv(); err != nil {
-			return nil
-		}
-	}
+	return st.Send(&proto.Message{Msg: &proto.Message_Done{Done: &proto.Done{}}})
 }
 
 var passKind = nodes.Spec{
@@ -561,7 +557,7 @@ func TestOutputsHeldBackApart(t *testing.T) {
 				for {
 					item, err := r.In("a").Recv(ctx)
 					if err == io.EOF {
-						return nil
+						break
 					}
 					if err != nil {
 						return err
@@ -571,6 +567,10 @@ func TestOutputsHeldBackApart(t *testing.T) {
 					}
 					gotA++
 				}
+				if item, err := r.In("b").Recv(ctx); err != io.EOF {
+					return fmt.Errorf("b: %v (%v) after %d items, want the end", item, err, gotB)
+				}
+				return nil
 			}), nil
 		},
 	})
@@ -604,7 +604,10 @@ edge "b" {
 
 // TestRoguePlugin: a plugin that sends beyond its credit, on a port it
 // does not have, or grants credit on an output fails its stage with an
-// error that says so, and leaves no process behind.
+// error that says so, and leaves no process behind. Its consumer takes
+// nothing, so that the 100 items sent at once cannot all be within the
+// credit dflow grants as it hands them on (at most the 64 it holds and
+// the 3 that fit downstream).
 func TestRoguePlugin(t *testing.T) {
 	for mode, want := range map[string]string{
 		"overrun": `the plugin sent more items on "out" than dflow granted it credit for`,
@@ -616,6 +619,17 @@ func TestRoguePlugin(t *testing.T) {
 			if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "rogue"), f.reg); err != nil {
 				t.Fatal(err)
 			}
+			f.reg.Register(nodes.Spec{
+				Kind: graph.Kind{Name: "stalled_sink", Ports: func(*graph.Config) []graph.PortSpec {
+					return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "blob"}}
+				}},
+				New: func(*graph.Config) (nodes.Node, error) {
+					return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+						<-ctx.Done() // the run fails, by the rogue stage
+						return ctx.Err()
+					}), nil
+				},
+			})
 			_, err := f.run(fmt.Sprintf(`
 stage "src" {
   node = "synthetic_source"
@@ -630,7 +644,7 @@ stage "r" {
   }
 }
 stage "sink" {
-  node = "check_sink"
+  node = "stalled_sink"
 }
 edge "a" {
   from = src.out

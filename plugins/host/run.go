@@ -7,7 +7,6 @@ import (
 	"io"
 	"sort"
 	"sync"
-	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -82,11 +81,11 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	locked func(func() error) error, inputs []string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
-	credits := map[string]*credit{"": newCredit()}
+	credits := map[string]*sdk.Credit{"": sdk.NewCredit()}
 	if n.k.portCredit {
-		credits = map[string]*credit{}
+		credits = map[string]*sdk.Credit{}
 		for _, port := range inputs {
-			credits[port] = newCredit()
+			credits[port] = sdk.NewCredit()
 		}
 	}
 	sendErr := make(chan error, 1)
@@ -136,7 +135,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			if !ok {
 				return fmt.Errorf("the plugin granted credit on %q, which is not an input port", port)
 			}
-			c.grant(v.Credit.N)
+			c.Grant(v.Credit.N)
 		case *proto.Message_Metric:
 			if v.Metric.Counter {
 				r.Metrics().Add(v.Metric.Name, v.Metric.Value)
@@ -259,9 +258,13 @@ func (o *outlets) put(it *proto.Item) error {
 
 // finish ends the deliveries once the stream has ended with err: after
 // handing on every item received if the plugin said Done without error,
-// at once otherwise (the replica has failed). A failed delivery is the
-// cause of whatever error the stream then ended with.
+// at once otherwise (the replica has failed). A delivery that failed
+// before is the cause of whatever error the stream then ended with (it
+// stopped the stream).
 func (o *outlets) finish(err error) error {
+	if first := o.failed(); first != nil {
+		err = first
+	}
 	if err != nil {
 		o.cancel()
 	}
@@ -270,10 +273,16 @@ func (o *outlets) finish(err error) error {
 	}
 	o.wg.Wait()
 	o.cancel()
-	if o.err != nil {
-		return o.err
+	if err == nil {
+		err = o.failed() // while handing on what was left
 	}
 	return err
+}
+
+func (o *outlets) failed() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
 }
 
 // run hands the port's items on, granting credit back as they go: in one
@@ -311,31 +320,11 @@ func (n *remoteNode) ports(r nodes.Replica) ([]string, map[string]bool) {
 	return inputs, outputs
 }
 
-// credit is what the plugin has granted on a port (or on all) and the
-// feed has not used yet. Granting never blocks the stream's reader, however
-// the plugin grants.
-type credit struct {
-	n    atomic.Int32
-	more chan struct{} // a grant since the feed last looked
-}
-
-func newCredit() *credit { return &credit{more: make(chan struct{}, 1)} }
-
-func (c *credit) grant(n int32) {
-	c.n.Add(n)
-	select {
-	case c.more <- struct{}{}:
-	default:
-	}
-}
-
-func (c *credit) take() int32 { return c.n.Swap(0) }
-
 // feed sends the replica's input items to the plugin, one per credit, then
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credits map[string]*credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credits map[string]*sdk.Credit) error {
 	if !n.k.portCredit {
 		return n.feedPorts(ctx, r, st, locked, ports, credits[""])
 	}
@@ -357,7 +346,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credit *credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credit *sdk.Credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
@@ -366,11 +355,11 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 		in := r.In(port)
 		for eof := false; !eof; {
 			for have == 0 {
-				if have = credit.take(); have > 0 {
+				if have = credit.TakeAll(); have > 0 {
 					break
 				}
 				select {
-				case <-credit.more:
+				case <-credit.More():
 				case <-ctx.Done():
 					return ctx.Err()
 				}

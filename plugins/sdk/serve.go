@@ -252,7 +252,7 @@ func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []g
 			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow),
 				w: Window{Items: inputWindow, Bytes: inputBytes}}
 		} else {
-			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name, credit: newCredit(), held: start.OutputCredit}
+			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name, credit: NewCredit(), held: start.OutputCredit}
 		}
 	}
 	return r
@@ -304,7 +304,7 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 				cancel()
 				return
 			}
-			out.credit.grant(v.Credit.N)
+			out.credit.Grant(v.Credit.N)
 		}
 		for _, it := range whole {
 			item, err := Decode(it.Type, it.Payload)
@@ -396,7 +396,7 @@ type remoteOutput struct {
 	r      *remoteReplica
 	port   string
 	held   bool // to dflow's credit on this port (Start.output_credit)
-	credit *credit
+	credit *Credit
 }
 
 // Send hands the item to the replica's sender (sendItems), which streams
@@ -411,7 +411,7 @@ func (o *remoteOutput) Send(ctx context.Context, item any) error {
 		return err
 	}
 	if o.held {
-		if err := o.credit.wait(ctx, o.r.dead); err != nil {
+		if err := o.credit.Take(ctx, o.r.dead); err != nil {
 			return err
 		}
 	}

@@ -75,31 +75,40 @@ func (w *Window) Grant() int32 {
 	return n
 }
 
-// credit is the sending end of a port's credit: what the receiver has
-// granted and the sender not used yet. Granting never blocks; any number
-// of goroutines may wait for it.
-type credit struct {
+// Credit is the sending end of a port's credit (or of a pool of ports'):
+// what the receiver has granted and the sender not used yet. Granting
+// never blocks, however the receiver grants; any number of goroutines may
+// wait for it.
+type Credit struct {
 	n    atomic.Int32
 	more chan struct{} // a grant since a waiter last looked
 }
 
-func newCredit() *credit { return &credit{more: make(chan struct{}, 1)} }
+// NewCredit returns credit of none.
+func NewCredit() *Credit { return &Credit{more: make(chan struct{}, 1)} }
 
-func (c *credit) grant(n int32) {
+// Grant adds n.
+func (c *Credit) Grant(n int32) {
 	c.n.Add(n)
 	c.signal()
 }
 
-func (c *credit) signal() {
+func (c *Credit) signal() {
 	select {
 	case c.more <- struct{}{}:
 	default:
 	}
 }
 
-// wait takes one credit, waiting for a grant while there is none; it
-// fails when ctx is done or gone is closed.
-func (c *credit) wait(ctx context.Context, gone <-chan struct{}) error {
+// TakeAll takes all there is, possibly none.
+func (c *Credit) TakeAll() int32 { return c.n.Swap(0) }
+
+// More is signalled after a grant: wait on it when TakeAll gave none.
+func (c *Credit) More() <-chan struct{} { return c.more }
+
+// Take takes one, waiting for a grant while there is none; it fails when
+// ctx is done or gone is closed.
+func (c *Credit) Take(ctx context.Context, gone <-chan struct{}) error {
 	for {
 		if n := c.n.Load(); n > 0 {
 			if c.n.CompareAndSwap(n, n-1) {

@@ -53,31 +53,31 @@ func TestWindow(t *testing.T) {
 	}
 }
 
-// TestCreditWait: a wait takes granted credit, takes a later grant, and
+// TestCreditTake: Take takes granted credit, takes a later grant, and
 // fails when the stream is gone or the context is done.
-func TestCreditWait(t *testing.T) {
-	c := newCredit()
+func TestCreditTake(t *testing.T) {
+	c := NewCredit()
 	gone := make(chan struct{})
-	c.grant(2)
+	c.Grant(2)
 	for range 2 {
-		if err := c.wait(context.Background(), gone); err != nil {
+		if err := c.Take(context.Background(), gone); err != nil {
 			t.Fatal(err)
 		}
 	}
 	got := make(chan error, 1)
-	go func() { got <- c.wait(context.Background(), gone) }()
-	c.grant(1) // before or after the wait began: either way it takes it
+	go func() { got <- c.Take(context.Background(), gone) }()
+	c.Grant(1) // before or after the wait began: either way it takes it
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	go func() { got <- c.wait(context.Background(), gone) }()
+	go func() { got <- c.Take(context.Background(), gone) }()
 	close(gone)
 	if err := <-got; !errors.Is(err, errStreamGone) {
 		t.Fatalf("stream gone: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := c.wait(ctx, make(chan struct{})); !errors.Is(err, context.Canceled) {
+	if err := c.Take(ctx, make(chan struct{})); !errors.Is(err, context.Canceled) {
 		t.Fatalf("context done: %v", err)
 	}
 }
