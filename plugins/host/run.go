@@ -201,11 +201,10 @@ type outItem struct {
 // of credit, before it has seen an item's size: little, since the items
 // may be large (four of 16 MiB hidden states are already 64 MiB).
 const (
-	outletItems = 64
-	outletFirst = 4
+	outletItems       = 64
+	outletFirst       = 4
+	outletBytes int64 = 64 << 20
 )
-
-var outletBytes int64 = 64 << 20 // a variable for tests
 
 // newOutlets grants each output port its first credit and starts handing
 // items on; a delivery that fails calls stopStream, so that the stream's

@@ -318,7 +318,11 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 				return
 			}
 			size := int64(len(it.Payload))
-			in.w.Arrived(size)
+			if !in.w.Arrived(size) {
+				r.fail(fmt.Errorf("sdk: dflow sent more items on %q than the plugin granted it credit for", it.Port))
+				cancel()
+				return
+			}
 			in.ch <- inItem{item, size}
 		}
 	}

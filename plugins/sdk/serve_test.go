@@ -163,6 +163,45 @@ func TestBrokenInputIsReported(t *testing.T) {
 	}
 }
 
+// TestOverrunIsReported: dflow sending more items on an input than the
+// plugin granted credit for ends the replica with an error naming the
+// port. The node takes nothing, so no credit is granted meanwhile.
+func TestOverrunIsReported(t *testing.T) {
+	stalled := nodes.Spec{
+		Kind: graph.Kind{Name: "stalled", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				<-ctx.Done()
+				return ctx.Err()
+			}), nil
+		},
+	}
+	var items []*proto.Item
+	for range firstCredit + 1 {
+		items = append(items, &proto.Item{Port: "in", Type: "bytes", Payload: []byte{1}})
+	}
+	st := &fakeStream{in: make(chan *proto.Message, 2)}
+	st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "stalled", ConfigJson: "{}", Batches: true}}}
+	st.in <- &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: items}}}
+	done := make(chan error, 1)
+	go func() { done <- NewServer(stalled).Run(st) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replica did not end: the overrun went unnoticed")
+	}
+	close(st.in)
+	want := `dflow sent more items on "in" than the plugin granted it credit for`
+	if last := st.sent[len(st.sent)-1].GetDone(); last == nil || !strings.Contains(last.Error, want) {
+		t.Errorf("the replica ended with %v; want %q", last, want)
+	}
+}
+
 // TestBatcher: small items held and sent as one Batch, in order; a large
 // one sends what is held first, then goes in chunks; with a receiver that
 // does not take batches, every item goes alone.
