@@ -38,15 +38,25 @@ const PluginName = "node"
 // one host the window only needs to bound the memory in flight.
 const streamWindow = 16 << 20
 
+// ioBuffer is the size of the buffers gRPC writes to and reads from the
+// socket through, both ways (32 KiB by default): a large item then
+// crosses in far fewer system calls. 16 MiB items went there and back
+// 10-15% faster (BenchmarkPluginStage, alternating runs); small items
+// are unchanged.
+const ioBuffer = 1 << 20
+
 // ServerOptions are the gRPC options of a plugin's server (Serve uses
-// them), DialOptions dflow's; they set the flow-control windows.
+// them), DialOptions dflow's; they set the flow-control windows and the
+// socket buffers.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(streamWindow)}
+	return []grpc.ServerOption{grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(streamWindow),
+		grpc.WriteBufferSize(ioBuffer), grpc.ReadBufferSize(ioBuffer)}
 }
 
 // DialOptions: see ServerOptions.
 func DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
+	return []grpc.DialOption{grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow),
+		grpc.WithWriteBufferSize(ioBuffer), grpc.WithReadBufferSize(ioBuffer)}
 }
 
 // grpcPlugin is the go-plugin glue: the server side registers a
