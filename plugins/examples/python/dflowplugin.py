@@ -314,7 +314,10 @@ class _Service:
         def deliver(port, typ, payload):
             if port not in r._inputs:
                 raise BadItem("an item for input port %r, which the node does not have" % port)
-            r._inputs[port].put(decode(typ, payload))
+            q = r._inputs[port]
+            if q.full():  # it holds all the credit granted: dflow overran it
+                raise BadItem("dflow sent more items on %r than the plugin granted it credit for" % port)
+            q.put(decode(typ, payload))
 
         def receive():
             buf = bytearray()
