@@ -19,6 +19,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/dflash"
@@ -318,53 +319,12 @@ edge "out" {
 func TestOutputsHeldBackApart(t *testing.T) {
 	f := newFixture(t)
 	const count = 300
-	f.reg.Register(nodes.Spec{
-		Kind: graph.Kind{Name: "b_then_a", Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "a", Dir: graph.In, Type: "blob"}, {Name: "b", Dir: graph.In, Type: "blob"}}
-		}},
-		New: func(*graph.Config) (nodes.Node, error) {
-			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				for _, port := range []string{"b", "a"} {
-					for i := range count {
-						item, err := r.In(port).Recv(ctx)
-						if err != nil {
-							return fmt.Errorf("%s after %d items: %w", port, i, err)
-						}
-						if b := item.(*synthetic.Blob); string(b.Data) != port || b.Seq != int64(i) {
-							return fmt.Errorf("item %d on %s is %q #%d", i, port, b.Data, b.Seq)
-						}
-					}
-				}
-				for _, port := range []string{"a", "b"} {
-					if item, err := r.In(port).Recv(ctx); err != io.EOF {
-						return fmt.Errorf("%s: %v (%v) after %d items, want the end", port, item, err, count)
-					}
-				}
-				return nil
-			}), nil
-		},
-	})
-	_, err := f.run(t, fmt.Sprintf(`
-stage "f" {
-  node = "py/fork"
-  config {
-    count = %d
-  }
-}
-stage "j" {
-  node = "b_then_a"
-}
-edge "a" {
-  from     = f.a
-  to       = j.a
-  capacity = 4
-}
-edge "b" {
-  from     = f.b
-  to       = j.b
-  capacity = 4
-}`, count))
+	f.reg.Register(plugintest.BThenA(count))
+	rep, err := f.run(t, plugintest.ForkSpec("py/fork", count))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	if rep.Edges["a"].Consumed != count || rep.Edges["b"].Consumed != count {
+		t.Errorf("a %d, b %d items consumed, want %d each", rep.Edges["a"].Consumed, rep.Edges["b"].Consumed, count)
 	}
 }
