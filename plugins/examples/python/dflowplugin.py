@@ -301,7 +301,9 @@ class _Service:
         r = Replica(start, config, out)
         for p in kind.ports(config):
             if not p.output:
-                r._inputs[p.name] = queue.Queue(INPUT_WINDOW)
+                # Unbounded: credit bounds it (deliver checks), and the end
+                # of input must go in even when it is full.
+                r._inputs[p.name] = queue.Queue()
             elif start.output_credit:
                 r._credit[p.name] = _Credit()
         # Credit per port (port_credit): dflow feeds each input as its
@@ -315,7 +317,7 @@ class _Service:
             if port not in r._inputs:
                 raise BadItem("an item for input port %r, which the node does not have" % port)
             q = r._inputs[port]
-            if q.full():  # it holds all the credit granted: dflow overran it
+            if q.qsize() >= INPUT_WINDOW:  # it holds all the credit granted: dflow overran it
                 raise BadItem("dflow sent more items on %r than the plugin granted it credit for" % port)
             q.put(decode(typ, payload))
 
