@@ -14,6 +14,10 @@ const (
 	OK          = "ok"
 	Failed      = "failed"
 	Interrupted = "interrupted"
+	// Aborted is a run stopped before its drain finished: a second
+	// Ctrl-C, or a drain that could not complete because nothing left
+	// could move. Its produced and consumed counts may differ.
+	Aborted = "aborted"
 )
 
 // Report is one run of a spec.
