@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sort"
@@ -88,6 +89,47 @@ func ReadSafetensors(path string) ([]Tensor, map[string]string, error) {
 		return nil, nil, fmt.Errorf("safetensors: %w", err)
 	}
 	return ParseSafetensors(path, b)
+}
+
+// ReadSafetensorsMetadata reads only a file's header and returns its
+// __metadata__ (empty when it has none), without reading the tensors: what
+// a file is and who wrote it, cheaply. Errors say in words why the file is
+// not safetensors.
+func ReadSafetensorsMetadata(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	defer f.Close()
+	fail := func(format string, args ...any) (map[string]string, error) {
+		return nil, fmt.Errorf("safetensors: %s: %s", path, fmt.Sprintf(format, args...))
+	}
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(f, lenBuf[:]); err != nil {
+		return fail("not a safetensors file: shorter than the 8-byte header length")
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("safetensors: %w", err)
+	}
+	hlen := binary.LittleEndian.Uint64(lenBuf[:])
+	if hlen > maxHeader || 8+hlen > uint64(st.Size()) {
+		return fail("not a safetensors file: header length %d does not fit a file of %d bytes", hlen, st.Size())
+	}
+	h := make([]byte, hlen)
+	if _, err := io.ReadFull(f, h); err != nil {
+		return fail("truncated header: %v", err)
+	}
+	var hdr struct {
+		Meta map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(h, &hdr); err != nil {
+		return fail("not a safetensors file: the header is not valid JSON (%v)", err)
+	}
+	if hdr.Meta == nil {
+		hdr.Meta = map[string]string{}
+	}
+	return hdr.Meta, nil
 }
 
 // ParseSafetensors parses safetensors bytes; name is used in errors.
