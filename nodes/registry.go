@@ -2,7 +2,10 @@ package nodes
 
 import (
 	"fmt"
+	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -25,6 +28,50 @@ type Spec struct {
 	// without one are simulated from the stage's sim block or from a
 	// measured report.
 	Sim func(cfg *graph.Config) (*SimModel, error)
+	// Outputs, if set, lists the files the stage writes for a config
+	// (models, checkpoints), so a run can say where they go.
+	Outputs func(cfg *graph.Config) []string
+}
+
+// OutputFile is a file a stage writes.
+type OutputFile struct {
+	Stage, Path string
+}
+
+// Outputs lists the files g's stages write (Spec.Outputs), in stage
+// order.
+func (r *Registry) Outputs(g *graph.Graph) []OutputFile {
+	var out []OutputFile
+	for _, s := range g.Stages {
+		spec, ok := r.Spec(s.Node)
+		if !ok || spec.Outputs == nil {
+			continue
+		}
+		for _, p := range spec.Outputs(s.Config) {
+			out = append(out, OutputFile{Stage: s.Name, Path: p})
+		}
+	}
+	return out
+}
+
+// PrintOutputs says where each output goes, one line each: before a run
+// (since zero) "stage S writes PATH", after it "stage S wrote PATH" or
+// "stage S wrote nothing to PATH" for a file not modified since.
+func PrintOutputs(w io.Writer, outs []OutputFile, since time.Time) {
+	for _, o := range outs {
+		where := o.Path
+		if abs, err := filepath.Abs(o.Path); err == nil && abs != o.Path {
+			where += " (" + abs + ")"
+		}
+		switch st, err := os.Stat(o.Path); {
+		case since.IsZero():
+			fmt.Fprintf(w, "dflow: stage %s writes %s\n", o.Stage, where)
+		case err == nil && !st.ModTime().Before(since.Truncate(time.Second)): // coarse file times
+			fmt.Fprintf(w, "dflow: stage %s wrote %s\n", o.Stage, where)
+		default:
+			fmt.Fprintf(w, "dflow: stage %s wrote nothing to %s\n", o.Stage, where)
+		}
+	}
 }
 
 // SimModel is how a node behaves in virtual time: each item takes one
