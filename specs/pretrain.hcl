@@ -2,7 +2,11 @@
 # token batches to lm_train, which writes a safetensors model and reports
 # held-out bits per byte against an order-3 byte n-gram.
 #
-#   dflow run specs/pretrain.hcl --var steps=600 --var out=models/target.safetensors
+#   dflow run specs/pretrain.hcl --var steps=600 --var out=my-target.safetensors
+#
+# It writes target.safetensors in the current folder by default, never the
+# shipped models/target.safetensors unless told to, and refuses to replace
+# a model another run wrote: --var overwrite=true replaces it.
 #
 # The corpus defaults to the Go source tree, which every machine that can
 # build dflow has. Reader and trainer must agree on the corpus, holdout and
@@ -21,7 +25,11 @@ variable "steps" {
 }
 
 variable "out" {
-  default = "models/target.safetensors"
+  default = "target.safetensors"
+}
+
+variable "overwrite" {
+  default = false # replace out when another run wrote it
 }
 
 variable "seq_len" {
@@ -50,6 +58,7 @@ stage "train" {
     path             = var.corpus
     seed             = var.seed
     out              = var.out
+    overwrite        = var.overwrite
     steps            = var.steps
     max_seq          = var.seq_len
     checkpoint_every = 100

@@ -25,14 +25,16 @@ func init() { Register(nodes.Default) }
 
 // Register adds lm_train to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer})
+	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer,
+		Outputs: func(cfg *graph.Config) []string { return []string{cfg.String("out")} }})
 }
 
 var trainKind = graph.Kind{
 	Name: "lm_train",
 	Doc:  "Trains the byte-level target LM on token batches (replicas train one model data-parallel) and saves it as safetensors.",
 	Config: append(append([]graph.Field{}, text.CorpusFields...),
-		graph.Field{Name: "out", Type: graph.String, Required: true, Doc: "the safetensors file to write"},
+		graph.Field{Name: "out", Type: graph.String, Required: true, Doc: "the safetensors file to write (checkpoints and the final model)"},
+		graph.Field{Name: "overwrite", Type: graph.Bool, Default: cty.False, Doc: "replace out when another run wrote it (otherwise the run refuses to start)"},
 		graph.Field{Name: "d_model", Type: graph.Int, Default: cty.NumberIntVal(128), Doc: "model width"},
 		graph.Field{Name: "layers", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "transformer blocks"},
 		graph.Field{Name: "heads", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "attention heads"},
@@ -68,14 +70,21 @@ type trainer struct {
 	cfg      *graph.Config
 	model    nn.Config
 	corpus   *text.Corpus
+	out      *nn.Output
 }
 
 func newTrainer(cfg *graph.Config) (nodes.Node, error) {
+	// Before any work: a model another run wrote is not replaced unasked.
+	out, err := nn.ClaimOutput(cfg.String("out"), cfg.Bool("overwrite"),
+		`Set overwrite = true in the stage's config to replace it (--set stage.<stage>.config.overwrite=true), or write elsewhere with out = "FILE".`)
+	if err != nil {
+		return nil, err
+	}
 	c, err := text.LoadCorpus(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &trainer{cfg: cfg, model: modelConfig(cfg), corpus: c}, nil
+	return &trainer{cfg: cfg, model: modelConfig(cfg), corpus: c, out: out}, nil
 }
 
 // replicaState is one replica's copy of the model, kept identical across
@@ -180,7 +189,12 @@ func (t *trainer) lr(step int) float64 {
 }
 
 func (t *trainer) save(m *nn.Model, step int) error {
-	if err := m.Save(t.cfg.String("out"), map[string]string{"steps": strconv.Itoa(step), "corpus": t.cfg.String("path")}); err != nil {
+	if err := t.out.Check(); err != nil {
+		return fmt.Errorf("lm_train: %w", err)
+	}
+	meta := nn.RunMetadata(t.cfg.Range("out").Filename)
+	meta["steps"], meta["corpus"] = strconv.Itoa(step), t.cfg.String("path")
+	if err := m.Save(t.cfg.String("out"), meta); err != nil {
 		return fmt.Errorf("lm_train: %w", err)
 	}
 	return nil

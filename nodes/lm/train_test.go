@@ -147,3 +147,78 @@ edge "tokens" {
 		t.Error("two identical trainings wrote different weights")
 	}
 }
+
+// TestKeepsAnotherRunsModel: a model another run wrote stops the run when
+// its stage is built, before any batch is read, naming the file and the
+// ways out; overwrite = true replaces it; the stage declares its output.
+func TestKeepsAnotherRunsModel(t *testing.T) {
+	dir := t.TempDir()
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("a model is not overwritten unasked; ", 3000)), 0o644)
+	out := filepath.Join(dir, "m.safetensors")
+	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 1, Heads: 2, Hidden: 24, MaxSeq: 16}, 3)
+	if err := m.Save(out, map[string]string{"run_id": "another-run", "run_started": "2026-01-02T03:04:05Z", "steps": "3000"}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(out)
+	reg := nodes.NewRegistry()
+	text.Register(reg)
+	Register(reg)
+	run := func(extra string) (*engine.Options, error) {
+		src := `
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = "` + corpus + `"
+    seq_len    = 16
+    batch_size = 2
+    limit      = 4
+  }
+}
+stage "train" {
+  node = "lm_train"
+  config {
+    path    = "` + corpus + `"
+    out     = "` + out + `"
+    d_model = 16
+    layers  = 1
+    heads   = 2
+    hidden  = 24
+    max_seq = 16
+    ` + extra + `
+  }
+}
+edge "tokens" {
+  from = reader.out
+  to   = train.in
+}`
+		g, diags := (&graph.Loader{Catalog: reg}).Load("t.hcl", []byte(src))
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		if outs := reg.Outputs(g); len(outs) != 1 || outs[0] != (nodes.OutputFile{Stage: "train", Path: out}) {
+			t.Errorf("outputs %v", outs)
+		}
+		rep, err := engine.Run(context.Background(), g, engine.Options{Registry: reg})
+		if err != nil && rep.Edges["tokens"].Produced != 0 {
+			t.Errorf("refused after %d batches, want before any", rep.Edges["tokens"].Produced)
+		}
+		return nil, err
+	}
+	_, err := run("")
+	for _, want := range []string{`stage "train"`, out + " already exists: a target LM from another run (3000 steps, run started 2026-01-02T03:04:05Z)",
+		"overwrite = true", `out = "FILE"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+	if after, _ := os.ReadFile(out); string(after) != string(before) {
+		t.Error("the other run's model was changed")
+	}
+	if _, err := run("overwrite = true"); err != nil {
+		t.Fatal(err)
+	}
+	if _, meta, err := nn.LoadModel(out); err != nil || meta["run_id"] != nn.RunID() || meta["steps"] != "4" || meta["spec"] != "t.hcl" {
+		t.Errorf("overwritten model: %v %v", meta, err)
+	}
+}
