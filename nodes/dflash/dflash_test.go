@@ -15,6 +15,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
 )
@@ -320,5 +321,111 @@ func TestDefaultLayers(t *testing.T) {
 		if got := fmt.Sprint(DefaultLayers(tc.n, tc.k)); got != tc.want {
 			t.Errorf("DefaultLayers(%d, %d) = %s, want %s", tc.n, tc.k, got, tc.want)
 		}
+	}
+}
+
+// rewriteMeta changes a safetensors file's metadata in place.
+func rewriteMeta(t *testing.T, path string, change map[string]string) {
+	t.Helper()
+	ts, meta, err := nn.ReadSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range change {
+		meta[k] = v
+	}
+	if err := nn.WriteSafetensors(path, ts, meta); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKeepsAnotherRunsCheckpoint: a checkpoint another run wrote stops the
+// run when the drafter stage is built, before any batch, naming the file
+// and the ways out; overwrite = true replaces it and resume = true trains
+// it further, but not against another target. Checkpoints record the
+// run and the target's hash.
+func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	target, _ := tinyTarget(t, dir)
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
+	ckpt := filepath.Join(dir, "d.safetensors")
+	reg := registry()
+	run := func(src, extra string) (*report.Report, error) {
+		src = strings.Replace(src, `eval_prompts  = 2`, "eval_prompts  = 2\n    "+extra, 1)
+		g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(src))
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		if outs := reg.Outputs(g); len(outs) != 1 || outs[0] != (nodes.OutputFile{Stage: "drafter", Path: ckpt}) {
+			t.Errorf("outputs %v", outs)
+		}
+		return engine.Run(context.Background(), g, engine.Options{Registry: reg})
+	}
+	src := spec(corpus, target, ckpt, "2")
+	if _, err := run(src, ""); err != nil {
+		t.Fatal(err)
+	}
+	hash, _ := nn.FileSHA256(target)
+	meta, _ := nn.ReadSafetensorsMetadata(ckpt)
+	if meta["run_id"] != nn.RunID() || meta["target"] != target || meta["target_sha256"] != hash || meta["spec"] != "p.hcl" {
+		t.Errorf("checkpoint metadata %v", meta)
+	}
+
+	rewriteMeta(t, ckpt, map[string]string{"run_id": "another-run", "run_started": "2026-01-02T03:04:05Z", "step": "800"})
+	before, _ := os.ReadFile(ckpt)
+	rep, err := run(src, "")
+	for _, want := range []string{`stage "drafter"`, ckpt + " already exists: a drafter checkpoint from another run (step 800, run started 2026-01-02T03:04:05Z, spec p.hcl)",
+		"resume = true", "overwrite = true", `checkpoint = "FILE"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want %q in %v", want, err)
+		}
+	}
+	if rep.Edges["tokens"].Produced != 0 {
+		t.Errorf("refused after %d batches, want before any", rep.Edges["tokens"].Produced)
+	}
+	if after, _ := os.ReadFile(ckpt); string(after) != string(before) {
+		t.Error("the other run's checkpoint was changed")
+	}
+
+	// resume = true trains the other run's drafter further.
+	if rep, err = run(src, "resume = true"); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Stages["drafter"].Metrics["step"] <= 800 {
+		t.Errorf("resumed at step %v, want past 800", rep.Stages["drafter"].Metrics["step"])
+	}
+
+	// Not against another target.
+	other := filepath.Join(dir, "other.safetensors")
+	m2, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 8)
+	m2.Save(other, nil)
+	rewriteMeta(t, ckpt, map[string]string{"run_id": "another-run"})
+	src2 := strings.Replace(spec(corpus, other, ckpt, "2"), `model = "`+other+`"`, `model = "`+target+`"`, 1)
+	if _, err := run(src2, "resume = true"); err == nil || !strings.Contains(err.Error(), "was trained against another target ("+target+", sha256 "+hash[:12]+")") {
+		t.Errorf("resume against another target: %v", err)
+	}
+
+	// overwrite = true starts afresh and replaces it.
+	if rep, err = run(src, "overwrite = true"); err != nil {
+		t.Fatal(err)
+	}
+	if meta, _ := nn.ReadSafetensorsMetadata(ckpt); meta["run_id"] != nn.RunID() || meta["step"] != fmt.Sprint(rep.Stages["drafter"].Metrics["step"]) || rep.Stages["drafter"].Metrics["step"] > 100 {
+		t.Errorf("overwritten checkpoint %v, steps %v", meta, rep.Stages["drafter"].Metrics["step"])
+	}
+}
+
+// TestNotADrafter: a target LM or another file where a drafter checkpoint
+// is wanted is an error in words, not a struct dump.
+func TestNotADrafter(t *testing.T) {
+	dir := t.TempDir()
+	target, m := tinyTarget(t, dir)
+	if _, _, err := LoadDrafter(target, m.P("wte"), nil); err == nil || !strings.Contains(err.Error(), target+" is a target LM, not a drafter checkpoint") {
+		t.Errorf("target LM: %v", err)
+	}
+	plain := filepath.Join(dir, "plain.safetensors")
+	nn.WriteSafetensors(plain, []nn.Tensor{{Name: "x", Shape: []int{1}, Data: []float32{1}}}, nil)
+	if _, _, err := LoadDrafter(plain, m.P("wte"), nil); err == nil || !strings.Contains(err.Error(), "is not a drafter checkpoint: its metadata has no format") {
+		t.Errorf("plain safetensors: %v", err)
 	}
 }

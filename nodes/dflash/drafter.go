@@ -39,6 +39,7 @@ var drafterKind = graph.Kind{
 		{Name: "checkpoint", Type: graph.String, Default: cty.StringVal(""), Doc: "safetensors file to save to (every checkpoint_every steps, on drain and at the end); \"\": none"},
 		{Name: "checkpoint_every", Type: graph.Int, Default: cty.NumberIntVal(100), Doc: "steps between checkpoints"},
 		{Name: "resume", Type: graph.Bool, Default: cty.False, Doc: "start from the checkpoint file when it exists (weights and optimizer)"},
+		{Name: "overwrite", Type: graph.Bool, Default: cty.False, Doc: "start afresh and replace the checkpoint file when another run wrote it (otherwise the run refuses to start)"},
 		{Name: "eval", Type: graph.String, Default: cty.StringVal(""), Doc: "corpus whose held-out text measures acceptance length (same path, holdout and seed as the reader); \"\": no evaluation"},
 		{Name: "holdout", Type: graph.Number, Default: cty.NumberFloatVal(0.05), Doc: "held-out share, as the reader's"},
 		{Name: "seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "split seed, as the reader's; also the drafter's init and sampling seed"},
@@ -76,22 +77,58 @@ var drafterKind = graph.Kind{
 type drafterNode struct {
 	// finished counts replicas done; the last one holds every update and
 	// writes the final checkpoint and evaluation.
-	finished atomic.Int32
-	cfg      *graph.Config
-	target   *nn.Model
-	dc       DrafterConfig
-	held     []byte
-	ngram    *text.NGram
+	finished   atomic.Int32
+	cfg        *graph.Config
+	target     *nn.Model
+	targetHash string // SHA-256 of the target file, recorded in checkpoints
+	dc         DrafterConfig
+	held       []byte
+	ngram      *text.NGram
+	out        *nn.Output // the checkpoint file; nil: none
+	// resumed is the checkpoint resumed from (nil: a fresh start), read
+	// once when the stage is built; every replica starts from a copy.
+	resumed     *Drafter
+	resumedOpt  *nn.AdamW
+	resumedStep int
+}
+
+func drafterOutputs(cfg *graph.Config) []string {
+	if p := cfg.String("checkpoint"); p != "" {
+		return []string{p}
+	}
+	return nil
 }
 
 func newDrafter(cfg *graph.Config) (nodes.Node, error) {
+	n := &drafterNode{cfg: cfg}
+	path := cfg.String("checkpoint")
+	if path != "" {
+		// Before any work: a checkpoint another run wrote is not replaced
+		// unasked.
+		out, err := nn.ClaimOutput(path, cfg.Bool("resume") || cfg.Bool("overwrite"),
+			`Set resume = true to train it further or overwrite = true to start afresh and replace it `+
+				`(--set stage.<stage>.config.resume=true, or ...config.overwrite=true), or write elsewhere with checkpoint = "FILE".`)
+		if err != nil {
+			return nil, err
+		}
+		n.out = out
+	}
 	t, err := loadShared(cfg.String("target"))
 	if err != nil {
 		return nil, err
 	}
+	if n.targetHash, err = nn.FileSHA256(cfg.String("target")); err != nil {
+		return nil, err
+	}
 	taps := drafterTaps(cfg, t.Config)
-	n := &drafterNode{cfg: cfg, target: t, dc: DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,
-		Layers: cfg.Int("layers"), Heads: cfg.Int("heads"), Hidden: cfg.Int("hidden"), BlockSize: cfg.Int("block_size")}}
+	n.target = t
+	n.dc = DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,
+		Layers: cfg.Int("layers"), Heads: cfg.Int("heads"), Hidden: cfg.Int("hidden"), BlockSize: cfg.Int("block_size")}
+	if path != "" && cfg.Bool("resume") {
+		if err := n.loadResume(path); err != nil {
+			return nil, fmt.Errorf("resume: %w", err)
+		}
+	}
 	if path := cfg.String("eval"); path != "" {
 		data, err := text.ReadCorpus(path, int64(cfg.Int("max_bytes")))
 		if err != nil {
@@ -188,6 +225,41 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 	return nil
 }
 
+// loadResume reads the checkpoint to resume from, when it exists, and
+// checks it is a drafter of this config trained against this target.
+func (n *drafterNode) loadResume(path string) error {
+	meta, err := nn.ReadSafetensorsMetadata(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // nothing to resume: a fresh start
+	}
+	if err != nil {
+		return err
+	}
+	c, err := CheckDrafterMeta(path, meta)
+	if err != nil {
+		return err
+	}
+	if !reflect.DeepEqual(c, n.dc) {
+		return fmt.Errorf("%s holds a drafter of %v; the config asks for %v", path, c, n.dc)
+	}
+	if h := meta["target_sha256"]; h != "" && h != n.targetHash {
+		return fmt.Errorf("%s was trained against another target (%s, sha256 %s) than this run's %s (sha256 %s); "+
+			"resume with that target, or set overwrite = true and resume = false to start afresh",
+			path, meta["target"], short(h), n.cfg.String("target"), short(n.targetHash))
+	}
+	opt := nn.NewAdamW(n.dc.numParams(), float32(n.cfg.Float("lr")))
+	d, meta, err := LoadDrafter(path, n.target.P("wte"), opt)
+	if err != nil {
+		return err
+	}
+	n.resumed, n.resumedOpt = d, opt
+	n.resumedStep, _ = strconv.Atoi(meta["step"])
+	return nil
+}
+
+// short abbreviates a hash for messages.
+func short(h string) string { return h[:min(len(h), 12)] }
+
 // init builds the replica's drafter, from the checkpoint when resuming.
 // Every replica starts from the same weights (same seed or same file).
 func (n *drafterNode) init(r nodes.Replica) (*state, error) {
@@ -199,18 +271,10 @@ func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 	opt := nn.NewAdamW(len(d.Params), float32(n.cfg.Float("lr")))
 	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
 	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
-	if path := n.cfg.String("checkpoint"); n.cfg.Bool("resume") && path != "" {
-		loaded, meta, err := LoadDrafter(path, wte, opt)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-		case err != nil:
-			return nil, fmt.Errorf("drafter_train: resume: %w", err)
-		case !reflect.DeepEqual(loaded.Config, n.dc):
-			return nil, fmt.Errorf("drafter_train: resume: %s holds a drafter %+v, the config asks for %+v", path, loaded.Config, n.dc)
-		default:
-			st.d = loaded
-			st.step, _ = strconv.Atoi(meta["step"])
-		}
+	if n.resumed != nil {
+		copy(d.Params, n.resumed.Params)
+		opt.SetState(n.resumedOpt.State())
+		st.step = n.resumedStep
 	}
 	return st, nil
 }
@@ -257,7 +321,12 @@ func (n *drafterNode) save(st *state) error {
 	if path == "" {
 		return nil
 	}
-	if err := st.d.Save(path, st.opt, map[string]string{"step": strconv.Itoa(st.step), "target": n.cfg.String("target")}); err != nil {
+	if err := n.out.Check(); err != nil {
+		return fmt.Errorf("drafter_train: checkpoint: %w", err)
+	}
+	meta := nn.RunMetadata(n.cfg.Range("checkpoint").Filename)
+	meta["step"], meta["target"], meta["target_sha256"] = strconv.Itoa(st.step), n.cfg.String("target"), n.targetHash
+	if err := st.d.Save(path, st.opt, meta); err != nil {
 		return fmt.Errorf("drafter_train: checkpoint: %w", err)
 	}
 	return nil

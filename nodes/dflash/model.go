@@ -20,6 +20,37 @@ type DrafterConfig struct {
 	BlockSize int   `json:"block_size"`
 }
 
+// String describes the shape in words, for errors.
+func (c DrafterConfig) String() string {
+	taps := fmt.Sprint(c.Taps)
+	if len(c.Taps) == 0 {
+		taps = fmt.Sprint(c.K)
+	}
+	return fmt.Sprintf("width %d, taps %s, %d layers, %d heads, SwiGLU %d, blocks of %d", c.D, taps, c.Layers, c.Heads, c.Hidden, c.BlockSize)
+}
+
+// DrafterFormat is the "format" a drafter checkpoint's metadata carries.
+const DrafterFormat = "dflow-drafter"
+
+// CheckDrafterMeta says in words why a file's metadata is not a drafter
+// checkpoint's, and returns its config when it is.
+func CheckDrafterMeta(path string, meta map[string]string) (DrafterConfig, error) {
+	var c DrafterConfig
+	switch f := meta["format"]; f {
+	case DrafterFormat:
+	case "dflow-lm":
+		return c, fmt.Errorf("%s is a target LM, not a drafter checkpoint (pass the file drafter_train wrote, its checkpoint)", path)
+	case "":
+		return c, fmt.Errorf("%s is not a drafter checkpoint: its metadata has no format %q (not written by drafter_train)", path, DrafterFormat)
+	default:
+		return c, fmt.Errorf("%s is not a drafter checkpoint: its format is %q, not %q", path, f, DrafterFormat)
+	}
+	if err := json.Unmarshal([]byte(meta["config"]), &c); err != nil {
+		return c, fmt.Errorf("%s: a drafter checkpoint without a valid config in its metadata (damaged?)", path)
+	}
+	return c, nil
+}
+
 // Drafter is a DFlash-style block drafter. From an anchor it drafts
 // BlockSize-1 tokens in one non-causal pass over [anchor, MASK x
 // (BlockSize-1)]: the target's tapped hidden states at the anchor are fused
@@ -60,11 +91,21 @@ func (c DrafterConfig) layout() (names []string, shapes [][]int) {
 	return
 }
 
+// numParams is the number of trainable values of a drafter of this shape.
+func (c DrafterConfig) numParams() int {
+	_, shapes := c.layout()
+	n := 0
+	for _, s := range shapes {
+		n += size(s)
+	}
+	return n
+}
+
 // NewDrafter initializes a drafter from seed; wte is the target's token
 // embedding [256, D], shared read-only.
 func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 	if c.D < 1 || c.K < 1 || c.Layers < 1 || c.Heads < 1 || c.D%c.Heads != 0 || c.Hidden < 1 || c.BlockSize < 2 {
-		return nil, fmt.Errorf("dflash: drafter config %+v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
+		return nil, fmt.Errorf("dflash: drafter of %v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
 	}
 	if len(wte) != 256*c.D {
 		return nil, fmt.Errorf("dflash: target embedding has %d values, want 256 x %d", len(wte), c.D)
@@ -142,7 +183,7 @@ func (d *Drafter) Tensors() []nn.Tensor {
 // as safetensors with the config in __metadata__.
 func (d *Drafter) Save(path string, opt *nn.AdamW, meta map[string]string) error {
 	cfg, _ := json.Marshal(d.Config)
-	md := map[string]string{"config": string(cfg), "format": "dflow-drafter"}
+	md := map[string]string{"config": string(cfg), "format": DrafterFormat}
 	for k, v := range meta {
 		md[k] = v
 	}
@@ -156,15 +197,16 @@ func (d *Drafter) Save(path string, opt *nn.AdamW, meta map[string]string) error
 }
 
 // LoadDrafter reads a drafter saved by Save; opt, when not nil, gets the
-// saved optimizer state. It checks every tensor against the config.
+// saved optimizer state. It checks the file is a drafter checkpoint and
+// every tensor against the config.
 func LoadDrafter(path string, wte []float32, opt *nn.AdamW) (*Drafter, map[string]string, error) {
 	ts, meta, err := nn.ReadSafetensors(path)
 	if err != nil {
 		return nil, nil, err
 	}
-	var c DrafterConfig
-	if err := json.Unmarshal([]byte(meta["config"]), &c); err != nil {
-		return nil, nil, fmt.Errorf("dflash: %s: __metadata__ lacks a valid drafter \"config\"", path)
+	c, err := CheckDrafterMeta(path, meta)
+	if err != nil {
+		return nil, nil, err
 	}
 	d, err := NewDrafter(c, wte, 0)
 	if err != nil {
