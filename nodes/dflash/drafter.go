@@ -113,13 +113,11 @@ func newDrafter(cfg *graph.Config) (nodes.Node, error) {
 		}
 		n.out = out
 	}
-	t, err := loadShared(cfg.String("target"))
+	t, hash, err := loadSharedHash(cfg.String("target"))
 	if err != nil {
 		return nil, err
 	}
-	if n.targetHash, err = nn.FileSHA256(cfg.String("target")); err != nil {
-		return nil, err
-	}
+	n.targetHash = hash
 	taps := drafterTaps(cfg, t.Config)
 	n.target = t
 	n.dc = DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,

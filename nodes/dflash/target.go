@@ -119,22 +119,34 @@ type target struct {
 
 var (
 	loadedMu sync.Mutex
-	loaded   = map[string]*nn.Model{}
+	loaded   = map[[2]string]*nn.Model{} // by path and content hash
 )
 
-// loadShared loads a model once per process; callers must not modify it.
+// loadShared loads a model once per process and content (a file replaced
+// in between is loaded anew); callers must not modify it.
 func loadShared(path string) (*nn.Model, error) {
+	m, _, err := loadSharedHash(path)
+	return m, err
+}
+
+// loadSharedHash is loadShared that also returns the file's SHA-256.
+func loadSharedHash(path string) (*nn.Model, string, error) {
 	loadedMu.Lock()
 	defer loadedMu.Unlock()
-	if m, ok := loaded[path]; ok {
-		return m, nil
+	h, err := nn.FileSHA256(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("nn: %w", err)
+	}
+	key := [2]string{path, h}
+	if m, ok := loaded[key]; ok {
+		return m, h, nil
 	}
 	m, _, err := nn.LoadModel(path)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	loaded[path] = m
-	return m, nil
+	loaded[key] = m
+	return m, h, nil
 }
 
 func newTarget(cfg *graph.Config) (nodes.Node, error) {
