@@ -73,8 +73,10 @@ type wait struct {
 }
 
 // beginWait marks the start of a wait that blocks, charged to acc (the
-// replica's idle or blocked).
-func (r *replica) beginWait(acc *waitTotal) wait {
+// replica's idle or blocked), on site: what the wait needs to end, for
+// the deadlock detector (deadlock.go).
+func (r *replica) beginWait(acc *waitTotal, site *waitSite) wait {
+	r.waitOn.Store(site)
 	w := wait{acc: acc, exact: r.coarse == nil || r.clock.timing.Load() || r.clock.every.Load() <= 1}
 	if w.exact {
 		w.start = nanotime()

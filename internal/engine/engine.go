@@ -25,7 +25,9 @@ type Options struct {
 	Registry *nodes.Registry
 	// Drain, when closed, starts a drain: sources are stopped, items in
 	// flight are consumed, nodes see Replica.Draining closed, and the run
-	// ends "interrupted". Cancelling Run's ctx instead aborts at once.
+	// ends "interrupted". Cancelling Run's ctx instead aborts at once: the
+	// run ends "aborted", as does a drain that cannot complete because
+	// nothing left can move (the error then names the deadlock).
 	Drain <-chan struct{}
 	// Grace is how long replicas get to return after the run is
 	// cancelled before Run gives up on them (default 5s).
@@ -56,6 +58,7 @@ type run struct {
 	start   time.Time
 	startNs atomic.Int64 // start, for monitoring goroutines
 	series  []report.Sample
+	detect  detector
 
 	mu       sync.Mutex
 	firstErr error
@@ -64,6 +67,7 @@ type run struct {
 
 type stage struct {
 	g        *graph.Stage
+	index    int // in the graph's order
 	run      *run
 	node     nodes.Node
 	replicas []*replica
@@ -74,7 +78,18 @@ type stage struct {
 
 type edge struct {
 	g      *graph.Edge
+	run    *run
 	queues []*queue
+}
+
+// stage returns the stage of that name.
+func (r *run) stage(name string) *stage {
+	for _, s := range r.stages {
+		if s.g.Name == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // Run executes g until every stage has finished, the run fails, ctx is
@@ -128,7 +143,7 @@ func (r *run) build() error {
 		if err != nil {
 			return fmt.Errorf("stage %q (%s): %w", gs.Name, gs.Node, err)
 		}
-		s := &stage{g: gs, run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
+		s := &stage{g: gs, index: len(r.stages), run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
 		if spec.Total != nil {
 			s.total = spec.Total(gs.Config)
 		}
@@ -140,7 +155,9 @@ func (r *run) build() error {
 		}
 		for _, rep := range s.replicas {
 			for _, p := range gs.Inputs {
-				rep.inputs[p.Name] = &input{r: rep}
+				in := &input{r: rep}
+				in.site = waitSite{kind: waitRecv, in: in}
+				rep.inputs[p.Name] = in
 			}
 			for _, p := range gs.Outputs {
 				rep.outputs[p.Name] = &output{r: rep}
@@ -150,7 +167,7 @@ func (r *run) build() error {
 		byName[gs.Name] = s
 	}
 	for _, ge := range r.g.Edges {
-		e := &edge{g: ge}
+		e := &edge{g: ge, run: r}
 		for _, gq := range ge.Queues {
 			e.queues = append(e.queues, newQueue(e, gq, ge.Capacity, ge.CapacityBytes))
 		}
@@ -368,8 +385,10 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	err := r.err()
 	status := report.OK
 	switch {
+	case r.detect.drainStuck.Load():
+		status = report.Aborted // a drain that could not complete: err says why
 	case parent.Err() != nil && (err == nil || errors.Is(err, context.Canceled)):
-		status, err = report.Interrupted, nil
+		status, err = report.Aborted, nil
 	case err != nil:
 		status = report.Failed
 	case r.isDraining():
@@ -395,12 +414,14 @@ func (r *run) sample() (stop func()) {
 		defer close(finished)
 		next := time.Now().Add(r.opts.Interval)
 		for t.wait() {
-			r.coarse.now.Store(nanotime())
+			now := nanotime()
+			r.coarse.now.Store(now)
 			for _, e := range r.edges {
 				for _, q := range e.queues {
 					q.sample()
 				}
 			}
+			r.checkDeadlock(now)
 			if r.opts.Interval > 0 {
 				if now := time.Now(); !now.Before(next) {
 					prev = r.observe(now, prev, true)

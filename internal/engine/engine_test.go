@@ -362,14 +362,14 @@ edge "b" {
 	}
 }
 
-// TestAbort: cancelling the context aborts at once, status interrupted.
+// TestAbort: cancelling the context aborts at once, status aborted.
 func TestAbort(t *testing.T) {
 	h := newHarness(t)
 	g := h.load(seedLike, "stage.src.config.count=1000000", "stage.target.config.jitter_us=1000")
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	rep, err := Run(ctx, g, Options{Registry: h.reg})
-	if err != nil || rep.Status != report.Interrupted {
+	if err != nil || rep.Status != report.Aborted {
 		t.Fatalf("status %s, err %v", rep.Status, err)
 	}
 }

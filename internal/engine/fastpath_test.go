@@ -123,7 +123,7 @@ func TestAbortReleasesBlockedProducers(t *testing.T) {
 				t.Fatal(err)
 			}
 			rep, err := abortWhen(t, p, 0, stateBlocked, "every producer blocked on a full queue")
-			if err != nil || rep.Status != report.Interrupted {
+			if err != nil || rep.Status != report.Aborted {
 				t.Fatalf("status %s, err %v", rep.Status, err)
 			}
 		})
@@ -352,7 +352,7 @@ func TestCoarseWaitsUnbiased(t *testing.T) {
 		}
 		for now < ticks*tick {
 			advance(rng.Int64N(2 * meanWait)) // busy
-			w := r.beginWait(&r.idle)
+			w := r.beginWait(&r.idle, opaqueWait)
 			if w.exact {
 				t.Fatal("a replica with fast items timed a wait exactly")
 			}

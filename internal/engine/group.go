@@ -17,11 +17,14 @@ type group struct {
 	members int
 	left    []bool
 	round   *round
+	rounds  int64 // completed, for the deadlock detector
+	site    waitSite
 }
 
 // round is one collective in progress: a barrier or an all-reduce.
 type round struct {
 	arrived int
+	in      []bool // in[i]: member i has arrived
 	sum     []float32 // nil for a barrier
 	n       int       // contributors to sum
 	done    chan struct{}
@@ -29,7 +32,9 @@ type round struct {
 }
 
 func newGroup(n int) *group {
-	return &group{members: n, left: make([]bool, n)}
+	g := &group{members: n, left: make([]bool, n)}
+	g.site = waitSite{kind: waitGroup, g: g}
+	return g
 }
 
 // errLeft is returned to a replica that calls a collective after leaving.
@@ -44,7 +49,7 @@ func (g *group) arrive(replica int, buf []float32, reduce bool) (*round, error) 
 		return nil, errLeft
 	}
 	if g.round == nil {
-		g.round = &round{done: make(chan struct{})}
+		g.round = &round{done: make(chan struct{}), in: make([]bool, len(g.left))}
 		if reduce {
 			g.round.sum = make([]float32, len(buf))
 		}
@@ -62,6 +67,7 @@ func (g *group) arrive(replica int, buf []float32, reduce bool) (*round, error) 
 		rd.n++
 	}
 	rd.arrived++
+	rd.in[replica] = true
 	g.completeLocked()
 	return rd, nil
 }
@@ -72,6 +78,7 @@ func (g *group) completeLocked() {
 	if g.round != nil && g.round.arrived >= g.members {
 		close(g.round.done)
 		g.round = nil
+		g.rounds++
 	}
 }
 
@@ -102,8 +109,16 @@ func (m *member) wait(ctx context.Context, rd *round) error {
 	}
 }
 
+// site is what a collective with ctx waits on, for the deadlock detector.
+func (m *member) site(ctx context.Context) *waitSite {
+	if ctx != m.r.ctx {
+		return opaqueWait
+	}
+	return &m.g.site
+}
+
 func (m *member) Barrier(ctx context.Context) error {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked))
+	defer m.r.endWait(m.r.beginWait(&m.r.blocked, m.site(ctx)))
 	rd, err := m.g.arrive(m.r.index, nil, false)
 	if err != nil {
 		return err
@@ -112,7 +127,7 @@ func (m *member) Barrier(ctx context.Context) error {
 }
 
 func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked))
+	defer m.r.endWait(m.r.beginWait(&m.r.blocked, m.site(ctx)))
 	rd, err := m.g.arrive(m.r.index, buf, true)
 	if err != nil {
 		return 0, err

@@ -36,7 +36,10 @@ type replica struct {
 	blocked waitTotal    // ns spent blocked in Send or a group collective
 	ended   atomic.Int64 // unix ns when Run returned; 0 while running
 	clock   itemClock
-	_       linePad
+	// waitOn is what the replica's latest blocking wait needs to end (set
+	// as it begins; meaningful while a wait is in progress).
+	waitOn atomic.Pointer[waitSite]
+	_      linePad
 }
 
 func (r *replica) Stage() string             { return r.stage.g.Name }
@@ -160,7 +163,17 @@ type input struct {
 	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
 	next  int                  // fan-in: the live queue poll tries first
+	site  waitSite             // a wait on this port with the replica's own context
 	_     linePad
+}
+
+// siteFor is what a wait with ctx on the port is for the deadlock
+// detector: one it can read only if ctx is the replica's own.
+func (in *input) siteFor(ctx context.Context) *waitSite {
+	if ctx != in.r.ctx {
+		return opaqueWait
+	}
+	return &in.site
 }
 
 // inQueue is one queue as one consumer replica's port sees it.
@@ -195,7 +208,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 				return in.recvSlow(ctx)
 			}
 			in.flush() // a replica that waits shows exact counts
-			w := r.beginWait(&r.idle)
+			w := r.beginWait(&r.idle, &in.site)
 			item, ok = <-iq.ch // released on cancellation by a wake token (wake.go)
 			r.endWait(w)
 		}
@@ -220,7 +233,7 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 	}
 	if iq == nil {
 		in.flush() // a replica that waits shows exact counts
-		w := r.beginWait(&r.idle)
+		w := r.beginWait(&r.idle, in.siteFor(ctx))
 		var err error
 		iq, item, err = in.recv(ctx)
 		r.endWait(w)
@@ -367,11 +380,15 @@ type outQueue struct {
 	deepest  int          // the deepest this producer saw the queue
 	maxDepth atomic.Int64 // deepest, for monitoring
 	q        *queue
-	_        linePad
+	// a wait with the replica's own context for room on the queue, and
+	// for its capacity_bytes budget
+	full, bytesFull waitSite
+	_               linePad
 }
 
 func newOutQueue(q *queue) *outQueue {
-	return &outQueue{ch: q.ch, capBytes: q.capBytes, capacity: cap(q.ch), q: q}
+	return &outQueue{ch: q.ch, capBytes: q.capBytes, capacity: cap(q.ch), q: q,
+		full: waitSite{kind: waitSend, q: q}, bytesFull: waitSite{kind: waitBytes, q: q}}
 }
 
 // put does the accounting for an item just sent on oq: the count, and the
@@ -451,7 +468,7 @@ func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 // it is not tried twice.
 func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) error {
 	if oq.capBytes > 0 {
-		if err := o.reserve(ctx, oq.q, sizeOf(item)); err != nil {
+		if err := o.reserve(ctx, oq, sizeOf(item)); err != nil {
 			return err
 		}
 	}
@@ -465,7 +482,11 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 	}
 	oq.saw(oq.capacity)
 	o.flush() // a replica that waits shows exact counts
-	w := o.r.beginWait(&o.r.blocked)
+	site := &oq.full
+	if ctx != o.r.ctx {
+		site = opaqueWait
+	}
+	w := o.r.beginWait(&o.r.blocked, site)
 	err := oq.q.sendWait(ctx, o.r, item)
 	o.r.endWait(w)
 	if err != nil {
@@ -478,12 +499,17 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 // reserve waits for n bytes of room on q (capacity_bytes). An item larger
 // than the whole budget passes alone once the queue is empty, so it cannot
 // deadlock.
-func (o *output) reserve(ctx context.Context, q *queue, n int64) error {
+func (o *output) reserve(ctx context.Context, oq *outQueue, n int64) error {
+	q := oq.q
 	if q.tryReserve(n) {
 		return nil
 	}
 	o.flush()
-	defer o.r.endWait(o.r.beginWait(&o.r.blocked))
+	site := &oq.bytesFull
+	if ctx != o.r.ctx {
+		site = opaqueWait
+	}
+	defer o.r.endWait(o.r.beginWait(&o.r.blocked, site))
 	for !q.tryReserve(n) {
 		select {
 		case <-q.room:
