@@ -24,7 +24,7 @@ type group struct {
 // round is one collective in progress: a barrier or an all-reduce.
 type round struct {
 	arrived int
-	in      []bool // in[i]: member i has arrived
+	in      []bool    // in[i]: member i has arrived
 	sum     []float32 // nil for a barrier
 	n       int       // contributors to sum
 	done    chan struct{}
