@@ -31,15 +31,29 @@ type Spec struct {
 	// Outputs, if set, lists the files the stage writes for a config
 	// (models, checkpoints), so a run can say where they go.
 	Outputs func(cfg *graph.Config) []string
+	// Sync, if set, says whether the stage's replicas step together: each
+	// item is one step of a group collective (Barrier or AllReduceSum)
+	// that every replica still in the group must reach, as a
+	// data-parallel training step does. The simulator models such a stage
+	// with a barrier per item, and the deadlock check of `dflow validate`
+	// relies on it, also for kinds without a simulation model.
+	Sync func(cfg *graph.Config) bool
 }
+
+// Always is a Spec.Sync for kinds whose replicas always step together.
+func Always(*graph.Config) bool { return true }
 
 // OutputFile is a file a stage writes.
 type OutputFile struct {
 	Stage, Path string
+	// the file's modification time and size when listed (zero: absent),
+	// to tell after the run whether it was written
+	mod  time.Time
+	size int64
 }
 
 // Outputs lists the files g's stages write (Spec.Outputs), in stage
-// order.
+// order, noting each file's state as it is now.
 func (r *Registry) Outputs(g *graph.Graph) []OutputFile {
 	var out []OutputFile
 	for _, s := range g.Stages {
@@ -48,25 +62,29 @@ func (r *Registry) Outputs(g *graph.Graph) []OutputFile {
 			continue
 		}
 		for _, p := range spec.Outputs(s.Config) {
-			out = append(out, OutputFile{Stage: s.Name, Path: p})
+			o := OutputFile{Stage: s.Name, Path: p}
+			if st, err := os.Stat(p); err == nil {
+				o.mod, o.size = st.ModTime(), st.Size()
+			}
+			out = append(out, o)
 		}
 	}
 	return out
 }
 
 // PrintOutputs says where each output goes, one line each: before a run
-// (since zero) "stage S writes PATH", after it "stage S wrote PATH" or
-// "stage S wrote nothing to PATH" for a file not modified since.
-func PrintOutputs(w io.Writer, outs []OutputFile, since time.Time) {
+// "stage S writes PATH", after it "stage S wrote PATH", or "stage S wrote
+// nothing to PATH" when the file is as Outputs found it.
+func PrintOutputs(w io.Writer, outs []OutputFile, after bool) {
 	for _, o := range outs {
 		where := o.Path
 		if abs, err := filepath.Abs(o.Path); err == nil && abs != o.Path {
 			where += " (" + abs + ")"
 		}
 		switch st, err := os.Stat(o.Path); {
-		case since.IsZero():
+		case !after:
 			fmt.Fprintf(w, "dflow: stage %s writes %s\n", o.Stage, where)
-		case err == nil && !st.ModTime().Before(since.Truncate(time.Second)): // coarse file times
+		case err == nil && (!st.ModTime().Equal(o.mod) || st.Size() != o.size):
 			fmt.Fprintf(w, "dflow: stage %s wrote %s\n", o.Stage, where)
 		default:
 			fmt.Fprintf(w, "dflow: stage %s wrote nothing to %s\n", o.Stage, where)

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -93,15 +92,15 @@ edge "e2" {
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
+	os.WriteFile(b, []byte("left as it was"), 0o644)
 	outs := r.Outputs(g)
-	if len(outs) != 2 || outs[0] != (nodes.OutputFile{Stage: "w1", Path: a}) || outs[1] != (nodes.OutputFile{Stage: "w2", Path: b}) {
+	if len(outs) != 2 || outs[0].Stage != "w1" || outs[0].Path != a || outs[1].Stage != "w2" || outs[1].Path != b {
 		t.Fatalf("Outputs = %v", outs)
 	}
 	var before, after strings.Builder
-	since := time.Now()
-	nodes.PrintOutputs(&before, outs, time.Time{})
+	nodes.PrintOutputs(&before, outs, false)
 	os.WriteFile(a, []byte("x"), 0o644)
-	nodes.PrintOutputs(&after, outs, since)
+	nodes.PrintOutputs(&after, outs, true)
 	if want := "dflow: stage w1 writes " + a + "\ndflow: stage w2 writes " + b + "\n"; before.String() != want {
 		t.Errorf("before:\n%s\nwant:\n%s", before.String(), want)
 	}

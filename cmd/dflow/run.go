@@ -54,6 +54,7 @@ func cmdRun(e *env, args []string) int {
 		replicas += s.Replicas
 	}
 	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
+	outputsWritten := e.announceOutputs(g) // where models and checkpoints go
 	status := &monitor.Status{W: e.stderr, TTY: tty, Width: width}
 	opts := engine.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
 	if *interval > 0 {
@@ -78,6 +79,7 @@ func cmdRun(e *env, args []string) int {
 	status.Finish()
 	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))
 	summarize(e.stderr, g, rep)
+	outputsWritten()
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
 		return exitFailed

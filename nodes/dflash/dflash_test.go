@@ -357,7 +357,7 @@ func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
 		if diags.HasErrors() {
 			t.Fatal(diags)
 		}
-		if outs := reg.Outputs(g); len(outs) != 1 || outs[0] != (nodes.OutputFile{Stage: "drafter", Path: ckpt}) {
+		if outs := reg.Outputs(g); len(outs) != 1 || outs[0].Stage != "drafter" || outs[0].Path != ckpt {
 			t.Errorf("outputs %v", outs)
 		}
 		return engine.Run(context.Background(), g, engine.Options{Registry: reg})

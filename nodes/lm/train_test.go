@@ -196,7 +196,7 @@ edge "tokens" {
 		if diags.HasErrors() {
 			t.Fatal(diags)
 		}
-		if outs := reg.Outputs(g); len(outs) != 1 || outs[0] != (nodes.OutputFile{Stage: "train", Path: out}) {
+		if outs := reg.Outputs(g); len(outs) != 1 || outs[0].Stage != "train" || outs[0].Path != out {
 			t.Errorf("outputs %v", outs)
 		}
 		rep, err := engine.Run(context.Background(), g, engine.Options{Registry: reg})
