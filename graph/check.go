@@ -127,6 +127,17 @@ func (d *decoder) decodeConfig(s *Stage, k *Kind) {
 		r := cfg.block
 		var fe *FieldError
 		if errors.As(err, &fe) {
+			if d.fromSet[s][fe.Field] {
+				// The value came from the command line: say so, with no
+				// position in the file, whose value was overridden.
+				d.diags = append(d.diags, &hcl.Diagnostic{
+					Severity: hcl.DiagError,
+					Summary:  "invalid --set",
+					Detail: sentence(fmt.Sprintf("--set stage.%s.config.%s=%s: stage %q (%s): %v",
+						s.Name, fe.Field, d.pendingConfig[s][fe.Field], s.Name, k.Name, err)),
+				})
+				continue
+			}
 			r = cfg.Range(fe.Field)
 		}
 		d.errorf(r, "invalid config", "stage %q (%s): %v.", s.Name, k.Name, err)
@@ -160,6 +171,14 @@ func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
 			continue
 		}
 		s.Config.values[name] = v
+		delete(s.Config.ranges, name) // the file's value no longer counts
+		if d.fromSet == nil {
+			d.fromSet = map[*Stage]map[string]bool{}
+		}
+		if d.fromSet[s] == nil {
+			d.fromSet[s] = map[string]bool{}
+		}
+		d.fromSet[s][name] = true
 	}
 }
 

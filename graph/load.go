@@ -1,12 +1,14 @@
 package graph
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"os"
 	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclparse"
@@ -74,6 +76,9 @@ func (l *Loader) LoadFile(filename string) (*Graph, hcl.Diagnostics) {
 // error. Warnings come back alongside a valid Graph.
 func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
 	l.init()
+	if d := notText(filename, src); d != nil {
+		return nil, hcl.Diagnostics{d} // one error, not one per stray byte
+	}
 	var file *hcl.File
 	var diags hcl.Diagnostics
 	if strings.HasSuffix(filename, ".json") {
@@ -108,6 +113,35 @@ var rootSchema = &hcl.BodySchema{
 	},
 }
 
+// notText reports a file that is not UTF-8 text (a binary, a file in
+// another encoding): the HCL parser would report every stray byte, and
+// the first one tells it all.
+func notText(filename string, src []byte) *hcl.Diagnostic {
+	bad, what := -1, ""
+	if i := bytes.IndexByte(src, 0); i >= 0 {
+		bad, what = i, "a NUL byte"
+	}
+	for i := 0; i < len(src) && (bad < 0 || i < bad); {
+		r, n := utf8.DecodeRune(src[i:])
+		if r == utf8.RuneError && n <= 1 {
+			bad, what = i, fmt.Sprintf("an invalid byte 0x%02x", src[i])
+			break
+		}
+		i += n
+	}
+	if bad < 0 {
+		return nil
+	}
+	line := 1 + bytes.Count(src[:bad], []byte("\n"))
+	col := 1 + utf8.RuneCount(src[bytes.LastIndexByte(src[:bad], '\n')+1:bad])
+	return &hcl.Diagnostic{
+		Severity: hcl.DiagError,
+		Summary:  "not a text file",
+		Detail: fmt.Sprintf("%s is not UTF-8 text: %s at line %d, column %d. A spec is an HCL file (native syntax, or JSON for *.json), in UTF-8.",
+			filename, what, line, col),
+	}
+}
+
 // decoder holds the state of one Load.
 type decoder struct {
 	loader   *Loader
@@ -122,6 +156,9 @@ type decoder struct {
 	// pendingConfig holds --set stage.NAME.config.KEY values until the
 	// stage's schema is known.
 	pendingConfig map[*Stage]map[string]string
+	// fromSet marks the config attributes a --set gave, so that a kind's
+	// check of them points at the flag, not at the file's overridden value.
+	fromSet map[*Stage]map[string]bool
 }
 
 func (d *decoder) errorf(subject hcl.Range, summary, detail string, args ...any) {
@@ -154,6 +191,15 @@ func (d *decoder) decode(body hcl.Body) {
 		case "edge":
 			edges = append(edges, b)
 		}
+	}
+	if len(stages) == 0 && !d.diags.HasErrors() {
+		what := "defines no stage"
+		if len(content.Blocks) == 0 {
+			what = "is empty"
+		}
+		start := hcl.Range{Filename: d.filename, Start: hcl.InitialPos, End: hcl.InitialPos}
+		d.errorf(start, "no stage", "The spec %s: a pipeline needs at least one stage block, such as\n\n"+
+			"  stage \"reader\" {\n    node = \"synthetic_source\"\n    config {\n      count = 10\n    }\n  }", what)
 	}
 	d.ctx = d.evalContext(vars)
 	for _, b := range stages {
@@ -315,9 +361,19 @@ func (d *decoder) devicesAttr(a *hcl.Attribute) []string {
 	var out []string
 	for _, e := range v.AsValueSlice() {
 		dev := e.AsString()
-		if dev != "cpu" && !strings.HasPrefix(dev, "cuda:") {
+		n, isCUDA := strings.CutPrefix(dev, "cuda:")
+		switch {
+		case dev == "cpu":
+		case !isCUDA:
 			d.errorf(a.Expr.Range(), "invalid device",
 				"Device %q is not known: use \"cpu\" or \"cuda:N\".", dev)
+		case strings.Trim(n, "0123456789") != "" || n == "":
+			d.errorf(a.Expr.Range(), "invalid device",
+				"Device %q is not known: a GPU is \"cuda:N\" with N its index, such as \"cuda:0\".", dev)
+		case !CUDA:
+			d.errorf(a.Expr.Range(), "device not in this build",
+				"Device %q needs dflow's CUDA backend, and this dflow is built without it (a CUDA build is `go build -tags cuda`; "+
+					"the backend is not written yet, see the README's Status). Use \"cpu\".", dev)
 		}
 		out = append(out, dev)
 	}
@@ -336,6 +392,12 @@ var edgeSchema = &hcl.BodySchema{
 		{Name: "capacity_bytes"},
 	},
 }
+
+// CUDA reports whether this build runs nodes on CUDA devices. It is false
+// until a CUDA backend exists; that backend, built with -tags cuda, sets
+// it, and until then a stage naming "cuda:N" is an error at validate
+// rather than a run on the CPU that looks like one on the GPU.
+var CUDA = false
 
 // DefaultPolicy is an edge's policy when the spec gives none.
 const DefaultPolicy = Shared
