@@ -2,6 +2,7 @@ package text
 
 import (
 	"context"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,8 +13,29 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/nodes/synthetic"
 )
+
+// registerSink adds a "sink" kind that drains its input (nodes/synthetic
+// has one, but it imports this package).
+func registerSink(reg *nodes.Registry) {
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "sink", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: TokensType}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					if _, err := r.In("in").Recv(ctx); err != nil {
+						if err == io.EOF {
+							return nil
+						}
+						return err
+					}
+				}
+			}), nil
+		},
+	})
+}
 
 func writeCorpus(t *testing.T) string {
 	dir := t.TempDir()
@@ -99,7 +121,7 @@ func TestReaderNode(t *testing.T) {
 	dir := writeCorpus(t)
 	reg := nodes.NewRegistry()
 	Register(reg)
-	synthetic.Register(reg)
+	registerSink(reg)
 	src := `
 stage "reader" {
   node     = "text_reader"
