@@ -12,7 +12,7 @@ func cmdValidate(e *env, args []string) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	asJSON := fs.Bool("json", false, "print diagnostics as JSON, shaped like `terraform validate -json`, on stdout")
+	asJSON := fs.Bool("json", false, "print the diagnostics as JSON on stdout, in the shape of terraform validate -json, instead of text on stderr")
 	files, code, ok := parse(e, fs, args, "SPEC... [flags]")
 	if !ok {
 		return code
@@ -25,17 +25,26 @@ func cmdValidate(e *env, args []string) int {
 		return usageErr(e, "validate", "%v", err)
 	}
 	var all hcl.Diagnostics
+	valid := 0
 	for _, f := range files {
-		_, diags := l.LoadFile(f)
+		g, diags := l.LoadFile(f)
+		if g != nil && !diags.HasErrors() {
+			diags = append(diags, e.deadlockWarnings(g)...)
+		}
 		all = append(all, diags...)
+		if !diags.HasErrors() {
+			valid++
+		}
 	}
 	if *asJSON {
 		graph.WriteDiagnosticsJSON(e.stdout, all, l.Sources())
 	} else {
 		graph.WriteDiagnostics(e.stderr, all, l.Sources())
-		if !all.HasErrors() {
-			fmt.Fprintf(e.stdout, "%d spec(s) valid\n", len(files))
+		noun := "specs"
+		if len(files) == 1 {
+			noun = "spec"
 		}
+		fmt.Fprintf(e.stdout, "%d of %d %s valid\n", valid, len(files), noun)
 	}
 	if all.HasErrors() {
 		return exitFailed
@@ -51,6 +60,9 @@ func (e *env) load(sf *specFlags, file string) *graph.Graph {
 		return nil
 	}
 	g, diags := l.LoadFile(file)
+	if g != nil && !diags.HasErrors() {
+		diags = append(diags, e.deadlockWarnings(g)...)
+	}
 	graph.WriteDiagnostics(e.stderr, diags, l.Sources())
 	return g
 }

@@ -72,6 +72,9 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	if model != nil {
 		st.sync, st.failAfter = model.Sync, model.FailAfter
 	}
+	if spec != nil && spec.Sync != nil && gs.Replicas > 1 {
+		st.sync = st.sync || spec.Sync(gs.Config)
+	}
 	if spec != nil && spec.Total != nil {
 		st.total = spec.Total(gs.Config)
 	}
@@ -82,6 +85,14 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	if st.source && hasMeasured && st.total == 0 {
 		for _, r := range measured.Replicas {
 			st.total += r.ItemsOut
+		}
+	}
+	if s.opts.probe {
+		st.failAfter = 0
+		if st.source {
+			if st.total == 0 || st.total > probeMaxItems {
+				st.total = max(min(st.total, probeMaxItems), probeItems(s.g))
+			}
 		}
 	}
 	if st.source && st.total == 0 {
@@ -102,6 +113,8 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 				return nil, fmt.Errorf("stage %q: sim service_time: %w", gs.Name, err)
 			}
 			p.next = func() time.Duration { return d.Sample(rng) }
+		case s.opts.probe:
+			p.next = func() time.Duration { return probeService }
 		default:
 			return nil, fmt.Errorf("stage %q: node kind %q has no simulation model; give the stage a sim { service_time = \"40ms\" } block, or simulate --from a report of a real run", gs.Name, gs.Node)
 		}

@@ -18,7 +18,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -43,6 +42,10 @@ type Options struct {
 	// virtual time; zero means none.
 	Interval time.Duration
 	Observe  func(*engine.Snapshot)
+
+	// probe: stages without a model take probeService an item and
+	// sources without a total emit probeItems (ProbeDeadlock).
+	probe bool
 }
 
 type state int8
@@ -244,16 +247,8 @@ func (s *sim) run() {
 // checkFinished reports replicas left waiting when no event remains: a
 // deadlock the model cannot resolve.
 func (s *sim) checkFinished() {
-	var stuck []string
-	for _, st := range s.stages {
-		for _, p := range st.procs {
-			if p.state != done {
-				stuck = append(stuck, fmt.Sprintf("%s[%d]", st.g.Name, p.idx))
-			}
-		}
-	}
-	if len(stuck) > 0 {
-		s.err = fmt.Errorf("sim: no event left but replicas %s never finished", strings.Join(stuck, ", "))
+	if st := s.stuck(); st != nil {
+		s.err = st
 	}
 }
 

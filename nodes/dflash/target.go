@@ -22,7 +22,7 @@ func init() { Register(nodes.Default) }
 // Register adds target_forward and drafter_train to a registry.
 func Register(r *nodes.Registry) {
 	r.Register(nodes.Spec{Kind: targetKind, New: newTarget})
-	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter, Outputs: drafterOutputs})
+	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter, Outputs: drafterOutputs, Sync: nodes.Always})
 }
 
 // HiddenType names the hidden-state items of a target of width d tapped at

@@ -25,7 +25,7 @@ func init() { Register(nodes.Default) }
 
 // Register adds lm_train to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer,
+	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer, Sync: nodes.Always,
 		Outputs: func(cfg *graph.Config) []string { return []string{cfg.String("out")} }})
 }
 
