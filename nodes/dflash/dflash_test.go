@@ -406,6 +406,12 @@ func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
 		t.Errorf("resume against another target: %v", err)
 	}
 
+	// Not both.
+	_, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(strings.Replace(src, `eval_prompts  = 2`, "eval_prompts  = 2\n    resume = true\n    overwrite = true", 1)))
+	if !diags.HasErrors() || !strings.Contains(diags.Error(), "and resume contradict each other") {
+		t.Errorf("resume and overwrite: %v", diags)
+	}
+
 	// overwrite = true starts afresh and replaces it.
 	if rep, err = run(src, "overwrite = true"); err != nil {
 		t.Fatal(err)

@@ -70,6 +70,14 @@ var drafterKind = graph.Kind{
 		if cfg.Bool("resume") && cfg.String("checkpoint") == "" {
 			errs = append(errs, &graph.FieldError{Field: "resume", Err: fmt.Errorf("needs a checkpoint file to resume from")})
 		}
+		if cfg.Bool("resume") && cfg.Bool("overwrite") {
+			errs = append(errs, &graph.FieldError{Field: "overwrite", Err: fmt.Errorf("and resume contradict each other: resume trains the checkpoint further, overwrite starts afresh over it")})
+		}
+		if p := cfg.String("eval"); p != "" {
+			if err := text.CheckPath(p); err != nil {
+				errs = append(errs, &graph.FieldError{Field: "eval", Err: err})
+			}
+		}
 		return errs
 	},
 }
