@@ -32,8 +32,8 @@ func (e *env) deadlockWarnings(g *graph.Graph) hcl.Diagnostics {
 	case len(st.RoundRobin) > 0:
 		last := st.RoundRobin[len(st.RoundRobin)-1]
 		fmt.Fprintf(&b, "round_robin ties each queue of %s to fixed replicas, so one starved replica holds up the rest: "+
-			"policy = \"shared\" there lets any replica take any item (--set edge.%s.policy=shared); "+
-			"a larger capacity only postpones it while the queues are fed unevenly", quoted(st.RoundRobin), last)
+			"policy = \"shared\" on %s lets any replica take any item (--set edge.%s.policy=shared); "+
+			"a larger capacity only postpones it while the queues are fed unevenly", quoted(st.RoundRobin), either(len(st.RoundRobin)), last)
 		subject = rangeOf(edge(last), true)
 	case len(st.Full) > 0:
 		fmt.Fprintf(&b, "a larger capacity on %s gives the replicas room to get out of step (--set edge.%s.capacity=N)",
@@ -63,6 +63,13 @@ func rangeOf(ed *graph.Edge, policy bool) *hcl.Range {
 		return nil
 	}
 	return &r
+}
+
+func either(n int) string {
+	if n == 1 {
+		return "it"
+	}
+	return "either"
 }
 
 func quoted(names []string) string {

@@ -2,6 +2,7 @@ package dflash
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -433,5 +435,39 @@ func TestNotADrafter(t *testing.T) {
 	nn.WriteSafetensors(plain, []nn.Tensor{{Name: "x", Shape: []int{1}, Data: []float32{1}}}, nil)
 	if _, _, err := LoadDrafter(plain, m.P("wte"), nil); err == nil || !strings.Contains(err.Error(), "is not a drafter checkpoint: its metadata has no format") {
 		t.Errorf("plain safetensors: %v", err)
+	}
+}
+
+// TestCheckpointOnDeadlock: a run that deadlocks (the reader rotating over
+// three targets, two of which feed one drafter) fails, and the drafter
+// still writes its weights as of its last completed step. Before, a
+// failed run left no checkpoint.
+func TestCheckpointOnDeadlock(t *testing.T) {
+	dir := t.TempDir()
+	target, _ := tinyTarget(t, dir)
+	corpus := filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
+	ckpt := filepath.Join(dir, "d.safetensors")
+	src := strings.NewReplacer("limit      = 24", "limit      = 2000", "eval          = \"CORPUS\"\n", "",
+		"to   = target.in\n", "to   = target.in\n  policy   = \"round_robin\"\n  capacity = 2\n",
+		"policy = \"round_robin\"\n", "policy = \"round_robin\"\n  capacity = 2\n").Replace(pipelineSpec)
+	src = strings.NewReplacer("CORPUS", corpus, "TARGET", target, "CKPT", ckpt, "LAYERS", "2").Replace(src)
+	reg := registry()
+	g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rep, err := engine.Run(ctx, g, engine.Options{Registry: reg})
+	var d *engine.Deadlock
+	if !errors.As(err, &d) {
+		t.Fatalf("err = %v, want a deadlock", err)
+	}
+	steps := rep.Stages["drafter"].Metrics["step"]
+	wte, _ := loadShared(target)
+	_, meta, lerr := LoadDrafter(ckpt, wte.P("wte"), nil)
+	if lerr != nil || steps < 1 || meta["step"] != fmt.Sprint(steps) {
+		t.Fatalf("checkpoint: %v, meta %v, the run's last step %v", lerr, meta, steps)
 	}
 }

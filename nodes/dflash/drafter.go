@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,7 +86,11 @@ var drafterKind = graph.Kind{
 type drafterNode struct {
 	// finished counts replicas done; the last one holds every update and
 	// writes the final checkpoint and evaluation.
-	finished   atomic.Int32
+	finished atomic.Int32
+	// mu guards savedStep: the latest step a replica cut short by the
+	// run's cancellation has saved.
+	mu         sync.Mutex
+	savedStep  int
 	cfg        *graph.Config
 	target     *nn.Model
 	targetHash string // SHA-256 of the target file, recorded in checkpoints
@@ -184,7 +189,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			break
 		}
 		if err != nil {
-			return err
+			return n.saveOnCancel(ctx, st, err)
 		}
 		hs, ok := item.(*HiddenStates)
 		if !ok {
@@ -195,7 +200,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 		}
 		loss, err := n.train(ctx, st, hs, r)
 		if err != nil {
-			return err
+			return n.saveOnCancel(ctx, st, err)
 		}
 		items++
 		metrics.Set("loss", loss)
@@ -320,6 +325,28 @@ func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r 
 	st.opt.Step(st.d.Params, st.d.Grads, st.mask)
 	st.step++
 	return loss, nil
+}
+
+// saveOnCancel returns err, the error that ends a replica; when the run
+// was cancelled (a failure elsewhere, a deadlock, an abort) it first
+// writes the replica's weights as of its last completed step, unless
+// another replica has saved that step or a later one. A step cut short in
+// its all-reduce applies no update, so every replica still in the group
+// holds the same weights.
+func (n *drafterNode) saveOnCancel(ctx context.Context, st *state, err error) error {
+	if ctx.Err() == nil || st.step == 0 {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if st.step <= n.savedStep {
+		return err
+	}
+	if serr := n.save(st); serr != nil {
+		return fmt.Errorf("%w; and the checkpoint on the way out failed: %v", err, serr)
+	}
+	n.savedStep = st.step
+	return err
 }
 
 func (n *drafterNode) save(st *state) error {
