@@ -15,6 +15,9 @@ type Snapshot struct {
 	Elapsed time.Duration
 	Stages  []StageSnapshot
 	Edges   []EdgeSnapshot
+	// Draining is true once a drain has begun: sources are stopped, so
+	// progress no longer advances and an ETA would only climb.
+	Draining bool
 }
 
 // StageSnapshot is one stage's state.
@@ -56,7 +59,7 @@ type QueueSnapshot struct {
 }
 
 func (r *run) snapshot(now time.Time) *Snapshot {
-	s := &Snapshot{Time: now}
+	s := &Snapshot{Time: now, Draining: r.isDraining()}
 	startNs := r.startNs.Load()
 	if startNs == 0 {
 		return s
@@ -156,6 +159,12 @@ func (s *Snapshot) Sample(prev *Snapshot) report.Sample {
 	for i, st := range s.Stages {
 		p.Utilization[st.Name] = s.Utilization(prev, i)
 		p.Idle[st.Name] = s.IdleShare(prev, i)
+		if len(st.Metrics) > 0 {
+			if p.Metrics == nil {
+				p.Metrics = map[string]map[string]float64{}
+			}
+			p.Metrics[st.Name] = st.Metrics // a fresh map per snapshot, read-only from here
+		}
 	}
 	return p
 }

@@ -19,6 +19,8 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 	}
 	if r.start.IsZero() {
 		rep.WallSeconds = 0
+	} else {
+		rep.Started = r.start.Round(0) // wall clock only: no monotonic reading in the report
 	}
 	if err != nil {
 		rep.Error = err.Error()

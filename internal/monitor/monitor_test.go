@@ -202,6 +202,16 @@ func TestStatusLine(t *testing.T) {
 	if got := strings.Count(b.String(), "\n"); got != 3 {
 		t.Errorf("wrapped into %d lines:\n%s", got, b.String())
 	}
+	// During a drain the sources are stopped: no ETA, which would climb.
+	b.Reset()
+	st = &Status{W: &b, TTY: true, Width: 1000}
+	st.Observe(snap(5*sec, 20, 5*sec))
+	drain := snap(10*sec, 50, 9*sec)
+	drain.Draining = true
+	st.Observe(drain)
+	if last := b.String()[strings.LastIndex(b.String(), "[  10.0s]"):]; strings.Contains(last, "ETA") || strings.Count(last, "draining") != 2 {
+		t.Errorf("while draining: %q", last)
+	}
 	// On a terminal a progress bar follows, redrawn in place.
 	b.Reset()
 	st = &Status{W: &b, TTY: true, Width: 1000}
@@ -336,7 +346,7 @@ edge "e" {
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	p, err := engine.New(g, engine.Options{Registry: reg})
+	p, err := engine.New(g, engine.Options{Registry: reg, Interval: time.Hour}) // one series point, at the end
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,6 +356,13 @@ edge "e" {
 	}
 	if m := rep.Stages["learn"].Metrics; m["loss"] != 1.5 || m["tokens"] != 30*64 {
 		t.Errorf("report metrics %v, want loss 1.5 and tokens %d", m, 30*64)
+	}
+	// The series carries them too: the loss curve of a training run.
+	if len(rep.Series) == 0 {
+		t.Fatal("no series")
+	}
+	if m := rep.Series[len(rep.Series)-1].Metrics["learn"]; m["loss"] != 1.5 || m["tokens"] != 30*64 {
+		t.Errorf("last series point's metrics %v", rep.Series[len(rep.Series)-1].Metrics)
 	}
 	var b bytes.Buffer
 	(&Status{W: &b}).Observe(p.Snapshot())
@@ -363,5 +380,38 @@ edge "e" {
 	}
 	if !found {
 		t.Error("no dflow_node_metric collected")
+	}
+}
+
+// TestDrainStatus: once a drain begins, the live status line says so and
+// gives no ETA (the sources are stopped, so one would climb).
+func TestDrainStatus(t *testing.T) {
+	g := load(t, "stage.reader.config.count=100000")
+	drain := make(chan struct{})
+	var lines bytes.Buffer
+	st := &Status{W: &lines}
+	observed := 0
+	observe := func(s *engine.Snapshot) {
+		st.Observe(s)
+		if observed++; observed == 3 {
+			close(drain)
+		}
+	}
+	rep := run(t, g, engine.Options{Interval: 10 * time.Millisecond, Observe: observe, Drain: drain})
+	if rep.Status != report.Interrupted {
+		t.Fatalf("status %s", rep.Status)
+	}
+	out := strings.Split(strings.TrimSpace(lines.String()), "\n")
+	drained := false
+	for _, l := range out {
+		if strings.Contains(l, "draining") {
+			drained = true
+		}
+		if drained && strings.Contains(l, "ETA") {
+			t.Errorf("an ETA during the drain: %s", l)
+		}
+	}
+	if !drained || !strings.Contains(out[0], "ETA") {
+		t.Errorf("want ETAs, then draining:\n%s", lines.String())
 	}
 }

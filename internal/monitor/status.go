@@ -193,7 +193,14 @@ func progress(s *engine.Snapshot) (done, total int64, ok bool) {
 	return done, total, total > 0
 }
 
+// eta extrapolates the time left from the rate so far. During a drain the
+// sources are stopped and what is left of their totals will never be
+// emitted: the run ends when the items in flight are consumed, so there is
+// no ETA to give (one extrapolated from a stalled count would only climb).
 func eta(s *engine.Snapshot, done, total int64) string {
+	if s.Draining {
+		return "draining"
+	}
 	if done == 0 {
 		return "ETA ?"
 	}

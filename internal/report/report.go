@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 )
 
 // Status values.
@@ -22,15 +23,30 @@ const (
 
 // Report is one run of a spec.
 type Report struct {
-	Spec        string           `json:"spec"`
-	Status      string           `json:"status"`
-	Error       string           `json:"error"`
-	Simulated   bool             `json:"simulated"`
-	WallSeconds float64          `json:"wall_seconds"`
-	Stages      map[string]Stage `json:"stages"`
-	Edges       map[string]Edge  `json:"edges"`
-	Series      []Sample         `json:"series"`
-	Diagnosis   []string         `json:"diagnosis"`
+	Spec        string  `json:"spec"`
+	Status      string  `json:"status"`
+	Error       string  `json:"error"`
+	Simulated   bool    `json:"simulated"`
+	WallSeconds float64 `json:"wall_seconds"`
+	// Version is the dflow that made the report (`dflow --version`).
+	Version string `json:"version,omitempty"`
+	// Started is the wall-clock time the run (or the simulation) began.
+	Started time.Time `json:"started,omitzero"`
+	// Overrides are the command-line settings the spec was loaded with,
+	// so that a report says which variant of the spec it measured.
+	Overrides Overrides        `json:"overrides"`
+	Stages    map[string]Stage `json:"stages"`
+	Edges     map[string]Edge  `json:"edges"`
+	Series    []Sample         `json:"series"`
+	Diagnosis []string         `json:"diagnosis"`
+}
+
+// Overrides are the --var, --var-file and --set flags of a run, in the
+// order given.
+type Overrides struct {
+	Vars     map[string]string `json:"vars,omitempty"`
+	VarFiles []string          `json:"var_files,omitempty"`
+	Sets     []string          `json:"sets,omitempty"`
 }
 
 // Stage is one stage's figures.
@@ -89,6 +105,10 @@ type Sample struct {
 	// out here even when a sync step keeps its busy share level with its
 	// siblings'.
 	Idle map[string][]float64 `json:"idle,omitempty"`
+	// Metrics are the node metrics at the point, stage -> name -> value
+	// (gauges their latest value, counters their sum so far): the loss
+	// and acceptance length curves of a training run.
+	Metrics map[string]map[string]float64 `json:"metrics,omitempty"`
 }
 
 // Write saves the report as indented JSON.
