@@ -52,6 +52,7 @@ stage "drafter" {
     block_size = 4
     checkpoint = var.checkpoint
     eval       = var.corpus
+    eval_every = 100 # acceptance length every 100 steps, so the status line shows the latest
     max_bytes  = 16777216
   }
 }

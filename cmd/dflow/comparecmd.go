@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -36,18 +37,40 @@ func cmdCompare(e *env, args []string) int {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	edgeName := fs.String("edge", "", "the edge whose policy to vary (required)")
-	policies := fs.String("policies", "round_robin,shared", "comma-separated policies to compare, the first is the baseline")
-	simulate := fs.Bool("sim", false, "simulate instead of running")
-	from := fs.String("from", "", "with --sim: service times measured in this report")
+	edgeName := fs.String("edge", "", "the edge whose policy to vary, by its `NAME` in the spec (required)")
+	policies := fs.String("policies", "round_robin,shared", "the `POLICIES` to compare, separated by commas; the first is the baseline the speedups are against")
+	simulate := fs.Bool("sim", false, "simulate each policy in virtual time instead of running it")
+	from := fs.String("from", "", "with --sim: take service times from `REPORT`, the report of a real run")
 	asJSON := fs.Bool("json", false, "print the table as JSON on stdout")
-	plotPath := fs.String("plot", "", "draw throughput per policy as a bar chart into this PNG")
+	plotPath := fs.String("plot", "", "draw the throughput per policy as labelled bars into `FILE`, a .png or .jpg")
 	files, code, ok := parse(e, fs, args, "SPEC --edge NAME [--policies a,b] [--sim] [flags]")
 	if !ok {
 		return code
 	}
 	if len(files) != 1 || *edgeName == "" {
 		return usageErr(e, "compare", "want one spec and --edge NAME")
+	}
+	pols := strings.Split(*policies, ",")
+	for _, pol := range pols {
+		if !slices.Contains(graph.Policies, graph.Policy(pol)) {
+			return usageErr(e, "compare", "--policies: %q is not a policy; the policies are %s", pol, policyList())
+		}
+	}
+	if code, ok := checkOutputs(e, "compare", files[0], output{"plot", *plotPath, true}); !ok {
+		return code
+	}
+	// The edge must exist before it is overridden: an unknown one is a
+	// usage error naming --edge, not an invalid --set made up here.
+	g := e.load(&sf, files[0])
+	if g == nil {
+		return exitFailed
+	}
+	if g.Edge(*edgeName) == nil {
+		var names []string
+		for _, ed := range g.Edges {
+			names = append(names, ed.Name)
+		}
+		return usageErr(e, "compare", "--edge %q: %s has no edge of that name; its edges are %s", *edgeName, files[0], strings.Join(names, ", "))
 	}
 	cmp := comparison{Spec: files[0], Edge: *edgeName, Simulated: *simulate}
 	var measured *report.Report
@@ -59,7 +82,7 @@ func cmdCompare(e *env, args []string) int {
 		}
 	}
 	var consumer string
-	for _, pol := range strings.Split(*policies, ",") {
+	for _, pol := range pols {
 		f := sf
 		f.sets = append(append(multi{}, sf.sets...), "edge."+*edgeName+".policy="+pol)
 		g := e.load(&f, files[0])
@@ -96,10 +119,11 @@ func cmdCompare(e *env, args []string) int {
 	if *plotPath != "" {
 		bars := make([]monitor.Bar, len(cmp.Rows))
 		for i, r := range cmp.Rows {
-			bars[i] = monitor.Bar{Label: r.Policy, Value: r.Throughput}
+			bars[i] = monitor.Bar{Label: r.Policy, Value: r.Throughput, Note: fmt.Sprintf("%.2fs, %.2fx", r.WallSeconds, r.Speedup)}
 		}
-		title := fmt.Sprintf("%s: edge %s, items/s (%s)", cmp.Spec, cmp.Edge, map[bool]string{true: "simulated", false: "measured"}[cmp.Simulated])
-		if err := monitor.BarChart(bars, title, *plotPath); err != nil {
+		title := fmt.Sprintf("%s: throughput per policy of edge %s (%s)", cmp.Spec, cmp.Edge, map[bool]string{true: "simulated", false: "measured"}[cmp.Simulated])
+		xLabel := fmt.Sprintf("policy of edge %s (wall time, speedup against %s)", cmp.Edge, cmp.Rows[0].Policy)
+		if err := monitor.BarChart(bars, title, xLabel, *plotPath); err != nil {
 			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
 			return exitFailed
 		}
@@ -137,4 +161,13 @@ func printComparison(e *env, cmp comparison, consumer string) {
 		fmt.Fprintf(e.stdout, "%-12s %9.1f %7.2fs %7.2fx  %-28s %s\n", r.Policy, r.Throughput, r.WallSeconds, r.Speedup,
 			"["+strings.Join(util, " ")+"]", "["+strings.Join(depth, " ")+"]")
 	}
+}
+
+// policyList is "round_robin, shared".
+func policyList() string {
+	names := make([]string, len(graph.Policies))
+	for i, p := range graph.Policies {
+		names[i] = string(p)
+	}
+	return strings.Join(names, ", ")
 }

@@ -27,7 +27,9 @@ const (
 
 type command struct {
 	name, args, summary string
-	run                 func(env *env, args []string) int
+	// doc says in words what the command does, for its --help.
+	doc string
+	run func(env *env, args []string) int
 }
 
 // env is what a command sees: streams and the node catalog. Tests build
@@ -46,15 +48,33 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem", cmdValidate},
-		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types", cmdGraph},
-		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format", cmdFmt},
-		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts", cmdRun},
-		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run", cmdSim},
-		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table", cmdCompare},
-		{"eval", "DRAFTER.safetensors [--target M] [--corpus PATH]", "acceptance length of a saved drafter against its target, next to an n-gram drafter", cmdEval},
-		{"plugins", "[DIR]", "list the plugins found (./plugins, $DFLOW_PLUGIN_DIR or DIR) with their nodes, ports and config", cmdPlugins},
-		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report", cmdPlot},
+		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem",
+			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid, 1 otherwise.",
+			cmdValidate},
+		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types",
+			"Prints the graph of a valid spec: stages with their replicas, node kinds and ports, edges with their policy, capacity and types, and the queues each edge is made of (which producer replicas feed which consumers).",
+			cmdGraph},
+		{"fmt", "SPEC... [--check]", "rewrite specs in canonical HCL format",
+			"Rewrites each spec in canonical HCL layout (aligned =, two-space indent). With --check nothing is changed: the files that would change are listed and the exit code is 1 if there are any.",
+			cmdFmt},
+		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts",
+			"Runs the pipeline until every stage has finished. Every --interval a status line shows each queue's depth and each replica's busy share; at the end a summary and a diagnosis of what limited the run are printed, and the report and the plot are written where asked (their paths are checked before the run starts). The first Ctrl-C drains: sources stop and the items in flight are finished (status interrupted). A second Ctrl-C aborts at once (status aborted). Exit 0 ok, 1 failed, 130 interrupted or aborted.",
+			cmdRun},
+		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run",
+			"Simulates the pipeline in virtual time, in milliseconds, from the sim blocks' service times or those a real run measured (--from), and prints the same summary, diagnosis and report as run. --split ranks every split of N replicas between two stages.",
+			cmdSim},
+		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table",
+			"Runs (or with --sim simulates) the spec once per policy of one edge and prints one table: throughput, wall time, speedup against the first policy, the consumer's busy shares and the edge's queue depths. --plot draws the throughput as labelled bars.",
+			cmdCompare},
+		{"eval", "DRAFTER.safetensors [--target M] [--corpus PATH]", "acceptance length of a saved drafter against its target, next to an n-gram drafter",
+			"Measures a saved drafter by speculative decoding on held-out text against its target, next to an order-3 n-gram drafter.",
+			cmdEval},
+		{"plugins", "[DIR]", "list the plugins found (./plugins, $DFLOW_PLUGIN_DIR or DIR) with their nodes, ports and config",
+			"Starts every plugin found (executables named dflow-plugin-NAME in ./plugins, $DFLOW_PLUGIN_DIR or the folders given) and lists the node kinds each offers, with their ports and config.",
+			cmdPlugins},
+		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report",
+			"Draws a saved report's time series: queue depth per queue, busy share and idle share per replica, as a PNG or JPEG by the output's extension.",
+			cmdPlot},
 	}
 }
 
@@ -72,8 +92,14 @@ func (e *env) main(args []string) int {
 		return exitUsage
 	}
 	switch args[0] {
-	case "-h", "--help", "help":
+	case "-h", "-help", "--help", "help":
+		if len(args) > 1 && args[0] == "help" {
+			return e.main([]string{args[1], "--help"}) // dflow help run
+		}
 		e.usage(e.stdout)
+		return exitOK
+	case "-version", "--version", "version":
+		fmt.Fprintf(e.stdout, "dflow %s\n", dflowVersion())
 		return exitOK
 	}
 	for _, c := range commands {
@@ -91,6 +117,7 @@ func (e *env) usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  dflow %-8s %s\n  %8s %s\n", c.name, c.args, "", c.summary)
 	}
-	fmt.Fprint(w, "\nRun 'dflow COMMAND --help' for a command's flags.\n"+
-		"Exit codes: 0 ok, 1 failed run or invalid spec, 2 usage, 130 interrupted.\n")
+	fmt.Fprint(w, "\nRun 'dflow COMMAND --help' (or 'dflow help COMMAND') for what a command does and its flags,\n"+
+		"'dflow --version' for the version.\n"+
+		"Exit codes: 0 ok, 1 failed run or invalid spec, 2 usage, 130 interrupted or aborted.\n")
 }

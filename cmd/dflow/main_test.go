@@ -40,7 +40,7 @@ func TestUsage(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	code, stdout, stderr := dflow(t, "validate", "../../specs/seed.hcl", "../../specs/fan.hcl")
-	if code != 0 || !strings.Contains(stdout, "2 spec(s) valid") || stderr != "" {
+	if code != 0 || !strings.Contains(stdout, "2 of 2 specs valid") || stderr != "" {
 		t.Errorf("valid specs: code %d, %q, %q", code, stdout, stderr)
 	}
 	bad := "../../graph/testdata/validate/unknown_stage.hcl"

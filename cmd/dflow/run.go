@@ -26,17 +26,26 @@ func cmdRun(e *env, args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	reportPath := fs.String("report", "", "write the run report (JSON) to this file")
-	grace := fs.Duration("grace", 5*time.Second, "how long replicas get to stop after a failure or abort")
-	interval := fs.Duration("interval", 5*time.Second, "status line and report series period (0: none)")
-	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at HOST:PORT/metrics (no host: loopback only)")
-	plotPath := fs.String("plot", "", "draw queue depth and utilization over time into this PNG")
+	reportPath := fs.String("report", "", "at the end, write the run report to `FILE`: JSON with every stage's, replica's and edge's figures, the time series, the diagnosis and the overrides")
+	grace := fs.Duration("grace", 5*time.Second, "after a failure or an abort, the `DURATION` replicas get to return before dflow stops waiting for them")
+	interval := fs.Duration("interval", 5*time.Second, "print a status line and add a point to the report's series every `DURATION` (such as 1s or 500ms; at least 1ms; 0 turns both off)")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics while the run lasts (:9090 binds to loopback only; 0.0.0.0:9090 exposes it)")
+	plotPath := fs.String("plot", "", "at the end, draw queue depth, busy and idle share over time into `FILE`, a .png or .jpg (needs an --interval)")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
 	}
 	if len(files) != 1 {
 		return usageErr(e, "run", "want exactly one spec, got %d", len(files))
+	}
+	if err := checkInterval(*interval); err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
+	if *plotPath != "" && *interval == 0 {
+		return usageErr(e, "run", "--plot draws the time series, and --interval 0 turns it off; give an interval shorter than the run")
+	}
+	if code, ok := checkOutputs(e, "run", files[0], output{"report", *reportPath, false}, output{"plot", *plotPath, true}); !ok {
+		return code
 	}
 	g := e.load(&sf, files[0])
 	if g == nil {
@@ -53,7 +62,7 @@ func cmdRun(e *env, args []string) int {
 	for _, s := range g.Stages {
 		replicas += s.Replicas
 	}
-	fmt.Fprintf(e.stderr, "dflow: running %s: %d stages, %d replicas, %d edges\n", files[0], len(g.Stages), replicas, len(g.Edges))
+	fmt.Fprintf(e.stderr, "dflow: running %s: %s, %s, %s\n", files[0], plural(len(g.Stages), "stage"), plural(replicas, "replica"), plural(len(g.Edges), "edge"))
 	outputsWritten := e.announceOutputs(g) // where models and checkpoints go
 	status := &monitor.Status{W: e.stderr, TTY: tty, Width: width}
 	opts := engine.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
@@ -77,6 +86,7 @@ func cmdRun(e *env, args []string) int {
 		rep, _ = engine.Run(ctx, g, opts) // the same construction error, as a report
 	}
 	status.Finish()
+	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
 	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))
 	summarize(e.stderr, g, rep)
 	outputsWritten()
@@ -143,8 +153,15 @@ func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
 		for i, q := range ed.Queues {
 			depth[i] = fmt.Sprintf("%.1f", q.MeanDepth)
 		}
-		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d mean depth=%v\n",
-			e.Name, ed.Policy, ed.Produced, ed.Consumed, depth)
+		left := ""
+		if ed.Produced != ed.Consumed {
+			left = fmt.Sprintf(" (%d never consumed)", ed.Produced-ed.Consumed)
+		}
+		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d%s mean depth=%v\n",
+			e.Name, ed.Policy, ed.Produced, ed.Consumed, left, depth)
+	}
+	if note := unconsumed(g, rep); note != "" {
+		fmt.Fprintln(w, note)
 	}
 	if len(rep.Diagnosis) > 0 {
 		fmt.Fprintln(w, "diagnosis:")
@@ -152,6 +169,34 @@ func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
 			fmt.Fprintf(w, "  - %s\n", d)
 		}
 	}
+}
+
+// unconsumed explains why an edge's produced and consumed counts differ:
+// a drain or a clean run consumes every item produced, an abort or a
+// failure stops the consumers with items still queued, and those are
+// dropped.
+func unconsumed(g *graph.Graph, rep *report.Report) string {
+	var edges []string
+	var n int64
+	for _, e := range g.Edges {
+		if ed := rep.Edges[e.Name]; ed.Produced != ed.Consumed {
+			edges = append(edges, e.Name)
+			n += ed.Produced - ed.Consumed
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	why := "the run stopped"
+	switch rep.Status {
+	case report.Aborted:
+		why = "the abort stopped the run"
+	case report.Failed:
+		why = "the failure stopped the run"
+	}
+	return fmt.Sprintf("  %s with %s still in the queues of edge %s, never consumed and dropped; "+
+		"produced and consumed differ by them (a drain, one Ctrl-C, finishes the items in flight instead)",
+		why, plural(int(n), "item"), strings.Join(edges, ", "))
 }
 
 // writeOutputs writes the report and the plot when asked for.

@@ -18,18 +18,27 @@ func cmdSim(e *env, args []string) int {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	reportPath := fs.String("report", "", "write the simulated run report (JSON) to this file")
-	from := fs.String("from", "", "take each replica's service times from this report of a real run")
-	interval := fs.Duration("interval", 5*time.Second, "status line and series period, in simulated time (0: none)")
-	plotPath := fs.String("plot", "", "draw queue depth and utilization over simulated time into this PNG")
-	seed := fs.Uint64("seed", 1, "seed of the draws that do not come from a node's own seed")
-	split := fs.String("split", "", "A,B=N: simulate every split of N replicas between stages A and B and rank them")
+	reportPath := fs.String("report", "", "write the simulated run's report to `FILE`, JSON in the shape of run's (\"simulated\": true)")
+	from := fs.String("from", "", "take each replica's service times from `REPORT`, the report of a real run, instead of the sim blocks")
+	interval := fs.Duration("interval", 5*time.Second, "print a status line and add a series point every `DURATION` of simulated time (at least 1ms; 0 turns both off)")
+	plotPath := fs.String("plot", "", "draw queue depth, busy and idle share over simulated time into `FILE`, a .png or .jpg (needs an --interval)")
+	seed := fs.Uint64("seed", 1, "the `SEED` of the random draws that do not come from a node's own seed")
+	split := fs.String("split", "", "simulate every split of N replicas between stages A and B, written `A,B=N` (target,drafter=8), and rank them by throughput")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
 	}
 	if len(files) != 1 {
 		return usageErr(e, "sim", "want exactly one spec, got %d", len(files))
+	}
+	if err := checkInterval(*interval); err != nil {
+		return usageErr(e, "sim", "%v", err)
+	}
+	if *plotPath != "" && *interval == 0 {
+		return usageErr(e, "sim", "--plot draws the time series, and --interval 0 turns it off; give an interval shorter than the run")
+	}
+	if code, ok := checkOutputs(e, "sim", files[0], output{"report", *reportPath, false}, output{"plot", *plotPath, true}); !ok {
+		return code
 	}
 	opts := sim.Options{Registry: e.registry, Seed: *seed}
 	if *from != "" {
@@ -51,7 +60,12 @@ func cmdSim(e *env, args []string) int {
 	if *interval > 0 {
 		opts.Interval, opts.Observe = *interval, status.Observe
 	}
+	started := time.Now()
 	rep, err := sim.Run(g, opts)
+	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
+	if rep.Started.IsZero() {
+		rep.Started = started.Round(0)
+	}
 	if err == nil {
 		rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], opts))
 	}

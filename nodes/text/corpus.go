@@ -31,6 +31,23 @@ func ExpandPath(p string) string {
 	})
 }
 
+// CheckPath reports a corpus path that names no file or folder, for a
+// node kind's Check: a missing corpus fails at validate, as a missing
+// model does, rather than when the stage starts. It reads nothing.
+func CheckPath(path string) error {
+	expanded := ExpandPath(path)
+	matches, err := filepath.Glob(expanded)
+	switch {
+	case err != nil:
+		return fmt.Errorf("bad glob %q: %w", path, err)
+	case len(matches) > 0:
+		return nil
+	case expanded != path:
+		return fmt.Errorf("%q (%s) matches no file or folder", path, expanded)
+	}
+	return fmt.Errorf("%q matches no file or folder", path)
+}
+
 // corpusKey identifies a read corpus in the cache.
 type corpusKey struct {
 	path string

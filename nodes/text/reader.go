@@ -80,6 +80,9 @@ var readerKind = graph.Kind{
 		if h := cfg.Float("holdout"); h < 0 || h >= 1 {
 			errs = append(errs, &graph.FieldError{Field: "holdout", Err: fmt.Errorf("must be in [0, 1)")})
 		}
+		if err := CheckPath(cfg.String("path")); err != nil {
+			errs = append(errs, &graph.FieldError{Field: "path", Err: err})
+		}
 		return errs
 	},
 }
