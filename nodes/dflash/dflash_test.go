@@ -237,15 +237,21 @@ func spec(corpus, target, ckpt, layers string) string {
 	return r.Replace(pipelineSpec)
 }
 
+// fixture writes a tiny target and a corpus into a temporary folder and
+// names a checkpoint file there.
+func fixture(t *testing.T) (target, corpus, ckpt string) {
+	dir := t.TempDir()
+	target, _ = tinyTarget(t, dir)
+	corpus = filepath.Join(dir, "c.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
+	return target, corpus, filepath.Join(dir, "d.safetensors")
+}
+
 // TestPipeline runs reader -> target_forward (3) -> drafter_train (2,
 // data-parallel, round_robin P > C with uneven ends): counts exact,
 // metrics published, checkpoint written and resumable.
 func TestPipeline(t *testing.T) {
-	dir := t.TempDir()
-	target, _ := tinyTarget(t, dir)
-	corpus := filepath.Join(dir, "c.txt")
-	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
-	ckpt := filepath.Join(dir, "d.safetensors")
+	target, corpus, ckpt := fixture(t)
 	reg := registry()
 	g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(spec(corpus, target, ckpt, "2")))
 	if diags.HasErrors() {
@@ -347,11 +353,7 @@ func rewriteMeta(t *testing.T, path string, change map[string]string) {
 // it further, but not against another target. Checkpoints record the
 // run and the target's hash.
 func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
-	dir := t.TempDir()
-	target, _ := tinyTarget(t, dir)
-	corpus := filepath.Join(dir, "c.txt")
-	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
-	ckpt := filepath.Join(dir, "d.safetensors")
+	target, corpus, ckpt := fixture(t)
 	reg := registry()
 	run := func(src, extra string) (*report.Report, error) {
 		src = strings.Replace(src, `eval_prompts  = 2`, "eval_prompts  = 2\n    "+extra, 1)
@@ -399,7 +401,7 @@ func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
 	}
 
 	// Not against another target.
-	other := filepath.Join(dir, "other.safetensors")
+	other := filepath.Join(filepath.Dir(ckpt), "other.safetensors")
 	m2, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 8)
 	m2.Save(other, nil)
 	rewriteMeta(t, ckpt, map[string]string{"run_id": "another-run"})
@@ -443,11 +445,7 @@ func TestNotADrafter(t *testing.T) {
 // still writes its weights as of its last completed step. Before, a
 // failed run left no checkpoint.
 func TestCheckpointOnDeadlock(t *testing.T) {
-	dir := t.TempDir()
-	target, _ := tinyTarget(t, dir)
-	corpus := filepath.Join(dir, "c.txt")
-	os.WriteFile(corpus, []byte(strings.Repeat("package main\n\nfunc f(x int) int { return x + 1 }\n", 800)), 0o644)
-	ckpt := filepath.Join(dir, "d.safetensors")
+	target, corpus, ckpt := fixture(t)
 	src := strings.NewReplacer("limit      = 24", "limit      = 2000", "eval          = \"CORPUS\"\n", "",
 		"to   = target.in\n", "to   = target.in\n  policy   = \"round_robin\"\n  capacity = 2\n",
 		"policy = \"round_robin\"\n", "policy = \"round_robin\"\n  capacity = 2\n").Replace(pipelineSpec)
