@@ -94,12 +94,14 @@ func cmdRun(e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
 		return exitFailed
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow run: %s: %v\n", files[0], err)
-		return exitFailed
-	case rep.Status == report.Interrupted:
+	}
+	switch {
+	case rep.Status == report.Interrupted || rep.Status == report.Aborted:
 		return exitInterrupted
+	case err != nil:
+		return exitFailed
 	}
 	return exitOK
 }

@@ -169,8 +169,8 @@ func TestRunSignals(t *testing.T) {
 			}
 			var rep report.Report
 			json.Unmarshal(raw, &rep)
-			if rep.Status != report.Interrupted {
-				t.Errorf("status %q", rep.Status)
+			if want := map[int]string{1: report.Interrupted, 2: report.Aborted}[signals]; rep.Status != want {
+				t.Errorf("status %q, want %q", rep.Status, want)
 			}
 			if signals == 1 {
 				for name, ed := range rep.Edges {
