@@ -172,6 +172,13 @@ func TestRunSignals(t *testing.T) {
 			if want := map[int]string{1: report.Interrupted, 2: report.Aborted}[signals]; rep.Status != want {
 				t.Errorf("status %q, want %q", rep.Status, want)
 			}
+			unequal := false
+			for _, ed := range rep.Edges {
+				unequal = unequal || ed.Produced != ed.Consumed
+			}
+			if signals == 2 && unequal && !strings.Contains(stderr.String(), "the abort stopped the run with") {
+				t.Errorf("abort: unequal counts not explained:\n%s", stderr.String())
+			}
 			if signals == 1 {
 				for name, ed := range rep.Edges {
 					if ed.Produced != ed.Consumed {
