@@ -76,7 +76,7 @@ func (l *Loader) LoadFile(filename string) (*Graph, hcl.Diagnostics) {
 // error. Warnings come back alongside a valid Graph.
 func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
 	l.init()
-	if d := notText(filename, src); d != nil {
+	if d := NotText(filename, src); d != nil {
 		return nil, hcl.Diagnostics{d} // one error, not one per stray byte
 	}
 	var file *hcl.File
@@ -113,10 +113,10 @@ var rootSchema = &hcl.BodySchema{
 	},
 }
 
-// notText reports a file that is not UTF-8 text (a binary, a file in
-// another encoding): the HCL parser would report every stray byte, and
-// the first one tells it all.
-func notText(filename string, src []byte) *hcl.Diagnostic {
+// NotText reports a file that is not UTF-8 text (a binary, a file in
+// another encoding), or returns nil: the HCL parser would report every
+// stray byte, and the first one tells it all.
+func NotText(filename string, src []byte) *hcl.Diagnostic {
 	bad, what := -1, ""
 	if i := bytes.IndexByte(src, 0); i >= 0 {
 		bad, what = i, "a NUL byte"

@@ -278,3 +278,18 @@ func TestSummaryExplainsUnconsumed(t *testing.T) {
 		t.Errorf("balanced edges explained:\n%s", b.String())
 	}
 }
+
+// TestFmtNotText: fmt of a binary is one error, as validate's, and leaves
+// the file alone.
+func TestFmtNotText(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bin.hcl")
+	junk := []byte("stage \"a\" {\n\x00\x01\x02{{{\xff\n}}}}\n")
+	os.WriteFile(path, junk, 0o644)
+	code, _, stderr := dflow(t, "fmt", path)
+	if code != exitFailed || strings.Count(stderr, "error:") != 1 || !strings.Contains(stderr, "not UTF-8 text: a NUL byte at line 2, column 1") {
+		t.Errorf("code %d:\n%s", code, stderr)
+	}
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, junk) {
+		t.Error("fmt changed the file")
+	}
+}

@@ -112,6 +112,9 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 	fs.VisitAll(func(f *flag.Flag) {
 		name, text := flag.UnquoteUsage(f)
 		head := "  --" + f.Name
+		if len(f.Name) == 1 {
+			head = "  -" + f.Name // -o
+		}
 		if name != "" {
 			head += " " + strings.ToUpper(name)
 		}

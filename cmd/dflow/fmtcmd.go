@@ -51,6 +51,10 @@ func (e *env) fmtFile(name string, check bool) int {
 		fmt.Fprintf(e.stderr, "dflow fmt: %v\n", err)
 		return exitFailed
 	}
+	if d := graph.NotText(name, src); d != nil {
+		graph.WriteDiagnostics(e.stderr, hcl.Diagnostics{d}, nil)
+		return exitFailed
+	}
 	if _, diags := hclsyntax.ParseConfig(src, name, hcl.InitialPos); diags.HasErrors() {
 		graph.WriteDiagnostics(e.stderr, diags, map[string][]byte{name: src})
 		return exitFailed

@@ -12,7 +12,7 @@ func cmdGraph(e *env, args []string) int {
 	fs := flag.NewFlagSet("graph", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	format := fs.String("format", "text", "output format: "+strings.Join(graph.Formats, ", "))
+	format := fs.String("format", "text", "print the graph as `FORMAT`: "+strings.Join(graph.Formats, ", ")+" (dot for Graphviz, mermaid for Markdown)")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
