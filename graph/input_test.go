@@ -2,6 +2,8 @@ package graph_test
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -101,6 +103,13 @@ func TestNotText(t *testing.T) {
 				t.Errorf("%s as %s: %d diagnostics, want one saying %q:\n%s", name, file, len(diags), c.want, out)
 			}
 		}
+	}
+	// A --var-file too.
+	varFile := filepath.Join(t.TempDir(), "vars.hcl")
+	os.WriteFile(varFile, binary, 0o644)
+	l0 := &graph.Loader{Catalog: testRegistry(), VarFiles: []string{varFile}}
+	if _, diags := l0.Load("spec.hcl", []byte(twoStages)); len(diags) != 1 || !strings.Contains(diags[0].Detail, "vars.hcl is not UTF-8 text") {
+		t.Errorf("binary --var-file: %d diagnostics:\n%s", len(diags), printed(l0, diags))
 	}
 	// UTF-8 beyond ASCII is text.
 	l := &graph.Loader{Catalog: testRegistry()}

@@ -3,6 +3,7 @@ package graph
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
@@ -101,6 +102,12 @@ func (d *decoder) decodeVariable(b *hcl.Block) *variable {
 func (d *decoder) applyVarFile(path string, vars map[string]*variable) {
 	var file *hcl.File
 	var diags hcl.Diagnostics
+	if src, err := os.ReadFile(path); err == nil {
+		if nt := NotText(path, src); nt != nil {
+			d.diags = append(d.diags, nt) // one error, not one per stray byte
+			return
+		}
+	}
 	if strings.HasSuffix(path, ".json") {
 		file, diags = d.loader.parser.ParseJSONFile(path)
 	} else {
