@@ -29,6 +29,9 @@ const (
 // replaying this run's service times); its figure joins the suggestion.
 func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 	out := []string{}
+	if d := deadlocked(rep); d != "" {
+		out = append(out, d)
+	}
 	if rep.WallSeconds < minRunSeconds {
 		return out
 	}
@@ -40,6 +43,22 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 		out = append(out, queueRules(g, rep, e)...)
 	}
 	return out
+}
+
+// deadlocked leads the diagnosis of a run that ended in a deadlock (the
+// engine's error names the cycle, then the fix on a line of its own).
+func deadlocked(rep *report.Report) string {
+	_, rest, ok := strings.Cut(rep.Error, "deadlock: no replica can move")
+	if !ok {
+		return ""
+	}
+	d := fmt.Sprintf("the run deadlocked after %.1fs: no replica could move, each waiting for another (the error names the cycle)", rep.WallSeconds)
+	for _, line := range strings.Split(rest, "\n") {
+		if fix, ok := strings.CutPrefix(strings.TrimSpace(line), "fix: "); ok {
+			d += "; " + fix
+		}
+	}
+	return d
 }
 
 func meanUtil(st report.Stage) float64 {

@@ -415,3 +415,18 @@ func TestDrainStatus(t *testing.T) {
 		t.Errorf("want ETAs, then draining:\n%s", lines.String())
 	}
 }
+
+// TestDiagnoseDeadlock: a run that ended in a deadlock says so first,
+// with the engine's fix.
+func TestDiagnoseDeadlock(t *testing.T) {
+	rep := &report.Report{Status: report.Failed, WallSeconds: 3.2, Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
+		Error: "deadlock: no replica can move; each waits for the next, round a cycle:\n    a[0] waits ...\n  fix: policy = \"shared\" lets any replica take any item"}
+	got := Diagnose(&graph.Graph{}, rep, nil)
+	if len(got) == 0 || got[0] != `the run deadlocked after 3.2s: no replica could move, each waiting for another (the error names the cycle); policy = "shared" lets any replica take any item` {
+		t.Errorf("diagnosis %q", got)
+	}
+	rep.Error = "stage \"a\" replica 0: failing on purpose"
+	if got := Diagnose(&graph.Graph{}, rep, nil); len(got) > 0 && strings.Contains(got[0], "deadlock") {
+		t.Errorf("a plain failure: %q", got)
+	}
+}
