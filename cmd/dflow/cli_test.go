@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // oneEdge is the smallest pipeline: a source into a sink.

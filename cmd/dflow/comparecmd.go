@@ -11,8 +11,8 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/monitor"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/internal/sim"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // comparison is what `dflow compare --json` prints.

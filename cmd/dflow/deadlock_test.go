@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // TestSeedDeadlock: the seed with the reader's edge round_robin can never

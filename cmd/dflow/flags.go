@@ -12,7 +12,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/monitor"
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // multi is a repeatable string flag.

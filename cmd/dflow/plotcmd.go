@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dflow-dev/dflow/internal/monitor"
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 func cmdPlot(e *env, args []string) int {

@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/nn"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/dflash"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // TestMain lets the test binary act as dflow itself (DFLOW_AS_MAIN=1), so

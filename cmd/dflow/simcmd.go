@@ -10,8 +10,8 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/monitor"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/internal/sim"
+	"github.com/dflow-dev/dflow/report"
 )
 
 func cmdSim(e *env, args []string) int {

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // seedDeadlock is the seed's shape wired to deadlock: the source rotates

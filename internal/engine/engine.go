@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Options tune a run.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Tests of the per-item fast path: plain channel waits released by wake

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/zclconf/go-cty/cty"
 )
 

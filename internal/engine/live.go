@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Snapshot is the live state of a run at one instant, read from the

@@ -3,7 +3,7 @@ package engine
 import (
 	"time"
 
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // report assembles the run report from the live counters.

@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Thresholds of the diagnosis rules, in shares of a replica's lifetime or

@@ -13,9 +13,9 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )

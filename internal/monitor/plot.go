@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"

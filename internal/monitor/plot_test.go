@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dflow-dev/dflow/internal/report"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // starved is the seed's picture at its plainest: hs[2] and trained at 0

@@ -22,8 +22,8 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Options tune a simulation.

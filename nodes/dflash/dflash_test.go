@@ -17,9 +17,9 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/nn"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/report"
 )
 
 func randWTE(D int, seed uint64) []float32 {

@@ -20,12 +20,12 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/dflow-dev/dflow/plugins/host"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // python is the interpreter the plugin runs with ($DFLOW_PYTHON, or

@@ -1,4 +1,4 @@
-// Package report defines the run report (DESIGN.md "Run report"): what
+// Package report defines the run report: what
 // `dflow run --report` and `dflow sim --report` write, and what later
 // commands read back.
 package report
