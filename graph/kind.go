@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -28,6 +29,56 @@ func (d Direction) String() string {
 // Any is the port type that accepts every item type. An output port of type
 // Any can feed any input port.
 const Any = "any"
+
+// WireType is a port type that means one Go type in process and one
+// encoding across a plugin's process boundary (plugins/sdk's codec). Every
+// node that emits a port of such a type emits exactly that Go type, and a
+// plugin's ports are all of these types or Any, so that a type checked
+// equal at validation is an item the consumer can decode and use.
+type WireType struct {
+	Name   string // the port type; "hidden_states" also covers "hidden_states(d=...,layers=...)"
+	Wire   string // the codec's name for the encoding
+	Go     string // what a node, in process or in a Go plugin, receives and sends
+	Python string // what a plugin on plugins/examples/python's module receives and sends
+	Doc    string // who emits it
+}
+
+// WireTypes are the port types with a wire encoding, in the order the docs
+// list them.
+var WireTypes = []WireType{
+	{Name: "bytes", Wire: "bytes", Go: "[]byte", Python: "bytes",
+		Doc: "synthetic_source with type = \"bytes\"; any node's raw bytes"},
+	{Name: "blob", Wire: "blob", Go: "*synthetic.Blob", Python: "dflowplugin.Blob",
+		Doc: "synthetic_source (its default type)"},
+	{Name: "tokens", Wire: "tokens", Go: "*text.Batch", Python: "dflowplugin.Tokens",
+		Doc: "text_reader; synthetic_source with type = \"tokens\""},
+	{Name: "hidden_states", Wire: "hidden", Go: "*dflash.HiddenStates", Python: "dflowplugin.Hidden",
+		Doc: "target_forward, as hidden_states(d=D,layers=L,...)"},
+}
+
+// LookupWireType returns the wire type a port type names, if any.
+// "hidden_states(d=128,layers=0,2,3)" is hidden_states.
+func LookupWireType(portType string) (WireType, bool) {
+	name := portType
+	if i := strings.IndexByte(name, '('); i > 0 && strings.HasSuffix(name, ")") {
+		name = name[:i]
+	}
+	for _, w := range WireTypes {
+		if w.Name == name {
+			return w, true
+		}
+	}
+	return WireType{}, false
+}
+
+// WireTypeNames lists the wire types' names, for messages.
+func WireTypeNames() string {
+	names := make([]string, len(WireTypes))
+	for i, w := range WireTypes {
+		names[i] = w.Name
+	}
+	return strings.Join(names, ", ")
+}
 
 // PortSpec declares one port of a node kind.
 type PortSpec struct {

@@ -3,9 +3,18 @@
 package plugintest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -70,3 +79,95 @@ edge "b" {
   capacity = 4
 }`, fork, count)
 }
+
+// SlowSpec is a pipeline that runs for minutes through stage p of node
+// kind kind: a source of an item a millisecond, p, and a sink.
+func SlowSpec(kind string, replicas int) string {
+	return fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count        = 1000000
+    service_time = "1ms"
+  }
+}
+stage "p" {
+  node     = %q
+  replicas = %d
+}
+stage "done" {
+  node = "sink"
+}
+edge "a" {
+  from = src.out
+  to   = p.in
+}
+edge "b" {
+  from = p.out
+  to   = done.in
+}`, kind, replicas)
+}
+
+// Procs lists the processes whose command line contains marker.
+func Procs(marker string) []int {
+	out, _ := exec.Command("pgrep", "-f", regexp.QuoteMeta(marker)).Output()
+	var pids []int
+	for _, f := range strings.Fields(string(out)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != os.Getpid() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// KillDflow starts dflow (a command that runs plugins), waits until want
+// processes whose command lines contain marker run, kills dflow with
+// SIGKILL, and fails t unless every one of them is gone within 10 s; it
+// kills what is left.
+func KillDflow(t testing.TB, dflow *exec.Cmd, marker string, want int) {
+	t.Helper()
+	if _, err := exec.LookPath("pgrep"); err != nil {
+		t.Skip("no pgrep")
+	}
+	var stderr syncBuf
+	dflow.Stderr = &stderr
+	if err := dflow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		dflow.Process.Kill()
+		dflow.Wait()
+	}()
+	for deadline := time.Now().Add(30 * time.Second); len(Procs(marker)) < want; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d plugin processes running, want %d; dflow's stderr:\n%s", len(Procs(marker)), want, stderr.String())
+		}
+	}
+	dflow.Process.Kill() // SIGKILL: dflow gets no say
+	dflow.Wait()
+	killed := time.Now()
+	for deadline := killed.Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left := Procs(marker)
+		if len(left) == 0 {
+			t.Logf("%d plugin processes gone %v after dflow was killed", want, time.Since(killed).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			ps, _ := exec.Command("ps", "-o", "pid,ppid,pgid,args", "-p", strings.Trim(fmt.Sprint(left), "[]")).CombinedOutput()
+			for _, pid := range left {
+				if p, err := os.FindProcess(pid); err == nil {
+					p.Kill()
+				}
+			}
+			t.Fatalf("plugin processes outlived a SIGKILLed dflow by 10 s:\n%s", ps)
+		}
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
 )
 
 // Blob is the payload synthetic_source emits. Data is shared, read-only,
@@ -111,7 +112,9 @@ func (c *clock) stop() {
 type source struct {
 	timing
 	count int
-	data  []byte
+	// item makes the replica's seq-th item, of the Go type the port's type
+	// means (graph.WireTypes): every item shares one payload, read-only.
+	item func(replica int, seq int64) any
 }
 
 func newSource(cfg *graph.Config) (nodes.Node, error) {
@@ -119,7 +122,27 @@ func newSource(cfg *graph.Config) (nodes.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &source{timing: t, count: cfg.Int("count"), data: make([]byte, cfg.Int("size_bytes"))}, nil
+	size := cfg.Int("size_bytes")
+	s := &source{timing: t, count: cfg.Int("count")}
+	switch typ := cfg.String("type"); typ {
+	case "bytes":
+		data := make([]byte, size)
+		s.item = func(int, int64) any { return data }
+	case "tokens":
+		// One row of size_bytes/4 tokens (at least 2: T >= 1), byte values.
+		tokens := make([]int32, max(size/4, 2))
+		for i := range tokens {
+			tokens[i] = int32(i % 256)
+		}
+		s.item = func(_ int, seq int64) any { return &text.Batch{Tokens: tokens, B: 1, T: len(tokens) - 1, Seq: seq} }
+	default:
+		if w, ok := graph.LookupWireType(typ); ok && w.Name != "blob" {
+			return nil, fmt.Errorf("synthetic_source cannot make %q items (%s)", typ, w.Go)
+		}
+		data := make([]byte, size)
+		s.item = func(replica int, seq int64) any { return &Blob{Replica: replica, Seq: seq, Data: data} }
+	}
+	return s, nil
 }
 
 // Share returns how many of count items replica i of n emits.
@@ -140,7 +163,7 @@ func (s *source) Run(ctx context.Context, r nodes.Replica) error {
 		if err := c.work(ctx); err != nil {
 			return err
 		}
-		if err := out.Send(ctx, &Blob{Replica: r.Index(), Seq: int64(seq), Data: s.data}); err != nil {
+		if err := out.Send(ctx, s.item(r.Index(), int64(seq))); err != nil {
 			return err
 		}
 	}

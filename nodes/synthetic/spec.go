@@ -37,7 +37,8 @@ var sourceKind = graph.Kind{
 	Config: []graph.Field{
 		{Name: "count", Type: graph.Int, Required: true, Doc: "items to emit in all, split over the replicas"},
 		{Name: "size_bytes", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "payload size of each item"},
-		{Name: "type", Type: graph.String, Default: cty.StringVal("blob"), Doc: "the type of the out port"},
+		{Name: "type", Type: graph.String, Default: cty.StringVal("blob"),
+			Doc: `the type of the out port and its items: "blob" (*synthetic.Blob of size_bytes), "bytes" ([]byte of size_bytes), "tokens" (*text.Batch of size_bytes/4 tokens, one row), or a name of your own (blobs under that name)`},
 		fieldServiceTime, fieldSpeed, fieldSeed,
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
@@ -48,10 +49,19 @@ var sourceKind = graph.Kind{
 		errs = append(errs, nonNegative(cfg, "count", "size_bytes")...)
 		if t := cfg.String("type"); t == "" || t == graph.Any {
 			errs = append(errs, &graph.FieldError{Field: "type", Err: fmt.Errorf("must name a concrete type, not %q", t)})
+		} else if w, ok := graph.LookupWireType(t); ok && !emits[w.Name] {
+			// A port type means one Go type: a source that emitted blobs
+			// under it would hand its consumers items they cannot use.
+			errs = append(errs, &graph.FieldError{Field: "type", Err: fmt.Errorf(
+				"%q items are %s (from %s), which synthetic_source cannot make; use \"blob\", \"bytes\", \"tokens\" or a name of your own", t, w.Go, w.Doc)})
 		}
 		return errs
 	},
 }
+
+// emits are the wire types (graph.WireTypes) whose Go type synthetic_source
+// makes; any other name of its own carries blobs.
+var emits = map[string]bool{"blob": true, "bytes": true, "tokens": true}
 
 var workKind = graph.Kind{
 	Name: "synthetic_work",

@@ -1,10 +1,14 @@
 package synthetic
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/zclconf/go-cty/cty"
 )
 
@@ -78,5 +82,39 @@ func TestCheckRejects(t *testing.T) {
 	errs := sourceKind.Check(cfg)
 	if len(errs) != 4 {
 		t.Errorf("want 4 errors (service_time, speed, count, type), got %v", errs)
+	}
+}
+
+// TestSourceItemsAreTheirType: synthetic_source's items are of the Go
+// type its port type means (graph.WireTypes): a type it cannot make is
+// an error at validation, not items its consumer cannot use.
+func TestSourceItemsAreTheirType(t *testing.T) {
+	config := func(typ string) *graph.Config {
+		return graph.NewConfig(map[string]cty.Value{"count": cty.NumberIntVal(1), "size_bytes": cty.NumberIntVal(16),
+			"type": cty.StringVal(typ), "service_time": cty.StringVal("0s")})
+	}
+	for _, typ := range []string{"hidden_states", "hidden_states(d=8,layers=1)"} {
+		if errs := sourceKind.Check(config(typ)); len(errs) != 1 || !strings.Contains(errs[0].Error(), "*dflash.HiddenStates") {
+			t.Errorf("type %q: %v", typ, errs)
+		}
+	}
+	for typ, want := range map[string]string{"blob": "*synthetic.Blob", "frames": "*synthetic.Blob", "bytes": "[]uint8", "tokens": "*text.Batch"} {
+		if errs := sourceKind.Check(config(typ)); len(errs) != 0 {
+			t.Errorf("type %q: %v", typ, errs)
+		}
+		n, err := newSource(config(typ))
+		if err != nil {
+			t.Fatal(err)
+		}
+		item := n.(*source).item(1, 7)
+		if got := fmt.Sprintf("%T", item); got != want {
+			t.Errorf("type %q: a %s item, want %s", typ, got, want)
+		}
+		if s, ok := item.(nodes.Sizer); ok && s.SizeBytes() != 16 {
+			t.Errorf("type %q: %d bytes, want 16", typ, s.SizeBytes())
+		}
+		if b, ok := item.(*text.Batch); ok && (b.B*(b.T+1) != len(b.Tokens) || b.Seq != 7) {
+			t.Errorf("tokens: %+v", b)
+		}
 	}
 }

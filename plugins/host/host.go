@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -160,7 +159,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		Plugins:          sdk.PluginMap(nil),
-		Cmd:              exec.Command(path),
+		RunnerFunc:       newProc(path), // its own process group, Pdeathsig, a lifeline: see proc
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		GRPCDialOptions:  sdk.DialOptions(),
 		Stderr:           stderr, // before the plugin serves: start-up failures
@@ -297,6 +296,14 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 		return []error{err}
 	}
 	var errs []error
+	// A port type means one wire encoding (graph.WireTypes): a type
+	// without one would say nothing about the items a plugin gets.
+	for _, p := range sdk.PortsFromProto(r.Ports) {
+		if _, ok := graph.LookupWireType(p.Type); !ok && p.Type != graph.Any && p.SameAs == "" {
+			errs = append(errs, fmt.Errorf("plugin %s (%s): kind %s: port %q has type %q, which no wire encoding carries: a plugin's ports are of type %s or %s",
+				k.plugin, k.path, k.kind, p.Name, p.Type, graph.WireTypeNames(), graph.Any))
+		}
+	}
 	for _, e := range r.Errors {
 		if e.Field != "" {
 			errs = append(errs, &graph.FieldError{Field: e.Field, Err: errors.New(e.Message)})

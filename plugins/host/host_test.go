@@ -18,11 +18,11 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
-	"github.com/dflow-dev/dflow/internal/report"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/plugins/proto"
 	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/hashicorp/go-plugin"
 	"github.com/zclconf/go-cty/cty"
 )
@@ -34,7 +34,9 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		sdk.Serve(passKind, pickyKind, zipKind, forkKind)
+		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind)
+	case "dflow":
+		os.Exit(asDflow())
 	case "garbage":
 		fmt.Println("hello, I am not a plugin handshake")
 		os.Exit(0)
@@ -217,19 +219,30 @@ var forkKind = nodes.Spec{
 }
 
 // wrapper writes an executable dflow-plugin-NAME that runs this test
-// binary as a plugin in the given mode.
+// binary as a plugin in the given mode. The plugin's command line names
+// the wrapper, so that pgrep finds the processes of a test's plugins.
 func wrapper(t testing.TB, dir, name, mode string) string {
+	t.Helper()
+	return script(t, dir, name, fmt.Sprintf("DFLOW_TEST_PLUGIN=%s exec %q -test.run='^$' \"$0\"\n", mode, self(t)))
+}
+
+// script writes an executable dflow-plugin-NAME with the given body.
+func script(t testing.TB, dir, name, body string) string {
+	t.Helper()
+	path := filepath.Join(dir, Prefix+name)
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func self(t testing.TB) string {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, Prefix+name)
-	script := fmt.Sprintf("#!/bin/sh\nDFLOW_TEST_PLUGIN=%s exec %q -test.run='^$' \"$@\"\n", mode, self)
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return self
 }
 
 // syncBuf is a goroutine-safe buffer for forwarded stderr.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -59,11 +60,11 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
 		return err
 	}
-	inputs, outputs := n.ports(r)
+	inputs, inTypes, outputs := n.ports(r)
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, inputs, func(it *proto.Item) error {
+		return n.pump(sctx, cancel, r, st, locked, inputs, inTypes, func(it *proto.Item) error {
 			return n.deliver(ctx, r, outputs, it)
 		})
 	}
@@ -72,13 +73,13 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if err != nil {
 		return err
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, inputs, outs.put))
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, inputs, inTypes, outs.put))
 }
 
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, inputs []string, put func(*proto.Item) error) error {
+	locked func(func() error) error, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*sdk.Credit{"": sdk.NewCredit()}
@@ -90,9 +91,15 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	}
 	sendErr := make(chan error, 1)
 	fed := make(chan struct{})
+	var feedFailed atomic.Pointer[error] // an input that failed the replica
 	go func() {
 		defer close(fed)
-		sendErr <- n.feed(sctx, r, st, locked, inputs, credits)
+		err := n.feed(sctx, r, st, locked, inputs, inTypes, credits)
+		if err != nil && !errors.Is(err, context.Canceled) && sctx.Err() == nil {
+			feedFailed.Store(&err)
+			cancel() // the stream, which the reader below then sees end
+		}
+		sendErr <- err
 	}()
 	// The feeding goroutine uses the replica's input ports: it must be
 	// done before Run returns, whichever way it returns.
@@ -105,6 +112,9 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	for {
 		m, err := st.Recv()
 		if err != nil {
+			if ferr := feedFailed.Load(); ferr != nil {
+				return *ferr
+			}
 			if errors.Is(err, io.EOF) {
 				return errors.New("the plugin closed the stream without saying it was done")
 			}
@@ -158,9 +168,13 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 }
 
 // deliver decodes a whole item from the plugin and sends it on.
-func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[string]bool, it *proto.Item) error {
-	if !outputs[it.Port] {
+func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[string]string, it *proto.Item) error {
+	typ, ok := outputs[it.Port]
+	if !ok {
 		return fmt.Errorf("the plugin sent an item on %q, which is not an output port of %s", it.Port, n.k.kind)
+	}
+	if err := sdk.CheckPortWire(typ, it.Type); err != nil {
+		return fmt.Errorf("output %q: the plugin sent %w", it.Port, err)
 	}
 	item, err := sdk.Decode(it.Type, it.Payload)
 	if err != nil {
@@ -186,6 +200,7 @@ type outlets struct {
 
 type outlet struct {
 	port string
+	typ  string // the port's type, which its items' encoding must match
 	out  nodes.Output
 	ch   chan outItem
 	w    sdk.Window
@@ -209,11 +224,11 @@ const (
 // newOutlets grants each output port its first credit and starts handing
 // items on; a delivery that fails calls stopStream, so that the stream's
 // reader stops too.
-func newOutlets(ctx context.Context, r nodes.Replica, outputs map[string]bool, send func(*proto.Message) error, stopStream context.CancelFunc) (*outlets, error) {
+func newOutlets(ctx context.Context, r nodes.Replica, outputs map[string]string, send func(*proto.Message) error, stopStream context.CancelFunc) (*outlets, error) {
 	o := &outlets{ports: map[string]*outlet{}}
 	o.ctx, o.cancel = context.WithCancel(ctx)
-	for port := range outputs {
-		p := &outlet{port: port, out: r.Out(port), ch: make(chan outItem, outletItems),
+	for port, typ := range outputs {
+		p := &outlet{port: port, typ: typ, out: r.Out(port), ch: make(chan outItem, outletItems),
 			w: sdk.Window{Items: outletItems, Bytes: outletBytes}}
 		first := p.w.Open(outletFirst)
 		if err := send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: first, Port: port}}}); err != nil {
@@ -242,6 +257,9 @@ func (o *outlets) put(it *proto.Item) error {
 	p := o.ports[it.Port]
 	if p == nil {
 		return fmt.Errorf("the plugin sent an item on %q, which is not an output port", it.Port)
+	}
+	if err := sdk.CheckPortWire(p.typ, it.Type); err != nil {
+		return fmt.Errorf("output %q: the plugin sent %w", it.Port, err)
 	}
 	item, err := sdk.Decode(it.Type, it.Payload)
 	if err != nil {
@@ -303,34 +321,35 @@ func (p *outlet) run(ctx context.Context, send func(*proto.Message) error) error
 	return nil
 }
 
-// ports are the node's input port names, sorted, and its output ports.
-func (n *remoteNode) ports(r nodes.Replica) ([]string, map[string]bool) {
+// ports are the node's input port names, sorted, and its output ports,
+// each with its type (SameAs outputs: "", unchecked).
+func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs map[string]string) {
 	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
-	var inputs []string
-	outputs := map[string]bool{}
+	inTypes, outputs = map[string]string{}, map[string]string{}
 	for _, p := range n.k.portsFor(cfg) {
 		if p.Dir == graph.In {
 			inputs = append(inputs, p.Name)
+			inTypes[p.Name] = p.Type
 		} else {
-			outputs[p.Name] = true
+			outputs[p.Name] = p.Type
 		}
 	}
 	sort.Strings(inputs)
-	return inputs, outputs
+	return inputs, inTypes, outputs
 }
 
 // feed sends the replica's input items to the plugin, one per credit, then
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credits map[string]*sdk.Credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
 	if !n.k.portCredit {
-		return n.feedPorts(ctx, r, st, locked, ports, credits[""])
+		return n.feedPorts(ctx, r, st, locked, ports, types, credits[""])
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, port := range ports {
-		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, []string{port}, credits[port]) })
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, []string{port}, types, credits[port]) })
 	}
 	wg.Wait()
 	for _, err := range errs { // the cause, not the cancellations it led to
@@ -345,7 +364,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, credit *sdk.Credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, types map[string]string, credit *sdk.Credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
@@ -371,6 +390,12 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 				return err
 			}
 			for {
+				// Validation matched the port types; a node upstream that
+				// sent items other than its port's type is caught here, not
+				// by the plugin's node.
+				if err := sdk.CheckPortItem(types[port], item); err != nil {
+					return fmt.Errorf("input %q: %w", port, err)
+				}
 				if err := locked(func() error { return out.Add(port, item) }); err != nil {
 					return err
 				}

@@ -1,0 +1,61 @@
+package host
+
+import (
+	"os/exec"
+	"runtime"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// starts are the plugin commands to start on the forking thread.
+var (
+	starts    = make(chan startReq)
+	startOnce sync.Once
+)
+
+type startReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// start starts cmd from one goroutine locked to its thread for good: the
+// kernel sends a child its Pdeathsig when the thread that forked it exits,
+// and Go ends a thread whose goroutine exits locked to it.
+func start(cmd *exec.Cmd) error {
+	startOnce.Do(func() {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as dflow
+			for req := range starts {
+				req.done <- req.cmd.Start()
+			}
+		}()
+	})
+	done := make(chan error, 1)
+	starts <- startReq{cmd, done}
+	return <-done
+}
+
+func killGroup(pgid int) {
+	if pgid > 0 {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+}
+
+// exited waits until process pid has exited, without reaping it
+// (waitid with WNOWAIT), so that its group can still be killed safely,
+// and reports whether it could.
+func exited(pid int) bool {
+	const pPID, wExited, wNoWait = 1, 4, 0x1000000
+	var info [128]byte // siginfo_t
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid), uintptr(unsafe.Pointer(&info[0])), wExited|wNoWait, 0, 0)
+		if errno != syscall.EINTR {
+			return errno == 0
+		}
+	}
+}
