@@ -6,21 +6,60 @@ import (
 	"math"
 	"unsafe"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/nodes/text"
 )
 
-// Items cross the process boundary encoded by Go type. The wire names and
-// layouts (all integers and floats little-endian) are:
+// Items cross the process boundary encoded by Go type. Each port type of
+// graph.WireTypes means one Go type and one of these encodings; the wire
+// names and layouts (all integers and floats little-endian) are:
 //
-//	bytes    []byte                 the bytes
-//	blob     *synthetic.Blob        int64 replica, int64 seq, data
-//	tokens   *text.Batch            int64 B, T, seq, then int32 tokens
-//	hidden   *dflash.HiddenStates   int64 B, T, K, D, seq, then float32
-//	                                hidden, int32 tokens, int32 greedy
+//	port type      wire    Go type                layout
+//	bytes          bytes   []byte                 the bytes
+//	blob           blob    *synthetic.Blob        int64 replica, int64 seq, data
+//	tokens         tokens  *text.Batch            int64 B, T, seq, then int32 tokens
+//	hidden_states  hidden  *dflash.HiddenStates   int64 B, T, K, D, seq, then float32
+//	                                              hidden, int32 tokens, int32 greedy
 //
 // A plugin in another language reads and writes these layouts.
+
+// WireName is the encoding an item crosses as ("bytes", "blob", "tokens",
+// "hidden"), or "" for an item the codec cannot carry.
+func WireName(item any) string {
+	switch item.(type) {
+	case []byte:
+		return "bytes"
+	case *synthetic.Blob:
+		return "blob"
+	case *text.Batch:
+		return "tokens"
+	case *dflash.HiddenStates:
+		return "hidden"
+	}
+	return ""
+}
+
+// CheckPortItem reports an item that is not of the Go type its port's type
+// means (graph.WireTypes); on a port of type any, or of a type that has no
+// wire encoding, every item passes.
+func CheckPortItem(portType string, item any) error {
+	w, ok := graph.LookupWireType(portType)
+	if !ok || WireName(item) == w.Wire {
+		return nil
+	}
+	return fmt.Errorf("a %T item on a port of type %q, which carries %s", item, portType, w.Go)
+}
+
+// CheckPortWire is CheckPortItem for an encoded item, by its wire name.
+func CheckPortWire(portType, wire string) error {
+	w, ok := graph.LookupWireType(portType)
+	if !ok || wire == w.Wire {
+		return nil
+	}
+	return fmt.Errorf("a %s item on a port of type %q, which carries %s (%s on the wire)", wire, portType, w.Go, w.Wire)
+}
 
 // Encode turns an item into its wire name and bytes.
 func Encode(item any) (string, []byte, error) {

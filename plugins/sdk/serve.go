@@ -27,6 +27,7 @@ var Stderr io.Writer = os.Stderr
 // until dflow closes it. Call it from main.
 func Serve(specs ...nodes.Spec) {
 	Stderr = os.Stderr // before go-plugin swaps it
+	watchParent()
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         PluginMap(NewServer(specs...)),
@@ -75,16 +76,24 @@ func (s *Server) Check(_ context.Context, req *proto.CheckRequest) (*proto.Check
 	if err != nil {
 		return &proto.CheckResponse{Errors: []*proto.FieldError{{Message: err.Error()}}}, nil
 	}
-	resp := &proto.CheckResponse{Ports: PortsToProto(sp.Ports(cfg))}
-	if sp.Check != nil {
-		for _, e := range sp.Check(cfg) {
-			fe := &proto.FieldError{Message: e.Error()}
-			var f *graph.FieldError
-			if errors.As(e, &f) {
-				fe.Field, fe.Message = f.Field, f.Err.Error()
-			}
-			resp.Errors = append(resp.Errors, fe)
+	var ports []graph.PortSpec
+	var errs []error
+	if err := recovered(func() {
+		ports = sp.Ports(cfg)
+		if sp.Check != nil {
+			errs = sp.Check(cfg)
 		}
+	}); err != nil {
+		return &proto.CheckResponse{Errors: []*proto.FieldError{{Message: "checking the config: " + err.Error()}}}, nil
+	}
+	resp := &proto.CheckResponse{Ports: PortsToProto(ports)}
+	for _, e := range errs {
+		fe := &proto.FieldError{Message: e.Error()}
+		var f *graph.FieldError
+		if errors.As(e, &f) {
+			fe.Field, fe.Message = f.Field, f.Err.Error()
+		}
+		resp.Errors = append(resp.Errors, fe)
 	}
 	return resp, nil
 }
@@ -107,16 +116,29 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 	if err != nil {
 		return err
 	}
-	node, err := sp.New(cfg)
+	var node nodes.Node
+	var ports []graph.PortSpec
+	if perr := recovered(func() {
+		if node, err = sp.New(cfg); err == nil {
+			ports = sp.Ports(cfg)
+		}
+	}); perr != nil {
+		err = perr
+	}
 	if err != nil {
 		return stream.Send(&proto.Message{Msg: &proto.Message_Done{Done: &proto.Done{Error: err.Error()}}})
 	}
-	r := newRemoteReplica(stream, start, sp.Ports(cfg))
+	r := newRemoteReplica(stream, start, ports)
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	go r.receive(cancel)
 	go r.sendItems()
-	runErr := node.Run(ctx, r)
+	// A panic in the node ends this replica with the panic's message, as
+	// in process, not the plugin process (and the stream with it).
+	var runErr error
+	if perr := recovered(func() { runErr = node.Run(ctx, r) }); perr != nil {
+		runErr = perr
+	}
 	close(r.outq) // the node is done with its ports: send what it left
 	<-r.sent
 	if err := r.sendFailed(); err != nil && runErr == nil {
@@ -252,7 +274,7 @@ func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []g
 			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow),
 				w: Window{Items: inputWindow, Bytes: inputBytes}}
 		} else {
-			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name, credit: NewCredit(), held: start.OutputCredit}
+			r.outputs[p.Name] = &remoteOutput{r: r, port: p.Name, typ: p.Type, credit: NewCredit(), held: start.OutputCredit}
 		}
 	}
 	return r
@@ -399,7 +421,8 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 type remoteOutput struct {
 	r      *remoteReplica
 	port   string
-	held   bool // to dflow's credit on this port (Start.output_credit)
+	typ    string // the port's type: its items must be of the Go type it means
+	held   bool   // to dflow's credit on this port (Start.output_credit)
 	credit *Credit
 }
 
@@ -413,6 +436,9 @@ type remoteOutput struct {
 func (o *remoteOutput) Send(ctx context.Context, item any) error {
 	if err := o.r.sendFailed(); err != nil {
 		return err
+	}
+	if err := CheckPortItem(o.typ, item); err != nil {
+		return fmt.Errorf("sdk: output %q: %w", o.port, err)
 	}
 	if o.held {
 		if err := o.credit.Take(ctx, o.r.dead); err != nil {

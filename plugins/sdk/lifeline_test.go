@@ -1,0 +1,116 @@
+package sdk
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/dflash"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/plugins/proto"
+)
+
+// TestPanicEndsTheReplica: a panic in a plugin's node, its own or one the
+// SDK raises on its behalf (a port it lacks), ends the replica with Done
+// and the panic's message and frame, as in process; the server, and so
+// the process, lives on. A panic in a kind's Ports or Check is a config
+// error.
+func TestPanicEndsTheReplica(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(nodes.Replica)
+		want []string
+	}{
+		{"own", func(nodes.Replica) {
+			var m map[int]int
+			m[1] = 1
+		}, []string{"panic: assignment to entry in nil map", "lifeline_test.go:"}},
+		{"port", func(r nodes.Replica) { r.In("nope") },
+			[]string{`panic: sdk: no input port "nope"`, "lifeline_test.go:"}},
+	} {
+		spec := nodes.Spec{
+			Kind: graph.Kind{Name: "k", Ports: func(*graph.Config) []graph.PortSpec { return nil }},
+			New: func(*graph.Config) (nodes.Node, error) {
+				return nodes.NodeFunc(func(_ context.Context, r nodes.Replica) error { tc.run(r); return nil }), nil
+			},
+		}
+		st := &fakeStream{in: make(chan *proto.Message, 1)}
+		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "k", ConfigJson: "{}"}}}
+		if err := NewServer(spec).Run(st); err != nil {
+			t.Fatalf("%s: Run: %v", tc.name, err)
+		}
+		close(st.in)
+		done := st.sent[len(st.sent)-1].GetDone()
+		for _, want := range tc.want {
+			if done == nil || !strings.Contains(done.Error, want) {
+				t.Errorf("%s: the replica ended with %v; want %q", tc.name, done, want)
+			}
+		}
+		if done != nil && (strings.Contains(done.Error, "grpc") || strings.Contains(done.Error, "runtime/debug")) {
+			t.Errorf("%s: frames beyond the node's:\n%s", tc.name, done.Error)
+		}
+	}
+	picky := nodes.Spec{Kind: graph.Kind{Name: "k", Ports: func(*graph.Config) []graph.PortSpec { panic("no ports today") }}}
+	resp, err := NewServer(picky).Check(context.Background(), &proto.CheckRequest{Kind: "k", ConfigJson: "{}"})
+	if err != nil || len(resp.Errors) != 1 || !strings.Contains(resp.Errors[0].Message, "panic: no ports today") {
+		t.Errorf("a panic in Ports: %v, %v", resp, err)
+	}
+}
+
+// TestWireTypesMatchTheCodec: each port type of graph.WireTypes is the Go
+// type the codec encodes under its wire name, and back; the built-in
+// source's items are of the Go type of the port type it names.
+func TestWireTypesMatchTheCodec(t *testing.T) {
+	samples := map[string]any{
+		"bytes":         []byte("x"),
+		"blob":          &synthetic.Blob{Data: []byte("x")},
+		"tokens":        &text.Batch{B: 1, T: 1, Tokens: []int32{1, 2}},
+		"hidden_states": &dflash.HiddenStates{B: 1, T: 1, K: 1, D: 1, Hidden: []float32{1}, Tokens: []int32{1}, Greedy: []int32{1}},
+	}
+	for _, w := range graph.WireTypes {
+		item, ok := samples[w.Name]
+		if !ok {
+			t.Errorf("no sample of %s", w.Name)
+			continue
+		}
+		if got := strings.Replace(fmt.Sprintf("%T", item), "[]uint8", "[]byte", 1); got != w.Go {
+			t.Errorf("%s: documented as %s, the sample is %s", w.Name, w.Go, got)
+		}
+		name, b, err := Encode(item)
+		if err != nil || name != w.Wire || WireName(item) != w.Wire {
+			t.Errorf("%s: encodes as %q (%v), WireName %q; want %q", w.Name, name, err, WireName(item), w.Wire)
+			continue
+		}
+		back, err := Decode(name, b)
+		if err != nil || fmt.Sprintf("%T", back) != fmt.Sprintf("%T", item) {
+			t.Errorf("%s: decodes to %T (%v)", w.Name, back, err)
+		}
+		if CheckPortItem(w.Name, item) != nil || CheckPortItem(w.Name, struct{}{}) == nil {
+			t.Errorf("%s: CheckPortItem", w.Name)
+		}
+	}
+	if w, ok := graph.LookupWireType("hidden_states(d=8,layers=0,1)"); !ok || w.Wire != "hidden" {
+		t.Errorf("hidden_states(...) is %v, %v", w, ok)
+	}
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	source, _ := reg.Spec("synthetic_source")
+	for _, typ := range []string{"blob", "bytes", "tokens", "frames"} {
+		res, err := RunNode(*source, map[string]any{"count": 3, "size_bytes": 16, "type": typ}, 1, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		if len(res.Outputs["out"]) != 3 {
+			t.Fatalf("%s: %d items", typ, len(res.Outputs["out"]))
+		}
+		for _, item := range res.Outputs["out"] {
+			if err := CheckPortItem(typ, item); err != nil {
+				t.Errorf("synthetic_source with type %q: %v", typ, err)
+			}
+		}
+	}
+}
