@@ -10,6 +10,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/zclconf/go-cty/cty"
 )
 
@@ -91,10 +92,10 @@ func benchEdge(b *testing.B, policy graph.Policy) {
 	g, reg := benchGraph(b, policy)
 	b.ReportAllocs()
 	b.ResetTimer()
-	var prev *Snapshot
+	var prev *report.Snapshot
 	observed := 0
 	rep, err := Run(context.Background(), g, Options{Registry: reg, Interval: 100 * time.Millisecond,
-		Observe: func(s *Snapshot) {
+		Observe: func(s *report.Snapshot) {
 			_ = s.Sample(prev)
 			prev = s
 			observed++

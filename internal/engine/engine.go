@@ -38,7 +38,7 @@ type Options struct {
 	// to the report's series and Observe, if set, is called with a fresh
 	// snapshot. Zero means no series and no calls.
 	Interval time.Duration
-	Observe  func(*Snapshot)
+	Observe  func(*report.Snapshot)
 }
 
 // Run is one execution of a graph.
@@ -104,7 +104,7 @@ func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, err
 }
 
 // Pipeline is a graph made ready to run: nodes built, queues wired. Its
-// Snapshot may be read from any goroutine while Execute runs.
+// report.Snapshot may be read from any goroutine while Execute runs.
 type Pipeline struct{ r *run }
 
 // New builds the nodes and queues of g. On error the Pipeline is still
@@ -128,8 +128,8 @@ func (p *Pipeline) Execute(ctx context.Context) (*report.Report, error) {
 	return p.r.execute(ctx)
 }
 
-// Snapshot reads the live figures of the run.
-func (p *Pipeline) Snapshot() *Snapshot { return p.r.snapshot(time.Now()) }
+// report.Snapshot reads the live figures of the run.
+func (p *Pipeline) Snapshot() *report.Snapshot { return p.r.snapshot(time.Now()) }
 
 // build constructs nodes, queues and replica ports.
 func (r *run) build() error {
@@ -409,7 +409,7 @@ func (r *run) sample() (stop func()) {
 	}
 	t := newTicker(period)
 	finished := make(chan struct{})
-	var prev *Snapshot
+	var prev *report.Snapshot
 	go func() {
 		defer close(finished)
 		next := time.Now().Add(r.opts.Interval)
@@ -449,7 +449,7 @@ func (r *run) sample() (stop func()) {
 }
 
 // observe adds a series point and, if call, calls Observe.
-func (r *run) observe(now time.Time, prev *Snapshot, call bool) *Snapshot {
+func (r *run) observe(now time.Time, prev *report.Snapshot, call bool) *report.Snapshot {
 	s := r.snapshot(now)
 	r.series = append(r.series, s.Sample(prev))
 	if call && r.opts.Observe != nil {

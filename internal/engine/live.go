@@ -3,63 +3,14 @@ package engine
 import (
 	"time"
 
-	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/report"
 )
 
-// Snapshot is the live state of a run at one instant, read from the
-// runtime's atomics without stopping it. Figures are cumulative since the
-// start; a reader that wants rates diffs two snapshots.
-type Snapshot struct {
-	Time    time.Time
-	Elapsed time.Duration
-	Stages  []StageSnapshot
-	Edges   []EdgeSnapshot
-	// Draining is true once a drain has begun: sources are stopped, so
-	// progress no longer advances and an ETA would only climb.
-	Draining bool
-}
+// The live figures of a run are report.Snapshot values, built here from
+// the runtime's atomics without stopping it.
 
-// StageSnapshot is one stage's state.
-type StageSnapshot struct {
-	Name     string
-	Node     string
-	Source   bool  // the stage has no inputs
-	Total    int64 // items the stage will emit in all; 0 when unknown
-	Replicas []ReplicaSnapshot
-	Metrics  map[string]float64
-}
-
-// ReplicaSnapshot is one replica's cumulative figures, a wait in progress
-// included.
-type ReplicaSnapshot struct {
-	ItemsIn, ItemsOut   int64
-	Busy, Idle, Blocked time.Duration
-	Done                bool
-}
-
-// EdgeSnapshot is one edge's state.
-type EdgeSnapshot struct {
-	Name               string
-	Policy             graph.Policy
-	Capacity           int
-	From, To           string // stage names
-	Produced, Consumed int64
-	Queues             []QueueSnapshot
-}
-
-// QueueSnapshot is one queue's state. Open lists the producer replicas
-// still holding it open: once it is empty, the queue ends when they
-// finish.
-type QueueSnapshot struct {
-	Depth     int
-	Producers []int
-	Consumers []int
-	Open      []int
-}
-
-func (r *run) snapshot(now time.Time) *Snapshot {
-	s := &Snapshot{Time: now, Draining: r.isDraining()}
+func (r *run) snapshot(now time.Time) *report.Snapshot {
+	s := &report.Snapshot{Time: now, Draining: r.isDraining()}
 	startNs := r.startNs.Load()
 	if startNs == 0 {
 		return s
@@ -67,7 +18,7 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 	start := time.Unix(0, startNs)
 	s.Elapsed = now.Sub(start)
 	for _, st := range r.stages {
-		ss := StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total,
+		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total,
 			Metrics: st.metrics.snapshot()}
 		for _, rp := range st.replicas {
 			ss.Replicas = append(ss.Replicas, rp.snapshot(start, now))
@@ -75,12 +26,12 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 		s.Stages = append(s.Stages, ss)
 	}
 	for _, e := range r.edges {
-		es := EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
+		es := report.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
 			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
 		for i, q := range e.queues {
 			es.Produced += q.produced()
 			es.Consumed += q.consumed()
-			es.Queues = append(es.Queues, QueueSnapshot{
+			es.Queues = append(es.Queues, report.QueueSnapshot{
 				Depth: len(q.ch), Open: q.Open(),
 				Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers,
 			})
@@ -91,9 +42,9 @@ func (r *run) snapshot(now time.Time) *Snapshot {
 }
 
 // snapshot reads a replica; a wait in progress counts from its start.
-func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
+func (rp *replica) snapshot(start, now time.Time) report.ReplicaSnapshot {
 	idle, blocked, _ := rp.waits()
-	out := ReplicaSnapshot{
+	out := report.ReplicaSnapshot{
 		ItemsIn:  rp.itemsIn(),
 		ItemsOut: rp.itemsOut(),
 		Idle:     time.Duration(idle),
@@ -107,64 +58,4 @@ func (rp *replica) snapshot(start, now time.Time) ReplicaSnapshot {
 	out.Idle, out.Blocked = fitWaits(out.Idle, out.Blocked, life)
 	out.Busy = life - out.Idle - out.Blocked
 	return out
-}
-
-// Utilization returns each replica's busy share between prev and s (since
-// the start when prev is nil).
-func (s *Snapshot) Utilization(prev *Snapshot, stage int) []float64 {
-	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Busy })
-}
-
-// IdleShare returns each replica's share of time waiting for input
-// between prev and s.
-func (s *Snapshot) IdleShare(prev *Snapshot, stage int) []float64 {
-	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Idle })
-}
-
-func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) time.Duration) []float64 {
-	st := s.Stages[stage]
-	out := make([]float64, len(st.Replicas))
-	span := s.Elapsed
-	if prev != nil {
-		span -= prev.Elapsed
-	}
-	if span <= 0 {
-		return out
-	}
-	for i, r := range st.Replicas {
-		d := of(r)
-		if prev != nil && stage < len(prev.Stages) {
-			d -= of(prev.Stages[stage].Replicas[i])
-		}
-		out[i] = min(max(float64(d)/float64(span), 0), 1)
-	}
-	return out
-}
-
-// Sample turns a snapshot into a point of the report's series.
-func (s *Snapshot) Sample(prev *Snapshot) report.Sample {
-	p := report.Sample{
-		T:           s.Elapsed.Seconds(),
-		Queues:      map[string][]int{},
-		Utilization: map[string][]float64{},
-		Idle:        map[string][]float64{},
-	}
-	for _, e := range s.Edges {
-		depths := make([]int, len(e.Queues))
-		for i, q := range e.Queues {
-			depths[i] = q.Depth
-		}
-		p.Queues[e.Name] = depths
-	}
-	for i, st := range s.Stages {
-		p.Utilization[st.Name] = s.Utilization(prev, i)
-		p.Idle[st.Name] = s.IdleShare(prev, i)
-		if len(st.Metrics) > 0 {
-			if p.Metrics == nil {
-				p.Metrics = map[string]map[string]float64{}
-			}
-			p.Metrics[st.Name] = st.Metrics // a fresh map per snapshot, read-only from here
-		}
-	}
-	return p
 }

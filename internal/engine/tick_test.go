@@ -9,6 +9,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // TestTickers: both tickers tick about every period, and stop releases a
@@ -102,7 +103,7 @@ func TestObserveInterval(t *testing.T) {
 	observed := 0
 	rep, err := Run(context.Background(), loadPair(t, reg, "slow", "sink", 1, 1, graph.Shared), Options{
 		Registry: reg, SampleEvery: time.Second, Interval: 10 * time.Millisecond,
-		Observe: func(*Snapshot) { observed++ },
+		Observe: func(*report.Snapshot) { observed++ },
 	})
 	if err != nil {
 		t.Fatal(err)

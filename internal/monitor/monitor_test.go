@@ -171,17 +171,17 @@ func TestIndexList(t *testing.T) {
 // progress and the producers still holding an edge open.
 func TestStatusLine(t *testing.T) {
 	sec := time.Second
-	snap := func(elapsed time.Duration, out int64, busy time.Duration) *engine.Snapshot {
-		return &engine.Snapshot{
+	snap := func(elapsed time.Duration, out int64, busy time.Duration) *report.Snapshot {
+		return &report.Snapshot{
 			Elapsed: elapsed,
-			Stages: []engine.StageSnapshot{
-				{Name: "reader", Source: true, Total: 100, Replicas: []engine.ReplicaSnapshot{{ItemsOut: out}}},
+			Stages: []report.StageSnapshot{
+				{Name: "reader", Source: true, Total: 100, Replicas: []report.ReplicaSnapshot{{ItemsOut: out}}},
 				{Name: "drafter", Metrics: map[string]float64{"loss": 2.3123},
-					Replicas: []engine.ReplicaSnapshot{{ItemsIn: out / 2, Busy: busy}, {ItemsIn: out / 2, Busy: busy / 2}}},
+					Replicas: []report.ReplicaSnapshot{{ItemsIn: out / 2, Busy: busy}, {ItemsIn: out / 2, Busy: busy / 2}}},
 			},
-			Edges: []engine.EdgeSnapshot{
-				{Name: "tokens", Policy: graph.Shared, From: "reader", Queues: []engine.QueueSnapshot{{Depth: 16, Producers: []int{0}, Open: []int{0}}}},
-				{Name: "hs", Policy: graph.RoundRobin, From: "target", Queues: []engine.QueueSnapshot{
+			Edges: []report.EdgeSnapshot{
+				{Name: "tokens", Policy: graph.Shared, From: "reader", Queues: []report.QueueSnapshot{{Depth: 16, Producers: []int{0}, Open: []int{0}}}},
+				{Name: "hs", Policy: graph.RoundRobin, From: "target", Queues: []report.QueueSnapshot{
 					{Depth: 8, Producers: []int{0, 3}, Open: []int{3}}, {Depth: 8, Producers: []int{1, 4}, Open: []int{1, 4}}, {Depth: 0, Producers: []int{2}}}},
 			},
 		}
@@ -391,7 +391,7 @@ func TestDrainStatus(t *testing.T) {
 	var lines bytes.Buffer
 	st := &Status{W: &lines}
 	observed := 0
-	observe := func(s *engine.Snapshot) {
+	observe := func(s *report.Snapshot) {
 		st.Observe(s)
 		if observed++; observed == 3 {
 			close(drain)

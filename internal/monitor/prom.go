@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -16,11 +16,11 @@ import (
 // Collector exposes a running pipeline to Prometheus. It reads one
 // snapshot per scrape, so it costs nothing on the per-item path.
 type Collector struct {
-	snap func() *engine.Snapshot
+	snap func() *report.Snapshot
 }
 
 // NewCollector returns a collector over snap (Pipeline.Snapshot).
-func NewCollector(snap func() *engine.Snapshot) *Collector { return &Collector{snap: snap} }
+func NewCollector(snap func() *report.Snapshot) *Collector { return &Collector{snap: snap} }
 
 var (
 	stageReplica = []string{"stage", "replica"}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Status prints one status line per snapshot (engine.Options.Observe):
@@ -27,12 +27,12 @@ type Status struct {
 	W     io.Writer
 	Width int  // wrap beyond this many columns; 0 means 160
 	TTY   bool // draw a progress bar under the lines
-	prev  *engine.Snapshot
+	prev  *report.Snapshot
 	bar   bool // a bar is drawn on the last line
 }
 
 // Observe prints the line for s.
-func (st *Status) Observe(s *engine.Snapshot) {
+func (st *Status) Observe(s *report.Snapshot) {
 	parts := st.Parts(s)
 	st.prev = s
 	var b strings.Builder
@@ -71,7 +71,7 @@ func (st *Status) Finish() {
 
 // Parts returns the pieces of the status line: the clock and progress,
 // the queues, then one piece per stage.
-func (st *Status) Parts(s *engine.Snapshot) []string {
+func (st *Status) Parts(s *report.Snapshot) []string {
 	head := fmt.Sprintf("[%6.1fs]", s.Elapsed.Seconds())
 	if done, total, ok := progress(s); ok {
 		head += fmt.Sprintf(" %3.0f%% %s", 100*float64(done)/float64(total), eta(s, done, total))
@@ -86,7 +86,7 @@ func (st *Status) Parts(s *engine.Snapshot) []string {
 // queues formats one figure per edge: a list for round_robin, a number
 // for shared, and which producers still hold an edge open once some have
 // finished.
-func queues(s *engine.Snapshot) string {
+func queues(s *report.Snapshot) string {
 	var out []string
 	for _, e := range s.Edges {
 		fig := ""
@@ -106,7 +106,7 @@ func queues(s *engine.Snapshot) string {
 
 // awaiting names the producer replicas still holding an edge open, once
 // at least one producer has finished and others have not.
-func awaiting(e engine.EdgeSnapshot) string {
+func awaiting(e report.EdgeSnapshot) string {
 	open := map[int]bool{}
 	all := map[int]bool{}
 	for _, q := range e.Queues {
@@ -128,7 +128,7 @@ func awaiting(e engine.EdgeSnapshot) string {
 	return fmt.Sprintf(" (open: %s%v)", e.From, ids)
 }
 
-func (st *Status) stage(s *engine.Snapshot, i int, stg engine.StageSnapshot) string {
+func (st *Status) stage(s *report.Snapshot, i int, stg report.StageSnapshot) string {
 	var b strings.Builder
 	b.WriteString(stg.Name)
 	if !stg.Source {
@@ -152,8 +152,8 @@ func (st *Status) stage(s *engine.Snapshot, i int, stg engine.StageSnapshot) str
 
 // rate is the stage's items per second over the last interval: items out
 // for a source, items in otherwise.
-func (st *Status) rate(s *engine.Snapshot, i int) float64 {
-	count := func(snap *engine.Snapshot) int64 {
+func (st *Status) rate(s *report.Snapshot, i int) float64 {
+	count := func(snap *report.Snapshot) int64 {
 		var n int64
 		for _, r := range snap.Stages[i].Replicas {
 			if snap.Stages[i].Source {
@@ -177,7 +177,7 @@ func (st *Status) rate(s *engine.Snapshot, i int) float64 {
 
 // progress sums what the sources have emitted against their totals; ok is
 // false when any source's total is unknown.
-func progress(s *engine.Snapshot) (done, total int64, ok bool) {
+func progress(s *report.Snapshot) (done, total int64, ok bool) {
 	for _, stg := range s.Stages {
 		if !stg.Source {
 			continue
@@ -197,7 +197,7 @@ func progress(s *engine.Snapshot) (done, total int64, ok bool) {
 // sources are stopped and what is left of their totals will never be
 // emitted: the run ends when the items in flight are consumed, so there is
 // no ETA to give (one extrapolated from a stalled count would only climb).
-func eta(s *engine.Snapshot, done, total int64) string {
+func eta(s *report.Snapshot, done, total int64) string {
 	if s.Draining {
 		return "draining"
 	}

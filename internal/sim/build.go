@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
@@ -168,27 +167,27 @@ func (s *sim) observe() {
 
 // snapshot renders the simulation's state as the runtime's snapshot, so
 // the status line, series and Prometheus code serve both.
-func (s *sim) snapshot() *engine.Snapshot {
-	snap := &engine.Snapshot{Elapsed: s.now}
+func (s *sim) snapshot() *report.Snapshot {
+	snap := &report.Snapshot{Elapsed: s.now}
 	for _, st := range s.stages {
-		ss := engine.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: st.source, Total: st.total, Metrics: st.metrics}
+		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: st.source, Total: st.total, Metrics: st.metrics}
 		for _, p := range st.procs {
 			acc := p.acc
 			if p.state != done {
 				acc[p.state] += s.now - p.since
 			}
-			ss.Replicas = append(ss.Replicas, engine.ReplicaSnapshot{ItemsIn: p.in, ItemsOut: p.out,
+			ss.Replicas = append(ss.Replicas, report.ReplicaSnapshot{ItemsIn: p.in, ItemsOut: p.out,
 				Busy: acc[busy], Idle: acc[idle], Blocked: acc[blocked], Done: p.state == done})
 		}
 		snap.Stages = append(snap.Stages, ss)
 	}
 	for _, e := range s.edges {
-		es := engine.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
+		es := report.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
 			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
 		for i, q := range e.queues {
 			es.Produced += q.produced
 			es.Consumed += q.consumed
-			qs := engine.QueueSnapshot{Depth: q.depth(), Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers}
+			qs := report.QueueSnapshot{Depth: q.depth(), Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers}
 			for j, live := range q.live {
 				if live {
 					qs.Open = append(qs.Open, e.g.Queues[i].Producers[j])

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -41,7 +40,7 @@ type Options struct {
 	// Interval adds a series point (and an Observe call) every Interval of
 	// virtual time; zero means none.
 	Interval time.Duration
-	Observe  func(*engine.Snapshot)
+	Observe  func(*report.Snapshot)
 
 	// probe: stages without a model take probeService an item and
 	// sources without a total emit probeItems (ProbeDeadlock).
@@ -170,7 +169,7 @@ type sim struct {
 	// Events counts processed events, for the speed benchmark.
 	Events int64
 	series []report.Sample
-	prev   *engine.Snapshot
+	prev   *report.Snapshot
 }
 
 // Run simulates g and returns its report ("simulated": true).

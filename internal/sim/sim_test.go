@@ -170,9 +170,9 @@ edge "trained" {
 // drafter with one producer. Shared runs at the targets' 5 per 10ms.
 func TestRoundRobin221Sync(t *testing.T) {
 	for policy, want := range map[string]float64{"round_robin": 300, "shared": 500} {
-		var snaps []*engine.Snapshot
+		var snaps []*report.Snapshot
 		g := load(t, fmt.Sprintf(seed, 2000, "10ms", "1ms"), "edge.hs.policy="+policy)
-		simulate(t, g, Options{Interval: 500 * time.Millisecond, Observe: func(s *engine.Snapshot) { snaps = append(snaps, s) }})
+		simulate(t, g, Options{Interval: 500 * time.Millisecond, Observe: func(s *report.Snapshot) { snaps = append(snaps, s) }})
 		if len(snaps) < 3 {
 			t.Fatalf("%s: %d snapshots", policy, len(snaps))
 		}

@@ -1,0 +1,118 @@
+package report
+
+import (
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+)
+
+// Snapshot is the live state of a run at one instant, read from the
+// runtime's atomics without stopping it. Figures are cumulative since the
+// start; a reader that wants rates diffs two snapshots.
+type Snapshot struct {
+	Time    time.Time
+	Elapsed time.Duration
+	Stages  []StageSnapshot
+	Edges   []EdgeSnapshot
+	// Draining is true once a drain has begun: sources are stopped, so
+	// progress no longer advances and an ETA would only climb.
+	Draining bool
+}
+
+// StageSnapshot is one stage's state.
+type StageSnapshot struct {
+	Name     string
+	Node     string
+	Source   bool  // the stage has no inputs
+	Total    int64 // items the stage will emit in all; 0 when unknown
+	Replicas []ReplicaSnapshot
+	Metrics  map[string]float64
+}
+
+// ReplicaSnapshot is one replica's cumulative figures, a wait in progress
+// included.
+type ReplicaSnapshot struct {
+	ItemsIn, ItemsOut   int64
+	Busy, Idle, Blocked time.Duration
+	Done                bool
+}
+
+// EdgeSnapshot is one edge's state.
+type EdgeSnapshot struct {
+	Name               string
+	Policy             graph.Policy
+	Capacity           int
+	From, To           string // stage names
+	Produced, Consumed int64
+	Queues             []QueueSnapshot
+}
+
+// QueueSnapshot is one queue's state. Open lists the producer replicas
+// still holding it open: once it is empty, the queue ends when they
+// finish.
+type QueueSnapshot struct {
+	Depth     int
+	Producers []int
+	Consumers []int
+	Open      []int
+}
+
+// Utilization returns each replica's busy share between prev and s (since
+// the start when prev is nil).
+func (s *Snapshot) Utilization(prev *Snapshot, stage int) []float64 {
+	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Busy })
+}
+
+// IdleShare returns each replica's share of time waiting for input
+// between prev and s.
+func (s *Snapshot) IdleShare(prev *Snapshot, stage int) []float64 {
+	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Idle })
+}
+
+func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) time.Duration) []float64 {
+	st := s.Stages[stage]
+	out := make([]float64, len(st.Replicas))
+	span := s.Elapsed
+	if prev != nil {
+		span -= prev.Elapsed
+	}
+	if span <= 0 {
+		return out
+	}
+	for i, r := range st.Replicas {
+		d := of(r)
+		if prev != nil && stage < len(prev.Stages) {
+			d -= of(prev.Stages[stage].Replicas[i])
+		}
+		out[i] = min(max(float64(d)/float64(span), 0), 1)
+	}
+	return out
+}
+
+// Sample turns a snapshot into a point of the report's series.
+func (s *Snapshot) Sample(prev *Snapshot) Sample {
+	p := Sample{
+		T:           s.Elapsed.Seconds(),
+		Queues:      map[string][]int{},
+		Utilization: map[string][]float64{},
+		Idle:        map[string][]float64{},
+	}
+	for _, e := range s.Edges {
+		depths := make([]int, len(e.Queues))
+		for i, q := range e.Queues {
+			depths[i] = q.Depth
+		}
+		p.Queues[e.Name] = depths
+	}
+	for i, st := range s.Stages {
+		p.Utilization[st.Name] = s.Utilization(prev, i)
+		p.Idle[st.Name] = s.IdleShare(prev, i)
+		if len(st.Metrics) > 0 {
+			if p.Metrics == nil {
+				p.Metrics = map[string]map[string]float64{}
+			}
+			p.Metrics[st.Name] = st.Metrics // a fresh map per snapshot, read-only from here
+		}
+	}
+	return p
+}
