@@ -31,6 +31,7 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from concurrent import futures
 
@@ -429,6 +430,7 @@ def serve(*kinds):
     if os.environ.get(COOKIE_KEY) != COOKIE:
         sys.stderr.write("This is a dflow plugin: dflow starts it when a spec uses one of its nodes.\n")
         sys.exit(1)
+    _watch_parent()
     svc = _Service(kinds)
     raw = dict(request_deserializer=None, response_serializer=None)
     handlers = [
@@ -464,6 +466,45 @@ def serve(*kinds):
 
 
 _sockdir = None
+
+LIFELINE_ENV = "DFLOW_PLUGIN_LIFELINE"
+PARENT_POLL = 0.2  # seconds between checks that the parent is still there
+
+
+def _watch_parent():
+    """Ends the process when dflow has gone, however it ended (SIGKILL
+    included): at end-of-file on the lifeline, the stdin whose write end
+    only dflow holds (when dflow says so in DFLOW_PLUGIN_LIFELINE), and
+    when the parent changes (dflow, or the wrapper script that ran this
+    process, died). A process that a wrapper script runs without exec
+    inherits the lifeline too."""
+    if os.environ.get(LIFELINE_ENV) == "stdin":
+        def lifeline():
+            try:
+                while os.read(0, 1 << 16):
+                    pass
+            except OSError:
+                pass
+            _parent_gone("its lifeline, the plugin's stdin, closed")
+        threading.Thread(target=lifeline, daemon=True).start()
+    ppid = os.getppid()
+    if ppid > 1:  # 1: started by init, or in a container as its child
+        def poll():
+            while os.getppid() == ppid:
+                time.sleep(PARENT_POLL)
+            _parent_gone("the plugin's parent, process %d, exited" % ppid)
+        threading.Thread(target=poll, daemon=True).start()
+
+
+def _parent_gone(why):
+    try:  # stderr is a pipe to dflow, which may be gone with it
+        sys.stderr.write("dflow-plugin: dflow has gone (%s): exiting\n" % why)
+        sys.stderr.flush()
+    except Exception:
+        pass
+    if _sockdir:
+        shutil.rmtree(_sockdir, ignore_errors=True)
+    os._exit(1)
 
 
 def _shutdown(request, context):

@@ -28,6 +28,73 @@ import (
 	"github.com/dflow-dev/dflow/report"
 )
 
+// TestMain re-runs the test binary as a dflow when DFLOW_TEST_AS_DFLOW
+// names a plugin: TestPluginsDieWithKilledDflow kills it.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("DFLOW_TEST_AS_DFLOW"); path != "" {
+		os.Exit(asDflow(path))
+	}
+	os.Exit(m.Run())
+}
+
+// asDflow loads the plugin at path as py and runs plugintest.SlowSpec
+// through py/stats on 2 replicas, until it is killed.
+func asDflow(path string) int {
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	h := host.New(os.Stderr)
+	defer h.Close()
+	if _, err := h.Load("py", path, reg); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(plugintest.SlowSpec("py/stats", 2)))
+	if diags.HasErrors() {
+		fmt.Fprintln(os.Stderr, diags)
+		return 1
+	}
+	if _, err := engine.Run(context.Background(), g, engine.Options{Registry: reg}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// TestPluginsDieWithKilledDflow: SIGKILL of dflow leaves no Python plugin
+// process behind, whether its wrapper execs Python (the shipped one) or
+// runs it as a child.
+func TestPluginsDieWithKilledDflow(t *testing.T) {
+	python(t)
+	for _, tc := range []struct {
+		name    string
+		wrapper string
+		want    int // processes naming the plugin's folder: catalog + 2 replicas
+	}{
+		{"exec", "", 3},
+		{"child", "#!/bin/sh\n\"${DFLOW_PYTHON:-python3}\" \"$(dirname \"$0\")/stats.py\"\n", 6}, // and 3 shells
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A copy of the plugin, so that pgrep sees this test's processes only.
+			dir := t.TempDir()
+			for _, name := range []string{"dflow-plugin-pystats", "stats.py", "dflowplugin.py", "dflow_pb2.py"} {
+				b, err := os.ReadFile(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if name == "dflow-plugin-pystats" && tc.wrapper != "" {
+					b = []byte(tc.wrapper)
+				}
+				if err := os.WriteFile(filepath.Join(dir, name), b, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dflow := exec.Command(os.Args[0], "-test.run=^$")
+			dflow.Env = append(os.Environ(), "DFLOW_TEST_AS_DFLOW="+filepath.Join(dir, "dflow-plugin-pystats"))
+			plugintest.KillDflow(t, dflow, dir, tc.want)
+		})
+	}
+}
+
 // python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
 // Debian's, which is where python3-grpcio installs); the test skips
 // without grpcio, protobuf and numpy.
