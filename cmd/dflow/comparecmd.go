@@ -9,10 +9,10 @@ import (
 	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
 )
 
 // comparison is what `dflow compare --json` prints.
@@ -96,7 +96,7 @@ func cmdCompare(e *env, args []string) int {
 			rep, err = sim.Run(g, sim.Options{Registry: e.registry, From: measured})
 		} else {
 			fmt.Fprintf(e.stderr, "dflow: running %s with edge %s policy %s\n", files[0], *edgeName, pol)
-			rep, err = engine.Run(context.Background(), g, engine.Options{Registry: e.registry})
+			rep, err = run.Run(context.Background(), g, run.Options{Registry: e.registry})
 		}
 		if err != nil {
 			fmt.Fprintf(e.stderr, "dflow compare: policy %s: %v\n", pol, err)

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
 	"golang.org/x/term"
 )
 
@@ -65,26 +65,21 @@ func cmdRun(e *env, args []string) int {
 	fmt.Fprintf(e.stderr, "dflow: running %s: %s, %s, %s\n", files[0], plural(len(g.Stages), "stage"), plural(replicas, "replica"), plural(len(g.Edges), "edge"))
 	outputsWritten := e.announceOutputs(g) // where models and checkpoints go
 	status := &monitor.Status{W: e.stderr, TTY: tty, Width: width}
-	opts := engine.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
+	opts := run.Options{Registry: e.registry, Drain: drain, Grace: *grace, Interval: *interval}
 	if *interval > 0 {
 		opts.Observe = status.Observe
 	}
-	p, err := engine.New(g, opts)
-	var rep *report.Report
-	if err == nil {
-		if *metricsAddr != "" {
-			url, shutdown, merr := monitor.Serve(*metricsAddr, monitor.NewCollector(p.Snapshot))
-			if merr != nil {
-				fmt.Fprintf(e.stderr, "dflow run: %v\n", merr)
-				return exitFailed
-			}
-			defer shutdown()
-			fmt.Fprintf(e.stderr, "dflow: metrics at %s\n", url)
+	p, err := run.New(g, opts)
+	if err == nil && *metricsAddr != "" {
+		url, shutdown, merr := monitor.Serve(*metricsAddr, monitor.NewCollector(p.Snapshot))
+		if merr != nil {
+			fmt.Fprintf(e.stderr, "dflow run: %v\n", merr)
+			return exitFailed
 		}
-		rep, err = p.Execute(ctx)
-	} else {
-		rep, _ = engine.Run(ctx, g, opts) // the same construction error, as a report
+		defer shutdown()
+		fmt.Fprintf(e.stderr, "dflow: metrics at %s\n", url)
 	}
+	rep, err := p.Run(ctx) // a failed construction: its report and error at once
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
 	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))

@@ -1,7 +1,9 @@
 // Package engine runs a validated graph: every stage replica in its own
 // goroutine, items moving through bounded queues wired per the graph's
 // edges, end-of-input derived from the topology. docs/runtime.md
-// describes the model; the public surface is nodes.Node and Run.
+// describes the model. It is reached from outside through package run
+// (the public front door) and implements the nodes.Replica handles that
+// package nodes defines.
 package engine
 
 import (
@@ -98,13 +100,13 @@ func (r *run) stage(name string) *stage {
 func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, error) {
 	p, err := New(g, opts)
 	if err != nil {
-		return p.r.report(time.Now(), report.Failed, err), err
+		return p.Failed(err), err
 	}
 	return p.Execute(ctx)
 }
 
 // Pipeline is a graph made ready to run: nodes built, queues wired. Its
-// report.Snapshot may be read from any goroutine while Execute runs.
+// Snapshot may be read from any goroutine while Execute runs.
 type Pipeline struct{ r *run }
 
 // New builds the nodes and queues of g. On error the Pipeline is still
@@ -128,7 +130,13 @@ func (p *Pipeline) Execute(ctx context.Context) (*report.Report, error) {
 	return p.r.execute(ctx)
 }
 
-// report.Snapshot reads the live figures of the run.
+// Failed is the report of a pipeline whose construction failed with err:
+// every stage and edge, nothing run.
+func (p *Pipeline) Failed(err error) *report.Report {
+	return p.r.report(time.Now(), report.Failed, err)
+}
+
+// Snapshot reads the live figures of the run.
 func (p *Pipeline) Snapshot() *report.Snapshot { return p.r.snapshot(time.Now()) }
 
 // build constructs nodes, queues and replica ports.

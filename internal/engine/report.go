@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -49,7 +50,33 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		}
 		rep.Edges[e.g.Name] = re
 	}
+	unbuilt(rep, r.g)
 	return rep
+}
+
+// unbuilt adds the stages and edges a failed construction did not reach,
+// with nothing counted, so a failed report still lists the whole graph.
+func unbuilt(rep *report.Report, g *graph.Graph) {
+	for _, gs := range g.Stages {
+		if _, ok := rep.Stages[gs.Name]; ok {
+			continue
+		}
+		st := report.Stage{Node: gs.Node, Metrics: map[string]float64{}}
+		for i := range gs.Replicas {
+			st.Replicas = append(st.Replicas, report.Replica{Index: i, Device: gs.Device(i)})
+		}
+		rep.Stages[gs.Name] = st
+	}
+	for _, ge := range g.Edges {
+		if _, ok := rep.Edges[ge.Name]; ok {
+			continue
+		}
+		re := report.Edge{Policy: string(ge.Policy), Capacity: ge.Capacity, CapacityBytes: ge.CapacityBytes}
+		for _, q := range ge.Queues {
+			re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
+		}
+		rep.Edges[ge.Name] = re
+	}
 }
 
 // figures reads one replica's counters. Busy is the lifetime less idle and
