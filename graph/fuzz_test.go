@@ -2,8 +2,10 @@ package graph_test
 
 import (
 	"bytes"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -11,15 +13,29 @@ import (
 
 // FuzzLoad feeds arbitrary bytes to the loader, as native and JSON syntax,
 // and checks it never panics and never returns a graph alongside errors.
-// Its seeds are every shipped spec, every suite case, and the corpus in
+// Its seeds are every spec in the repository (specs/, every .hcl and .json
+// under graph/testdata, the plugin examples') and the corpus in
 // testdata/fuzz/FuzzLoad. Run: go test ./graph -fuzz FuzzLoad
 func FuzzLoad(f *testing.F) {
-	for _, pattern := range []string{"../specs/*.hcl", "testdata/validate/*.hcl", "testdata/*.json"} {
-		files, _ := filepath.Glob(pattern)
-		for _, file := range files {
-			src, _ := os.ReadFile(file)
-			f.Add(src, filepath.Ext(file) == ".json")
-		}
+	seeds := 0
+	for _, root := range []string{"../specs", "testdata", "../plugins/examples"} {
+		filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || strings.Contains(path, "fuzz") {
+				return err
+			}
+			if ext := filepath.Ext(path); ext == ".hcl" || ext == ".json" {
+				src, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				f.Add(src, ext == ".json")
+				seeds++
+			}
+			return nil
+		})
+	}
+	if seeds < 20 {
+		f.Fatalf("only %d seed specs found", seeds)
 	}
 	reg := testRegistry()
 	f.Fuzz(func(t *testing.T, src []byte, asJSON bool) {
