@@ -101,7 +101,7 @@ type Sample struct {
 	Queues      map[string][]int     `json:"queues"`
 	Utilization map[string][]float64 `json:"utilization"`
 	// Idle is each replica's share of the interval spent waiting for
-	// input (an addition to DESIGN.md's schema): a starved replica stands
+	// input: a starved replica stands
 	// out here even when a sync step keeps its busy share level with its
 	// siblings'.
 	Idle map[string][]float64 `json:"idle,omitempty"`

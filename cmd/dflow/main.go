@@ -17,7 +17,7 @@ import (
 	"github.com/dflow-dev/dflow/plugins/host"
 )
 
-// Exit codes (DESIGN.md).
+// Exit codes, as the README and every command's help state them.
 const (
 	exitOK          = 0
 	exitFailed      = 1
@@ -72,6 +72,9 @@ func init() {
 		{"plugins", "[DIR]", "list the plugins found (./plugins, $DFLOW_PLUGIN_DIR or DIR) with their nodes, ports and config",
 			"Starts every plugin found (executables named dflow-plugin-NAME in ./plugins, $DFLOW_PLUGIN_DIR or the folders given) and lists the node kinds each offers, with their ports and config.",
 			cmdPlugins},
+		{"nodes", nodesUsage, "list the node kinds, built-in and from plugins, with their ports and config",
+			"Lists every node kind a stage can name: the built-in ones and those of the plugins found (./plugins, $DFLOW_PLUGIN_DIR), each with its ports (direction, name, type, what it carries) and its config attributes (type, default or required, what each does). Port types are those of the default config. With KIND only that kind is shown; a kind that does not exist exits 1 with the closest name. --json prints the same for programs; --markdown prints the built-in kinds as the node table of docs/spec-language.md.",
+			cmdNodes},
 		{"plot", "REPORT -o FILE.png", "draw queue depth and utilization over time from a saved report",
 			"Draws a saved report's time series: queue depth per queue, busy share and idle share per replica, as a PNG or JPEG by the output's extension.",
 			cmdPlot},

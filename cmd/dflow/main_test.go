@@ -49,7 +49,7 @@ func TestValidate(t *testing.T) {
 		!strings.Contains(stderr, `did you mean "target"?`) {
 		t.Errorf("invalid spec: code %d\n%s", code, stderr)
 	}
-	// Flags after the spec, as in DESIGN.md.
+	// Flags after the spec, as the README writes them.
 	code, stdout, _ = dflow(t, "validate", bad, "--json")
 	var rep struct {
 		Valid      bool

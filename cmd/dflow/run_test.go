@@ -61,7 +61,7 @@ func TestRunOK(t *testing.T) {
 	if got := rep.Stages["sink"].Replicas[0].ItemsIn; got != 400 {
 		t.Errorf("sink got %d items, want 400 (fan-out then fan-in)", got)
 	}
-	// The report's raw JSON has the DESIGN.md keys.
+	// The report's raw JSON has the documented keys (docs/runtime.md).
 	raw, _ := os.ReadFile(out)
 	for _, key := range []string{`"wall_seconds"`, `"busy_seconds"`, `"service_seconds"`, `"mean_depth"`, `"simulated": false`} {
 		if !bytes.Contains(raw, []byte(key)) {
