@@ -101,9 +101,8 @@ type Sample struct {
 	Queues      map[string][]int     `json:"queues"`
 	Utilization map[string][]float64 `json:"utilization"`
 	// Idle is each replica's share of the interval spent waiting for
-	// input: a starved replica stands
-	// out here even when a sync step keeps its busy share level with its
-	// siblings'.
+	// input: a starved replica stands out here even when a sync step
+	// keeps its busy share level with its siblings'.
 	Idle map[string][]float64 `json:"idle,omitempty"`
 	// Metrics are the node metrics at the point, stage -> name -> value
 	// (gauges their latest value, counters their sum so far): the loss
