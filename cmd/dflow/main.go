@@ -1,5 +1,3 @@
-// Command dflow validates, draws, formats and runs dataflow pipelines
-// declared in HCL. See the README and docs/ for the spec language.
 package main
 
 import (

@@ -80,7 +80,10 @@ func cmdPlugins(e *env, args []string) int {
 			status = exitFailed
 			continue
 		}
-		host.Describe(e.stdout, n, found[n], kinds)
+		fmt.Fprintf(e.stdout, "plugin %s (%s)\n", n, found[n])
+		for _, k := range kinds {
+			writeKind(e.stdout, pluginKindDoc(n, found[n], k), "  ", false) // as dflow nodes prints it
+		}
 	}
 	return status
 }
