@@ -1,6 +1,3 @@
-// Package report defines the run report: what
-// `dflow run --report` and `dflow sim --report` write, and what later
-// commands read back.
 package report
 
 import (

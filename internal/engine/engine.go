@@ -1,9 +1,3 @@
-// Package engine runs a validated graph: every stage replica in its own
-// goroutine, items moving through bounded queues wired per the graph's
-// edges, end-of-input derived from the topology. docs/runtime.md
-// describes the model. It is reached from outside through package run
-// (the public front door) and implements the nodes.Replica handles that
-// package nodes defines.
 package engine
 
 import (

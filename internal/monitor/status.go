@@ -1,6 +1,3 @@
-// Package monitor turns a running pipeline's snapshots into what people
-// and tools read: the status line, the progress bar, Prometheus metrics,
-// the diagnosis and the plot.
 package monitor
 
 import (

@@ -1,14 +1,3 @@
-// Package nn holds dflow's numeric core: float32 forward and backward
-// kernels over flat row-major buffers, in the spirit of llm.c, with
-// gonum's BLAS for the matrix products. Each kernel is a plain function of
-// buffers and sizes, so another backend (CUDA) can implement the same
-// signatures. Backward kernels accumulate (+=) into gradient buffers, so a
-// buffer used twice (a tied embedding, a residual) gets both gradients;
-// callers zero gradients before a step.
-//
-// Shapes: N rows of width D; a linear layer's weight is [Out, In] and its
-// output is in @ W^T + b; attention reads qkv [B, T, 3C] (q, k, v
-// concatenated per position) and writes [B, T, C].
 package nn
 
 import (

@@ -1,15 +1,3 @@
-// Package sim is dflow's discrete-event simulator: it runs a graph in
-// virtual time with the runtime's own wiring (graph.Edge.Queues, producer
-// rotation, capacities, fan-in and fan-out, sync steps with uneven ends,
-// termination from the topology) and writes the run report, so policies
-// and replica splits can be compared before any GPU hour is spent.
-//
-// Each replica is a state machine: receive (idle while its queues are
-// empty), step with its siblings if the node syncs (blocked until every
-// member still present arrives), serve one service time (busy), send to
-// every edge of each output port (blocked while a queue is full). Events
-// at equal times run in the order they were scheduled, so a simulation is
-// deterministic: same spec and seeds, same report.
 package sim
 
 import (

@@ -1,7 +1,3 @@
-// Package dflash provides the DFlash pipeline's nodes: target_forward (a
-// frozen target LM that emits hidden states and its greedy tokens) and
-// drafter_train (a block drafter trained data-parallel on them), plus the
-// speculative-decoding evaluation that measures acceptance length.
 package dflash
 
 import (

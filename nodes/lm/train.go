@@ -1,7 +1,3 @@
-// Package lm provides lm_train: it trains dflow's byte-level target
-// language model (internal/nn) on batches from text_reader, data-parallel
-// over its replicas, and evaluates it on the corpus's held-out text
-// against an n-gram baseline.
 package lm
 
 import (

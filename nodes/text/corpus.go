@@ -1,6 +1,3 @@
-// Package text provides text_reader, the node that turns files of text
-// into batches of byte tokens, and the corpus helpers other nodes share
-// (the held-out split, n-gram baselines).
 package text
 
 import (

@@ -1,0 +1,28 @@
+// Package engine runs a validated graph: every stage replica in a
+// goroutine of its own, items moving through bounded queues wired per the
+// graph's edges (graph.Edge.Queues), end-of-input derived from the
+// topology. docs/runtime.md describes the model. Go users reach it
+// through package run; the engine implements the nodes.Replica, Input,
+// Output and Group handles that package nodes defines.
+//
+// What it owns: the queues (one Go channel each), the replicas' ports and
+// their accounting (tally.go, clock.go), replica groups (group.go), the
+// sampler that advances the coarse clock, records queue depths and takes
+// series points, the deadlock detector (deadlock.go), failure, drain and
+// abort (engine.go, wake.go), and the report's figures (report.go).
+//
+// Invariants:
+//   - A queue's channel is closed exactly once, by the last producer
+//     replica wired to it to return; nodes never close anything, and
+//     Recv returns io.EOF once every queue of a port has closed and
+//     drained.
+//   - An item a Recv or Send finds ready touches no clock and no shared
+//     cache line: only blocking waits are timed and recorded (what each
+//     waits on, for the deadlock detector).
+//   - Counts are published before every blocking wait and when Run
+//     returns, so a waiting replica and the final report are exact.
+//   - Plain channel operations wait on the replica's own context only;
+//     once the run is cancelled the engine releases them itself (wake.go).
+//   - The first error wins and cancels the rest; a report is always
+//     returned, with busy + idle + blocked adding up to each lifetime.
+package engine

@@ -1,0 +1,18 @@
+// Package run executes dflow pipelines from Go: the front door to the
+// runtime, which itself stays internal.
+//
+// A pipeline is a *graph.Graph, loaded from HCL (graph.Loader) or built in
+// Go (graph.NewBuilder), whose stages are node kinds of a nodes.Registry:
+// the built-in ones (nodes.Default, filled by importing the packages under
+// nodes/) or a registry of the caller's own. New builds the nodes and
+// wires the queues; Run executes it: every stage replica in a goroutine of
+// its own, items moving through bounded queues, end-of-input derived from
+// the graph, until every stage has finished, one fails, the run deadlocks,
+// ctx is cancelled (an abort) or Options.Drain is closed (a drain). It
+// always returns a report (package report); the error is the run's first
+// failure, naming stage and replica.
+//
+// Invariants: a Pipeline runs once. Snapshot may be called from any
+// goroutine while Run runs, and costs the run nothing it would notice.
+// Items sent on an edge belong to their consumers (see nodes.Output).
+package run
