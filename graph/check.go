@@ -14,47 +14,47 @@ import (
 
 // check resolves node kinds, decodes configs, connects edges to ports and
 // reports everything wrong with the graph as a whole.
-func (d *decoder) check() {
-	if d.loader.Plugins != nil {
+func (b *Builder) check() {
+	if b.plugins != nil {
 		seen := map[string]bool{}
 		var referenced []string
-		for _, s := range d.g.Stages {
+		for _, s := range b.g.Stages {
 			if name, _, ok := strings.Cut(s.Node, "/"); ok && !seen[name] {
 				seen[name] = true
 				referenced = append(referenced, name)
 			}
 		}
-		d.diags = append(d.diags, d.loader.Plugins(d.g.Plugins, referenced)...)
+		b.diags = append(b.diags, b.plugins(b.g.Plugins, referenced)...)
 	}
-	for _, s := range d.g.Stages {
-		d.resolveStage(s)
+	for _, s := range b.g.Stages {
+		b.resolveStage(s)
 	}
-	for _, e := range d.g.Edges {
-		d.connect(e)
+	for _, e := range b.g.Edges {
+		b.connect(e)
 	}
-	cyclic := d.checkCycles()
-	d.resolveTypes(cyclic)
-	for _, e := range d.g.Edges {
-		d.checkTypes(e)
+	cyclic := b.checkCycles()
+	b.resolveTypes(cyclic)
+	for _, e := range b.g.Edges {
+		b.checkTypes(e)
 		if e.From != nil && e.To != nil {
 			e.Queues = Wire(e.Policy, e.From.Stage.Replicas, e.To.Stage.Replicas)
 		}
 	}
-	d.checkUnconnected()
+	b.checkUnconnected()
 }
 
-func (d *decoder) resolveStage(s *Stage) {
+func (b *Builder) resolveStage(s *Stage) {
 	if s.Node == "" {
 		return // missing or invalid node attribute, already reported
 	}
-	k, ok := d.loader.Catalog.Kind(s.Node)
+	k, ok := b.catalog.Kind(s.Node)
 	if !ok {
-		d.errorf(s.NodeRange, "unknown node kind", "stage %q: node kind %q is not known%s",
-			s.Name, s.Node, hinted(didYouMean(s.Node, d.loader.Catalog.KindNames()), d.kindHint(s.Node)))
+		b.errorf(s.NodeRange, "unknown node kind", "stage %q: node kind %q is not known%s",
+			s.Name, s.Node, hinted(didYouMean(s.Node, b.catalog.KindNames()), b.kindHint(s.Node)))
 		return
 	}
 	s.Kind = k
-	d.decodeConfig(s, k)
+	b.decodeConfig(s, k)
 	if k.Ports == nil {
 		return
 	}
@@ -68,38 +68,38 @@ func (d *decoder) resolveStage(s *Stage) {
 	}
 }
 
-func (d *decoder) kindHint(node string) string {
+func (b *Builder) kindHint(node string) string {
 	if plugin, _, ok := strings.Cut(node, "/"); ok {
-		for _, p := range d.g.Plugins {
+		for _, p := range b.g.Plugins {
 			if p.Name == plugin {
 				return fmt.Sprintf(" Plugin %q (%s) offers no such kind; `dflow plugins` lists what it offers.", plugin, p.Path)
 			}
 		}
 		return fmt.Sprintf(" No plugin %q is declared in this spec or found in ./plugins or $DFLOW_PLUGIN_DIR.", plugin)
 	}
-	return " Known kinds: " + strings.Join(d.loader.Catalog.KindNames(), ", ") + "."
+	return " Known kinds: " + strings.Join(b.catalog.KindNames(), ", ") + "."
 }
 
 // decodeConfig decodes the stage's config block against the kind's schema.
-func (d *decoder) decodeConfig(s *Stage, k *Kind) {
+func (b *Builder) decodeConfig(s *Stage, k *Kind) {
 	cfg := s.Config
 	cfg.values = map[string]cty.Value{}
 	cfg.ranges = map[string]hcl.Range{}
 	schema := &hcl.BodySchema{}
 	fields := map[string]Field{}
 	for _, f := range k.Config {
-		schema.Attributes = append(schema.Attributes, hcl.AttributeSchema{Name: f.Name, Required: f.Required && d.pendingConfig[s][f.Name] == ""})
+		schema.Attributes = append(schema.Attributes, hcl.AttributeSchema{Name: f.Name, Required: f.Required && b.pendingConfig[s][f.Name] == ""})
 		fields[f.Name] = f
 	}
-	if body, ok := d.configBodies[s]; ok {
+	if body := b.drafts[s].configBody; body != nil {
 		content, diags := body.Content(schema)
-		d.diags = append(d.diags, d.configDiags(s, diags)...)
+		b.diags = append(b.diags, b.configDiags(s, diags)...)
 		for _, a := range byPosition(content.Attributes) {
 			name := a.Name
 			f := fields[name]
-			if v, ok := d.value(a, f.Type.cty(), "of type "+f.Type.String()); ok {
+			if v, ok := b.eval(a, f.Type.cty(), "of type "+f.Type.String()); ok {
 				if err := checkField(f, v); err != nil {
-					d.errorf(a.Expr.Range(), "invalid value for "+name, "stage %q: config attribute %s %v.", s.Name, name, err)
+					b.errorf(a.Expr.Range(), "invalid value for "+name, "stage %q: config attribute %s %v.", s.Name, name, err)
 					continue
 				}
 				cfg.values[name] = v
@@ -107,14 +107,15 @@ func (d *decoder) decodeConfig(s *Stage, k *Kind) {
 			}
 		}
 	} else {
+		b.goConfig(s, k, fields)
 		for _, f := range k.Config {
-			if f.Required && d.pendingConfig[s][f.Name] == "" {
-				d.errorf(s.NameRange, "missing config attribute",
+			if _, set := cfg.values[f.Name]; !set && f.Required && b.pendingConfig[s][f.Name] == "" {
+				b.errorf(s.NameRange, "missing config attribute",
 					"stage %q: node %q needs config attribute %q: %s", s.Name, k.Name, f.Name, f.Doc)
 			}
 		}
 	}
-	d.applyPendingConfig(s, fields)
+	b.applyPendingConfig(s, fields)
 	for _, f := range k.Config {
 		if _, set := cfg.values[f.Name]; !set && f.Default != cty.NilVal {
 			cfg.values[f.Name] = f.Default
@@ -127,33 +128,69 @@ func (d *decoder) decodeConfig(s *Stage, k *Kind) {
 		r := cfg.block
 		var fe *FieldError
 		if errors.As(err, &fe) {
-			if d.fromSet[s][fe.Field] {
+			if b.fromSet[s][fe.Field] {
 				// The value came from the command line: say so, with no
 				// position in the file, whose value was overridden.
-				d.diags = append(d.diags, &hcl.Diagnostic{
+				b.diags = append(b.diags, &hcl.Diagnostic{
 					Severity: hcl.DiagError,
 					Summary:  "invalid --set",
 					Detail: sentence(fmt.Sprintf("--set stage.%s.config.%s=%s: stage %q (%s): %v",
-						s.Name, fe.Field, d.pendingConfig[s][fe.Field], s.Name, k.Name, err)),
+						s.Name, fe.Field, b.pendingConfig[s][fe.Field], s.Name, k.Name, err)),
 				})
 				continue
 			}
 			r = cfg.Range(fe.Field)
 		}
-		d.errorf(r, "invalid config", "stage %q (%s): %v.", s.Name, k.Name, err)
+		b.errorf(r, "invalid config", "stage %q (%s): %v.", s.Name, k.Name, err)
+	}
+}
+
+// goConfig decodes the ConfigAttr options of a stage built in Go, as the
+// config block of a spec is decoded: each value converted to the type the
+// kind's schema declares.
+func (b *Builder) goConfig(s *Stage, k *Kind, fields map[string]Field) {
+	for _, item := range b.drafts[s].config {
+		f, ok := fields[item.key]
+		if !ok {
+			b.errorf(hcl.Range{}, "unknown config attribute", "%s", sentence(fmt.Sprintf(
+				"stage %q (node %q): node %q has no config attribute %q%s",
+				s.Name, s.Node, k.Name, item.key, didYouMean(item.key, slices.Sorted(maps.Keys(fields))))))
+			continue
+		}
+		if _, dup := s.Config.values[item.key]; dup {
+			b.errorf(hcl.Range{}, "duplicate config attribute",
+				"stage %q: config attribute %s is given twice; give it once.", s.Name, item.key)
+			continue
+		}
+		v, err := goValue(item.value)
+		if err == nil {
+			var cv cty.Value
+			if cv, err = convertValue(v, f.Type.cty()); err != nil || cv.IsNull() {
+				err = fmt.Errorf("must be of type %s; got %s", f.Type, describe(v))
+			}
+			v = cv
+		}
+		if err == nil {
+			err = checkField(f, v)
+		}
+		if err != nil {
+			b.errorf(hcl.Range{}, "invalid value for "+item.key, "stage %q: config attribute %s %v.", s.Name, item.key, err)
+			continue
+		}
+		s.Config.values[item.key] = v
 	}
 }
 
 // configDiags adds the stage name to hcl's own schema diagnostics.
-func (d *decoder) configDiags(s *Stage, diags hcl.Diagnostics) hcl.Diagnostics {
+func (b *Builder) configDiags(s *Stage, diags hcl.Diagnostics) hcl.Diagnostics {
 	for _, diag := range diags {
 		diag.Detail = fmt.Sprintf("stage %q (node %q): %s", s.Name, s.Node, diag.Detail)
 	}
 	return diags
 }
 
-func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
-	for name, raw := range d.pendingConfig[s] {
+func (b *Builder) applyPendingConfig(s *Stage, fields map[string]Field) {
+	for name, raw := range b.pendingConfig[s] {
 		f, ok := fields[name]
 		var err error
 		var v cty.Value
@@ -163,7 +200,7 @@ func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
 			err = checkField(f, v)
 		}
 		if err != nil {
-			d.diags = append(d.diags, &hcl.Diagnostic{
+			b.diags = append(b.diags, &hcl.Diagnostic{
 				Severity: hcl.DiagError,
 				Summary:  "invalid --set",
 				Detail:   sentence(fmt.Sprintf("--set stage.%s.config.%s=%s: %v", s.Name, name, raw, err)),
@@ -172,13 +209,13 @@ func (d *decoder) applyPendingConfig(s *Stage, fields map[string]Field) {
 		}
 		s.Config.values[name] = v
 		delete(s.Config.ranges, name) // the file's value no longer counts
-		if d.fromSet == nil {
-			d.fromSet = map[*Stage]map[string]bool{}
+		if b.fromSet == nil {
+			b.fromSet = map[*Stage]map[string]bool{}
 		}
-		if d.fromSet[s] == nil {
-			d.fromSet[s] = map[string]bool{}
+		if b.fromSet[s] == nil {
+			b.fromSet[s] = map[string]bool{}
 		}
-		d.fromSet[s][name] = true
+		b.fromSet[s][name] = true
 	}
 }
 
@@ -192,10 +229,10 @@ func checkField(f Field, v cty.Value) error {
 }
 
 // connect resolves an edge's STAGE.PORT references.
-func (d *decoder) connect(e *Edge) {
-	refs := d.edgeRefs[e]
-	e.From = d.resolvePort(e, refs[0], Out, e.FromRange)
-	e.To = d.resolvePort(e, refs[1], In, e.ToRange)
+func (b *Builder) connect(e *Edge) {
+	refs := b.refs[e]
+	e.From = b.resolvePort(e, refs[0], Out, e.FromRange)
+	e.To = b.resolvePort(e, refs[1], In, e.ToRange)
 	if e.From != nil {
 		e.From.Edges = append(e.From.Edges, e)
 	}
@@ -204,16 +241,15 @@ func (d *decoder) connect(e *Edge) {
 	}
 }
 
-func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Range) *Port {
-	if tr == nil {
+func (b *Builder) resolvePort(e *Edge, ref *portRef, dir Direction, r hcl.Range) *Port {
+	if ref == nil {
 		return nil
 	}
-	stageName := tr.RootName()
-	portName := tr[1].(hcl.TraverseAttr).Name
-	s := d.g.stages[stageName]
+	stageName, portName := ref.stage, ref.port
+	s := b.g.stages[stageName]
 	if s == nil {
-		d.errorf(tr[0].SourceRange(), "unknown stage", "%s", sentence(fmt.Sprintf("edge %q: stage %q is not defined%s",
-			e.Name, stageName, didYouMean(stageName, slices.Sorted(maps.Keys(d.g.stages))))))
+		b.errorf(ref.stageRange, "unknown stage", "%s", sentence(fmt.Sprintf("edge %q: stage %q is not defined%s",
+			e.Name, stageName, didYouMean(stageName, slices.Sorted(maps.Keys(b.g.stages))))))
 		return nil
 	}
 	if s.Kind == nil {
@@ -234,13 +270,13 @@ func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Ra
 		if len(names) > 0 {
 			list = strings.Join(names, ", ")
 		}
-		d.errorf(tr[1].SourceRange(), "unknown port", "%s", sentence(fmt.Sprintf(
+		b.errorf(ref.portRange, "unknown port", "%s", sentence(fmt.Sprintf(
 			"edge %q: stage %q (node %q) has no %s port %q; its %s ports are: %s%s",
 			e.Name, s.Name, s.Node, dir, portName, dir, list, didYouMean(portName, names))))
 		return nil
 	}
 	if p.Dir != dir {
-		d.errorf(r, "wrong port direction",
+		b.errorf(r, "wrong port direction",
 			"edge %q: %s is an %s port, but %q must name an %s port.", e.Name, p, p.Dir, attr, dir)
 		return nil
 	}
@@ -249,9 +285,9 @@ func (d *decoder) resolvePort(e *Edge, tr hcl.Traversal, dir Direction, r hcl.Ra
 
 // resolveTypes fills in the types of SameAs output ports from what feeds
 // their input, following the graph to a fixed point.
-func (d *decoder) resolveTypes(cyclic bool) {
+func (b *Builder) resolveTypes(cyclic bool) {
 	sameAs := map[*Port]string{}
-	for _, s := range d.g.Stages {
+	for _, s := range b.g.Stages {
 		if s.Kind == nil || s.Kind.Ports == nil {
 			continue
 		}
@@ -315,37 +351,37 @@ func Compatible(from, to string) bool {
 	return from == to || from == Any || to == Any
 }
 
-func (d *decoder) checkTypes(e *Edge) {
+func (b *Builder) checkTypes(e *Edge) {
 	if e.From == nil || e.To == nil || Compatible(e.From.Type, e.To.Type) {
 		return
 	}
-	d.diags = append(d.diags, &hcl.Diagnostic{
+	b.diags = append(b.diags, &hcl.Diagnostic{
 		Severity: hcl.DiagError,
 		Summary:  "type mismatch",
 		Detail: fmt.Sprintf("edge %q: %s emits %q items but %s takes %q; connect ports of the same type.",
 			e.Name, e.From, e.From.Type, e.To, e.To.Type),
-		Subject: e.ToRange.Ptr(),
-		Context: hcl.RangeBetween(e.FromRange, e.ToRange).Ptr(),
+		Subject: subject(e.ToRange),
+		Context: subject(hcl.RangeBetween(e.FromRange, e.ToRange)),
 	})
 }
 
-func (d *decoder) checkUnconnected() {
-	for _, s := range d.g.Stages {
+func (b *Builder) checkUnconnected() {
+	for _, s := range b.g.Stages {
 		for _, p := range s.Inputs {
-			if len(p.Edges) == 0 && !d.mentions(p) {
-				d.errorf(s.NameRange, "input port with no edge",
+			if len(p.Edges) == 0 && !b.mentions(p) {
+				b.errorf(s.NameRange, "input port with no edge",
 					"stage %q: input port %q (%s) has no edge feeding it; add an edge with to = %s.",
 					s.Name, p.Name, p.Type, p)
 			}
 		}
 		for _, p := range s.Outputs {
 			if len(p.Edges) == 0 {
-				d.diags = append(d.diags, &hcl.Diagnostic{
+				b.diags = append(b.diags, &hcl.Diagnostic{
 					Severity: hcl.DiagWarning,
 					Summary:  "output port with no edge",
 					Detail: fmt.Sprintf("stage %q: output port %q (%s) has no edge; its items are dropped.",
 						s.Name, p.Name, p.Type),
-					Subject: s.NameRange.Ptr(),
+					Subject: subject(s.NameRange),
 				})
 			}
 		}
@@ -354,10 +390,10 @@ func (d *decoder) checkUnconnected() {
 
 // mentions reports whether some edge names the port but failed to resolve
 // (a wrong direction), so the missing edge is not reported twice.
-func (d *decoder) mentions(p *Port) bool {
-	for _, e := range d.g.Edges {
-		for _, tr := range d.edgeRefs[e] {
-			if tr != nil && tr.RootName() == p.Stage.Name && tr[1].(hcl.TraverseAttr).Name == p.Name {
+func (b *Builder) mentions(p *Port) bool {
+	for _, e := range b.g.Edges {
+		for _, ref := range b.refs[e] {
+			if ref != nil && ref.stage == p.Stage.Name && ref.port == p.Name {
 				return true
 			}
 		}

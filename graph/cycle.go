@@ -90,7 +90,8 @@ func loopThrough(comp []*Stage, out map[*Stage][]*Edge) *CycleError {
 	start := comp[0]
 	for _, s := range comp {
 		in[s] = true
-		if s.DeclRange.Start.Byte < start.DeclRange.Start.Byte {
+		if s.DeclRange.Start.Byte < start.DeclRange.Start.Byte ||
+			(s.DeclRange.Start.Byte == start.DeclRange.Start.Byte && s.order < start.order) {
 			start = s
 		}
 	}
@@ -130,17 +131,17 @@ func buildLoop(start *Stage, last *Edge, prev map[*Stage]*Edge) *CycleError {
 	return c
 }
 
-func (d *decoder) checkCycles() bool {
-	cycles := Cycles(d.g)
+func (b *Builder) checkCycles() bool {
+	cycles := Cycles(b.g)
 	for _, c := range cycles {
-		e := d.g.edges[c.Edges[0]]
-		d.diags = append(d.diags, &hcl.Diagnostic{
+		e := b.g.edges[c.Edges[0]]
+		b.diags = append(b.diags, &hcl.Diagnostic{
 			Severity: hcl.DiagError,
 			Summary:  "cycle",
 			Detail: fmt.Sprintf("stages %s form a loop through edges %s; a pipeline must be acyclic.",
 				strings.Join(append(append([]string{}, c.Stages...), c.Stages[0]), " -> "),
 				quoteAll(c.Edges)),
-			Subject: e.NameRange.Ptr(),
+			Subject: subject(e.NameRange),
 		})
 	}
 	return len(cycles) > 0

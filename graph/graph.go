@@ -55,6 +55,8 @@ type Stage struct {
 	NameRange     hcl.Range
 	NodeRange     hcl.Range
 	ReplicasRange hcl.Range
+
+	order int // declaration index, for a stable reading order
 }
 
 // Device returns the device replica i runs on.

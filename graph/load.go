@@ -89,18 +89,18 @@ func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
 	if diags.HasErrors() {
 		return nil, diags
 	}
-	d := &decoder{loader: l, filename: filename, g: &Graph{
-		Filename: filename,
-		stages:   map[string]*Stage{},
-		edges:    map[string]*Edge{},
-	}}
+	d := &decoder{loader: l, filename: filename, Builder: newBuilder(l.Catalog, filename)}
+	d.fromSpec = true
+	d.plugins = l.Plugins
+	d.eval = d.value
 	d.decode(file.Body)
-	diags = append(diags, d.diags...)
+	g, buildDiags := d.Build()
+	diags = append(diags, buildDiags...)
 	sortDiagnostics(diags)
 	if diags.HasErrors() {
 		return nil, diags
 	}
-	return d.g, diags
+	return g, diags
 }
 
 var rootSchema = &hcl.BodySchema{
@@ -142,40 +142,19 @@ func NotText(filename string, src []byte) *hcl.Diagnostic {
 	}
 }
 
-// decoder holds the state of one Load.
+// decoder holds the state of one Load: it reads the spec's blocks and
+// turns each into the Builder's calls, with the ranges the blocks were
+// written at, and the Builder checks and builds the graph.
 type decoder struct {
+	*Builder
 	loader   *Loader
 	filename string
-	g        *Graph
 	ctx      *hcl.EvalContext
-	diags    hcl.Diagnostics
-
-	configBodies map[*Stage]hcl.Body
-	declared     map[string]hcl.Range // "stage x" -> first declaration
-	edgeRefs     map[*Edge][2]hcl.Traversal
-	// pendingConfig holds --set stage.NAME.config.KEY values until the
-	// stage's schema is known.
-	pendingConfig map[*Stage]map[string]string
-	// fromSet marks the config attributes a --set gave, so that a kind's
-	// check of them points at the flag, not at the file's overridden value.
-	fromSet map[*Stage]map[string]bool
-}
-
-func (d *decoder) errorf(subject hcl.Range, summary, detail string, args ...any) {
-	d.diags = append(d.diags, &hcl.Diagnostic{
-		Severity: hcl.DiagError,
-		Summary:  summary,
-		Detail:   fmt.Sprintf(detail, args...),
-		Subject:  subject.Ptr(),
-	})
 }
 
 func (d *decoder) decode(body hcl.Body) {
 	content, diags := body.Content(rootSchema)
 	d.diags = append(d.diags, diags...)
-	d.declared = map[string]hcl.Range{}
-	d.configBodies = map[*Stage]hcl.Body{}
-	d.edgeRefs = map[*Edge][2]hcl.Traversal{}
 
 	var stages, edges, vars []*hcl.Block
 	for _, b := range content.Blocks {
@@ -209,24 +188,11 @@ func (d *decoder) decode(body hcl.Body) {
 		d.decodeEdge(b)
 	}
 	d.applySets()
-	d.check()
 }
 
 // unique records a declaration and reports a duplicate name.
 func (d *decoder) unique(b *hcl.Block) bool {
-	key := b.Type + " " + b.Labels[0]
-	if first, dup := d.declared[key]; dup {
-		d.errorf(b.LabelRanges[0], "duplicate "+b.Type+" name",
-			"%s %q is already declared at %s; each %s needs a unique name.",
-			b.Type, b.Labels[0], at(first), b.Type)
-		return false
-	}
-	d.declared[key] = b.LabelRanges[0]
-	if !validName(b.Labels[0]) {
-		d.errorf(b.LabelRanges[0], "invalid "+b.Type+" name",
-			"%q is not a valid name: use letters, digits, '_' and '-', starting with a letter or '_'.", b.Labels[0])
-	}
-	return true
+	return d.claim(b.Type, b.Labels[0], b.LabelRanges[0])
 }
 
 func validName(s string) bool {
@@ -287,56 +253,58 @@ func (d *decoder) decodeStage(b *hcl.Block) {
 	if !d.unique(b) {
 		return
 	}
-	s := &Stage{
-		Name:      b.Labels[0],
-		Replicas:  1,
-		DeclRange: b.DefRange,
-		NameRange: b.LabelRanges[0],
-		NodeRange: b.DefRange,
+	s := &stageDraft{
+		name:      b.Labels[0],
+		declRange: b.DefRange,
+		nameRange: b.LabelRanges[0],
+		nodeRange: b.DefRange,
 	}
-	s.ReplicasRange = s.NameRange
-	d.g.Stages = append(d.g.Stages, s)
-	d.g.stages[s.Name] = s
-
 	content, diags := b.Body.Content(stageSchema)
 	d.diags = append(d.diags, diags...)
 	if a, ok := content.Attributes["node"]; ok {
-		s.Node, _ = d.stringAttr(a)
-		s.NodeRange = a.Expr.Range()
+		s.node, _ = d.stringAttr(a)
+		s.nodeRange = a.Expr.Range()
 	}
 	if a, ok := content.Attributes["replicas"]; ok {
-		s.ReplicasRange = a.Expr.Range()
-		if n, ok := d.countAttr(a, "replicas"); ok {
-			s.Replicas = n
+		s.replicasRange = a.Expr.Range()
+		if v, ok := d.value(a, cty.Number, "a whole number"); ok {
+			s.replicas = v
 		}
 	}
 	if a, ok := content.Attributes["devices"]; ok {
-		s.Devices = d.devicesAttr(a)
+		s.devicesRange = a.Expr.Range()
+		if v, ok := d.value(a, cty.List(cty.String), "a list of device names"); ok {
+			s.devicesGiven = true
+			for _, e := range v.AsValueSlice() {
+				s.devices = append(s.devices, e.AsString())
+			}
+		}
 	}
+	hasConfig := false
 	for _, blk := range content.Blocks {
 		switch blk.Type {
 		case "config":
-			if _, dup := d.configBodies[s]; dup {
+			if hasConfig {
 				d.errorf(blk.DefRange, "duplicate config block",
-					"stage %q already has a config block; merge them into one.", s.Name)
+					"stage %q already has a config block; merge them into one.", s.name)
 				continue
 			}
-			d.configBodies[s] = blk.Body
-			s.Config = &Config{block: blk.DefRange}
+			hasConfig = true
+			s.configBody = blk.Body
+			s.configRange = blk.DefRange
 		case "sim":
-			if s.Sim != nil {
+			if s.sim != nil {
 				d.errorf(blk.DefRange, "duplicate sim block",
-					"stage %q already has a sim block; merge them into one.", s.Name)
+					"stage %q already has a sim block; merge them into one.", s.name)
 				continue
 			}
-			s.Sim = d.decodeSim(blk)
+			s.sim = d.decodeSim(blk)
 		}
 	}
-	if s.Config == nil {
-		s.Config = &Config{block: s.DeclRange}
-	}
+	d.addStage(s)
 }
 
+// decodeSim reads a sim block; the Builder checks its service_time.
 func (d *decoder) decodeSim(b *hcl.Block) *Sim {
 	content, diags := b.Body.Content(&hcl.BodySchema{
 		Attributes: []hcl.AttributeSchema{{Name: "service_time", Required: true}},
@@ -346,41 +314,8 @@ func (d *decoder) decodeSim(b *hcl.Block) *Sim {
 	if a, ok := content.Attributes["service_time"]; ok {
 		sim.ServiceTime, _ = d.stringAttr(a)
 		sim.Range = a.Expr.Range()
-		if err := CheckServiceTime(sim.ServiceTime); err != nil && sim.ServiceTime != "" {
-			d.errorf(a.Expr.Range(), "invalid service_time", "%v.", err)
-		}
 	}
 	return sim
-}
-
-func (d *decoder) devicesAttr(a *hcl.Attribute) []string {
-	v, ok := d.value(a, cty.List(cty.String), "a list of device names")
-	if !ok {
-		return nil
-	}
-	var out []string
-	for _, e := range v.AsValueSlice() {
-		dev := e.AsString()
-		n, isCUDA := strings.CutPrefix(dev, "cuda:")
-		switch {
-		case dev == "cpu":
-		case !isCUDA:
-			d.errorf(a.Expr.Range(), "invalid device",
-				"Device %q is not known: use \"cpu\" or \"cuda:N\".", dev)
-		case strings.Trim(n, "0123456789") != "" || n == "":
-			d.errorf(a.Expr.Range(), "invalid device",
-				"Device %q is not known: a GPU is \"cuda:N\" with N its index, such as \"cuda:0\".", dev)
-		case !CUDA:
-			d.errorf(a.Expr.Range(), "device not in this build",
-				"Device %q needs dflow's CUDA backend, and this dflow is built without it (a CUDA build is `go build -tags cuda`; "+
-					"the backend is not written yet, see the README's Status). Use \"cpu\".", dev)
-		}
-		out = append(out, dev)
-	}
-	if v.LengthInt() == 0 {
-		d.errorf(a.Expr.Range(), "invalid devices", "devices must list at least one device, such as [\"cpu\"].")
-	}
-	return out
 }
 
 var edgeSchema = &hcl.BodySchema{
@@ -406,60 +341,49 @@ func (d *decoder) decodeEdge(b *hcl.Block) {
 	if !d.unique(b) {
 		return
 	}
-	e := &Edge{
-		Name:      b.Labels[0],
-		Policy:    DefaultPolicy,
-		Capacity:  DefaultCapacity,
-		DeclRange: b.DefRange,
-		NameRange: b.LabelRanges[0],
+	e := &edgeDraft{
+		name:      b.Labels[0],
+		declRange: b.DefRange,
+		nameRange: b.LabelRanges[0],
 	}
-	e.PolicyRange, e.CapacityRange = e.NameRange, e.NameRange
-	d.g.Edges = append(d.g.Edges, e)
-	d.g.edges[e.Name] = e
-
 	content, diags := b.Body.Content(edgeSchema)
 	d.diags = append(d.diags, diags...)
-	var refs [2]hcl.Traversal
 	for i, name := range []string{"from", "to"} {
 		a, ok := content.Attributes[name]
 		if !ok {
 			continue
 		}
 		if i == 0 {
-			e.FromRange = a.Expr.Range()
+			e.fromRange = a.Expr.Range()
+			e.from = d.portRef(a)
 		} else {
-			e.ToRange = a.Expr.Range()
+			e.toRange = a.Expr.Range()
+			e.to = d.portRef(a)
 		}
-		refs[i] = d.portRef(a)
 	}
-	d.edgeRefs[e] = refs
 	if a, ok := content.Attributes["policy"]; ok {
-		e.PolicyRange = a.Expr.Range()
+		e.policyRange = a.Expr.Range()
 		if s, ok := d.stringAttr(a); ok {
-			e.Policy = Policy(s)
-			d.checkPolicy(e, a.Expr.Range())
+			e.policy, e.policyGiven = Policy(s), true
 		}
 	}
-	if a, ok := content.Attributes["capacity"]; ok {
-		e.CapacityRange = a.Expr.Range()
-		if n, ok := d.countAttr(a, "capacity"); ok {
-			e.Capacity = n
+	counts := []struct {
+		name string
+		v    *cty.Value
+		r    *hcl.Range
+	}{
+		{"capacity", &e.capacity, &e.capacityRange},
+		{"capacity_bytes", &e.capacityBytes, &e.capacityBytesRange},
+	}
+	for _, c := range counts {
+		if a, ok := content.Attributes[c.name]; ok {
+			*c.r = a.Expr.Range()
+			if v, ok := d.value(a, cty.Number, "a whole number"); ok {
+				*c.v = v
+			}
 		}
 	}
-	if a, ok := content.Attributes["capacity_bytes"]; ok {
-		if n, ok := d.countAttr(a, "capacity_bytes"); ok {
-			e.CapacityBytes = int64(n)
-		}
-	}
-}
-
-func (d *decoder) checkPolicy(e *Edge, r hcl.Range) {
-	for _, p := range Policies {
-		if e.Policy == p {
-			return
-		}
-	}
-	d.errorf(r, "unknown policy", "%s", policyError(e.Name, string(e.Policy)))
+	d.addEdge(e)
 }
 
 func policyError(edge, policy string) string {
@@ -476,11 +400,12 @@ func policyNames() []string {
 }
 
 // portRef parses a bare STAGE.PORT traversal.
-func (d *decoder) portRef(a *hcl.Attribute) hcl.Traversal {
+func (d *decoder) portRef(a *hcl.Attribute) *portRef {
 	tr, diags := hcl.AbsTraversalForExpr(a.Expr)
 	if !diags.HasErrors() && len(tr) == 2 {
-		if _, ok := tr[1].(hcl.TraverseAttr); ok {
-			return tr
+		if port, ok := tr[1].(hcl.TraverseAttr); ok {
+			return &portRef{stage: tr.RootName(), port: port.Name,
+				stageRange: tr[0].SourceRange(), portRange: tr[1].SourceRange()}
 		}
 	}
 	d.errorf(a.Expr.Range(), "invalid port reference",
@@ -537,20 +462,6 @@ func (d *decoder) stringAttr(a *hcl.Attribute) (string, bool) {
 		return "", false
 	}
 	return v.AsString(), true
-}
-
-// countAttr evaluates a whole number >= 1.
-func (d *decoder) countAttr(a *hcl.Attribute, name string) (int, bool) {
-	v, ok := d.value(a, cty.Number, "a whole number")
-	if !ok {
-		return 0, false
-	}
-	n, err := checkCount(v, name)
-	if err != nil {
-		d.errorf(a.Expr.Range(), "invalid "+name, "%s %v.", name, err)
-		return 0, false
-	}
-	return n, true
 }
 
 // Limits on counts, so that a typo cannot ask for a million goroutines.
