@@ -304,3 +304,19 @@ edge "b" {
 		t.Errorf("a blob fed to a bytes port: %v", err)
 	}
 }
+
+// TestPluginInTheWorkingFolder: a plugin path without a folder ("path =
+// \"dflow-plugin-upper\"", or what `dflow plugins .` finds) is the file in
+// the folder dflow runs in, not a command looked up in $PATH.
+func TestPluginInTheWorkingFolder(t *testing.T) {
+	f := newFixture(t)
+	wrapper(t, f.dir, "tp", "serve")
+	t.Chdir(f.dir)
+	path, ok := Find("tp", []string{"."})
+	if !ok || path != Prefix+"tp" {
+		t.Fatalf("Find in . = %q, %v", path, ok)
+	}
+	if _, err := f.h.Load("tp", path, f.reg); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,7 +6,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,7 +55,13 @@ type proc struct {
 // environment go-plugin gives plugins.
 func newProc(path string) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
 	return func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
-		cmd := exec.Command(path)
+		exe := path
+		if !strings.ContainsRune(exe, filepath.Separator) {
+			// A file in the folder dflow runs in, as the plugin block and
+			// discovery of "." mean it; exec would look it up in $PATH.
+			exe = "." + string(filepath.Separator) + exe
+		}
+		cmd := exec.Command(exe)
 		cmd.Env = append(spec.Env, sdk.LifelineEnv+"=stdin")
 		cmd.SysProcAttr = sysProcAttr()
 		p := &proc{cmd: cmd, path: path}
