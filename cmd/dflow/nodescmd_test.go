@@ -227,3 +227,20 @@ func TestNodesPluginKinds(t *testing.T) {
 		t.Errorf("nodes checksum/crc --json: code %d\n%s", code, stdout)
 	}
 }
+
+// TestNodesBrokenPlugin: a plugin that does not start is reported and
+// makes the exit code 1, but the other kinds are still listed.
+func TestNodesBrokenPlugin(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dflow-plugin-broken"), []byte("#!/bin/sh\necho no >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DFLOW_PLUGIN_DIR", dir)
+	code, stdout, stderr := dflow(t, "nodes")
+	if code != exitFailed || !strings.Contains(stdout, "node synthetic_source\n") || !strings.Contains(stderr, "dflow nodes: ") || !strings.Contains(stderr, "broken") {
+		t.Errorf("nodes with a broken plugin: code %d\n%s%s", code, stdout, stderr)
+	}
+	if code, stdout, _ := dflow(t, "nodes", "sink"); code != exitOK || !strings.HasPrefix(stdout, "node sink\n") {
+		t.Errorf("a built-in kind needs no plugin: code %d\n%s", code, stdout)
+	}
+}
