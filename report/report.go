@@ -36,6 +36,10 @@ type Report struct {
 	Edges     map[string]Edge  `json:"edges"`
 	Series    []Sample         `json:"series"`
 	Diagnosis []string         `json:"diagnosis"`
+
+	// the spec's order of stages and edges (SetOrder, or the order read
+	// from JSON): the JSON and the summary follow it
+	stageOrder, edgeOrder []string
 }
 
 // Overrides are the --var, --var-file and --set flags of a run, in the

@@ -10,7 +10,6 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/report"
 )
 
 // oneEdge is the smallest pipeline: a source into a sink.
@@ -250,32 +249,6 @@ func TestMainJobMeasuresAcceptance(t *testing.T) {
 	steps := batches / g.Stage("drafter").Replicas
 	if every := cfg.Int("eval_every"); every <= 0 || steps/every < 4 {
 		t.Errorf("eval_every = %d over %d steps: acceptance_length is measured at the start and the end only", every, steps)
-	}
-}
-
-// TestSummaryExplainsUnconsumed: after an abort the summary says why an
-// edge's produced and consumed counts differ.
-func TestSummaryExplainsUnconsumed(t *testing.T) {
-	spec := writeSpec(t, oneEdge)
-	l := &graph.Loader{Catalog: nodes.Default.Clone()}
-	g, diags := l.LoadFile(spec)
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	rep := &report.Report{Status: report.Aborted, Stages: map[string]report.Stage{},
-		Edges: map[string]report.Edge{"e": {Policy: "shared", Produced: 20, Consumed: 12, Queues: []report.Queue{{}}}}}
-	var b bytes.Buffer
-	summarize(&b, g, rep)
-	for _, want := range []string{"run aborted", "produced=20 consumed=12 (8 never consumed)", "the abort stopped the run with 8 items still in the queues of edge e"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("want %q in\n%s", want, b.String())
-		}
-	}
-	rep.Status, rep.Edges["e"] = report.OK, report.Edge{Produced: 20, Consumed: 20, Queues: []report.Queue{{}}}
-	b.Reset()
-	summarize(&b, g, rep)
-	if strings.Contains(b.String(), "never consumed") {
-		t.Errorf("balanced edges explained:\n%s", b.String())
 	}
 }
 

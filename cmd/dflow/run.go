@@ -5,14 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
@@ -83,7 +79,7 @@ func cmdRun(e *env, args []string) int {
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
 	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))
-	summarize(e.stderr, g, rep)
+	rep.Summarize(e.stderr)
 	outputsWritten()
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
@@ -124,76 +120,6 @@ func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop 
 		}
 	}()
 	return func() { close(done) }
-}
-
-// summarize prints the end-of-run figures, stages and edges in spec order.
-func summarize(w io.Writer, g *graph.Graph, rep *report.Report) {
-	if rep.Simulated {
-		fmt.Fprintf(w, "simulation %s: %.2fs of simulated time\n", rep.Status, rep.WallSeconds)
-	} else {
-		fmt.Fprintf(w, "run %s in %.2fs\n", rep.Status, rep.WallSeconds)
-	}
-	for _, s := range g.Stages {
-		st := rep.Stages[s.Name]
-		var in, out int64
-		util := make([]string, len(st.Replicas))
-		for i, r := range st.Replicas {
-			in += r.ItemsIn
-			out += r.ItemsOut
-			util[i] = fmt.Sprintf("%.0f%%", 100*r.Utilization)
-		}
-		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v%s\n", s.Name, in, out, util, metricList(st.Metrics))
-	}
-	for _, e := range g.Edges {
-		ed := rep.Edges[e.Name]
-		depth := make([]string, len(ed.Queues))
-		for i, q := range ed.Queues {
-			depth[i] = fmt.Sprintf("%.1f", q.MeanDepth)
-		}
-		left := ""
-		if ed.Produced != ed.Consumed {
-			left = fmt.Sprintf(" (%d never consumed)", ed.Produced-ed.Consumed)
-		}
-		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d%s mean depth=%v\n",
-			e.Name, ed.Policy, ed.Produced, ed.Consumed, left, depth)
-	}
-	if note := unconsumed(g, rep); note != "" {
-		fmt.Fprintln(w, note)
-	}
-	if len(rep.Diagnosis) > 0 {
-		fmt.Fprintln(w, "diagnosis:")
-		for _, d := range rep.Diagnosis {
-			fmt.Fprintf(w, "  - %s\n", d)
-		}
-	}
-}
-
-// unconsumed explains why an edge's produced and consumed counts differ:
-// a drain or a clean run consumes every item produced, an abort or a
-// failure stops the consumers with items still queued, and those are
-// dropped.
-func unconsumed(g *graph.Graph, rep *report.Report) string {
-	var edges []string
-	var n int64
-	for _, e := range g.Edges {
-		if ed := rep.Edges[e.Name]; ed.Produced != ed.Consumed {
-			edges = append(edges, e.Name)
-			n += ed.Produced - ed.Consumed
-		}
-	}
-	if n == 0 {
-		return ""
-	}
-	why := "the run stopped"
-	switch rep.Status {
-	case report.Aborted:
-		why = "the abort stopped the run"
-	case report.Failed:
-		why = "the failure stopped the run"
-	}
-	return fmt.Sprintf("  %s with %s still in the queues of edge %s, never consumed and dropped; "+
-		"produced and consumed differ by them (a drain, one Ctrl-C, finishes the items in flight instead)",
-		why, plural(int(n), "item"), strings.Join(edges, ", "))
 }
 
 // writeOutputs writes the report and the plot when asked for.
@@ -245,14 +171,4 @@ func (e *env) withLockedStderr() *env {
 	c.stderr = &lockedWriter{w: e.stderr}
 	h.SetStderr(c.stderr)
 	return &c
-}
-
-// metricList formats node metrics as " name=value ..." in name order.
-func metricList(m map[string]float64) string {
-	names := slices.Sorted(maps.Keys(m))
-	var b strings.Builder
-	for _, k := range names {
-		fmt.Fprintf(&b, " %s=%.4g", k, m[k])
-	}
-	return b.String()
 }

@@ -69,7 +69,7 @@ func cmdSim(e *env, args []string) int {
 	if err == nil {
 		rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], opts))
 	}
-	summarize(e.stderr, g, rep)
+	rep.Summarize(e.stderr)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow sim: %v\n", werr)
 		return exitFailed

@@ -1,0 +1,67 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestSummaryExplainsUnconsumed: after an abort the summary says why an
+// edge's produced and consumed counts differ, and not when they agree.
+func TestSummaryExplainsUnconsumed(t *testing.T) {
+	rep := &Report{Status: Aborted, Stages: map[string]Stage{},
+		Edges: map[string]Edge{"e": {Policy: "shared", Produced: 20, Consumed: 12, Queues: []Queue{{}}}}}
+	var b bytes.Buffer
+	rep.Summarize(&b)
+	for _, want := range []string{"run aborted", "produced=20 consumed=12 (8 never consumed)", "the abort stopped the run with 8 items still in the queues of edge e"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("want %q in\n%s", want, b.String())
+		}
+	}
+	rep.Status, rep.Edges["e"] = OK, Edge{Produced: 20, Consumed: 20, Queues: []Queue{{}}}
+	b.Reset()
+	rep.Summarize(&b)
+	if strings.Contains(b.String(), "never consumed") {
+		t.Errorf("balanced edges explained:\n%s", b.String())
+	}
+}
+
+// TestOrder: stages and edges keep the spec's order through the JSON and
+// back, and the summary follows it (a map alone would sort them).
+func TestOrder(t *testing.T) {
+	rep := &Report{Status: OK,
+		Stages: map[string]Stage{"reader": {}, "target": {}, "drafter": {}},
+		Edges:  map[string]Edge{"tokens": {}, "hs": {}}}
+	rep.SetOrder([]string{"reader", "target", "drafter"}, []string{"tokens", "hs"})
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := rep.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.StageNames(); !slices.Equal(got, []string{"reader", "target", "drafter"}) {
+		t.Errorf("stages read back as %v", got)
+	}
+	if got := back.EdgeNames(); !slices.Equal(got, []string{"tokens", "hs"}) {
+		t.Errorf("edges read back as %v", got)
+	}
+	raw, _ := json.Marshal(back)
+	if s := string(raw); strings.Index(s, `"reader"`) > strings.Index(s, `"drafter"`) || strings.Index(s, `"tokens"`) > strings.Index(s, `"hs"`) {
+		t.Errorf("JSON out of order: %s", s)
+	}
+	var b bytes.Buffer
+	back.Summarize(&b)
+	if s := b.String(); strings.Index(s, "stage reader") > strings.Index(s, "stage drafter") {
+		t.Errorf("summary out of order:\n%s", s)
+	}
+	// A stage the order does not name still shows, after the others.
+	back.Stages["extra"] = Stage{}
+	if got := back.StageNames(); got[len(got)-1] != "extra" {
+		t.Errorf("stages %v", got)
+	}
+}
