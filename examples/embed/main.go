@@ -1,0 +1,117 @@
+// Command embed runs a dflow pipeline from Go, with no HCL: it registers a
+// node kind of its own, builds a graph with graph.NewBuilder, runs it with
+// package run, and prints the report's summary.
+//
+// The pipeline squares the numbers 1..N on three replicas fed from one
+// shared queue and sums the squares:
+//
+//	numbers --n (shared)--> square x3 --s--> sum
+//
+// It lives in a module of its own (see go.mod), so it can import only
+// dflow's public packages, as any user's program.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/run"
+)
+
+func main() {
+	n := flag.Int("n", 1000, "square and sum the numbers 1..N")
+	flag.Parse()
+	if err := pipeline(*n, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "embed:", err)
+		os.Exit(1)
+	}
+}
+
+func pipeline(n int, w io.Writer) error {
+	reg := nodes.NewRegistry()
+	register(reg)
+	b := graph.NewBuilder("embed", reg)
+	b.Stage("numbers", "numbers", graph.ConfigAttr("count", n))
+	b.Stage("square", "square", graph.Replicas(3))
+	b.Stage("sum", "sum")
+	b.Edge("n", "numbers.out", "square.in", graph.Shared, graph.Capacity(16))
+	b.Edge("s", "square.out", "sum.in")
+	g, diags := b.Build()
+	if diags.HasErrors() {
+		return diags
+	}
+	rep, err := run.Run(context.Background(), g, run.Options{Registry: reg})
+	if err != nil {
+		return err
+	}
+	rep.Summarize(w)
+	fmt.Fprintf(w, "sum of squares of 1..%d = %.0f\n", n, rep.Stages["sum"].Metrics["sum"])
+	return nil
+}
+
+// register adds the three node kinds: a source of the numbers 1..count,
+// a stage that squares each, and a sink that adds them up.
+func register(reg *nodes.Registry) {
+	port := func(name string, dir graph.Direction) graph.PortSpec {
+		return graph.PortSpec{Name: name, Dir: dir, Type: "int"}
+	}
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "numbers", Doc: "emits the numbers 1..count",
+			Config: []graph.Field{{Name: "count", Type: graph.Int, Required: true, Doc: "how many"}},
+			Ports:  func(*graph.Config) []graph.PortSpec { return []graph.PortSpec{port("out", graph.Out)} }},
+		New: func(cfg *graph.Config) (nodes.Node, error) {
+			count := cfg.Int("count")
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for i := r.Index() + 1; i <= count; i += r.Replicas() {
+					if err := r.Out("out").Send(ctx, i); err != nil {
+						return err
+					}
+				}
+				return nil
+			}), nil
+		},
+		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) },
+	})
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "square", Doc: "squares each number",
+			Ports: func(*graph.Config) []graph.PortSpec { return []graph.PortSpec{port("in", graph.In), port("out", graph.Out)} }},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					item, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil // every producer has finished: the runtime says so
+					} else if err != nil {
+						return err
+					}
+					x := item.(int)
+					if err := r.Out("out").Send(ctx, x*x); err != nil {
+						return err
+					}
+				}
+			}), nil
+		},
+	})
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "sum", Doc: "adds up what it receives, as the metric sum",
+			Ports: func(*graph.Config) []graph.PortSpec { return []graph.PortSpec{port("in", graph.In)} }},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					item, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					} else if err != nil {
+						return err
+					}
+					r.Metrics().Add("sum", float64(item.(int)))
+				}
+			}), nil
+		},
+	})
+}

@@ -1,0 +1,49 @@
+package run_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEmbedExample builds and runs examples/embed, a module of its own
+// that can import only dflow's public packages (Go forbids another
+// module's internal/): the public API is enough to build a graph in Go,
+// register a node kind, run it and print the report.
+func TestEmbedExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	dir, err := filepath.Abs("../examples/embed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin := filepath.Join(t.TempDir(), "embed")
+	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build in examples/embed: %v\n%s", err, out)
+	}
+	out, err := exec.CommandContext(ctx, bin, "-n", "1000").CombinedOutput()
+	if err != nil {
+		t.Fatalf("embed: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"run ok in",
+		"stage square     in=1000   out=1000",
+		"edge  n          shared      produced=1000 consumed=1000",
+		"sum of squares of 1..1000 = 333833500",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
