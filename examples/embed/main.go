@@ -79,7 +79,9 @@ func register(reg *nodes.Registry) {
 	})
 	reg.Register(nodes.Spec{
 		Kind: graph.Kind{Name: "square", Doc: "squares each number",
-			Ports: func(*graph.Config) []graph.PortSpec { return []graph.PortSpec{port("in", graph.In), port("out", graph.Out)} }},
+			Ports: func(*graph.Config) []graph.PortSpec {
+				return []graph.PortSpec{port("in", graph.In), port("out", graph.Out)}
+			}},
 		New: func(*graph.Config) (nodes.Node, error) {
 			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 				for {
