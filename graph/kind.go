@@ -48,11 +48,11 @@ type WireType struct {
 var WireTypes = []WireType{
 	{Name: "bytes", Wire: "bytes", Go: "[]byte", Python: "bytes",
 		Doc: "synthetic_source with type = \"bytes\"; any node's raw bytes"},
-	{Name: "blob", Wire: "blob", Go: "*synthetic.Blob", Python: "dflowplugin.Blob",
+	{Name: "blob", Wire: "blob", Go: "*items.Blob", Python: "dflowplugin.Blob",
 		Doc: "synthetic_source (its default type)"},
-	{Name: "tokens", Wire: "tokens", Go: "*text.Batch", Python: "dflowplugin.Tokens",
+	{Name: "tokens", Wire: "tokens", Go: "*items.Batch", Python: "dflowplugin.Tokens",
 		Doc: "text_reader; synthetic_source with type = \"tokens\""},
-	{Name: "hidden_states", Wire: "hidden", Go: "*dflash.HiddenStates", Python: "dflowplugin.Hidden",
+	{Name: "hidden_states", Wire: "hidden", Go: "*items.HiddenStates", Python: "dflowplugin.Hidden",
 		Doc: "target_forward, as hidden_states(d=D,layers=L,...)"},
 }
 

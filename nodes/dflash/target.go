@@ -3,6 +3,7 @@ package dflash
 import (
 	"context"
 	"fmt"
+	"github.com/dflow-dev/dflow/items"
 	"io"
 	"strings"
 	"sync"
@@ -33,22 +34,9 @@ func HiddenType(d int, layers []int) string {
 	return fmt.Sprintf("hidden_states(d=%d,layers=%s)", d, strings.Join(s, ","))
 }
 
-// HiddenStates is one batch as the target saw it. Read-only once sent.
-type HiddenStates struct {
-	B, T, K, D int
-	// Hidden holds, for every position (b, t), the K tapped layers'
-	// residual streams concatenated: [B*T, K*D].
-	Hidden []float32
-	// Tokens are the input bytes [B*T]; Greedy[i] is the target's argmax
-	// next byte after position i [B*T].
-	Tokens, Greedy []int32
-	Seq            int64
-}
-
-// SizeBytes implements nodes.Sizer.
-func (h *HiddenStates) SizeBytes() int64 {
-	return int64(4 * (len(h.Hidden) + len(h.Tokens) + len(h.Greedy)))
-}
+// HiddenStates is one batch as the target saw it (defined in package
+// items, with its wire encoding).
+type HiddenStates = items.HiddenStates
 
 // DefaultLayers spaces k taps evenly through a model of n layers, first to
 // last block, as DFlash does.

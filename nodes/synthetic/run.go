@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dflow-dev/dflow/items"
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
@@ -14,17 +15,9 @@ import (
 	"github.com/dflow-dev/dflow/nodes/text"
 )
 
-// Blob is the payload synthetic_source emits. Data is shared, read-only,
-// by every item of a stage: it stands for a payload of that size without
-// costing an allocation per item.
-type Blob struct {
-	Replica int   // the source replica that made it
-	Seq     int64 // its sequence number within that replica
-	Data    []byte
-}
-
-// SizeBytes implements nodes.Sizer.
-func (b *Blob) SizeBytes() int64 { return int64(len(b.Data)) }
+// Blob is the payload synthetic_source emits (defined in package items,
+// with its wire encoding).
+type Blob = items.Blob
 
 // timing is the service-time model shared by the three kinds.
 type timing struct {

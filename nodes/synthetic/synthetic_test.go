@@ -94,11 +94,11 @@ func TestSourceItemsAreTheirType(t *testing.T) {
 			"type": cty.StringVal(typ), "service_time": cty.StringVal("0s")})
 	}
 	for _, typ := range []string{"hidden_states", "hidden_states(d=8,layers=1)"} {
-		if errs := sourceKind.Check(config(typ)); len(errs) != 1 || !strings.Contains(errs[0].Error(), "*dflash.HiddenStates") {
+		if errs := sourceKind.Check(config(typ)); len(errs) != 1 || !strings.Contains(errs[0].Error(), "*items.HiddenStates") {
 			t.Errorf("type %q: %v", typ, errs)
 		}
 	}
-	for typ, want := range map[string]string{"blob": "*synthetic.Blob", "frames": "*synthetic.Blob", "bytes": "[]uint8", "tokens": "*text.Batch"} {
+	for typ, want := range map[string]string{"blob": "*items.Blob", "frames": "*items.Blob", "bytes": "[]uint8", "tokens": "*items.Batch"} {
 		if errs := sourceKind.Check(config(typ)); len(errs) != 0 {
 			t.Errorf("type %q: %v", typ, errs)
 		}

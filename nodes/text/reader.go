@@ -3,6 +3,7 @@ package text
 import (
 	"context"
 	"fmt"
+	"github.com/dflow-dev/dflow/items"
 	"math/rand/v2"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -13,31 +14,9 @@ import (
 // TokensType is the port type of token batches.
 const TokensType = "tokens"
 
-// Batch is a batch of byte-token sequences: B rows of T+1 tokens each, so
-// row[:T] is a model's input and row[1:] its next-token targets. A Batch
-// is read-only once sent.
-type Batch struct {
-	Tokens []int32 // B*(T+1)
-	B, T   int
-	Seq    int64 // the batch's number in the reader's order
-}
-
-// SizeBytes implements nodes.Sizer.
-func (b *Batch) SizeBytes() int64 { return int64(4 * len(b.Tokens)) }
-
-// Inputs copies the model inputs [B*T] into dst.
-func (b *Batch) Inputs(dst []int32) {
-	for r := 0; r < b.B; r++ {
-		copy(dst[r*b.T:(r+1)*b.T], b.Tokens[r*(b.T+1):])
-	}
-}
-
-// Targets copies the next-token targets [B*T] into dst.
-func (b *Batch) Targets(dst []int32) {
-	for r := 0; r < b.B; r++ {
-		copy(dst[r*b.T:(r+1)*b.T], b.Tokens[r*(b.T+1)+1:])
-	}
-}
+// Batch is a batch of byte-token sequences (defined in package items,
+// with its wire encoding).
+type Batch = items.Batch
 
 func init() { Register(nodes.Default) }
 

@@ -267,7 +267,7 @@ edge "a" {
 		}
 	}
 	_, err := f.run(fmt.Sprintf(spec, "lie"))
-	if err == nil || !strings.Contains(err.Error(), `output "out": a *synthetic.Blob item on a port of type "bytes", which carries []byte`) {
+	if err == nil || !strings.Contains(err.Error(), `output "out": a *items.Blob item on a port of type "bytes", which carries []byte`) {
 		t.Errorf("a plugin sending blobs on a bytes port: %v", err)
 	}
 
@@ -300,7 +300,7 @@ edge "b" {
   from = up.out
   to   = sink.in
 }`)
-	if err == nil || !strings.Contains(err.Error(), `input "in": a *synthetic.Blob item on a port of type "bytes"`) {
+	if err == nil || !strings.Contains(err.Error(), `input "in": a *items.Blob item on a port of type "bytes"`) {
 		t.Errorf("a blob fed to a bytes port: %v", err)
 	}
 }

@@ -96,21 +96,4 @@ func TestWireTypesMatchTheCodec(t *testing.T) {
 	if w, ok := graph.LookupWireType("hidden_states(d=8,layers=0,1)"); !ok || w.Wire != "hidden" {
 		t.Errorf("hidden_states(...) is %v, %v", w, ok)
 	}
-	reg := nodes.NewRegistry()
-	synthetic.Register(reg)
-	source, _ := reg.Spec("synthetic_source")
-	for _, typ := range []string{"blob", "bytes", "tokens", "frames"} {
-		res, err := RunNode(*source, map[string]any{"count": 3, "size_bytes": 16, "type": typ}, 1, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", typ, err)
-		}
-		if len(res.Outputs["out"]) != 3 {
-			t.Fatalf("%s: %d items", typ, len(res.Outputs["out"]))
-		}
-		for _, item := range res.Outputs["out"] {
-			if err := CheckPortItem(typ, item); err != nil {
-				t.Errorf("synthetic_source with type %q: %v", typ, err)
-			}
-		}
-	}
 }
