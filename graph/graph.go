@@ -167,7 +167,7 @@ func (e *Edge) ConsumerQueue(c int) int {
 }
 
 // Wire computes the queues of an edge with the given policy between p
-// producer and c consumer replicas (DESIGN.md "policy"):
+// producer and c consumer replicas (docs/spec-language.md, "Policies"):
 //
 //   - Shared: one queue; every producer pushes to it, every consumer pulls.
 //   - RoundRobin, p >= c: one queue per consumer; producer i feeds consumer
