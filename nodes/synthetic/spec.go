@@ -1,7 +1,3 @@
-// Package synthetic provides the synthetic nodes: synthetic_source,
-// synthetic_work and sink. They sleep for configured service times rather
-// than compute, so a 2-core machine can stand in for an 8-GPU box when
-// comparing wirings, and they are the simulator's ground truth.
 package synthetic
 
 import (

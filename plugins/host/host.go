@@ -1,7 +1,3 @@
-// Package host is dflow's side of plugins: it finds plugin executables,
-// starts them with go-plugin, registers their node kinds so specs validate
-// against them like built-ins, and runs each replica of a plugin stage in
-// its own plugin process, streaming items through gRPC.
 package host
 
 import (

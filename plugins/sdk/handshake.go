@@ -1,15 +1,3 @@
-// Package sdk is what a dflow plugin is written with, and what dflow uses
-// to talk to plugins: the go-plugin handshake and plugin map (defined once,
-// here, for both sides), the item codec, and Serve.
-//
-// A plugin implements node kinds exactly as built-in nodes do (nodes.Spec:
-// a graph.Kind with config schema and ports, and a constructor of a
-// nodes.Node) and calls Serve from main:
-//
-//	func main() { sdk.Serve(mySpec) }
-//
-// Stdout belongs to the protocol; a plugin logs to stderr, which dflow
-// forwards prefixed with the stage and replica.
 package sdk
 
 import (

@@ -1,0 +1,19 @@
+// Package host is dflow's side of plugins: it finds plugin executables
+// (./plugins, $DFLOW_PLUGIN_DIR, a spec's plugin blocks), starts them with
+// go-plugin, registers their node kinds so specs validate against them like
+// built-ins, and runs each replica of a plugin stage in a plugin process of
+// its own, streaming items through gRPC with credit per port.
+//
+// Invariants:
+//   - No plugin process outlives dflow, however dflow ends: each runs in a
+//     process group of its own that is killed with it, gets SIGKILL when
+//     the thread that forked it dies (Linux), and holds a lifeline on its
+//     stdin that the SDK and the Python module watch.
+//   - A start that does not complete within StartTimeout kills the whole
+//     process tree, whatever a wrapper script does.
+//   - Items cross in the encoding their port type means (package items);
+//     an item of another type, beyond a port's credit, or on a port the
+//     kind lacks fails the replica with an error naming the port.
+//   - A crash or a panic fails only its replica, with the plugin's last
+//     stderr lines or the panic's message.
+package host

@@ -1,0 +1,25 @@
+// Package sdk is what a dflow plugin is written with, and what dflow uses
+// to talk to plugins: the go-plugin handshake and plugin map (defined once,
+// here, for both sides), the item codec, and Serve.
+//
+// A plugin implements node kinds exactly as built-in nodes do (nodes.Spec:
+// a graph.Kind with config schema and ports, and a constructor of a
+// nodes.Node) and calls Serve from main:
+//
+//	func main() { sdk.Serve(mySpec) }
+//
+// Stdout belongs to the protocol; a plugin logs to stderr, which dflow
+// forwards prefixed with the stage and replica.
+//
+// Invariants:
+//   - A plugin built on the SDK links graph, nodes, items and the
+//     protocol, and neither dflow's runtime nor its models; its tests run
+//     its nodes in process with package sdk/sdktest.
+//   - Items cross in the encoding registered for their Go type (package
+//     items); Send checks an item against its port's type and waits for
+//     the port's credit, so a slow output holds back only itself.
+//   - A panic in a node ends that replica with the panic's message; the
+//     process serves on.
+//   - The plugin exits when dflow does: when its lifeline (stdin) closes
+//     or its parent changes.
+package sdk
