@@ -1,8 +1,3 @@
-// Command dflow-plugin-checksum is dflow's example plugin. It offers one
-// node kind, crc (checksum/crc in a spec): every item passes through
-// unchanged, and a CRC-32 of each item's payload is counted and published
-// as metrics. crash_after = N makes the process exit abruptly after N
-// items, to test how dflow handles a plugin that dies.
 package main
 
 import (

@@ -1,6 +1,3 @@
-// Package python holds the example dflow plugin written in Python
-// (stats.py, on the module dflowplugin.py); this test runs it through
-// dflow where Python has what it needs.
 package python
 
 import (
