@@ -4,6 +4,6 @@
 //
 //	go run ./bench/logits -model models/target.safetensors -o /tmp/logits.bin
 //
-// It owns nothing else: the reference side is bench/torch_ref.py, and
-// bench/run compares the two files.
+// It owns nothing else: bench/run runs it, then bench/torch_ref.py,
+// which computes the reference logits and compares the two.
 package main
