@@ -34,8 +34,11 @@ type Builder struct {
 	fromSpec bool
 
 	declared map[string]hcl.Range // "stage x" -> first declaration
-	drafts   map[*Stage]*stageDraft
-	refs     map[*Edge][2]*portRef
+	// failedPlugins are the plugins that did not start (FailedPlugin):
+	// their stages report nothing more.
+	failedPlugins map[string]bool
+	drafts        map[*Stage]*stageDraft
+	refs          map[*Edge][2]*portRef
 	// pendingConfig holds --set stage.NAME.config.KEY values until the
 	// stage's schema is known.
 	pendingConfig map[*Stage]map[string]string
@@ -277,17 +280,23 @@ func (b *Builder) addStage(d *stageDraft) {
 		Name:          d.name,
 		Node:          d.node,
 		Replicas:      1,
-		Sim:           d.sim,
 		DeclRange:     d.declRange,
 		NameRange:     d.nameRange,
 		NodeRange:     orRange(d.nodeRange, d.declRange),
 		ReplicasRange: orRange(d.replicasRange, d.nameRange),
 		order:         len(b.g.Stages),
 	}
-	who := fmt.Sprintf("stage %q", s.Name)
 	b.g.Stages = append(b.g.Stages, s)
 	b.g.stages[s.Name] = s
 	b.drafts[s] = d
+	s.Config = &Config{block: orRange(d.configRange, d.declRange)}
+	b.stageAttrs(s, d)
+}
+
+// stageAttrs sets the attributes d gives (replicas, devices, sim) on s,
+// checking each: for a stage being added, and for Graph.With's changes.
+func (b *Builder) stageAttrs(s *Stage, d *stageDraft) {
+	who := fmt.Sprintf("stage %q", s.Name)
 	if d.replicas != cty.NilVal {
 		if n, err := checkCount(d.replicas, "replicas"); err != nil {
 			b.errorf(d.replicasRange, "invalid replicas", "%s", named(d.replicasRange, who, fmt.Sprintf("replicas %v.", err)))
@@ -299,7 +308,9 @@ func (b *Builder) addStage(d *stageDraft) {
 		s.Devices = d.devices
 		b.checkDevices(who, d.devices, d.devicesRange)
 	}
-	s.Config = &Config{block: orRange(d.configRange, d.declRange)}
+	if d.sim != nil {
+		s.Sim = d.sim
+	}
 	if s.Sim != nil && s.Sim.ServiceTime != "" {
 		if err := CheckServiceTime(s.Sim.ServiceTime); err != nil {
 			detail := fmt.Sprintf("%v.", err)
@@ -346,10 +357,17 @@ func (b *Builder) addEdge(d *edgeDraft) {
 		PolicyRange:   orRange(d.policyRange, d.nameRange),
 		CapacityRange: orRange(d.capacityRange, d.nameRange),
 	}
-	who := fmt.Sprintf("edge %q", e.Name)
 	b.g.Edges = append(b.g.Edges, e)
 	b.g.edges[e.Name] = e
 	b.refs[e] = [2]*portRef{d.from, d.to}
+	b.edgeAttrs(e, d)
+}
+
+// edgeAttrs sets the attributes d gives (policy, capacity,
+// capacity_bytes) on e, checking each: for an edge being added, and for
+// Graph.With's changes.
+func (b *Builder) edgeAttrs(e *Edge, d *edgeDraft) {
+	who := fmt.Sprintf("edge %q", e.Name)
 	if d.policyGiven {
 		e.Policy = d.policy
 		if !knownPolicy(e.Policy) {

@@ -12,6 +12,11 @@ import (
 	"github.com/zclconf/go-cty/cty"
 )
 
+// FailedPlugin, as the Extra of a diagnostic that Loader.Plugins returns,
+// names a plugin that failed to start: the stages that use its kinds then
+// add no "unknown node kind" of their own to that error.
+type FailedPlugin string
+
 // check resolves node kinds, decodes configs, connects edges to ports and
 // reports everything wrong with the graph as a whole.
 func (b *Builder) check() {
@@ -24,7 +29,16 @@ func (b *Builder) check() {
 				referenced = append(referenced, name)
 			}
 		}
-		b.diags = append(b.diags, b.plugins(b.g.Plugins, referenced)...)
+		pd := b.plugins(b.g.Plugins, referenced)
+		for _, d := range pd {
+			if name, ok := d.Extra.(FailedPlugin); ok {
+				if b.failedPlugins == nil {
+					b.failedPlugins = map[string]bool{}
+				}
+				b.failedPlugins[string(name)] = true
+			}
+		}
+		b.diags = append(b.diags, pd...)
 	}
 	for _, s := range b.g.Stages {
 		b.resolveStage(s)
@@ -48,6 +62,9 @@ func (b *Builder) resolveStage(s *Stage) {
 		return // missing or invalid node attribute, already reported
 	}
 	k, ok := b.catalog.Kind(s.Node)
+	if name, _, plugin := strings.Cut(s.Node, "/"); !ok && plugin && b.failedPlugins[name] {
+		return // the plugin's failure to start is the error
+	}
 	if !ok {
 		b.errorf(s.NodeRange, "unknown node kind", "stage %q: node kind %q is not known%s",
 			s.Name, s.Node, hinted(didYouMean(s.Node, b.catalog.KindNames()), b.kindHint(s.Node)))

@@ -37,7 +37,7 @@ func (e *env) loadPlugins(declared []*graph.Plugin, referenced []string) hcl.Dia
 		}
 		if _, err := e.host().Load(p.Name, p.Path, e.registry); err != nil {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start",
-				Detail: err.Error(), Subject: p.DeclRange.Ptr()})
+				Detail: err.Error(), Subject: p.DeclRange.Ptr(), Extra: graph.FailedPlugin(p.Name)})
 		}
 	}
 	for _, name := range referenced {
@@ -46,7 +46,8 @@ func (e *env) loadPlugins(declared []*graph.Plugin, referenced []string) hcl.Dia
 		}
 		if path, ok := host.Find(name, host.Dirs()); ok {
 			if _, err := e.host().Load(name, path, e.registry); err != nil {
-				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start", Detail: err.Error()})
+				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start", Detail: err.Error(),
+					Extra: graph.FailedPlugin(name)})
 			}
 		}
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -292,7 +291,7 @@ func TestEval(t *testing.T) {
 	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
 	target := filepath.Join(dir, "t.safetensors")
 	m.Save(target, nil)
-	d, _ := dflash.NewDrafter(dflash.DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 16, BlockSize: 4}, m.P("wte"), 1)
+	d, _ := nn.NewDrafter(nn.DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 16, BlockSize: 4}, m.P("wte"), 1)
 	drafter := filepath.Join(dir, "d.safetensors")
 	d.Save(drafter, nil, nil)
 	corpus := filepath.Join(dir, "c.txt")
@@ -376,8 +375,9 @@ func TestPluginCLI(t *testing.T) {
 		t.Errorf("plugins: %d\n%s", code, stdout)
 	}
 	os.WriteFile(spec, []byte(fmt.Sprintf(pluginSpec, filepath.Join(dir, "missing"), 5, "0s")), 0o644)
-	if code, _, stderr := dflow(t, "validate", spec); code != exitFailed || !strings.Contains(stderr, "plugin failed to start") {
-		t.Errorf("missing plugin: %d\n%s", code, stderr)
+	if code, _, stderr := dflow(t, "validate", spec); code != exitFailed || !strings.Contains(stderr, "plugin failed to start") ||
+		strings.Contains(stderr, "unknown node kind") {
+		t.Errorf("missing plugin: one error, the plugin's, not one more per stage using it: %d\n%s", code, stderr)
 	}
 }
 
