@@ -1,7 +1,6 @@
 package host
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -125,6 +124,13 @@ func (r *ringWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// empty reports whether the process has written nothing to stderr.
+func (r *ringWriter) empty() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.lines) == 0 && len(r.part) == 0
 }
 
 func (r *ringWriter) last() string {
@@ -314,37 +320,3 @@ func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
 	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg)}, nil
 }
 
-// Describe formats kind infos for `dflow plugins`.
-func Describe(w io.Writer, name, path string, kinds []KindInfo) {
-	bw := bufio.NewWriter(w)
-	defer bw.Flush()
-	fmt.Fprintf(bw, "plugin %s (%s)\n", name, path)
-	for _, k := range kinds {
-		fmt.Fprintf(bw, "  node %s\n", k.Name)
-		if k.Doc != "" {
-			fmt.Fprintf(bw, "    %s\n", k.Doc)
-		}
-		for _, p := range k.Ports {
-			dir := "in "
-			if p.Dir == graph.Out {
-				dir = "out"
-			}
-			t := p.Type
-			if p.SameAs != "" {
-				t = "same as " + p.SameAs
-			}
-			fmt.Fprintf(bw, "    %s %-10s %s\n", dir, p.Name, t)
-		}
-		for _, f := range k.Config {
-			def := ""
-			if d := sdk.FieldsToProto([]graph.Field{f})[0].DefaultJson; d != "" {
-				def = " = " + d
-			}
-			req := ""
-			if f.Required {
-				req = " (required)"
-			}
-			fmt.Fprintf(bw, "    config %s %s%s%s: %s\n", f.Name, f.Type, def, req, f.Doc)
-		}
-	}
-}

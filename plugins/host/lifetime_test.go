@@ -229,7 +229,7 @@ func TestPanicInAPlugin(t *testing.T) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
 	}
-	for _, bad := range []string{"rpc error", "Unavailable", "grpc"} {
+	for _, bad := range []string{"rpc error", "Unavailable", "grpc", "no stderr output"} {
 		if strings.Contains(err.Error(), bad) {
 			t.Errorf("error has %q:\n%v", bad, err)
 		}

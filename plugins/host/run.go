@@ -34,6 +34,9 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	// message below has the plugin's last words.
 	k.host.kill(p.client)
 	if err != nil && ctx.Err() == nil {
+		if p.stderr.empty() {
+			return fmt.Errorf("plugin %s (%s): %w", k.plugin, k.path, err)
+		}
 		return fmt.Errorf("plugin %s (%s): %w; %s", k.plugin, k.path, err, p.stderr.last())
 	}
 	return err
