@@ -319,4 +319,3 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
 	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg)}, nil
 }
-
