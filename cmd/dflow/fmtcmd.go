@@ -24,6 +24,11 @@ func cmdFmt(e *env, args []string) int {
 	if len(files) == 0 {
 		return usageErr(e, "fmt", "no spec given")
 	}
+	for _, f := range files {
+		if strings.HasSuffix(f, ".json") {
+			return usageErr(e, "fmt", "%s: only native HCL syntax is formatted, not JSON", f)
+		}
+	}
 	status := exitOK
 	for _, f := range files {
 		if s := e.fmtFile(f, *check); s != exitOK {
@@ -36,10 +41,6 @@ func cmdFmt(e *env, args []string) int {
 // fmtFile formats one file in place (or stdin to stdout). A file with syntax
 // errors is reported and left untouched.
 func (e *env) fmtFile(name string, check bool) int {
-	if strings.HasSuffix(name, ".json") {
-		fmt.Fprintf(e.stderr, "dflow fmt: %s: only native HCL syntax is formatted, not JSON\n", name)
-		return exitFailed
-	}
 	var src []byte
 	var err error
 	if name == "-" {

@@ -113,6 +113,11 @@ func TestFmt(t *testing.T) {
 	if b, _ := os.ReadFile(broken); string(b) != "stage \"a\" {\n" {
 		t.Error("fmt changed a file with syntax errors")
 	}
+	// JSON syntax is not formatted: a usage error, before any file is
+	// touched.
+	if code, _, stderr := dflow(t, "fmt", messy, "../../graph/testdata/seed.hcl.json"); code != exitUsage || !strings.Contains(stderr, "not JSON") {
+		t.Errorf("fmt of a JSON spec: code %d %q", code, stderr)
+	}
 	// Shipped specs are formatted.
 	specs, _ := filepath.Glob("../../specs/*.hcl")
 	args := append([]string{"fmt", "--check"}, specs...)
