@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/internal/nn"
-	"github.com/dflow-dev/dflow/nodes/dflash"
 )
 
 // evalFixture writes two tiny targets (same shape, other weights), a
@@ -44,7 +43,7 @@ func (f *evalFixture) drafter(t *testing.T, name string, meta map[string]string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dflash.NewDrafter(dflash.DrafterConfig{D: 16, K: 2, Taps: []int{0, 1}, Layers: 1, Heads: 2, Hidden: 16, BlockSize: 4}, m.P("wte"), 1)
+	d, err := nn.NewDrafter(nn.DrafterConfig{D: 16, K: 2, Taps: []int{0, 1}, Layers: 1, Heads: 2, Hidden: 16, BlockSize: 4}, m.P("wte"), 1)
 	if err != nil {
 		t.Fatal(err)
 	}

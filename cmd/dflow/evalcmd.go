@@ -4,7 +4,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/dflow-dev/dflow/nodes/dflash"
+	"github.com/dflow-dev/dflow/internal/speceval"
 )
 
 func cmdEval(e *env, args []string) int {
@@ -35,7 +35,7 @@ func cmdEval(e *env, args []string) int {
 	case *force && *target == "":
 		return usageErr(e, "eval", "--force-target needs --target FILE, the target to evaluate against")
 	}
-	res, err := dflash.Evaluate(dflash.EvalOptions{Drafter: files[0], Target: *target, ForceTarget: *force,
+	res, err := speceval.Evaluate(speceval.EvalOptions{Drafter: files[0], Target: *target, ForceTarget: *force,
 		Corpus: *corpus, Holdout: *holdout, Seed: *seed, MaxBytes: *maxBytes, Prompts: *prompts, Cycles: *cycles,
 		Note: func(s string) { fmt.Fprintf(e.stderr, "dflow eval: note: %s\n", s) }})
 	if err != nil {

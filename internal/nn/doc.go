@@ -1,9 +1,11 @@
 // Package nn holds dflow's numeric core: float32 forward and backward
 // kernels over flat row-major buffers, in the spirit of llm.c, with
 // gonum's BLAS for the matrix products (OpenBLAS with -tags openblas),
-// the byte-level target LM built from them (model.go, forward.go),
-// AdamW, and safetensors files with their metadata (who wrote a model,
-// and whether a run may replace it).
+// the byte-level target LM built from them (model.go, forward.go), the
+// DFlash-style block drafter trained on its hidden states (drafter.go:
+// Drafter, DrafterWork, and its checkpoints), AdamW, and safetensors
+// files with their metadata (who wrote a model, and whether a run may
+// replace it).
 //
 // Invariants: each kernel is a plain function of buffers and sizes, so
 // another backend can implement the same signatures. Backward kernels

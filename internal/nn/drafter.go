@@ -1,12 +1,10 @@
-package dflash
+package nn
 
 import (
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
-
-	"github.com/dflow-dev/dflow/internal/nn"
 )
 
 // DrafterConfig is the block drafter's shape.
@@ -91,12 +89,12 @@ func (c DrafterConfig) layout() (names []string, shapes [][]int) {
 	return
 }
 
-// numParams is the number of trainable values of a drafter of this shape.
-func (c DrafterConfig) numParams() int {
+// NumParams is the number of trainable values of a drafter of this shape.
+func (c DrafterConfig) NumParams() int {
 	_, shapes := c.layout()
 	n := 0
 	for _, s := range shapes {
-		n += size(s)
+		n += numel(s)
 	}
 	return n
 }
@@ -105,10 +103,10 @@ func (c DrafterConfig) numParams() int {
 // embedding [256, D], shared read-only.
 func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 	if c.D < 1 || c.K < 1 || c.Layers < 1 || c.Heads < 1 || c.D%c.Heads != 0 || c.Hidden < 1 || c.BlockSize < 2 {
-		return nil, fmt.Errorf("dflash: drafter of %v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
+		return nil, fmt.Errorf("nn: drafter of %v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
 	}
 	if len(wte) != 256*c.D {
-		return nil, fmt.Errorf("dflash: target embedding has %d values, want 256 x %d", len(wte), c.D)
+		return nil, fmt.Errorf("nn: target embedding has %d values, want 256 x %d", len(wte), c.D)
 	}
 	d := &Drafter{Config: c, wte: wte, index: map[string]int{}}
 	d.names, d.shapes = c.layout()
@@ -116,7 +114,7 @@ func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 	for i, s := range d.shapes {
 		d.index[d.names[i]] = i
 		d.offs = append(d.offs, n)
-		n += size(s)
+		n += numel(s)
 	}
 	d.Params, d.Grads = make([]float32, n), make([]float32, n)
 	r := rand.New(rand.NewPCG(seed, 0xd4af7))
@@ -139,31 +137,23 @@ func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 	return d, nil
 }
 
-func size(s []int) int {
-	n := 1
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}
-
 // P returns a parameter tensor (a view); G its gradient.
 func (d *Drafter) P(name string) []float32 {
 	i := d.index[name]
-	return d.Params[d.offs[i] : d.offs[i]+size(d.shapes[i])]
+	return d.Params[d.offs[i] : d.offs[i]+numel(d.shapes[i])]
 }
 
 // G returns the gradient of a parameter tensor.
 func (d *Drafter) G(name string) []float32 {
 	i := d.index[name]
-	return d.Grads[d.offs[i] : d.offs[i]+size(d.shapes[i])]
+	return d.Grads[d.offs[i] : d.offs[i]+numel(d.shapes[i])]
 }
 
 // DecayMask decays matrices, not norms or the mask vector.
 func (d *Drafter) DecayMask() []bool {
 	m := make([]bool, len(d.Params))
 	for i, s := range d.shapes {
-		for j := d.offs[i]; j < d.offs[i]+size(s); j++ {
+		for j := d.offs[i]; j < d.offs[i]+numel(s); j++ {
 			m[j] = len(s) == 2
 		}
 	}
@@ -171,17 +161,17 @@ func (d *Drafter) DecayMask() []bool {
 }
 
 // Tensors returns the trainable tensors (views).
-func (d *Drafter) Tensors() []nn.Tensor {
-	ts := make([]nn.Tensor, len(d.names))
+func (d *Drafter) Tensors() []Tensor {
+	ts := make([]Tensor, len(d.names))
 	for i, n := range d.names {
-		ts[i] = nn.Tensor{Name: n, Shape: d.shapes[i], Data: d.P(n)}
+		ts[i] = Tensor{Name: n, Shape: d.shapes[i], Data: d.P(n)}
 	}
 	return ts
 }
 
 // Save writes the drafter, and the optimizer state when opt is not nil,
 // as safetensors with the config in __metadata__.
-func (d *Drafter) Save(path string, opt *nn.AdamW, meta map[string]string) error {
+func (d *Drafter) Save(path string, opt *AdamW, meta map[string]string) error {
 	cfg, _ := json.Marshal(d.Config)
 	md := map[string]string{"config": string(cfg), "format": DrafterFormat}
 	for k, v := range meta {
@@ -190,17 +180,17 @@ func (d *Drafter) Save(path string, opt *nn.AdamW, meta map[string]string) error
 	ts := d.Tensors()
 	if opt != nil {
 		m, v, t := opt.State()
-		ts = append(ts, nn.Tensor{Name: "opt.m", Shape: []int{len(m)}, Data: m}, nn.Tensor{Name: "opt.v", Shape: []int{len(v)}, Data: v})
+		ts = append(ts, Tensor{Name: "opt.m", Shape: []int{len(m)}, Data: m}, Tensor{Name: "opt.v", Shape: []int{len(v)}, Data: v})
 		md["opt.t"] = fmt.Sprint(t)
 	}
-	return nn.WriteSafetensors(path, ts, md)
+	return WriteSafetensors(path, ts, md)
 }
 
 // LoadDrafter reads a drafter saved by Save; opt, when not nil, gets the
 // saved optimizer state. It checks the file is a drafter checkpoint and
 // every tensor against the config.
-func LoadDrafter(path string, wte []float32, opt *nn.AdamW) (*Drafter, map[string]string, error) {
-	ts, meta, err := nn.ReadSafetensors(path)
+func LoadDrafter(path string, wte []float32, opt *AdamW) (*Drafter, map[string]string, error) {
+	ts, meta, err := ReadSafetensors(path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -210,16 +200,16 @@ func LoadDrafter(path string, wte []float32, opt *nn.AdamW) (*Drafter, map[strin
 	}
 	d, err := NewDrafter(c, wte, 0)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dflash: %s: %w", path, err)
+		return nil, nil, fmt.Errorf("nn: %s: %w", path, err)
 	}
-	byName := map[string]nn.Tensor{}
+	byName := map[string]Tensor{}
 	for _, t := range ts {
 		byName[t.Name] = t
 	}
 	for i, n := range d.names {
 		t, ok := byName[n]
-		if !ok || size(t.Shape) != size(d.shapes[i]) {
-			return nil, nil, fmt.Errorf("dflash: %s: tensor %q missing or of shape %v, want %v", path, n, t.Shape, d.shapes[i])
+		if !ok || numel(t.Shape) != numel(d.shapes[i]) {
+			return nil, nil, fmt.Errorf("nn: %s: tensor %q missing or of shape %v, want %v", path, n, t.Shape, d.shapes[i])
 		}
 		copy(d.P(n), t.Data)
 	}
@@ -234,7 +224,7 @@ func LoadDrafter(path string, wte []float32, opt *nn.AdamW) (*Drafter, map[strin
 	return d, meta, nil
 }
 
-// block is one drafter layer's saved activations.
+// dblock is one drafter layer's saved activations.
 type dblock struct {
 	in, ln1, rstd1, qkv, att, atty, res1, ln2, rstd2, fc, sw, out []float32
 }
@@ -293,8 +283,8 @@ func (w *DrafterWork) Forward() []float32 {
 	d, c := w.d, w.d.Config
 	S, P, D, H := w.S, c.BlockSize, c.D, c.Hidden
 	N := S * P
-	nn.MatMulForward(w.fused, w.ctxIn, d.P("fuse.weight"), nil, S, c.K*D, D)
-	nn.RMSNormForward(w.ctx, w.rstdc, w.fused, d.P("fuse_norm.weight"), S, D)
+	MatMulForward(w.fused, w.ctxIn, d.P("fuse.weight"), nil, S, c.K*D, D)
+	RMSNormForward(w.ctx, w.rstdc, w.fused, d.P("fuse_norm.weight"), S, D)
 	mask, wpe := d.P("mask"), d.P("wpe")
 	for s := 0; s < S; s++ {
 		for j := 0; j < P; j++ {
@@ -313,22 +303,22 @@ func (w *DrafterWork) Forward() []float32 {
 		a := &w.blocks[l]
 		p := func(n string) []float32 { return d.P(fmt.Sprintf("blocks.%d.%s", l, n)) }
 		for n := 0; n < N; n++ { // inject the fused target context
-			nn.Add(a.in[n*D:(n+1)*D], x[n*D:(n+1)*D], w.ctx[(n/P)*D:(n/P+1)*D])
+			Add(a.in[n*D:(n+1)*D], x[n*D:(n+1)*D], w.ctx[(n/P)*D:(n/P+1)*D])
 		}
-		nn.RMSNormForward(a.ln1, a.rstd1, a.in, p("ln1.weight"), N, D)
-		nn.MatMulForward(a.qkv, a.ln1, p("attn.qkv.weight"), nil, N, D, 3*D)
-		nn.AttentionForward(a.atty, a.att, a.qkv, S, P, D, c.Heads, false)
-		nn.MatMulForward(a.res1, a.atty, p("attn.proj.weight"), nil, N, D, D)
-		nn.Add(a.res1, a.res1, a.in)
-		nn.RMSNormForward(a.ln2, a.rstd2, a.res1, p("ln2.weight"), N, D)
-		nn.MatMulForward(a.fc, a.ln2, p("mlp.fc.weight"), nil, N, D, 2*H)
-		nn.SwiGLUForward(a.sw, a.fc, N, H)
-		nn.MatMulForward(a.out, a.sw, p("mlp.proj.weight"), nil, N, H, D)
-		nn.Add(a.out, a.out, a.res1)
+		RMSNormForward(a.ln1, a.rstd1, a.in, p("ln1.weight"), N, D)
+		MatMulForward(a.qkv, a.ln1, p("attn.qkv.weight"), nil, N, D, 3*D)
+		AttentionForward(a.atty, a.att, a.qkv, S, P, D, c.Heads, false)
+		MatMulForward(a.res1, a.atty, p("attn.proj.weight"), nil, N, D, D)
+		Add(a.res1, a.res1, a.in)
+		RMSNormForward(a.ln2, a.rstd2, a.res1, p("ln2.weight"), N, D)
+		MatMulForward(a.fc, a.ln2, p("mlp.fc.weight"), nil, N, D, 2*H)
+		SwiGLUForward(a.sw, a.fc, N, H)
+		MatMulForward(a.out, a.sw, p("mlp.proj.weight"), nil, N, H, D)
+		Add(a.out, a.out, a.res1)
 		x = a.out
 	}
-	nn.RMSNormForward(w.lnf, w.rstdf, x, d.P("ln_f.weight"), N, D)
-	nn.MatMulForward(w.logits, w.lnf, d.wte, nil, N, D, 256)
+	RMSNormForward(w.lnf, w.rstdf, x, d.P("ln_f.weight"), N, D)
+	MatMulForward(w.logits, w.lnf, d.wte, nil, N, D, 256)
 	return w.logits
 }
 
@@ -341,7 +331,7 @@ func (w *DrafterWork) Loss(gamma float64) float64 {
 		j := n % P
 		w.weights[n] = float32(math.Exp(-float64(j-1) / gamma))
 	}
-	return nn.CrossEntropyForward(w.probs, w.logits, w.targets, w.weights, w.S*P, 256)
+	return CrossEntropyForward(w.probs, w.logits, w.targets, w.weights, w.S*P, 256)
 }
 
 // Backward accumulates the drafter's gradients of the last Loss.
@@ -350,37 +340,37 @@ func (w *DrafterWork) Backward() {
 	S, P, D, H := w.S, c.BlockSize, c.D, c.Hidden
 	N := S * P
 	clear(w.dlogits)
-	nn.CrossEntropyBackward(w.dlogits, w.probs, w.targets, w.weights, N, 256)
+	CrossEntropyBackward(w.dlogits, w.probs, w.targets, w.weights, N, 256)
 	clear(w.dlnf)
-	nn.MatMulBackwardInput(w.dlnf, w.dlogits, d.wte, N, D, 256) // frozen head
+	MatMulBackwardInput(w.dlnf, w.dlogits, d.wte, N, D, 256) // frozen head
 	last := w.x0
 	if len(w.blocks) > 0 {
 		last = w.blocks[len(w.blocks)-1].out
 	}
 	clear(w.dres)
-	nn.RMSNormBackward(w.dres, d.G("ln_f.weight"), w.dlnf, last, d.P("ln_f.weight"), w.rstdf, N, D)
+	RMSNormBackward(w.dres, d.G("ln_f.weight"), w.dlnf, last, d.P("ln_f.weight"), w.rstdf, N, D)
 	clear(w.dctx)
 	for l := len(w.blocks) - 1; l >= 0; l-- {
 		a := &w.blocks[l]
 		p := func(n string) []float32 { return d.P(fmt.Sprintf("blocks.%d.%s", l, n)) }
 		g := func(n string) []float32 { return d.G(fmt.Sprintf("blocks.%d.%s", l, n)) }
 		clear(w.dsw)
-		nn.MatMulBackward(w.dsw, g("mlp.proj.weight"), nil, w.dres, a.sw, p("mlp.proj.weight"), N, H, D)
+		MatMulBackward(w.dsw, g("mlp.proj.weight"), nil, w.dres, a.sw, p("mlp.proj.weight"), N, H, D)
 		clear(w.dfc)
-		nn.SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
+		SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
 		clear(w.dtmp)
-		nn.MatMulBackward(w.dtmp, g("mlp.fc.weight"), nil, w.dfc, a.ln2, p("mlp.fc.weight"), N, D, 2*H)
-		nn.RMSNormBackward(w.dres, g("ln2.weight"), w.dtmp, a.res1, p("ln2.weight"), a.rstd2, N, D)
+		MatMulBackward(w.dtmp, g("mlp.fc.weight"), nil, w.dfc, a.ln2, p("mlp.fc.weight"), N, D, 2*H)
+		RMSNormBackward(w.dres, g("ln2.weight"), w.dtmp, a.res1, p("ln2.weight"), a.rstd2, N, D)
 		clear(w.dtmp)
-		nn.MatMulBackward(w.dtmp, g("attn.proj.weight"), nil, w.dres, a.atty, p("attn.proj.weight"), N, D, D)
+		MatMulBackward(w.dtmp, g("attn.proj.weight"), nil, w.dres, a.atty, p("attn.proj.weight"), N, D, D)
 		clear(w.dqkv)
-		nn.AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, S, P, D, c.Heads, false)
+		AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, S, P, D, c.Heads, false)
 		clear(w.dtmp)
-		nn.MatMulBackward(w.dtmp, g("attn.qkv.weight"), nil, w.dqkv, a.ln1, p("attn.qkv.weight"), N, D, 3*D)
-		nn.RMSNormBackward(w.dres, g("ln1.weight"), w.dtmp, a.in, p("ln1.weight"), a.rstd1, N, D)
+		MatMulBackward(w.dtmp, g("attn.qkv.weight"), nil, w.dqkv, a.ln1, p("attn.qkv.weight"), N, D, 3*D)
+		RMSNormBackward(w.dres, g("ln1.weight"), w.dtmp, a.in, p("ln1.weight"), a.rstd1, N, D)
 		// in = x + ctx: the context gets the sum over its block.
 		for n := 0; n < N; n++ {
-			nn.Accumulate(w.dctx[(n/P)*D:(n/P+1)*D], w.dres[n*D:(n+1)*D])
+			Accumulate(w.dctx[(n/P)*D:(n/P+1)*D], w.dres[n*D:(n+1)*D])
 		}
 	}
 	// x0 = embedding or mask, plus position.
@@ -388,15 +378,15 @@ func (w *DrafterWork) Backward() {
 	for s := 0; s < S; s++ {
 		for j := 0; j < P; j++ {
 			g := w.dres[(s*P+j)*D : (s*P+j+1)*D]
-			nn.Accumulate(dwpe[j*D:(j+1)*D], g)
+			Accumulate(dwpe[j*D:(j+1)*D], g)
 			if j > 0 {
-				nn.Accumulate(dmask, g)
+				Accumulate(dmask, g)
 			}
 		}
 	}
 	clear(w.dfused)
-	nn.RMSNormBackward(w.dfused, d.G("fuse_norm.weight"), w.dctx, w.fused, d.P("fuse_norm.weight"), w.rstdc, S, D)
-	nn.MatMulBackward(nil, d.G("fuse.weight"), nil, w.dfused, w.ctxIn, d.P("fuse.weight"), S, c.K*D, D)
+	RMSNormBackward(w.dfused, d.G("fuse_norm.weight"), w.dctx, w.fused, d.P("fuse_norm.weight"), w.rstdc, S, D)
+	MatMulBackward(nil, d.G("fuse.weight"), nil, w.dfused, w.ctxIn, d.P("fuse.weight"), S, c.K*D, D)
 }
 
 // Draft returns the greedy draft of sample s: BlockSize-1 tokens.
@@ -404,7 +394,34 @@ func (w *DrafterWork) Draft(s int, out []int32) []int32 {
 	P := w.d.Config.BlockSize
 	out = out[:0]
 	for j := 1; j < P; j++ {
-		out = append(out, argmax(w.logits[(s*P+j)*256:(s*P+j+1)*256]))
+		out = append(out, Argmax(w.logits[(s*P+j)*256:(s*P+j+1)*256]))
+	}
+	return out
+}
+
+// Argmax is the index of the largest value (the first of equals): a
+// greedy choice over logits.
+func Argmax(x []float32) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+// DefaultTaps spaces k taps evenly through a target of n blocks, first to
+// last, as DFlash does: the blocks a drafter's hidden states come from
+// when none are chosen.
+func DefaultTaps(n, k int) []int {
+	k = min(k, n)
+	if k <= 1 {
+		return []int{n - 1}
+	}
+	out := make([]int, k)
+	for i := range out {
+		out[i] = (i*(n-1) + (k-1)/2) / (k - 1)
 	}
 	return out
 }

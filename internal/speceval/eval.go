@@ -1,4 +1,4 @@
-package dflash
+package speceval
 
 import (
 	"fmt"
@@ -89,17 +89,17 @@ func ResolveTarget(drafter string, meta map[string]string, explicit string, forc
 func Evaluate(o EvalOptions) (*EvalResult, error) {
 	switch {
 	case o.Prompts < 1:
-		return nil, fmt.Errorf("dflash: %d prompts: want at least 1", o.Prompts)
+		return nil, fmt.Errorf("speceval: %d prompts: want at least 1", o.Prompts)
 	case o.Cycles < 1:
-		return nil, fmt.Errorf("dflash: %d cycles: want at least 1", o.Cycles)
+		return nil, fmt.Errorf("speceval: %d cycles: want at least 1", o.Cycles)
 	case !(o.Holdout > 0 && o.Holdout < 1):
-		return nil, fmt.Errorf("dflash: held-out share %g: want more than 0 and less than 1", o.Holdout)
+		return nil, fmt.Errorf("speceval: held-out share %g: want more than 0 and less than 1", o.Holdout)
 	}
 	meta, err := nn.ReadSafetensorsMetadata(o.Drafter)
 	if err != nil {
 		return nil, err
 	}
-	c, err := CheckDrafterMeta(o.Drafter, meta)
+	c, err := nn.CheckDrafterMeta(o.Drafter, meta)
 	if err != nil {
 		return nil, err
 	}
@@ -112,24 +112,24 @@ func Evaluate(o EvalOptions) (*EvalResult, error) {
 			o.Note(n)
 		}
 	}
-	target, err := loadShared(targetPath)
+	target, _, err := nn.LoadModel(targetPath)
 	if err != nil {
 		return nil, err
 	}
 	tc := target.Config
 	if c.D != tc.DModel {
-		return nil, fmt.Errorf("dflash: drafter %s is %d wide, target %s is %d", o.Drafter, c.D, targetPath, tc.DModel)
+		return nil, fmt.Errorf("speceval: drafter %s is %d wide, target %s is %d", o.Drafter, c.D, targetPath, tc.DModel)
 	}
 	taps := c.Taps
 	if len(taps) == 0 {
-		taps = DefaultLayers(tc.Layers, c.K)
+		taps = nn.DefaultTaps(tc.Layers, c.K)
 	}
 	for _, l := range taps {
 		if l < 0 || l >= tc.Layers {
-			return nil, fmt.Errorf("dflash: drafter %s taps block %d, which the %d-block target %s lacks", o.Drafter, l, tc.Layers, targetPath)
+			return nil, fmt.Errorf("speceval: drafter %s taps block %d, which the %d-block target %s lacks", o.Drafter, l, tc.Layers, targetPath)
 		}
 	}
-	d, _, err := LoadDrafter(o.Drafter, target.P("wte"), nil)
+	d, _, err := nn.LoadDrafter(o.Drafter, target.P("wte"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -149,3 +149,6 @@ func Evaluate(o EvalOptions) (*EvalResult, error) {
 	}
 	return res, nil
 }
+
+// short abbreviates a hash for messages.
+func short(h string) string { return h[:min(len(h), 12)] }

@@ -1,4 +1,4 @@
-package dflash
+package speceval
 
 import (
 	"fmt"
@@ -13,9 +13,9 @@ import (
 // one forward pass and keeps the longest prefix that matches its own
 // greedy choices. tau = mean accepted drafts per cycle + 1.
 
-// Drafter proposes n tokens after ctx, given the target's anchor token and
-// tapped hidden states at the last context position.
-type proposer func(ctx []int32, anchor int32, hidden []float32, n int) []int32
+// A Proposer drafts n tokens after ctx, given the target's anchor token
+// and tapped hidden states at the last context position.
+type Proposer func(ctx []int32, anchor int32, hidden []float32, n int) []int32
 
 // Evaluator measures acceptance length on held-out text.
 type Evaluator struct {
@@ -42,14 +42,14 @@ func (e *Evaluator) work(T int) *nn.Workspace {
 
 // Tau runs speculative decoding from Prompts prompts taken evenly from
 // held, and returns the mean accepted drafts per cycle + 1.
-func (e *Evaluator) Tau(held []byte, propose proposer) (float64, error) {
+func (e *Evaluator) Tau(held []byte, propose Proposer) (float64, error) {
 	c := e.Target.Config
 	if e.Prompt+e.Block > c.MaxSeq {
-		return 0, fmt.Errorf("dflash: prompt %d + block %d exceed the target's max_seq %d", e.Prompt, e.Block, c.MaxSeq)
+		return 0, fmt.Errorf("speceval: prompt %d + block %d exceed the target's max_seq %d", e.Prompt, e.Block, c.MaxSeq)
 	}
 	stride := len(held) / max(e.Prompts, 1)
 	if stride < e.Prompt {
-		return 0, fmt.Errorf("dflash: %d held-out bytes are too few for %d prompts of %d", len(held), e.Prompts, e.Prompt)
+		return 0, fmt.Errorf("speceval: %d held-out bytes are too few for %d prompts of %d", len(held), e.Prompts, e.Prompt)
 	}
 	hidden := make([]float32, len(e.Layers)*c.DModel)
 	var accepted, cycles int
@@ -66,7 +66,7 @@ func (e *Evaluator) Tau(held []byte, propose proposer) (float64, error) {
 			L := len(ctx)
 			w := e.work(L)
 			logits := w.Forward(ctx)
-			anchor := argmax(logits[(L-1)*c.Vocab : L*c.Vocab])
+			anchor := nn.Argmax(logits[(L-1)*c.Vocab : L*c.Vocab])
 			for k, l := range e.Layers {
 				copy(hidden[k*c.DModel:(k+1)*c.DModel], w.Hidden(l)[(L-1)*c.DModel:L*c.DModel])
 			}
@@ -78,7 +78,7 @@ func (e *Evaluator) Tau(held []byte, propose proposer) (float64, error) {
 			a := 0
 			for j, d := range draft {
 				pos := L + j // the position holding the token before d
-				if argmax(vl[pos*c.Vocab:(pos+1)*c.Vocab]) != d {
+				if nn.Argmax(vl[pos*c.Vocab:(pos+1)*c.Vocab]) != d {
 					break
 				}
 				a++
@@ -93,7 +93,7 @@ func (e *Evaluator) Tau(held []byte, propose proposer) (float64, error) {
 }
 
 // DrafterProposer drafts with a trained drafter.
-func DrafterProposer(d *Drafter) proposer {
+func DrafterProposer(d *nn.Drafter) Proposer {
 	w := d.NewWork(1)
 	out := make([]int32, 0, d.Config.BlockSize)
 	return func(ctx []int32, anchor int32, hidden []float32, n int) []int32 {
@@ -105,7 +105,7 @@ func DrafterProposer(d *Drafter) proposer {
 
 // NGramProposer drafts greedily with a byte n-gram: the baseline a
 // drafter must beat.
-func NGramProposer(ng *text.NGram) proposer {
+func NGramProposer(ng *text.NGram) Proposer {
 	return func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
 		hist := make([]byte, 0, len(ctx)+n+1)
 		for _, t := range ctx {

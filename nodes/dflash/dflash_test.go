@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,123 +19,6 @@ import (
 	"github.com/dflow-dev/dflow/report"
 )
 
-func randWTE(D int, seed uint64) []float32 {
-	r := rand.New(rand.NewPCG(seed, 1))
-	w := make([]float32, 256*D)
-	for i := range w {
-		w[i] = float32(r.NormFloat64()) * 0.5
-	}
-	return w
-}
-
-var small = DrafterConfig{D: 8, K: 2, Layers: 2, Heads: 2, Hidden: 12, BlockSize: 4}
-
-func fill(w *DrafterWork, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, 2))
-	c := w.d.Config
-	h := make([]float32, c.K*c.D)
-	for s := 0; s < w.S; s++ {
-		for i := range h {
-			h[i] = float32(r.NormFloat64())
-		}
-		w.Sample(s, h, int32(r.IntN(256)), []int32{int32(r.IntN(256)), int32(r.IntN(256)), -1})
-	}
-}
-
-// TestDrafterGrad checks the drafter's backward pass, tensor by tensor,
-// against finite differences.
-func TestDrafterGrad(t *testing.T) {
-	d, err := NewDrafter(small, randWTE(8, 1), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range d.Params {
-		d.Params[i] *= 3
-	}
-	w := d.NewWork(3)
-	fill(w, 1)
-	loss := func() float64 { w.Forward(); return w.Loss(2) }
-	loss()
-	clear(d.Grads)
-	w.Backward()
-	r := rand.New(rand.NewPCG(5, 5))
-	for _, name := range d.names {
-		x, g := d.P(name), d.G(name)
-		worst := 0.0
-		for k := 0; k < min(12, len(x)); k++ {
-			i := r.IntN(len(x))
-			orig := x[i]
-			x[i] = orig + 1e-3
-			lp := loss()
-			x[i] = orig - 1e-3
-			lm := loss()
-			x[i] = orig
-			num := (lp - lm) / 2e-3
-			rel := math.Abs(num-float64(g[i])) / math.Max(1, math.Max(math.Abs(num), math.Abs(float64(g[i]))))
-			worst = max(worst, rel)
-		}
-		if worst > 2e-2 {
-			t.Errorf("%s: worst relative error %.3g", name, worst)
-		}
-	}
-}
-
-// TestDrafterOverfit: the drafter learns fixed samples to near-zero loss,
-// and the labels' weights follow exp(-(k-1)/gamma).
-func TestDrafterOverfit(t *testing.T) {
-	d, _ := NewDrafter(DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 32, BlockSize: 4}, randWTE(16, 2), 1)
-	w := d.NewWork(4)
-	fill(w, 2)
-	opt := nn.NewAdamW(len(d.Params), 1e-2)
-	opt.WeightDecay = 0
-	var first, loss float64
-	for step := 0; step < 400; step++ {
-		w.Forward()
-		loss = w.Loss(4)
-		if step == 0 {
-			first = loss
-		}
-		clear(d.Grads)
-		w.Backward()
-		opt.Step(d.Params, d.Grads, d.DecayMask())
-	}
-	if loss > 0.05 || first < 3 {
-		t.Errorf("loss %.3f -> %.3f", first, loss)
-	}
-	if w.weights[1] != 1 || math.Abs(float64(w.weights[2])-math.Exp(-0.25)) > 1e-6 {
-		t.Errorf("position weights %v", w.weights[:4])
-	}
-}
-
-func TestDrafterSaveLoad(t *testing.T) {
-	wte := randWTE(8, 3)
-	d, _ := NewDrafter(small, wte, 4)
-	opt := nn.NewAdamW(len(d.Params), 1e-3)
-	w := d.NewWork(2)
-	fill(w, 3)
-	w.Forward()
-	w.Loss(4)
-	w.Backward()
-	opt.Step(d.Params, d.Grads, nil)
-	path := filepath.Join(t.TempDir(), "d.safetensors")
-	if err := d.Save(path, opt, map[string]string{"step": "1"}); err != nil {
-		t.Fatal(err)
-	}
-	opt2 := nn.NewAdamW(len(d.Params), 1e-3)
-	got, meta, err := LoadDrafter(path, wte, opt2)
-	if err != nil || !reflect.DeepEqual(got.Config, small) || meta["step"] != "1" {
-		t.Fatalf("%v %+v %v", err, got, meta)
-	}
-	m1, v1, t1 := opt.State()
-	m2, v2, t2 := opt2.State()
-	if t1 != t2 || m1[5] != m2[5] || v1[7] != v2[7] || got.Params[9] != d.Params[9] {
-		t.Error("weights or optimizer state lost in the round trip")
-	}
-	if _, _, err := LoadDrafter(filepath.Join(t.TempDir(), "none"), wte, nil); err == nil {
-		t.Error("missing file: want an error")
-	}
-}
-
 func tinyTarget(t *testing.T, dir string) (string, *nn.Model) {
 	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
 	path := filepath.Join(dir, "target.safetensors")
@@ -146,41 +26,6 @@ func tinyTarget(t *testing.T, dir string) (string, *nn.Model) {
 		t.Fatal(err)
 	}
 	return path, m
-}
-
-// TestEvaluator: drafting with the target itself accepts every draft
-// (tau = block size); drafting garbage accepts none (tau near 1).
-func TestEvaluator(t *testing.T) {
-	_, m := tinyTarget(t, t.TempDir())
-	held := []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 40))
-	e := &Evaluator{Target: m, Layers: []int{0, 1}, Block: 4, Prompt: 16, Cycles: 5, Prompts: 3}
-	oracle := func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
-		seq := append(append([]int32{}, ctx...), anchor)
-		var out []int32
-		for range n {
-			ws, _ := m.NewWorkspace(1, len(seq))
-			l := ws.Forward(seq)
-			next := argmax(l[(len(seq)-1)*256:])
-			out = append(out, next)
-			seq = append(seq, next)
-		}
-		return out
-	}
-	tau, err := e.Tau(held, oracle)
-	if err != nil || tau != 4 {
-		t.Errorf("oracle tau %v (%v), want 4", tau, err)
-	}
-	garbage := func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
-		out := make([]int32, n)
-		for i := range out {
-			out[i] = 255 // a byte the target never predicts on this text
-		}
-		return out
-	}
-	tau, _ = e.Tau(held, garbage)
-	if tau > 1.2 {
-		t.Errorf("garbage tau %v, want about 1", tau)
-	}
 }
 
 func registry() *nodes.Registry {
@@ -273,12 +118,12 @@ func TestPipeline(t *testing.T) {
 			t.Errorf("metric %s missing: %v", k, m)
 		}
 	}
-	if _, meta, err := LoadDrafter(ckpt, nil, nil); err == nil || meta != nil {
+	if _, meta, err := nn.LoadDrafter(ckpt, nil, nil); err == nil || meta != nil {
 		// LoadDrafter needs the target embedding; with nil it must refuse.
 		t.Errorf("load without embedding: %v", err)
 	}
 	wte, _ := loadShared(target)
-	d, meta, err := LoadDrafter(ckpt, wte.P("wte"), nil)
+	d, meta, err := nn.LoadDrafter(ckpt, wte.P("wte"), nil)
 	steps := rep.Stages["drafter"].Metrics["step"]
 	if err != nil || d.Config.BlockSize != 3 || meta["step"] != fmt.Sprint(steps) {
 		t.Fatalf("checkpoint: %v %v, last step %v", err, meta, steps)
@@ -290,7 +135,7 @@ func TestPipeline(t *testing.T) {
 		t.Fatal(diags)
 	}
 	rep, err = engine.Run(context.Background(), g, engine.Options{Registry: reg})
-	_, meta2, _ := LoadDrafter(ckpt, wte.P("wte"), nil)
+	_, meta2, _ := nn.LoadDrafter(ckpt, wte.P("wte"), nil)
 	before, _ := strconv.Atoi(meta["step"])
 	after, _ := strconv.Atoi(meta2["step"])
 	if err != nil || after <= before || rep.Stages["drafter"].Metrics["step"] <= steps {
@@ -425,21 +270,6 @@ func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
 	}
 }
 
-// TestNotADrafter: a target LM or another file where a drafter checkpoint
-// is wanted is an error in words, not a struct dump.
-func TestNotADrafter(t *testing.T) {
-	dir := t.TempDir()
-	target, m := tinyTarget(t, dir)
-	if _, _, err := LoadDrafter(target, m.P("wte"), nil); err == nil || !strings.Contains(err.Error(), target+" is a target LM, not a drafter checkpoint") {
-		t.Errorf("target LM: %v", err)
-	}
-	plain := filepath.Join(dir, "plain.safetensors")
-	nn.WriteSafetensors(plain, []nn.Tensor{{Name: "x", Shape: []int{1}, Data: []float32{1}}}, nil)
-	if _, _, err := LoadDrafter(plain, m.P("wte"), nil); err == nil || !strings.Contains(err.Error(), "is not a drafter checkpoint: its metadata has no format") {
-		t.Errorf("plain safetensors: %v", err)
-	}
-}
-
 // TestCheckpointOnDeadlock: a run that deadlocks (the reader rotating over
 // three targets, two of which feed one drafter) fails, and the drafter
 // still writes its weights as of its last completed step. Before, a
@@ -464,7 +294,7 @@ func TestCheckpointOnDeadlock(t *testing.T) {
 	}
 	steps := rep.Stages["drafter"].Metrics["step"]
 	wte, _ := loadShared(target)
-	_, meta, lerr := LoadDrafter(ckpt, wte.P("wte"), nil)
+	_, meta, lerr := nn.LoadDrafter(ckpt, wte.P("wte"), nil)
 	if lerr != nil || steps < 1 || meta["step"] != fmt.Sprint(steps) {
 		t.Fatalf("checkpoint: %v, meta %v, the run's last step %v", lerr, meta, steps)
 	}

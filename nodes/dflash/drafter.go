@@ -16,6 +16,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/speceval"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/zclconf/go-cty/cty"
@@ -94,13 +95,13 @@ type drafterNode struct {
 	cfg        *graph.Config
 	target     *nn.Model
 	targetHash string // SHA-256 of the target file, recorded in checkpoints
-	dc         DrafterConfig
+	dc         nn.DrafterConfig
 	held       []byte
 	ngram      *text.NGram
 	out        *nn.Output // the checkpoint file; nil: none
 	// resumed is the checkpoint resumed from (nil: a fresh start), read
 	// once when the stage is built; every replica starts from a copy.
-	resumed     *Drafter
+	resumed     *nn.Drafter
 	resumedOpt  *nn.AdamW
 	resumedStep int
 }
@@ -133,7 +134,7 @@ func newDrafter(cfg *graph.Config) (nodes.Node, error) {
 	n.targetHash = hash
 	taps := drafterTaps(cfg, t.Config)
 	n.target = t
-	n.dc = DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,
+	n.dc = nn.DrafterConfig{D: t.Config.DModel, K: len(taps), Taps: taps,
 		Layers: cfg.Int("layers"), Heads: cfg.Int("heads"), Hidden: cfg.Int("hidden"), BlockSize: cfg.Int("block_size")}
 	if path != "" && cfg.Bool("resume") {
 		if err := n.loadResume(path); err != nil {
@@ -155,8 +156,8 @@ func newDrafter(cfg *graph.Config) (nodes.Node, error) {
 // state is one replica's copy of the drafter, kept identical across
 // replicas by the all-reduced gradient.
 type state struct {
-	d    *Drafter
-	w    *DrafterWork
+	d    *nn.Drafter
+	w    *nn.DrafterWork
 	opt  *nn.AdamW
 	mask []bool
 	step int
@@ -246,7 +247,7 @@ func (n *drafterNode) loadResume(path string) error {
 	if err != nil {
 		return err
 	}
-	c, err := CheckDrafterMeta(path, meta)
+	c, err := nn.CheckDrafterMeta(path, meta)
 	if err != nil {
 		return err
 	}
@@ -258,8 +259,8 @@ func (n *drafterNode) loadResume(path string) error {
 			"resume with that target, or set overwrite = true and resume = false to start afresh",
 			path, meta["target"], short(h), n.cfg.String("target"), short(n.targetHash))
 	}
-	opt := nn.NewAdamW(n.dc.numParams(), float32(n.cfg.Float("lr")))
-	d, meta, err := LoadDrafter(path, n.target.P("wte"), opt)
+	opt := nn.NewAdamW(n.dc.NumParams(), float32(n.cfg.Float("lr")))
+	d, meta, err := nn.LoadDrafter(path, n.target.P("wte"), opt)
 	if err != nil {
 		return err
 	}
@@ -275,7 +276,7 @@ func short(h string) string { return h[:min(len(h), 12)] }
 // Every replica starts from the same weights (same seed or same file).
 func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 	wte := n.target.P("wte")
-	d, err := NewDrafter(n.dc, wte, uint64(n.cfg.Int("seed")))
+	d, err := nn.NewDrafter(n.dc, wte, uint64(n.cfg.Int("seed")))
 	if err != nil {
 		return nil, err
 	}
@@ -365,17 +366,17 @@ func (n *drafterNode) save(st *state) error {
 	return nil
 }
 
-func (n *drafterNode) evaluator() *Evaluator {
-	return &Evaluator{Target: n.target, Layers: n.dc.Taps, Block: n.dc.BlockSize,
+func (n *drafterNode) evaluator() *speceval.Evaluator {
+	return &speceval.Evaluator{Target: n.target, Layers: n.dc.Taps, Block: n.dc.BlockSize,
 		Prompt: 48, Cycles: 12, Prompts: n.cfg.Int("eval_prompts")}
 }
 
-func (n *drafterNode) tau(d *Drafter) (float64, error) {
-	return n.evaluator().Tau(n.held, DrafterProposer(d))
+func (n *drafterNode) tau(d *nn.Drafter) (float64, error) {
+	return n.evaluator().Tau(n.held, speceval.DrafterProposer(d))
 }
 
 func (n *drafterNode) ngramTau() (float64, error) {
-	return n.evaluator().Tau(n.held, NGramProposer(n.ngram))
+	return n.evaluator().Tau(n.held, speceval.NGramProposer(n.ngram))
 }
 
 // drafterTaps are the target blocks the drafter's hidden states come from.

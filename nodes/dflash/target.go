@@ -3,13 +3,13 @@ package dflash
 import (
 	"context"
 	"fmt"
-	"github.com/dflow-dev/dflow/items"
 	"io"
 	"strings"
 	"sync"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
 )
@@ -40,17 +40,7 @@ type HiddenStates = items.HiddenStates
 
 // DefaultLayers spaces k taps evenly through a model of n layers, first to
 // last block, as DFlash does.
-func DefaultLayers(n, k int) []int {
-	k = min(k, n)
-	if k <= 1 {
-		return []int{n - 1}
-	}
-	out := make([]int, k)
-	for i := range out {
-		out[i] = (i*(n-1) + (k-1)/2) / (k - 1)
-	}
-	return out
-}
+func DefaultLayers(n, k int) []int { return nn.DefaultTaps(n, k) }
 
 var targetKind = graph.Kind{
 	Name: "target_forward",
@@ -183,17 +173,7 @@ func (t *target) forward(w *nn.Workspace, b *text.Batch) *HiddenStates {
 		}
 	}
 	for n := 0; n < N; n++ {
-		hs.Greedy[n] = argmax(logits[n*c.Vocab : (n+1)*c.Vocab])
+		hs.Greedy[n] = nn.Argmax(logits[n*c.Vocab : (n+1)*c.Vocab])
 	}
 	return hs
-}
-
-func argmax(x []float32) int32 {
-	best := 0
-	for i, v := range x {
-		if v > x[best] {
-			best = i
-		}
-	}
-	return int32(best)
 }

@@ -199,7 +199,7 @@ func (t *trainer) save(m *nn.Model, step int) error {
 // evaluate measures held-out bits per byte of the model and of an order-3
 // byte n-gram counted on (up to 4 MiB of) the training text.
 func (t *trainer) evaluate(st *replicaState, metrics nodes.Metrics) error {
-	bpb, err := EvalBitsPerByte(st.m, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches"))
+	bpb, err := evalBitsPerByte(st.m, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches"))
 	if errors.Is(err, errNoHeldOut) {
 		return nil
 	}
@@ -208,7 +208,7 @@ func (t *trainer) evaluate(st *replicaState, metrics nodes.Metrics) error {
 	}
 	metrics.Set("eval_bpb", bpb)
 	ng := text.NewNGram(t.corpus.Train[:min(len(t.corpus.Train), 4<<20)], 3)
-	metrics.Set("ngram_bpb", NGramBitsPerByte(ng, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches")))
+	metrics.Set("ngram_bpb", ngramBitsPerByte(ng, t.corpus.Held, st.w.T, t.cfg.Int("eval_batches")))
 	return nil
 }
 
@@ -225,9 +225,9 @@ func evalWindows(held []byte, T, n int) [][]byte {
 	return out
 }
 
-// EvalBitsPerByte is the model's mean -log2 p(next byte) over n held-out
+// evalBitsPerByte is the model's mean -log2 p(next byte) over n held-out
 // windows of T+1 bytes.
-func EvalBitsPerByte(m *nn.Model, held []byte, T, n int) (float64, error) {
+func evalBitsPerByte(m *nn.Model, held []byte, T, n int) (float64, error) {
 	wins := evalWindows(held, T, n)
 	if len(wins) == 0 {
 		return 0, errNoHeldOut
@@ -248,9 +248,9 @@ func EvalBitsPerByte(m *nn.Model, held []byte, T, n int) (float64, error) {
 	return sum / float64(len(wins)) / math.Ln2, nil
 }
 
-// NGramBitsPerByte scores the same windows with an n-gram model (context
+// ngramBitsPerByte scores the same windows with an n-gram model (context
 // limited to the window, as the neural model's is).
-func NGramBitsPerByte(ng *text.NGram, held []byte, T, n int) float64 {
+func ngramBitsPerByte(ng *text.NGram, held []byte, T, n int) float64 {
 	wins := evalWindows(held, T, n)
 	var sum float64
 	for _, win := range wins {
