@@ -15,6 +15,13 @@
 // here and shared by the runtime and the simulator. A Graph is read-only
 // after loading and safe to share between goroutines.
 //
+// # Variants
+//
+// A graph with one edge's policy or capacity, or one stage's replicas,
+// changed is a call on the graph in memory, not a re-read of the spec:
+// g.With(SetPolicy("hs", Shared)) returns a copy, checked as the Builder
+// checks those attributes and wired again, and leaves g as it was.
+//
 // # Wiring
 //
 // With P producer and C consumer replicas, a shared edge has one queue for

@@ -9,7 +9,8 @@ import (
 // Graph is a validated pipeline: stages, the ports their nodes declare, and
 // the edges between them already wired into queues. A Graph returned by
 // Load with no error diagnostics is complete and acyclic; its stages and
-// edges are in declaration order. It is read-only after loading.
+// edges are in declaration order. It is read-only after loading; With
+// returns a changed copy.
 type Graph struct {
 	Filename    string
 	Name        string // the pipeline block's label, or "" when absent

@@ -36,15 +36,15 @@ func (d *decoder) applySet(set string) error {
 	}
 	switch parts[0] {
 	case "edge":
-		e := d.g.edges[parts[1]]
-		if e == nil {
-			return fmt.Errorf("no edge %q%s", parts[1], didYouMean(parts[1], slices.Sorted(maps.Keys(d.g.edges))))
+		e, err := d.g.lookupEdge(parts[1])
+		if err != nil {
+			return err
 		}
 		return d.setEdge(e, parts[2:], raw)
 	case "stage":
-		s := d.g.stages[parts[1]]
-		if s == nil {
-			return fmt.Errorf("no stage %q%s", parts[1], didYouMean(parts[1], slices.Sorted(maps.Keys(d.g.stages))))
+		s, err := d.g.lookupStage(parts[1])
+		if err != nil {
+			return err
 		}
 		return d.setStage(s, parts[2:], raw)
 	}
@@ -91,6 +91,24 @@ func (d *decoder) setStage(s *Stage, attr []string, raw string) error {
 		return nil
 	}
 	return fmt.Errorf("stages have no settable attribute %q; use replicas or config.KEY", strings.Join(attr, "."))
+}
+
+// lookupEdge is the named edge, or an error naming it with the closest
+// name (for --set and Graph.With).
+func (g *Graph) lookupEdge(name string) (*Edge, error) {
+	if e := g.edges[name]; e != nil {
+		return e, nil
+	}
+	return nil, fmt.Errorf("no edge %q%s", name, didYouMean(name, slices.Sorted(maps.Keys(g.edges))))
+}
+
+// lookupStage is the named stage, or an error naming it with the closest
+// name.
+func (g *Graph) lookupStage(name string) (*Stage, error) {
+	if s := g.stages[name]; s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("no stage %q%s", name, didYouMean(name, slices.Sorted(maps.Keys(g.stages))))
 }
 
 func setCount(raw, name string) (int, error) {

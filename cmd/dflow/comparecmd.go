@@ -60,7 +60,7 @@ func cmdCompare(e *env, args []string) int {
 		return code
 	}
 	// The edge must exist before it is overridden: an unknown one is a
-	// usage error naming --edge, not an invalid --set made up here.
+	// usage error naming --edge, not an error of the graph.With made below.
 	g := e.load(&sf, files[0])
 	if g == nil {
 		return exitFailed
@@ -81,34 +81,29 @@ func cmdCompare(e *env, args []string) int {
 			return exitFailed
 		}
 	}
-	var consumer string
-	for _, pol := range pols {
-		f := sf
-		f.sets = append(append(multi{}, sf.sets...), "edge."+*edgeName+".policy="+pol)
-		g := e.load(&f, files[0])
-		if g == nil {
-			return exitFailed
-		}
-		consumer = g.Edge(*edgeName).To.Stage.Name
-		var rep *report.Report
-		var err error
-		if *simulate {
-			rep, err = sim.Run(g, sim.Options{Registry: e.registry, From: measured})
-		} else {
-			fmt.Fprintf(e.stderr, "dflow: running %s with edge %s policy %s\n", files[0], *edgeName, pol)
-			rep, err = run.Run(context.Background(), g, run.Options{Registry: e.registry})
-		}
-		if err != nil {
-			fmt.Fprintf(e.stderr, "dflow compare: policy %s: %v\n", pol, err)
-			return exitFailed
-		}
-		cmp.Rows = append(cmp.Rows, row(g, rep, pol, *edgeName))
-	}
-	for i := range cmp.Rows {
-		if w := cmp.Rows[i].WallSeconds; w > 0 {
-			cmp.Rows[i].Speedup = cmp.Rows[0].WallSeconds / w
+	// Each policy is the loaded graph with the edge's policy set
+	// (sim.Compare, graph.With): the spec is read once.
+	runner := sim.Simulator(sim.Options{Registry: e.registry, From: measured})
+	if !*simulate {
+		runner = func(g *graph.Graph) (*report.Report, error) {
+			fmt.Fprintf(e.stderr, "dflow: running %s with edge %s policy %s\n", files[0], *edgeName, g.Edge(*edgeName).Policy)
+			return run.Run(context.Background(), g, run.Options{Registry: e.registry})
 		}
 	}
+	varied := make([]graph.Policy, len(pols))
+	for i, pol := range pols {
+		varied[i] = graph.Policy(pol)
+	}
+	variants, err := sim.Compare(g, *edgeName, varied, runner)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
+		return exitFailed
+	}
+	for _, v := range variants {
+		cmp.Rows = append(cmp.Rows, comparisonRow{Policy: string(v.Policy), Status: v.Report.Status, Throughput: v.Throughput,
+			WallSeconds: v.WallSeconds, Speedup: v.Speedup, Utilization: v.Utilization, MeanDepth: v.MeanDepth})
+	}
+	consumer := g.Edge(*edgeName).To.Stage.Name
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -129,17 +124,6 @@ func cmdCompare(e *env, args []string) int {
 		}
 	}
 	return exitOK
-}
-
-func row(g *graph.Graph, rep *report.Report, policy, edge string) comparisonRow {
-	r := comparisonRow{Policy: policy, Status: rep.Status, Throughput: throughput(g, rep), WallSeconds: rep.WallSeconds}
-	for _, rp := range rep.Stages[g.Edge(edge).To.Stage.Name].Replicas {
-		r.Utilization = append(r.Utilization, rp.Utilization)
-	}
-	for _, q := range rep.Edges[edge].Queues {
-		r.MeanDepth = append(r.MeanDepth, q.MeanDepth)
-	}
-	return r
 }
 
 func printComparison(e *env, cmp comparison, consumer string) {

@@ -78,7 +78,7 @@ func cmdRun(e *env, args []string) int {
 	rep, err := p.Run(ctx) // a failed construction: its report and error at once
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
-	rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], sim.Options{Registry: e.registry, From: rep}))
+	rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, sim.Options{Registry: e.registry, From: rep}))
 	rep.Summarize(e.stderr)
 	outputsWritten()
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {

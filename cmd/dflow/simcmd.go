@@ -3,12 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
@@ -67,7 +65,7 @@ func cmdSim(e *env, args []string) int {
 		rep.Started = started.Round(0)
 	}
 	if err == nil {
-		rep.Diagnosis = monitor.Diagnose(g, rep, e.predictor(&sf, files[0], opts))
+		rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, opts))
 	}
 	rep.Summarize(e.stderr)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
@@ -81,47 +79,31 @@ func cmdSim(e *env, args []string) int {
 	return exitOK
 }
 
-// splitRow is one split's simulated outcome.
-type splitRow struct {
-	a, b       int
-	throughput float64
-	wall       float64
-	bottleneck string
-	err        error
-}
-
-// split simulates every split of N replicas between stages A and B
-// ("target,drafter=8") and prints them ranked by throughput.
+// split ranks every split of N replicas between stages A and B
+// ("target,drafter=8") by simulated throughput (sim.Splits, on the graph
+// loaded once) and prints them.
 func (e *env) split(sf *specFlags, file, spec string, opts sim.Options) int {
 	a, b, n, err := parseSplit(spec)
 	if err != nil {
 		return usageErr(e, "sim", "--split %q: %v", spec, err)
 	}
-	var rows []splitRow
-	for i := 1; i < n; i++ {
-		f := *sf
-		f.sets = append(append(multi{}, sf.sets...), fmt.Sprintf("stage.%s.replicas=%d", a, i), fmt.Sprintf("stage.%s.replicas=%d", b, n-i))
-		g := e.load(&f, file)
-		if g == nil {
-			return exitFailed
-		}
-		rep, err := sim.Run(g, opts)
-		row := splitRow{a: i, b: n - i, wall: rep.WallSeconds, err: err}
-		if err == nil {
-			row.throughput = throughput(g, rep)
-			row.bottleneck = busiest(g, rep)
-		}
-		rows = append(rows, row)
+	g := e.load(sf, file)
+	if g == nil {
+		return exitFailed
 	}
-	sortRows(rows)
+	splits, err := sim.Splits(g, a, b, n, opts)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow sim: --split %s: %v\n", spec, err)
+		return exitFailed
+	}
 	fmt.Fprintf(e.stdout, "splits of %d replicas between %s and %s (simulated)\n", n, a, b)
 	fmt.Fprintf(e.stdout, "%-5s %8s %8s %10s %9s  %s\n", "rank", a, b, "items/s", "wall", "bottleneck")
-	for i, r := range rows {
-		if r.err != nil {
-			fmt.Fprintf(e.stdout, "%-5s %8d %8d  failed: %v\n", "-", r.a, r.b, r.err)
+	for i, r := range splits {
+		if r.Err != nil {
+			fmt.Fprintf(e.stdout, "%-5s %8d %8d  failed: %v\n", "-", r.A, r.B, r.Err)
 			continue
 		}
-		fmt.Fprintf(e.stdout, "%-5d %8d %8d %10.1f %8.2fs  %s\n", i+1, r.a, r.b, r.throughput, r.wall, r.bottleneck)
+		fmt.Fprintf(e.stdout, "%-5d %8d %8d %10.1f %8.2fs  %s (%.0f%% busy)\n", i+1, r.A, r.B, r.Throughput, r.WallSeconds, r.Bottleneck, 100*r.Busy)
 	}
 	return exitOK
 }
@@ -137,73 +119,4 @@ func parseSplit(spec string) (a, b string, n int, err error) {
 		return "", "", 0, fmt.Errorf("N must be a whole number of at least 2")
 	}
 	return a, b, n, nil
-}
-
-func sortRows(rows []splitRow) {
-	sort.SliceStable(rows, func(i, j int) bool {
-		if (rows[i].err == nil) != (rows[j].err == nil) {
-			return rows[i].err == nil
-		}
-		return rows[i].throughput > rows[j].throughput
-	})
-}
-
-// throughput is the items the sources emitted per second of the run.
-func throughput(g *graph.Graph, rep *report.Report) float64 {
-	if rep.WallSeconds <= 0 {
-		return 0
-	}
-	var items int64
-	for _, s := range g.Stages {
-		if len(s.Inputs) == 0 {
-			for _, r := range rep.Stages[s.Name].Replicas {
-				items += r.ItemsOut
-			}
-		}
-	}
-	return float64(items) / rep.WallSeconds
-}
-
-// busiest names the stage whose replicas were busy the most on average.
-func busiest(g *graph.Graph, rep *report.Report) string {
-	best, bestU := "", -1.0
-	for _, s := range g.Stages {
-		st := rep.Stages[s.Name]
-		var u float64
-		for _, r := range st.Replicas {
-			u += r.Utilization / float64(len(st.Replicas))
-		}
-		if u > bestU {
-			best, bestU = s.Name, u
-		}
-	}
-	return fmt.Sprintf("%s (%.0f%% busy)", best, 100*bestU)
-}
-
-// predictor puts a figure on the diagnosis's suggestion: it simulates the
-// spec as it is and with the edge switched to "shared", both with opts'
-// models (a real run's report as opts.From replays its service times).
-func (e *env) predictor(sf *specFlags, file string, opts sim.Options) monitor.Predictor {
-	opts.Interval, opts.Observe = 0, nil
-	return func(edge string) (monitor.Prediction, bool) {
-		var walls [2]float64
-		for i, extra := range [][]string{nil, {"edge." + edge + ".policy=shared"}} {
-			f := *sf
-			f.sets = append(append(multi{}, sf.sets...), extra...)
-			l, err := f.loader(e)
-			if err != nil {
-				return monitor.Prediction{}, false
-			}
-			g, diags := l.LoadFile(file)
-			if diags.HasErrors() {
-				return monitor.Prediction{}, false
-			}
-			rep, err := sim.Run(g, opts)
-			if err != nil || rep.WallSeconds <= 0 {
-				return monitor.Prediction{}, false
-			}
-			walls[i] = rep.WallSeconds
-		}
-		return monitor.Prediction{Before: walls[0], After: walls[1]}, true
-	}
 }

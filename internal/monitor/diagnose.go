@@ -248,6 +248,8 @@ func fullEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string 
 type Prediction struct{ Before, After float64 }
 
 // Predictor estimates the effect of setting an edge's policy to "shared".
+// internal/sim's Predictor makes one from a graph in memory by simulating
+// it both ways; the dependency runs sim -> monitor, never back.
 type Predictor func(edge string) (Prediction, bool)
 
 func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }

@@ -5,6 +5,13 @@
 // and replica splits can be compared before any GPU hour is spent, and
 // `dflow validate` can tell a wiring that deadlocks (ProbeDeadlock).
 //
+// Planning works from the graph in memory, each variant a graph.Graph.With
+// of it: Predictor is the diagnosis's estimate of sharing an edge
+// (monitor.Predictor), Splits ranks the splits of N replicas between two
+// stages, Compare runs (with any Runner) or simulates one variant per
+// policy of an edge, and Throughput and Busiest are the figures they rank
+// by. The dependency runs sim -> monitor: monitor never imports sim.
+//
 // Each replica is a state machine: receive (idle while its queues are
 // empty), step with its siblings if the node syncs (blocked until every
 // member still present arrives), serve one service time (busy), send to

@@ -1,0 +1,195 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/hashicorp/hcl/v2"
+)
+
+// This file answers "which policy, which split" from the graph in memory:
+// each variant is g.With(a change), never a re-read of the spec.
+
+// Predictor puts a figure on the diagnosis's suggestion (monitor.Diagnose):
+// for an edge, it simulates g as it is and g with that edge shared, both
+// with opts' models (opts.From, a real run's report, replays its service
+// times), and predicts their wall times. opts' Interval and Observe are
+// ignored. g as it is is simulated once, on the first call; the returned
+// function is safe for concurrent use.
+func Predictor(g *graph.Graph, opts Options) monitor.Predictor {
+	opts.Interval, opts.Observe = 0, nil
+	var once sync.Once
+	var before float64
+	wall := func(g *graph.Graph) float64 {
+		rep, err := Run(g, opts)
+		if err != nil || rep.WallSeconds <= 0 {
+			return 0
+		}
+		return rep.WallSeconds
+	}
+	return func(edge string) (monitor.Prediction, bool) {
+		once.Do(func() { before = wall(g) })
+		if before == 0 {
+			return monitor.Prediction{}, false
+		}
+		shared, diags := g.With(graph.SetPolicy(edge, graph.Shared))
+		if diags.HasErrors() {
+			return monitor.Prediction{}, false
+		}
+		after := wall(shared)
+		if after == 0 {
+			return monitor.Prediction{}, false
+		}
+		return monitor.Prediction{Before: before, After: after}, true
+	}
+}
+
+// Split is one split of replicas between two stages, simulated.
+type Split struct {
+	A, B        int     // the replicas of the first and second stage
+	Throughput  float64 // items the sources emitted per second (Throughput)
+	WallSeconds float64
+	Bottleneck  string  // the stage whose replicas were busiest (Busiest)
+	Busy        float64 // their mean utilization, 0 to 1
+	Err         error   // the simulation failed (a wiring that deadlocks)
+}
+
+// Splits simulates every split of n replicas between stages a and b (1
+// and n-1, 2 and n-2, ...) with everything else as in g, and returns them
+// ranked by throughput, highest first; splits whose simulation failed come
+// last, in order. An unknown stage, a == b or n < 2 is an error.
+func Splits(g *graph.Graph, a, b string, n int, opts Options) ([]Split, error) {
+	if a == b {
+		return nil, fmt.Errorf("splits need two different stages; got %q twice", a)
+	}
+	if n < 2 {
+		return nil, fmt.Errorf("splits of %d replicas: need at least 2, one per stage", n)
+	}
+	opts.Interval, opts.Observe = 0, nil
+	var splits []Split
+	for i := 1; i < n; i++ {
+		v, diags := g.With(graph.SetReplicas(a, i), graph.SetReplicas(b, n-i))
+		if diags.HasErrors() {
+			return nil, diagError(diags)
+		}
+		rep, err := Run(v, opts)
+		s := Split{A: i, B: n - i, WallSeconds: rep.WallSeconds, Err: err}
+		if err == nil {
+			s.Throughput = Throughput(v, rep)
+			s.Bottleneck, s.Busy = Busiest(v, rep)
+		}
+		splits = append(splits, s)
+	}
+	sort.SliceStable(splits, func(i, j int) bool {
+		if (splits[i].Err == nil) != (splits[j].Err == nil) {
+			return splits[i].Err == nil
+		}
+		return splits[i].Throughput > splits[j].Throughput
+	})
+	return splits, nil
+}
+
+// Variant is one policy's outcome when an edge's policies are compared.
+type Variant struct {
+	Policy      graph.Policy
+	Graph       *graph.Graph // g with the edge's policy set
+	Report      *report.Report
+	Throughput  float64   // items the sources emitted per second (Throughput)
+	WallSeconds float64   // the run's
+	Speedup     float64   // the first variant's wall time over this one's
+	Utilization []float64 // per replica of the edge's consumer stage
+	MeanDepth   []float64 // per queue of the edge
+}
+
+// A Runner runs or simulates a graph and returns its report, such as
+// Simulator(opts) or a real run.
+type Runner func(*graph.Graph) (*report.Report, error)
+
+// Simulator is the Runner that simulates with opts.
+func Simulator(opts Options) Runner {
+	return func(g *graph.Graph) (*report.Report, error) { return Run(g, opts) }
+}
+
+// Compare runs g once per policy of edge, each as g.With(the policy), and
+// returns the outcomes in the order of policies, with speedups against the
+// first. An unknown edge or policy is an error, and so is a failed run,
+// naming its policy.
+func Compare(g *graph.Graph, edge string, policies []graph.Policy, run Runner) ([]Variant, error) {
+	var out []Variant
+	for _, pol := range policies {
+		v, diags := g.With(graph.SetPolicy(edge, pol))
+		if diags.HasErrors() {
+			return nil, diagError(diags)
+		}
+		rep, err := run(v)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: %w", pol, err)
+		}
+		r := Variant{Policy: pol, Graph: v, Report: rep, Throughput: Throughput(v, rep), WallSeconds: rep.WallSeconds}
+		for _, rp := range rep.Stages[v.Edge(edge).To.Stage.Name].Replicas {
+			r.Utilization = append(r.Utilization, rp.Utilization)
+		}
+		for _, q := range rep.Edges[edge].Queues {
+			r.MeanDepth = append(r.MeanDepth, q.MeanDepth)
+		}
+		out = append(out, r)
+	}
+	for i := range out {
+		if w := out[i].WallSeconds; w > 0 {
+			out[i].Speedup = out[0].WallSeconds / w
+		}
+	}
+	return out, nil
+}
+
+// Throughput is the items g's sources (stages with no input) emitted per
+// second of the run rep reports; 0 for a run of no time.
+func Throughput(g *graph.Graph, rep *report.Report) float64 {
+	if rep.WallSeconds <= 0 {
+		return 0
+	}
+	var items int64
+	for _, s := range g.Stages {
+		if len(s.Inputs) == 0 {
+			for _, r := range rep.Stages[s.Name].Replicas {
+				items += r.ItemsOut
+			}
+		}
+	}
+	return float64(items) / rep.WallSeconds
+}
+
+// Busiest names the stage whose replicas were busy the most on average in
+// rep, with that mean utilization (0 to 1); the first in g's order on a
+// tie.
+func Busiest(g *graph.Graph, rep *report.Report) (stage string, busy float64) {
+	best, bestU := "", -1.0
+	for _, s := range g.Stages {
+		st := rep.Stages[s.Name]
+		var u float64
+		for _, r := range st.Replicas {
+			u += r.Utilization / float64(len(st.Replicas))
+		}
+		if u > bestU {
+			best, bestU = s.Name, u
+		}
+	}
+	return best, bestU
+}
+
+// diagError is With's error diagnostics as an error, their details joined.
+func diagError(diags hcl.Diagnostics) error {
+	var msgs []string
+	for _, d := range diags {
+		if d.Severity == hcl.DiagError {
+			msgs = append(msgs, strings.TrimSuffix(d.Detail, "."))
+		}
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
