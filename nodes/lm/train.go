@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,11 +49,15 @@ var trainKind = graph.Kind{
 		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches from text_reader"}}
 	},
 	Check: func(cfg *graph.Config) []error {
+		var errs []error
 		c := modelConfig(cfg)
 		if err := c.Validate(); err != nil {
-			return []error{err}
+			errs = append(errs, err)
 		}
-		return nil
+		if err := text.CheckPath(cfg.String("path")); err != nil {
+			errs = append(errs, &graph.FieldError{Field: "path", Err: err}) // before any work, as text_reader's
+		}
+		return errs
 	},
 }
 
@@ -63,10 +68,14 @@ func modelConfig(cfg *graph.Config) nn.Config {
 
 type trainer struct {
 	finished atomic.Int32 // the last replica to finish saves and evaluates
-	cfg      *graph.Config
-	model    nn.Config
-	corpus   *text.Corpus
-	out      *nn.Output
+	// mu guards savedStep: the latest step a replica cut short by the
+	// run's cancellation has saved.
+	mu        sync.Mutex
+	savedStep int
+	cfg       *graph.Config
+	model     nn.Config
+	corpus    *text.Corpus
+	out       *nn.Output
 }
 
 func newTrainer(cfg *graph.Config) (nodes.Node, error) {
@@ -111,7 +120,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 			break
 		}
 		if err != nil {
-			return err
+			return t.saveOnCancel(ctx, st, step, err)
 		}
 		b, ok := item.(*text.Batch)
 		if !ok {
@@ -119,7 +128,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		}
 		loss, err := t.step(ctx, st, b, step, r)
 		if err != nil {
-			return err
+			return t.saveOnCancel(ctx, st, step, err)
 		}
 		step++
 		tokens += b.B * b.T
@@ -182,6 +191,28 @@ func (t *trainer) lr(step int) float64 {
 	}
 	p := math.Min(1, float64(step-warm)/float64(total-warm))
 	return peak * (0.1 + 0.9*0.5*(1+math.Cos(math.Pi*p)))
+}
+
+// saveOnCancel returns err, the error that ends a replica; when the run
+// was cancelled (a failure elsewhere, a deadlock, an abort) it first
+// writes the replica's model as of its last completed step, unless
+// another replica has saved that step or a later one (every replica still
+// in the group holds the same weights: a step cut short in its all-reduce
+// applies no update).
+func (t *trainer) saveOnCancel(ctx context.Context, st *replicaState, step int, err error) error {
+	if ctx.Err() == nil || step == 0 {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if step <= t.savedStep {
+		return err
+	}
+	if serr := t.save(st.m, step); serr != nil {
+		return fmt.Errorf("%w; and saving the model on the way out failed: %v", err, serr)
+	}
+	t.savedStep = step
+	return err
 }
 
 func (t *trainer) save(m *nn.Model, step int) error {

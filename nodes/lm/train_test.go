@@ -2,10 +2,12 @@ package lm
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -220,5 +222,85 @@ edge "tokens" {
 	}
 	if _, meta, err := nn.LoadModel(out); err != nil || meta["run_id"] != nn.RunID() || meta["steps"] != "4" || meta["spec"] != "t.hcl" {
 		t.Errorf("overwritten model: %v %v", meta, err)
+	}
+}
+
+// TestSavesOnAbort: an aborted run (its context cancelled mid-training)
+// still writes the model as of its last completed step; a missing corpus
+// is refused at validation, before any work. Before, an abort left no
+// model and a missing corpus failed only once the run had started.
+func TestSavesOnAbort(t *testing.T) {
+	dir := t.TempDir()
+	corpus := filepath.Join(dir, "corpus.txt")
+	os.WriteFile(corpus, []byte(strings.Repeat("the quick brown fox jumps over the lazy dog. ", 4000)), 0o644)
+	out := filepath.Join(dir, "m.safetensors")
+	reg := nodes.NewRegistry()
+	text.Register(reg)
+	Register(reg)
+	spec := func(path string) string {
+		return `
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = "` + corpus + `"
+    seq_len    = 16
+    batch_size = 2
+    epochs     = 1000
+  }
+}
+stage "train" {
+  node     = "lm_train"
+  replicas = 2
+  config {
+    path    = "` + path + `"
+    out     = "` + out + `"
+    d_model = 16
+    layers  = 1
+    heads   = 2
+    hidden  = 16
+    max_seq = 16
+  }
+}
+edge "tokens" {
+  from = reader.out
+  to   = train.in
+}`
+	}
+	if _, diags := (&graph.Loader{Catalog: reg}).Load("t.hcl", []byte(spec(filepath.Join(dir, "missing.txt")))); !diags.HasErrors() ||
+		!strings.Contains(diags.Error(), "path") {
+		t.Errorf("a missing corpus: %v", diags)
+	}
+	g, diags := (&graph.Loader{Catalog: reg}).Load("t.hcl", []byte(spec(corpus)))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := engine.New(g, engine.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(60 * time.Second)
+		for time.Now().Before(deadline) {
+			if s := p.Snapshot(); len(s.Stages) > 1 && s.Stages[1].Metrics["step"] >= 3 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	rep, err := p.Execute(ctx)
+	<-done
+	if rep.Status != "aborted" {
+		t.Fatalf("status %s, err %v", rep.Status, err)
+	}
+	_, meta, err := nn.LoadModel(out)
+	if err != nil || meta["steps"] == "" || meta["steps"] == "0" {
+		t.Fatalf("model after the abort: %v, meta %v", err, meta)
+	}
+	if want := fmt.Sprint(rep.Stages["train"].Metrics["step"]); meta["steps"] != want {
+		t.Errorf("saved step %s, the run's last %s", meta["steps"], want)
 	}
 }
