@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/hashicorp/hcl/v2"
 )
 
@@ -29,7 +30,7 @@ func cmdValidate(e *env, args []string) int {
 	for _, f := range files {
 		g, diags := l.LoadFile(f)
 		if g != nil && !diags.HasErrors() {
-			diags = append(diags, e.deadlockWarnings(g)...)
+			diags = append(diags, sim.DeadlockWarnings(g, sim.Options{Registry: e.registry})...)
 		}
 		all = append(all, diags...)
 		if !diags.HasErrors() {
@@ -61,7 +62,7 @@ func (e *env) load(sf *specFlags, file string) *graph.Graph {
 	}
 	g, diags := l.LoadFile(file)
 	if g != nil && !diags.HasErrors() {
-		diags = append(diags, e.deadlockWarnings(g)...)
+		diags = append(diags, sim.DeadlockWarnings(g, sim.Options{Registry: e.registry})...)
 	}
 	graph.WriteDiagnostics(e.stderr, diags, l.Sources())
 	return g

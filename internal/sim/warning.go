@@ -1,18 +1,18 @@
-package main
+package sim
 
 import (
 	"fmt"
 	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/hashicorp/hcl/v2"
 )
 
-// deadlockWarnings simulates g's wiring (sim.ProbeDeadlock) and, where it
-// deadlocks, warns at the edge whose policy would fix it.
-func (e *env) deadlockWarnings(g *graph.Graph) hcl.Diagnostics {
-	st := sim.ProbeDeadlock(g, sim.Options{Registry: e.registry})
+// DeadlockWarnings simulates g's wiring (ProbeDeadlock) and, where it
+// deadlocks, returns a warning at the edge whose policy would fix it,
+// listing each replica's wait: what `dflow validate` prints.
+func DeadlockWarnings(g *graph.Graph, opts Options) hcl.Diagnostics {
+	st := ProbeDeadlock(g, opts)
 	if st == nil {
 		return nil
 	}
