@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hcled"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 )
 
 // WriteDiagnostics prints diagnostics for people, each as
@@ -125,6 +127,7 @@ type jsonSnippet struct {
 // of `terraform validate -json`.
 func WriteDiagnosticsJSON(w io.Writer, diags hcl.Diagnostics, sources map[string][]byte) error {
 	rep := jsonReport{FormatVersion: "1.0", Diagnostics: []jsonDiag{}}
+	files := map[string]*hcl.File{} // parsed once each, for the snippets' context
 	for _, d := range diags {
 		jd := jsonDiag{Severity: "error", Summary: d.Summary, Detail: d.Detail}
 		if d.Severity == hcl.DiagWarning {
@@ -140,6 +143,9 @@ func WriteDiagnosticsJSON(w io.Writer, diags hcl.Diagnostics, sources map[string
 				End:      jsonPos{s.End.Line, s.End.Column, s.End.Byte},
 			}
 			jd.Snippet = jsonSnippetFor(*s, sources[s.Filename])
+			if jd.Snippet != nil {
+				jd.Snippet.Context = blockContext(files, s.Filename, sources[s.Filename], s.Start.Byte)
+			}
 		}
 		rep.Diagnostics = append(rep.Diagnostics, jd)
 	}
@@ -147,6 +153,25 @@ func WriteDiagnosticsJSON(w io.Writer, diags hcl.Diagnostics, sources map[string
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
+}
+
+// blockContext names the top-level block enclosing the byte offset, as
+// Terraform's snippet.context does (`edge "hs"`), or nil outside any
+// block. Like Terraform it looks at the byte before the subject, so that
+// a subject which is a block's header names that block.
+func blockContext(files map[string]*hcl.File, name string, src []byte, offset int) *string {
+	f, ok := files[name]
+	if !ok {
+		f, _ = hclsyntax.ParseConfig(src, name, hcl.InitialPos) // a file with errors still yields its blocks
+		files[name] = f
+	}
+	if f == nil {
+		return nil
+	}
+	if ctx := hcled.ContextString(f, offset-1); ctx != "" {
+		return &ctx
+	}
+	return nil
 }
 
 func jsonSnippetFor(r hcl.Range, src []byte) *jsonSnippet {

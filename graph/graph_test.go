@@ -239,6 +239,7 @@ func TestDiagnosticsJSON(t *testing.T) {
 				Start    struct{ Line, Column, Byte int }
 			}
 			Snippet struct {
+				Context              *string
 				Code                 string
 				StartLine            int `json:"start_line"`
 				HighlightStartOffset int `json:"highlight_start_offset"`
@@ -258,6 +259,10 @@ func TestDiagnosticsJSON(t *testing.T) {
 	}
 	if hl := d.Snippet.Code[d.Snippet.HighlightStartOffset:d.Snippet.HighlightEndOffset]; hl != "targt" {
 		t.Errorf("highlight = %q, want targt", hl)
+	}
+	// As Terraform's: the enclosing block.
+	if c := d.Snippet.Context; c == nil || *c != `edge "hs"` {
+		t.Errorf("snippet context = %v, want edge \"hs\"", c)
 	}
 }
 

@@ -27,10 +27,15 @@ type StageSnapshot struct {
 	Total    int64 // items the stage will emit in all; 0 when unknown
 	Replicas []ReplicaSnapshot
 	Metrics  map[string]float64
+	// Counters names the metrics that are counters (published with
+	// Metrics().Add, summed over replicas); the others are gauges.
+	Counters map[string]bool
 }
 
 // ReplicaSnapshot is one replica's cumulative figures, a wait in progress
-// included.
+// included. Busy, Idle and Blocked add up to the replica's lifetime as of
+// the snapshot, and none of them is ever less than in an earlier snapshot
+// of the same run.
 type ReplicaSnapshot struct {
 	ItemsIn, ItemsOut   int64
 	Busy, Idle, Blocked time.Duration

@@ -1,27 +1,45 @@
 package engine
 
 import (
+	"runtime"
+	"sync"
 	"time"
+	"weak"
 
 	"github.com/dflow-dev/dflow/report"
 )
 
 // The live figures of a run are report.Snapshot values, built here from
 // the runtime's atomics without stopping it.
+//
+// Each replica's busy, idle and blocked add up to its lifetime and none of
+// them goes down from one snapshot to the next, whoever takes them (the
+// status line, a Prometheus scrape, the browser page), so that a counter
+// built on them never resets. The raw figures alone cannot promise that: a
+// wait timed on the coarse clock begins at the last tick, up to 10ms before
+// it really began, and one in progress is counted up to the instant it is
+// read, so its share of idle can run ahead of the lifetime read with it and
+// fall back when the wait ends on a tick; busy, the rest of the lifetime,
+// moves the other way. So each replica keeps the figures it last showed
+// (its mark), and a new reading moves each of them forward only, sharing
+// out the lifetime gained since the mark in proportion to how far each
+// figure wants to move (mark.advance).
 
 func (r *run) snapshot(now time.Time) *report.Snapshot {
 	s := &report.Snapshot{Time: now, Draining: r.isDraining()}
-	startNs := r.startNs.Load()
-	if startNs == 0 {
+	if r.startNs.Load() == 0 {
 		return s
 	}
-	start := time.Unix(0, startNs)
+	// r.start is written before startNs is stored: reading it now is no
+	// race, and its monotonic reading keeps lifetimes off the wall clock,
+	// which can step between two reads.
+	start := r.start
 	s.Elapsed = now.Sub(start)
 	for _, st := range r.stages {
-		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total,
-			Metrics: st.metrics.snapshot()}
+		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total}
+		ss.Metrics, ss.Counters = st.metrics.read()
 		for _, rp := range st.replicas {
-			ss.Replicas = append(ss.Replicas, rp.snapshot(start, now))
+			ss.Replicas = append(ss.Replicas, rp.snapshot(start))
 		}
 		s.Stages = append(s.Stages, ss)
 	}
@@ -42,20 +60,101 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 }
 
 // snapshot reads a replica; a wait in progress counts from its start.
-func (rp *replica) snapshot(start, now time.Time) report.ReplicaSnapshot {
-	idle, blocked, _ := rp.waits()
-	out := report.ReplicaSnapshot{
+func (rp *replica) snapshot(start time.Time) report.ReplicaSnapshot {
+	f := rp.read(start)
+	return report.ReplicaSnapshot{
 		ItemsIn:  rp.itemsIn(),
 		ItemsOut: rp.itemsOut(),
-		Idle:     time.Duration(idle),
-		Blocked:  time.Duration(blocked),
+		Busy:     f.busy, Idle: f.idle, Blocked: f.blocked,
+		Done: f.done,
 	}
-	end := now
+}
+
+// times is a replica's lifetime split into busy, idle and blocked.
+type times struct {
+	life, busy, idle, blocked time.Duration
+	done                      bool
+}
+
+// read returns the replica's times as of one instant, read after its wait
+// totals (so that a wait in progress is counted up to the same instant as
+// the lifetime), moved forward from its mark: busy + idle + blocked is the
+// lifetime and none of them is less than it was in an earlier read.
+func (rp *replica) read(start time.Time) times {
+	idleNs, blockedNs, _ := rp.waits()
+	end := time.Now() // after the waits: none of them is counted past it
+	var t times
 	if ns := rp.ended.Load(); ns != 0 {
-		end, out.Done = time.Unix(0, ns), true
+		end, t.done = time.Unix(0, ns), true
 	}
-	life := end.Sub(start)
-	out.Idle, out.Blocked = fitWaits(out.Idle, out.Blocked, life)
-	out.Busy = life - out.Idle - out.Blocked
-	return out
+	if !start.IsZero() {
+		t.life = end.Sub(start)
+	}
+	t.idle, t.blocked = fitWaits(time.Duration(idleNs), time.Duration(blockedNs), t.life)
+	t.busy = t.life - t.idle - t.blocked
+	markOf(rp).advance(&t)
+	return t
+}
+
+// mark is what a replica's reads last returned.
+type mark struct {
+	mu                  sync.Mutex
+	busy, idle, blocked time.Duration
+}
+
+// advance moves the mark towards t and sets t to it. The lifetime gained
+// since the mark (room) is shared between busy, idle and blocked: each
+// gets the part of it t says it gained, and when those parts exceed room
+// (one of t's figures is behind the mark, or the lifetime moved back with
+// the wall clock), all are scaled down to fit. So the sum stays the
+// lifetime whenever it is not less than the mark's, and no figure ever
+// decreases.
+func (m *mark) advance(t *times) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	room := max(t.life-(m.busy+m.idle+m.blocked), 0)
+	dBusy, dIdle, dBlocked := max(t.busy-m.busy, 0), max(t.idle-m.idle, 0), max(t.blocked-m.blocked, 0)
+	if sum := dBusy + dIdle + dBlocked; sum > room {
+		scale := float64(room) / float64(sum)
+		dIdle = time.Duration(float64(dIdle) * scale)
+		dBlocked = time.Duration(float64(dBlocked) * scale)
+		dBusy = max(room-dIdle-dBlocked, 0)
+	}
+	m.busy += dBusy
+	m.idle += dIdle
+	m.blocked += dBlocked
+	t.busy, t.idle, t.blocked = m.busy, m.idle, m.blocked
+}
+
+// marks holds every live replica's mark, beside the replica rather than in
+// it so that the replica's cache-line layout (replica.go) stays as the per-
+// item path wants it; a mark goes when its replica is collected.
+var marks sync.Map // weak.Pointer[replica] -> *mark
+
+func markOf(rp *replica) *mark {
+	k := weak.Make(rp)
+	if v, ok := marks.Load(k); ok {
+		return v.(*mark)
+	}
+	v, loaded := marks.LoadOrStore(k, &mark{})
+	if !loaded {
+		runtime.AddCleanup(rp, func(k weak.Pointer[replica]) { marks.Delete(k) }, k)
+	}
+	return v.(*mark)
+}
+
+// read returns every metric's current value and which of them are
+// counters (published with Add).
+func (m *metrics) read() (values map[string]float64, counters map[string]bool) {
+	values = m.snapshot()
+	m.m.Range(func(k, v any) bool {
+		if v.(*metric).counter {
+			if counters == nil {
+				counters = map[string]bool{}
+			}
+			counters[k.(string)] = true
+		}
+		return true
+	})
+	return values, counters
 }

@@ -29,7 +29,7 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 	for _, s := range r.stages {
 		st := report.Stage{Node: s.g.Node, Metrics: s.metrics.snapshot()}
 		for _, rp := range s.replicas {
-			st.Replicas = append(st.Replicas, rp.figures(r.start, now))
+			st.Replicas = append(st.Replicas, rp.figures(r.start))
 		}
 		rep.Stages[s.g.Name] = st
 	}
@@ -92,19 +92,11 @@ func unbuilt(rep *report.Report, g *graph.Graph) {
 }
 
 // figures reads one replica's counters. Busy is the lifetime less idle and
-// blocked, so the three add up exactly.
-func (rp *replica) figures(start, now time.Time) report.Replica {
-	end := now
-	if ns := rp.ended.Load(); ns != 0 {
-		end = time.Unix(0, ns)
-	}
-	life := time.Duration(0)
-	if !start.IsZero() {
-		life = end.Sub(start)
-	}
-	idleNs, blockedNs, _ := rp.waits() // a replica stuck past the grace period is still waiting
-	idle, blocked := fitWaits(time.Duration(idleNs), time.Duration(blockedNs), life)
-	busy := life - idle - blocked
+// blocked, so the three add up exactly, and none is less than a live
+// snapshot showed (replica.read).
+func (rp *replica) figures(start time.Time) report.Replica {
+	t := rp.read(start) // a replica stuck past the grace period is still waiting
+	life, busy, idle, blocked := t.life, t.busy, t.idle, t.blocked
 	out := report.Replica{
 		Index:          rp.index,
 		Device:         rp.device,

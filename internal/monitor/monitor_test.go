@@ -3,6 +3,7 @@ package monitor
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -369,17 +370,61 @@ edge "e" {
 	if !strings.Contains(b.String(), "loss=1.5 tokens=1920") {
 		t.Errorf("status line: %s", b.String())
 	}
-	ch := make(chan prometheus.Metric, 256)
-	NewCollector(p.Snapshot).Collect(ch)
-	close(ch)
-	found := false
-	for m := range ch {
-		if strings.Contains(m.Desc().String(), "dflow_node_metric") {
-			found = true
+	// In Prometheus each metric is a family of its own, typed as the node
+	// published it.
+	preg := prometheus.NewRegistry()
+	preg.MustRegister(NewCollector(p.Snapshot))
+	mfs, err := preg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "dflow_node_") {
+			m := mf.GetMetric()[0]
+			got[mf.GetName()] = fmt.Sprintf("%s %s=%s %g", mf.GetType(), m.GetLabel()[0].GetName(), m.GetLabel()[0].GetValue(),
+				m.GetGauge().GetValue()+m.GetCounter().GetValue())
 		}
 	}
-	if !found {
-		t.Error("no dflow_node_metric collected")
+	want := map[string]string{
+		"dflow_node_loss":         "GAUGE stage=learn 1.5",
+		"dflow_node_tokens_total": "COUNTER stage=learn 1920",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("node metric families %v, want %v", got, want)
+	}
+}
+
+// TestNodeMetricFamilies: names are sanitized, and names that would make
+// the same series twice are dropped, not a failed scrape.
+func TestNodeMetricFamilies(t *testing.T) {
+	if got := NodeMetricName("tokens/s", false); got != "dflow_node_tokens_s" {
+		t.Errorf("tokens/s: %s", got)
+	}
+	if got := NodeMetricName("bytes_total", true); got != "dflow_node_bytes_total" {
+		t.Errorf("bytes_total: %s", got)
+	}
+	snap := &report.Snapshot{Stages: []report.StageSnapshot{
+		{Name: "a", Metrics: map[string]float64{"x.y": 1, "x-y": 2, "n": 3, "n_total": 4}, Counters: map[string]bool{"n": true}},
+		{Name: "b", Metrics: map[string]float64{"n": 5}},
+	}}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(func() *report.Snapshot { return snap }))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{}
+	for _, mf := range mfs {
+		if strings.HasPrefix(mf.GetName(), "dflow_node_") {
+			for _, m := range mf.GetMetric() {
+				got = append(got, fmt.Sprintf("%s{%s} %s", mf.GetName(), m.GetLabel()[0].GetValue(), mf.GetType()))
+			}
+		}
+	}
+	want := "[dflow_node_n{b} GAUGE dflow_node_n_total{a} COUNTER dflow_node_x_y{a} GAUGE]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("got %v, want %s", got, want)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dflow-dev/dflow/report"
@@ -38,13 +40,15 @@ var (
 	descIdle     = prometheus.NewDesc("dflow_replica_idle_seconds_total", "Seconds the replica spent waiting for input.", stageReplica, nil)
 	descBlocked  = prometheus.NewDesc("dflow_replica_blocked_seconds_total", "Seconds the replica spent waiting for room downstream or for its siblings.", stageReplica, nil)
 	descDone     = prometheus.NewDesc("dflow_replica_done", "1 once the replica has returned.", stageReplica, nil)
-	descNode     = prometheus.NewDesc("dflow_node_metric", "A figure a node publishes (loss, acceptance_length, ...), by name.", []string{"stage", "name"}, nil)
+	stageLabel   = []string{"stage"}
 )
 
-// Describe implements prometheus.Collector.
+// Describe implements prometheus.Collector. The node metrics' families
+// are known only once nodes publish them, so they are not described; the
+// registry accepts them as it accepts an unchecked collector's.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descElapsed, descDepth, descCapacity, descOpen, descProduced, descConsumed,
-		descIn, descOut, descBusy, descIdle, descBlocked, descDone, descNode} {
+		descIn, descOut, descBusy, descIdle, descBlocked, descDone} {
 		ch <- d
 	}
 }
@@ -78,10 +82,71 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descDone, gauge, done, st.Name, ri)
 		}
-		for name, v := range st.Metrics {
-			ch <- prometheus.MustNewConstMetric(descNode, gauge, v, st.Name, name)
+	}
+	c.collectNodeMetrics(ch, s)
+}
+
+// collectNodeMetrics exports each node metric as a family of its own:
+// dflow_node_NAME{stage} a gauge for a value set with Metrics().Set,
+// dflow_node_NAME_total{stage} a counter for one added to with
+// Metrics().Add. A name that would repeat a series already sent (two
+// names the same once sanitized, a gauge spelt like a counter) is
+// skipped rather than failing the whole scrape.
+func (c *Collector) collectNodeMetrics(ch chan<- prometheus.Metric, s *report.Snapshot) {
+	type family struct {
+		desc    *prometheus.Desc
+		counter bool
+	}
+	families := map[string]family{}
+	seen := map[[2]string]bool{} // family, stage
+	for _, st := range s.Stages {
+		names := make([]string, 0, len(st.Metrics))
+		for name := range st.Metrics {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			counter := st.Counters[name]
+			fam := NodeMetricName(name, counter)
+			f, ok := families[fam]
+			if !ok {
+				help := fmt.Sprintf("The node metric %q (Metrics().Set: the latest value).", name)
+				if counter {
+					help = fmt.Sprintf("The node metric %q (Metrics().Add: summed over replicas).", name)
+				}
+				f = family{prometheus.NewDesc(fam, help, stageLabel, nil), counter}
+				families[fam] = f
+			}
+			if f.counter != counter || seen[[2]string{fam, st.Name}] {
+				continue
+			}
+			seen[[2]string{fam, st.Name}] = true
+			typ := prometheus.GaugeValue
+			if counter {
+				typ = prometheus.CounterValue
+			}
+			ch <- prometheus.MustNewConstMetric(f.desc, typ, st.Metrics[name], st.Name)
 		}
 	}
+}
+
+// NodeMetricName is the Prometheus family of a node metric: dflow_node_
+// and the name with every character outside [a-zA-Z0-9_] made _, and
+// _total after a counter's.
+func NodeMetricName(name string, counter bool) string {
+	b := []byte("dflow_node_")
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b = append(b, byte(r))
+		default:
+			b = append(b, '_')
+		}
+	}
+	if counter && !strings.HasSuffix(string(b), "_total") {
+		b = append(b, "_total"...)
+	}
+	return string(b)
 }
 
 // LoopbackAddr binds an address with no host ("":9090") to the loopback
