@@ -3,6 +3,7 @@ package nodes
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Node is a stage's behaviour. The runtime calls Run once per replica, all
@@ -97,10 +98,96 @@ type Group interface {
 	// AllReduceSum replaces buf with the element-wise sum of buf over
 	// the members taking part in this step, and returns how many did
 	// (divide by it for a mean). Every member must pass a buffer of the
-	// same length.
+	// same length. It is AllReduce of Floats(buf) in a group that is a
+	// Reducer.
 	AllReduceSum(ctx context.Context, buf []float32) (int, error)
 	// Leave removes the replica from the group. It is idempotent.
 	Leave()
+}
+
+// Reducer is a Group that all-reduces any Reducible, wherever its
+// values live (the engine's groups are): a device buffer is summed
+// without a host slice. AllReduce has AllReduceSum's semantics (uneven
+// ends, members leaving); the members must pass vectors of one Len, and
+// the sum is formed in arrival order, as AllReduceSum's.
+type Reducer interface {
+	AllReduce(ctx context.Context, x Reducible) (int, error)
+}
+
+// Reducible is a vector of float32 values that a replica group can sum
+// without reading it: host memory (Floats) or a kernel backend's buffer,
+// on a device or not.
+type Reducible interface {
+	// Len is the number of values.
+	Len() int
+	// NewSum returns a zeroed accumulator of Len() values, kept where
+	// this vector's memory is.
+	NewSum() Sum
+	// Scale multiplies every value by f (a mean from a sum).
+	Scale(f float32)
+}
+
+// Sum accumulates one all-reduce. The group calls Add once per member,
+// one at a time, in arrival order; once the last has been added it calls
+// Store once per member, possibly concurrently. A Sum serves one
+// all-reduce only and is then dropped.
+type Sum interface {
+	// Add adds x, a member's vector of the same Len, into the sum; it
+	// fails if it cannot reach x's memory (another kind of vector).
+	Add(x Reducible) error
+	// Store writes the sum into x.
+	Store(x Reducible) error
+}
+
+// Floats is a host vector as a Reducible: AllReduceSum's buffer.
+type Floats []float32
+
+// Len is the number of values.
+func (f Floats) Len() int { return len(f) }
+
+// NewSum returns a host accumulator.
+func (f Floats) NewSum() Sum { return make(floatSum, len(f)) }
+
+// Scale multiplies every value by s.
+func (f Floats) Scale(s float32) {
+	for i := range f {
+		f[i] *= s
+	}
+}
+
+type floatSum []float32
+
+func (s floatSum) Add(x Reducible) error {
+	f, ok := x.(Floats)
+	if !ok {
+		return fmt.Errorf("all-reduce of a host vector with a %T", x)
+	}
+	for i, v := range f {
+		s[i] += v
+	}
+	return nil
+}
+
+func (s floatSum) Store(x Reducible) error {
+	f, ok := x.(Floats)
+	if !ok {
+		return fmt.Errorf("all-reduce of a host vector with a %T", x)
+	}
+	copy(f, s)
+	return nil
+}
+
+// AllReduce is g's AllReduce when g is a Reducer, and otherwise
+// AllReduceSum for Floats; a group that is no Reducer cannot reduce
+// another Reducible, and says so.
+func AllReduce(ctx context.Context, g Group, x Reducible) (int, error) {
+	if r, ok := g.(Reducer); ok {
+		return r.AllReduce(ctx, x)
+	}
+	if f, ok := x.(Floats); ok {
+		return g.AllReduceSum(ctx, f)
+	}
+	return 0, fmt.Errorf("replica group %T cannot all-reduce a %T (only host vectors)", g, x)
 }
 
 // Metrics publishes a node's figures. Set records a gauge (the latest
@@ -111,20 +198,17 @@ type Metrics interface {
 	Add(name string, delta float64)
 }
 
-// AllReduceMean replaces buf with its mean over the replicas of r's stage
+// AllReduceMean replaces x with its mean over the replicas of r's stage
 // still training (a data-parallel gradient step); with one replica it
-// does nothing.
-func AllReduceMean(ctx context.Context, r Replica, buf []float32) error {
+// does nothing. Pass Floats(buf) for a host slice.
+func AllReduceMean(ctx context.Context, r Replica, x Reducible) error {
 	if r.Replicas() == 1 {
 		return nil
 	}
-	n, err := r.Group().AllReduceSum(ctx, buf)
+	n, err := AllReduce(ctx, r.Group(), x)
 	if err != nil {
 		return err
 	}
-	inv := 1 / float32(n)
-	for i := range buf {
-		buf[i] *= inv
-	}
+	x.Scale(1 / float32(n))
 	return nil
 }

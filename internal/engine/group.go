@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 // group is a stage's replica group. A collective completes when every
@@ -25,7 +27,8 @@ type group struct {
 type round struct {
 	arrived int
 	in      []bool    // in[i]: member i has arrived
-	sum     []float32 // nil for a barrier
+	sum     nodes.Sum // nil for a barrier
+	length  int       // of the vectors summed
 	n       int       // contributors to sum
 	done    chan struct{}
 	err     error
@@ -40,9 +43,10 @@ func newGroup(n int) *group {
 // errLeft is returned to a replica that calls a collective after leaving.
 var errLeft = errors.New("replica has left its group")
 
-// arrive joins the current round, contributing buf when it is an
-// all-reduce, and returns the round to wait on.
-func (g *group) arrive(replica int, buf []float32, reduce bool) (*round, error) {
+// arrive joins the current round, contributing x when it is an
+// all-reduce (x's Sum adds the members' vectors in arrival order), and
+// returns the round to wait on.
+func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.left[replica] {
@@ -51,18 +55,18 @@ func (g *group) arrive(replica int, buf []float32, reduce bool) (*round, error) 
 	if g.round == nil {
 		g.round = &round{done: make(chan struct{}), in: make([]bool, len(g.left))}
 		if reduce {
-			g.round.sum = make([]float32, len(buf))
+			g.round.sum, g.round.length = x.NewSum(), x.Len()
 		}
 	}
 	rd := g.round
 	switch {
 	case reduce != (rd.sum != nil):
 		rd.err = fmt.Errorf("replicas mixed Barrier and AllReduceSum in one step")
-	case reduce && len(buf) != len(rd.sum):
-		rd.err = fmt.Errorf("AllReduceSum buffers differ in length: %d and %d", len(buf), len(rd.sum))
+	case reduce && x.Len() != rd.length:
+		rd.err = fmt.Errorf("AllReduceSum buffers differ in length: %d and %d", x.Len(), rd.length)
 	case reduce:
-		for i, v := range buf {
-			rd.sum[i] += v
+		if err := rd.sum.Add(x); err != nil {
+			rd.err = fmt.Errorf("AllReduceSum: %w", err)
 		}
 		rd.n++
 	}
@@ -127,15 +131,24 @@ func (m *member) Barrier(ctx context.Context) error {
 }
 
 func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
+	return m.AllReduce(ctx, nodes.Floats(buf))
+}
+
+// AllReduce implements nodes.Reducer: the round's Sum, made by the first
+// member to arrive from its vector, adds each member's vector as it
+// arrives, and each member stores the total into its own once all have.
+func (m *member) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
 	defer m.r.endWait(m.r.beginWait(&m.r.blocked, m.site(ctx)))
-	rd, err := m.g.arrive(m.r.index, buf, true)
+	rd, err := m.g.arrive(m.r.index, x, true)
 	if err != nil {
 		return 0, err
 	}
 	if err := m.wait(ctx, rd); err != nil {
 		return 0, err
 	}
-	copy(buf, rd.sum)
+	if err := rd.sum.Store(x); err != nil {
+		return 0, fmt.Errorf("AllReduceSum: %w", err)
+	}
 	return rd.n, nil
 }
 

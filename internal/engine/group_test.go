@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 func members(n int) []*member {
@@ -100,5 +102,81 @@ func TestGroupCancel(t *testing.T) {
 	cancel()
 	if err := ms[0].Barrier(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled barrier: %v", err)
+	}
+}
+
+// devVec stands for a device buffer: a vector the group reaches only
+// through its Sum, never as a host slice.
+type devVec struct{ vals []float32 }
+
+func (v *devVec) Len() int          { return len(v.vals) }
+func (v *devVec) NewSum() nodes.Sum { return &devSum{acc: make([]float32, len(v.vals))} }
+func (v *devVec) Scale(f float32) {
+	for i := range v.vals {
+		v.vals[i] *= f
+	}
+}
+
+type devSum struct{ acc []float32 }
+
+func (s *devSum) Add(x nodes.Reducible) error {
+	d, ok := x.(*devVec)
+	if !ok {
+		return fmt.Errorf("not on this device: %T", x)
+	}
+	for i, v := range d.vals {
+		s.acc[i] += v
+	}
+	return nil
+}
+
+func (s *devSum) Store(x nodes.Reducible) error {
+	copy(x.(*devVec).vals, s.acc)
+	return nil
+}
+
+// TestGroupReducible: AllReduce sums vectors the group cannot read
+// through their own Sum, with AllReduceSum's uneven ends; a host vector
+// and another kind in one step fail both members.
+func TestGroupReducible(t *testing.T) {
+	steps := []int{1, 3, 2}
+	ms := members(len(steps))
+	var wg sync.WaitGroup
+	errs := make(chan error, len(steps))
+	for i, m := range ms {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer m.Leave()
+			for s := 0; s < steps[i]; s++ {
+				v := &devVec{vals: []float32{1, float32(i)}}
+				n, err := nodes.AllReduce(context.Background(), m, v)
+				want := 0
+				for _, k := range steps {
+					if k > s {
+						want++
+					}
+				}
+				if err != nil || n != want || v.vals[0] != float32(want) {
+					errs <- fmt.Errorf("member %d step %d: n=%d sum=%v err=%v, want %d", i, s, n, v.vals, err, want)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	ms = members(2)
+	done := make(chan error)
+	go func() {
+		_, err := ms[0].AllReduce(context.Background(), &devVec{vals: make([]float32, 2)})
+		done <- err
+	}()
+	_, err1 := ms[1].AllReduceSum(context.Background(), make([]float32, 2))
+	if err0 := <-done; err0 == nil || err1 == nil {
+		t.Errorf("a device vector and a host one in one step: errors %v, %v", err0, err1)
 	}
 }

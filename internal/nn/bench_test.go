@@ -41,7 +41,7 @@ func BenchmarkTrainStep(b *testing.B) {
 	B, T := 8, 128
 	w, _ := m.NewWorkspace(B, T)
 	tokens, targets := benchBatch(B, T)
-	opt := NewAdamW(len(m.Params), 1e-3)
+	opt := NewAdamW(m.Backend(), m.Params.Len(), 1e-3)
 	mask := m.DecayMask()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -70,5 +70,5 @@ func BenchmarkSgemm(b *testing.B) {
 		sgemm(blas.NoTrans, blas.NoTrans, n, n, n, 1, a, n, bb, n, 0, c, n)
 	}
 	b.ReportMetric(2*float64(n*n*n)*float64(b.N)/time.Since(start).Seconds()/1e9, "GFLOP/s")
-	b.Logf("backend %s", Backend)
+	b.Logf("backend %s", CPU().Name())
 }

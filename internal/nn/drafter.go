@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 )
 
 // DrafterConfig is the block drafter's shape.
@@ -58,15 +59,22 @@ func CheckDrafterMeta(path string, meta map[string]string) (DrafterConfig, error
 // Trainable tensors (safetensors names): fuse.weight [D, K*D],
 // fuse_norm.weight [D], mask [D], wpe [BlockSize, D], blocks.L.* as in the
 // target LM, ln_f.weight [D].
+//
+// A drafter lives on its target's backend (the backend of wte).
 type Drafter struct {
 	Config DrafterConfig
-	Params []float32
-	Grads  []float32
+	Params Buffer
+	Grads  Buffer
+	be     Backend
 	names  []string
 	shapes [][]int
 	offs   []int
 	index  map[string]int
-	wte    []float32 // the target's embedding and head, frozen, shared
+	wte    Buffer // the target's embedding and head, frozen, shared
+	// views
+	fuse, fuseNorm, mask, wpe, lnf      Buffer
+	dfuse, dfuseNorm, dmask, dwpe, dlnf Buffer
+	blocks                              []block
 }
 
 func (c DrafterConfig) layout() (names []string, shapes [][]int) {
@@ -100,15 +108,17 @@ func (c DrafterConfig) NumParams() int {
 }
 
 // NewDrafter initializes a drafter from seed; wte is the target's token
-// embedding [256, D], shared read-only.
-func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
+// embedding [256, D], shared read-only, and the drafter lives on its
+// backend.
+func NewDrafter(c DrafterConfig, wte Buffer, seed uint64) (*Drafter, error) {
 	if c.D < 1 || c.K < 1 || c.Layers < 1 || c.Heads < 1 || c.D%c.Heads != 0 || c.Hidden < 1 || c.BlockSize < 2 {
 		return nil, fmt.Errorf("nn: drafter of %v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
 	}
-	if len(wte) != 256*c.D {
-		return nil, fmt.Errorf("nn: target embedding has %d values, want 256 x %d", len(wte), c.D)
+	if wte.Len() != 256*c.D || wte.IsNil() {
+		return nil, fmt.Errorf("nn: target embedding has %d values, want 256 x %d", wte.Len(), c.D)
 	}
-	d := &Drafter{Config: c, wte: wte, index: map[string]int{}}
+	be := wte.Backend()
+	d := &Drafter{Config: c, wte: wte, be: be, index: map[string]int{}}
 	d.names, d.shapes = c.layout()
 	n := 0
 	for i, s := range d.shapes {
@@ -116,10 +126,12 @@ func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 		d.offs = append(d.offs, n)
 		n += numel(s)
 	}
-	d.Params, d.Grads = make([]float32, n), make([]float32, n)
+	d.Params, d.Grads = be.Alloc(n), be.Alloc(n)
+	d.bind()
+	init := make([]float32, n)
 	r := rand.New(rand.NewPCG(seed, 0xd4af7))
 	for i, name := range d.names {
-		w := d.P(name)
+		w := init[d.offs[i] : d.offs[i]+numel(d.shapes[i])]
 		if len(d.shapes[i]) == 1 && name != "mask" {
 			for j := range w {
 				w[j] = 1
@@ -134,37 +146,63 @@ func NewDrafter(c DrafterConfig, wte []float32, seed uint64) (*Drafter, error) {
 			w[j] = float32(r.NormFloat64() * std)
 		}
 	}
+	be.FromHost(d.Params, init)
 	return d, nil
 }
 
+func (d *Drafter) bind() {
+	d.fuse, d.fuseNorm, d.mask, d.wpe, d.lnf = d.P("fuse.weight"), d.P("fuse_norm.weight"), d.P("mask"), d.P("wpe"), d.P("ln_f.weight")
+	d.dfuse, d.dfuseNorm, d.dmask, d.dwpe, d.dlnf = d.G("fuse.weight"), d.G("fuse_norm.weight"), d.G("mask"), d.G("wpe"), d.G("ln_f.weight")
+	d.blocks = nil
+	for l := 0; l < d.Config.Layers; l++ {
+		n := func(s string) string { return fmt.Sprintf("blocks.%d.%s", l, s) }
+		d.blocks = append(d.blocks, block{
+			ln1: d.P(n("ln1.weight")), qkv: d.P(n("attn.qkv.weight")), proj: d.P(n("attn.proj.weight")),
+			ln2: d.P(n("ln2.weight")), fc: d.P(n("mlp.fc.weight")), mproj: d.P(n("mlp.proj.weight")),
+			dln1: d.G(n("ln1.weight")), dqkv: d.G(n("attn.qkv.weight")), dproj: d.G(n("attn.proj.weight")),
+			dln2: d.G(n("ln2.weight")), dfc: d.G(n("mlp.fc.weight")), dmproj: d.G(n("mlp.proj.weight")),
+		})
+	}
+}
+
+// Backend is the backend holding the drafter (its target's).
+func (d *Drafter) Backend() Backend { return d.be }
+
 // P returns a parameter tensor (a view); G its gradient.
-func (d *Drafter) P(name string) []float32 {
+func (d *Drafter) P(name string) Buffer {
 	i := d.index[name]
-	return d.Params[d.offs[i] : d.offs[i]+numel(d.shapes[i])]
+	return d.Params.Slice(d.offs[i], numel(d.shapes[i]))
 }
 
 // G returns the gradient of a parameter tensor.
-func (d *Drafter) G(name string) []float32 {
+func (d *Drafter) G(name string) Buffer {
 	i := d.index[name]
-	return d.Grads[d.offs[i] : d.offs[i]+numel(d.shapes[i])]
+	return d.Grads.Slice(d.offs[i], numel(d.shapes[i]))
 }
 
-// DecayMask decays matrices, not norms or the mask vector.
-func (d *Drafter) DecayMask() []bool {
-	m := make([]bool, len(d.Params))
+// DecayMask decays matrices, not norms or the mask vector: 1 where weight
+// decay applies, 0 where not, on the drafter's backend.
+func (d *Drafter) DecayMask() Buffer {
+	m := make([]float32, d.Params.Len())
 	for i, s := range d.shapes {
-		for j := d.offs[i]; j < d.offs[i]+numel(s); j++ {
-			m[j] = len(s) == 2
+		if len(s) == 2 {
+			for j := d.offs[i]; j < d.offs[i]+numel(s); j++ {
+				m[j] = 1
+			}
 		}
 	}
-	return m
+	b := d.be.Alloc(len(m))
+	d.be.FromHost(b, m)
+	return b
 }
 
-// Tensors returns the trainable tensors (views).
+// Tensors returns the trainable tensors copied to the host.
 func (d *Drafter) Tensors() []Tensor {
+	all := make([]float32, d.Params.Len())
+	d.be.ToHost(all, d.Params)
 	ts := make([]Tensor, len(d.names))
 	for i, n := range d.names {
-		ts[i] = Tensor{Name: n, Shape: d.shapes[i], Data: d.P(n)}
+		ts[i] = Tensor{Name: n, Shape: d.shapes[i], Data: all[d.offs[i] : d.offs[i]+numel(d.shapes[i])]}
 	}
 	return ts
 }
@@ -179,7 +217,10 @@ func (d *Drafter) Save(path string, opt *AdamW, meta map[string]string) error {
 	}
 	ts := d.Tensors()
 	if opt != nil {
-		m, v, t := opt.State()
+		mb, vb, t := opt.State()
+		m, v := make([]float32, mb.Len()), make([]float32, vb.Len())
+		opt.be.ToHost(m, mb)
+		opt.be.ToHost(v, vb)
 		ts = append(ts, Tensor{Name: "opt.m", Shape: []int{len(m)}, Data: m}, Tensor{Name: "opt.v", Shape: []int{len(v)}, Data: v})
 		md["opt.t"] = fmt.Sprint(t)
 	}
@@ -188,8 +229,9 @@ func (d *Drafter) Save(path string, opt *AdamW, meta map[string]string) error {
 
 // LoadDrafter reads a drafter saved by Save; opt, when not nil, gets the
 // saved optimizer state. It checks the file is a drafter checkpoint and
-// every tensor against the config.
-func LoadDrafter(path string, wte []float32, opt *AdamW) (*Drafter, map[string]string, error) {
+// every tensor against the config. The drafter is loaded onto wte's
+// backend, and opt must be of the same.
+func LoadDrafter(path string, wte Buffer, opt *AdamW) (*Drafter, map[string]string, error) {
 	ts, meta, err := ReadSafetensors(path)
 	if err != nil {
 		return nil, nil, err
@@ -211,14 +253,16 @@ func LoadDrafter(path string, wte []float32, opt *AdamW) (*Drafter, map[string]s
 		if !ok || numel(t.Shape) != numel(d.shapes[i]) {
 			return nil, nil, fmt.Errorf("nn: %s: tensor %q missing or of shape %v, want %v", path, n, t.Shape, d.shapes[i])
 		}
-		copy(d.P(n), t.Data)
+		d.be.FromHost(d.P(n), t.Data)
 	}
 	if opt != nil {
 		m, v := byName["opt.m"], byName["opt.v"]
-		if len(m.Data) == len(d.Params) && len(v.Data) == len(d.Params) {
+		if len(m.Data) == d.Params.Len() && len(v.Data) == d.Params.Len() && opt.m.Len() == d.Params.Len() {
 			var t int
 			fmt.Sscan(meta["opt.t"], &t)
-			opt.SetState(m.Data, v.Data, t)
+			opt.be.FromHost(opt.m, m.Data)
+			opt.be.FromHost(opt.v, v.Data)
+			opt.t = t
 		}
 	}
 	return d, meta, nil
@@ -226,33 +270,45 @@ func LoadDrafter(path string, wte []float32, opt *AdamW) (*Drafter, map[string]s
 
 // dblock is one drafter layer's saved activations.
 type dblock struct {
-	in, ln1, rstd1, qkv, att, atty, res1, ln2, rstd2, fc, sw, out []float32
+	in, ln1, rstd1, qkv, att, atty, res1, ln2, rstd2, fc, sw, out Buffer
 }
 
-// DrafterWork holds activations for S samples of one block each.
+// DrafterWork holds activations for S samples of one block each, on the
+// drafter's backend.
 type DrafterWork struct {
 	d                                                                *Drafter
+	be                                                               Backend
 	S                                                                int
-	ctxIn, fused, ctx, rstdc                                         []float32
-	anchors                                                          []int32
-	x0                                                               []float32
+	ctxIn, fused, ctx, rstdc                                         Buffer
+	anchors                                                          Ints
+	x0                                                               Buffer
 	blocks                                                           []dblock
-	lnf, rstdf, logits, probs                                        []float32
-	targets                                                          []int32
-	weights                                                          []float32
-	dres, dtmp, dqkv, dfc, dsw, dlnf, dlogits, dctx, dfused, scratch []float32
+	lnf, rstdf, logits, probs                                        Buffer
+	targets, greedy                                                  Ints
+	weights                                                          Buffer
+	dres, dtmp, dqkv, dfc, dsw, dlnf, dlogits, dctx, dfused, scratch Buffer
+	all                                                              []Buffer
+	// host staging of what Sample sets, copied over in Forward
+	hostAnchors, hostTargets []int32
+	gamma                    float64 // of the weights on the backend; 0: none yet
 }
 
 // NewWork allocates activations for S samples.
 func (d *Drafter) NewWork(S int) *DrafterWork {
-	c := d.Config
+	c, be := d.Config, d.be
 	N, D, P, H := S*c.BlockSize, c.D, c.BlockSize, c.Hidden
-	f := func(n int) []float32 { return make([]float32, n) }
-	w := &DrafterWork{d: d, S: S, ctxIn: f(S * c.K * D), fused: f(S * D), ctx: f(S * D), rstdc: f(S),
-		anchors: make([]int32, S), x0: f(N * D), lnf: f(N * D), rstdf: f(N), logits: f(N * 256), probs: f(N * 256),
-		targets: make([]int32, N), weights: f(N),
-		dres: f(N * D), dtmp: f(N * D), dqkv: f(N * 3 * D), dfc: f(N * 2 * H), dsw: f(N * H), dlnf: f(N * D),
-		dlogits: f(N * 256), dctx: f(S * D), dfused: f(S * D), scratch: f(S * c.Heads * P * P)}
+	w := &DrafterWork{d: d, be: be, S: S, anchors: be.AllocInts(S), targets: be.AllocInts(N), greedy: be.AllocInts(P),
+		hostAnchors: make([]int32, S), hostTargets: make([]int32, N)}
+	f := func(n int) Buffer {
+		b := be.Alloc(n)
+		w.all = append(w.all, b)
+		return b
+	}
+	w.ctxIn, w.fused, w.ctx, w.rstdc = f(S*c.K*D), f(S*D), f(S*D), f(S)
+	w.x0, w.lnf, w.rstdf, w.logits, w.probs = f(N*D), f(N*D), f(N), f(N*256), f(N*256)
+	w.weights = f(N)
+	w.dres, w.dtmp, w.dqkv, w.dfc, w.dsw, w.dlnf = f(N*D), f(N*D), f(N*3*D), f(N*2*H), f(N*H), f(N*D)
+	w.dlogits, w.dctx, w.dfused, w.scratch = f(N*256), f(S*D), f(S*D), f(S*c.Heads*P*P)
 	for l := 0; l < c.Layers; l++ {
 		w.blocks = append(w.blocks, dblock{in: f(N * D), ln1: f(N * D), rstd1: f(N), qkv: f(N * 3 * D),
 			att: f(S * c.Heads * P * P), atty: f(N * D), res1: f(N * D), ln2: f(N * D), rstd2: f(N),
@@ -261,64 +317,62 @@ func (d *Drafter) NewWork(S int) *DrafterWork {
 	return w
 }
 
+// Free releases the work's buffers; it must not be used after.
+func (w *DrafterWork) Free() {
+	for _, b := range w.all {
+		w.be.Free(b)
+	}
+	w.be.FreeInts(w.anchors)
+	w.be.FreeInts(w.targets)
+	w.be.FreeInts(w.greedy)
+	w.all = nil
+}
+
 // Sample sets sample s: the target's hidden states at the anchor position
-// (K*D values), the anchor token, and (for training) the labels of block
-// positions 1..BlockSize-1 (-1 to skip one).
+// (K*D values, copied from the host), the anchor token, and (for
+// training) the labels of block positions 1..BlockSize-1 (-1 to skip one).
 func (w *DrafterWork) Sample(s int, hidden []float32, anchor int32, labels []int32) {
 	c := w.d.Config
-	copy(w.ctxIn[s*c.K*c.D:(s+1)*c.K*c.D], hidden)
-	w.anchors[s] = anchor
+	w.be.FromHost(w.ctxIn.Slice(s*c.K*c.D, c.K*c.D), hidden[:c.K*c.D])
+	w.hostAnchors[s] = anchor
 	P := c.BlockSize
-	w.targets[s*P] = -1
+	w.hostTargets[s*P] = -1
 	for j := 1; j < P; j++ {
-		w.targets[s*P+j] = -1
+		w.hostTargets[s*P+j] = -1
 		if j-1 < len(labels) {
-			w.targets[s*P+j] = labels[j-1]
+			w.hostTargets[s*P+j] = labels[j-1]
 		}
 	}
 }
 
 // Forward drafts for every sample; it returns the logits [S*P, 256].
-func (w *DrafterWork) Forward() []float32 {
-	d, c := w.d, w.d.Config
+func (w *DrafterWork) Forward() Buffer {
+	d, c, be := w.d, w.d.Config, w.be
 	S, P, D, H := w.S, c.BlockSize, c.D, c.Hidden
 	N := S * P
-	MatMulForward(w.fused, w.ctxIn, d.P("fuse.weight"), nil, S, c.K*D, D)
-	RMSNormForward(w.ctx, w.rstdc, w.fused, d.P("fuse_norm.weight"), S, D)
-	mask, wpe := d.P("mask"), d.P("wpe")
-	for s := 0; s < S; s++ {
-		for j := 0; j < P; j++ {
-			row := w.x0[(s*P+j)*D : (s*P+j+1)*D]
-			src := mask
-			if j == 0 {
-				src = d.wte[int(w.anchors[s])*D : int(w.anchors[s]+1)*D]
-			}
-			for i := range row {
-				row[i] = src[i] + wpe[j*D+i]
-			}
-		}
-	}
+	be.IntsFromHost(w.anchors, w.hostAnchors)
+	be.IntsFromHost(w.targets, w.hostTargets)
+	be.MatMul(w.fused, w.ctxIn, d.fuse, Buffer{}, S, c.K*D, D)
+	be.RMSNorm(w.ctx, w.rstdc, w.fused, d.fuseNorm, S, D)
+	be.BlockInput(w.x0, w.anchors, d.wte, d.mask, d.wpe, S, P, D)
 	x := w.x0
 	for l := range w.blocks {
-		a := &w.blocks[l]
-		p := func(n string) []float32 { return d.P(fmt.Sprintf("blocks.%d.%s", l, n)) }
-		for n := 0; n < N; n++ { // inject the fused target context
-			Add(a.in[n*D:(n+1)*D], x[n*D:(n+1)*D], w.ctx[(n/P)*D:(n/P+1)*D])
-		}
-		RMSNormForward(a.ln1, a.rstd1, a.in, p("ln1.weight"), N, D)
-		MatMulForward(a.qkv, a.ln1, p("attn.qkv.weight"), nil, N, D, 3*D)
-		AttentionForward(a.atty, a.att, a.qkv, S, P, D, c.Heads, false)
-		MatMulForward(a.res1, a.atty, p("attn.proj.weight"), nil, N, D, D)
-		Add(a.res1, a.res1, a.in)
-		RMSNormForward(a.ln2, a.rstd2, a.res1, p("ln2.weight"), N, D)
-		MatMulForward(a.fc, a.ln2, p("mlp.fc.weight"), nil, N, D, 2*H)
-		SwiGLUForward(a.sw, a.fc, N, H)
-		MatMulForward(a.out, a.sw, p("mlp.proj.weight"), nil, N, H, D)
-		Add(a.out, a.out, a.res1)
+		a, p := &w.blocks[l], &d.blocks[l]
+		be.AddContext(a.in, x, w.ctx, N, P, D) // inject the fused target context
+		be.RMSNorm(a.ln1, a.rstd1, a.in, p.ln1, N, D)
+		be.MatMul(a.qkv, a.ln1, p.qkv, Buffer{}, N, D, 3*D)
+		be.Attention(a.atty, a.att, a.qkv, S, P, D, c.Heads, false)
+		be.MatMul(a.res1, a.atty, p.proj, Buffer{}, N, D, D)
+		be.Add(a.res1, a.res1, a.in)
+		be.RMSNorm(a.ln2, a.rstd2, a.res1, p.ln2, N, D)
+		be.MatMul(a.fc, a.ln2, p.fc, Buffer{}, N, D, 2*H)
+		be.SwiGLU(a.sw, a.fc, N, H)
+		be.MatMul(a.out, a.sw, p.mproj, Buffer{}, N, H, D)
+		be.Add(a.out, a.out, a.res1)
 		x = a.out
 	}
-	RMSNormForward(w.lnf, w.rstdf, x, d.P("ln_f.weight"), N, D)
-	MatMulForward(w.logits, w.lnf, d.wte, nil, N, D, 256)
+	be.RMSNorm(w.lnf, w.rstdf, x, d.lnf, N, D)
+	be.MatMul(w.logits, w.lnf, d.wte, Buffer{}, N, D, 256)
 	return w.logits
 }
 
@@ -327,75 +381,71 @@ func (w *DrafterWork) Forward() []float32 {
 // exp(-(j-1)/gamma).
 func (w *DrafterWork) Loss(gamma float64) float64 {
 	P := w.d.Config.BlockSize
-	for n := range w.weights {
-		j := n % P
-		w.weights[n] = float32(math.Exp(-float64(j-1) / gamma))
+	if w.gamma != gamma || gamma == 0 {
+		weights := make([]float32, w.S*P)
+		for n := range weights {
+			j := n % P
+			weights[n] = float32(math.Exp(-float64(j-1) / gamma))
+		}
+		w.be.FromHost(w.weights, weights)
+		w.gamma = gamma
 	}
-	return CrossEntropyForward(w.probs, w.logits, w.targets, w.weights, w.S*P, 256)
+	return w.be.CrossEntropy(w.probs, w.logits, w.targets, w.weights, w.S*P, 256)
 }
 
 // Backward accumulates the drafter's gradients of the last Loss.
 func (w *DrafterWork) Backward() {
-	d, c := w.d, w.d.Config
+	d, c, be := w.d, w.d.Config, w.be
 	S, P, D, H := w.S, c.BlockSize, c.D, c.Hidden
 	N := S * P
-	clear(w.dlogits)
-	CrossEntropyBackward(w.dlogits, w.probs, w.targets, w.weights, N, 256)
-	clear(w.dlnf)
-	MatMulBackwardInput(w.dlnf, w.dlogits, d.wte, N, D, 256) // frozen head
+	be.Zero(w.dlogits)
+	be.CrossEntropyBackward(w.dlogits, w.probs, w.targets, w.weights, N, 256)
+	be.Zero(w.dlnf)
+	be.MatMulBackwardInput(w.dlnf, w.dlogits, d.wte, N, D, 256) // frozen head
 	last := w.x0
 	if len(w.blocks) > 0 {
 		last = w.blocks[len(w.blocks)-1].out
 	}
-	clear(w.dres)
-	RMSNormBackward(w.dres, d.G("ln_f.weight"), w.dlnf, last, d.P("ln_f.weight"), w.rstdf, N, D)
-	clear(w.dctx)
+	be.Zero(w.dres)
+	be.RMSNormBackward(w.dres, d.dlnf, w.dlnf, last, d.lnf, w.rstdf, N, D)
+	be.Zero(w.dctx)
 	for l := len(w.blocks) - 1; l >= 0; l-- {
-		a := &w.blocks[l]
-		p := func(n string) []float32 { return d.P(fmt.Sprintf("blocks.%d.%s", l, n)) }
-		g := func(n string) []float32 { return d.G(fmt.Sprintf("blocks.%d.%s", l, n)) }
-		clear(w.dsw)
-		MatMulBackward(w.dsw, g("mlp.proj.weight"), nil, w.dres, a.sw, p("mlp.proj.weight"), N, H, D)
-		clear(w.dfc)
-		SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
-		clear(w.dtmp)
-		MatMulBackward(w.dtmp, g("mlp.fc.weight"), nil, w.dfc, a.ln2, p("mlp.fc.weight"), N, D, 2*H)
-		RMSNormBackward(w.dres, g("ln2.weight"), w.dtmp, a.res1, p("ln2.weight"), a.rstd2, N, D)
-		clear(w.dtmp)
-		MatMulBackward(w.dtmp, g("attn.proj.weight"), nil, w.dres, a.atty, p("attn.proj.weight"), N, D, D)
-		clear(w.dqkv)
-		AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, S, P, D, c.Heads, false)
-		clear(w.dtmp)
-		MatMulBackward(w.dtmp, g("attn.qkv.weight"), nil, w.dqkv, a.ln1, p("attn.qkv.weight"), N, D, 3*D)
-		RMSNormBackward(w.dres, g("ln1.weight"), w.dtmp, a.in, p("ln1.weight"), a.rstd1, N, D)
+		a, p := &w.blocks[l], &d.blocks[l]
+		be.Zero(w.dsw)
+		be.MatMulBackward(w.dsw, p.dmproj, Buffer{}, w.dres, a.sw, p.mproj, N, H, D)
+		be.Zero(w.dfc)
+		be.SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
+		be.Zero(w.dtmp)
+		be.MatMulBackward(w.dtmp, p.dfc, Buffer{}, w.dfc, a.ln2, p.fc, N, D, 2*H)
+		be.RMSNormBackward(w.dres, p.dln2, w.dtmp, a.res1, p.ln2, a.rstd2, N, D)
+		be.Zero(w.dtmp)
+		be.MatMulBackward(w.dtmp, p.dproj, Buffer{}, w.dres, a.atty, p.proj, N, D, D)
+		be.Zero(w.dqkv)
+		be.AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, S, P, D, c.Heads, false)
+		be.Zero(w.dtmp)
+		be.MatMulBackward(w.dtmp, p.dqkv, Buffer{}, w.dqkv, a.ln1, p.qkv, N, D, 3*D)
+		be.RMSNormBackward(w.dres, p.dln1, w.dtmp, a.in, p.ln1, a.rstd1, N, D)
 		// in = x + ctx: the context gets the sum over its block.
-		for n := 0; n < N; n++ {
-			Accumulate(w.dctx[(n/P)*D:(n/P+1)*D], w.dres[n*D:(n+1)*D])
-		}
+		be.ContextBackward(w.dctx, w.dres, N, P, D)
 	}
 	// x0 = embedding or mask, plus position.
-	dmask, dwpe := d.G("mask"), d.G("wpe")
-	for s := 0; s < S; s++ {
-		for j := 0; j < P; j++ {
-			g := w.dres[(s*P+j)*D : (s*P+j+1)*D]
-			Accumulate(dwpe[j*D:(j+1)*D], g)
-			if j > 0 {
-				Accumulate(dmask, g)
-			}
-		}
-	}
-	clear(w.dfused)
-	RMSNormBackward(w.dfused, d.G("fuse_norm.weight"), w.dctx, w.fused, d.P("fuse_norm.weight"), w.rstdc, S, D)
-	MatMulBackward(nil, d.G("fuse.weight"), nil, w.dfused, w.ctxIn, d.P("fuse.weight"), S, c.K*D, D)
+	be.BlockInputBackward(d.dwpe, d.dmask, w.dres, S, P, D)
+	be.Zero(w.dfused)
+	be.RMSNormBackward(w.dfused, d.dfuseNorm, w.dctx, w.fused, d.fuseNorm, w.rstdc, S, D)
+	be.MatMulBackward(Buffer{}, d.dfuse, Buffer{}, w.dfused, w.ctxIn, d.fuse, S, c.K*D, D)
 }
 
-// Draft returns the greedy draft of sample s: BlockSize-1 tokens.
+// Logits returns the logits of the last Forward.
+func (w *DrafterWork) Logits() Buffer { return w.logits }
+
+// Draft returns the greedy draft of sample s: BlockSize-1 tokens, on the
+// host.
 func (w *DrafterWork) Draft(s int, out []int32) []int32 {
 	P := w.d.Config.BlockSize
-	out = out[:0]
-	for j := 1; j < P; j++ {
-		out = append(out, Argmax(w.logits[(s*P+j)*256:(s*P+j+1)*256]))
-	}
+	g := w.greedy.Slice(0, P-1)
+	w.be.ArgmaxRows(g, w.logits.Slice((s*P+1)*256, (P-1)*256), P-1, 256)
+	out = slices.Grow(out[:0], P-1)[:P-1]
+	w.be.IntsToHost(out, g)
 	return out
 }
 

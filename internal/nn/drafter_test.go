@@ -10,13 +10,13 @@ import (
 	"testing"
 )
 
-func randWTE(D int, seed uint64) []float32 {
+func randWTE(D int, seed uint64) Buffer {
 	r := rand.New(rand.NewPCG(seed, 1))
 	w := make([]float32, 256*D)
 	for i := range w {
 		w[i] = float32(r.NormFloat64()) * 0.5
 	}
-	return w
+	return wrap(w)
 }
 
 var small = DrafterConfig{D: 8, K: 2, Layers: 2, Heads: 2, Hidden: 12, BlockSize: 4}
@@ -40,18 +40,18 @@ func TestDrafterGrad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range d.Params {
-		d.Params[i] *= 3
+	for i := range host(d.Params) {
+		host(d.Params)[i] *= 3
 	}
 	w := d.NewWork(3)
 	fill(w, 1)
 	loss := func() float64 { w.Forward(); return w.Loss(2) }
 	loss()
-	clear(d.Grads)
+	clear(host(d.Grads))
 	w.Backward()
 	r := rand.New(rand.NewPCG(5, 5))
 	for _, name := range d.names {
-		x, g := d.P(name), d.G(name)
+		x, g := host(d.P(name)), host(d.G(name))
 		worst := 0.0
 		for k := 0; k < min(12, len(x)); k++ {
 			i := r.IntN(len(x))
@@ -77,7 +77,7 @@ func TestDrafterOverfit(t *testing.T) {
 	d, _ := NewDrafter(DrafterConfig{D: 16, K: 2, Layers: 1, Heads: 2, Hidden: 32, BlockSize: 4}, randWTE(16, 2), 1)
 	w := d.NewWork(4)
 	fill(w, 2)
-	opt := NewAdamW(len(d.Params), 1e-2)
+	opt := NewAdamW(CPU(), d.Params.Len(), 1e-2)
 	opt.WeightDecay = 0
 	var first, loss float64
 	for step := 0; step < 400; step++ {
@@ -86,40 +86,40 @@ func TestDrafterOverfit(t *testing.T) {
 		if step == 0 {
 			first = loss
 		}
-		clear(d.Grads)
+		clear(host(d.Grads))
 		w.Backward()
 		opt.Step(d.Params, d.Grads, d.DecayMask())
 	}
 	if loss > 0.05 || first < 3 {
 		t.Errorf("loss %.3f -> %.3f", first, loss)
 	}
-	if w.weights[1] != 1 || math.Abs(float64(w.weights[2])-math.Exp(-0.25)) > 1e-6 {
-		t.Errorf("position weights %v", w.weights[:4])
+	if wt := host(w.weights); wt[1] != 1 || math.Abs(float64(wt[2])-math.Exp(-0.25)) > 1e-6 {
+		t.Errorf("position weights %v", wt[:4])
 	}
 }
 
 func TestDrafterSaveLoad(t *testing.T) {
 	wte := randWTE(8, 3)
 	d, _ := NewDrafter(small, wte, 4)
-	opt := NewAdamW(len(d.Params), 1e-3)
+	opt := NewAdamW(CPU(), d.Params.Len(), 1e-3)
 	w := d.NewWork(2)
 	fill(w, 3)
 	w.Forward()
 	w.Loss(4)
 	w.Backward()
-	opt.Step(d.Params, d.Grads, nil)
+	opt.Step(d.Params, d.Grads, Buffer{})
 	path := filepath.Join(t.TempDir(), "d.safetensors")
 	if err := d.Save(path, opt, map[string]string{"step": "1"}); err != nil {
 		t.Fatal(err)
 	}
-	opt2 := NewAdamW(len(d.Params), 1e-3)
+	opt2 := NewAdamW(CPU(), d.Params.Len(), 1e-3)
 	got, meta, err := LoadDrafter(path, wte, opt2)
 	if err != nil || !reflect.DeepEqual(got.Config, small) || meta["step"] != "1" {
 		t.Fatalf("%v %+v %v", err, got, meta)
 	}
 	m1, v1, t1 := opt.State()
 	m2, v2, t2 := opt2.State()
-	if t1 != t2 || m1[5] != m2[5] || v1[7] != v2[7] || got.Params[9] != d.Params[9] {
+	if t1 != t2 || host(m1)[5] != host(m2)[5] || host(v1)[7] != host(v2)[7] || host(got.Params)[9] != host(d.Params)[9] {
 		t.Error("weights or optimizer state lost in the round trip")
 	}
 	if _, _, err := LoadDrafter(filepath.Join(t.TempDir(), "none"), wte, nil); err == nil {

@@ -25,7 +25,7 @@ import (
 func init() {
 	C.openblas_set_num_threads(1)
 	sgemm, sgemm1 = openblasSgemm, cblasSgemm
-	Backend = "openblas"
+	blasName = "openblas"
 }
 
 // Products smaller than this many multiply-adds, or with fewer rows per

@@ -166,22 +166,23 @@ func TestCrossEntropyKnown(t *testing.T) {
 func TestAdamW(t *testing.T) {
 	// Minimize sum (p - 3)^2 from 0: AdamW without decay gets there.
 	p := []float32{0, 0}
-	o := NewAdamW(2, 0.1)
+	o := NewAdamW(CPU(), 2, 0.1)
 	o.WeightDecay = 0
 	g := make([]float32, 2)
+	pb, gb := wrap(p), wrap(g)
 	for range 500 {
 		for i := range p {
 			g[i] = 2 * (p[i] - 3)
 		}
-		o.Step(p, g, nil)
+		o.Step(pb, gb, Buffer{})
 	}
 	if math.Abs(float64(p[0]-3)) > 1e-2 {
 		t.Errorf("p = %v, want 3", p)
 	}
 	// Clipping: a huge gradient moves a parameter by about lr on step 1.
 	q := []float32{0}
-	o2 := NewAdamW(1, 0.01)
-	if n := o2.Step(q, []float32{1e6}, nil); n != 1e6 || math.Abs(float64(q[0])+0.01) > 1e-3 {
+	o2 := NewAdamW(CPU(), 1, 0.01)
+	if n := o2.Step(wrap(q), wrap([]float32{1e6}), Buffer{}); n != 1e6 || math.Abs(float64(q[0])+0.01) > 1e-3 {
 		t.Errorf("norm %v, q %v", n, q)
 	}
 }

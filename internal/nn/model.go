@@ -47,23 +47,29 @@ func (p param) size() int { return numel(p.shape) }
 
 // Model holds the parameters in one flat buffer (Params) with gradients
 // of the same layout (Grads), so an optimizer or an all-reduce treats the
-// model as one vector. Activations live in a Workspace per batch shape.
+// model as one vector. Both live on the model's backend. Activations live
+// in a Workspace per batch shape.
 type Model struct {
 	Config Config
-	Params []float32
-	Grads  []float32
+	Params Buffer
+	Grads  Buffer
+	be     Backend
 	params []param
 	index  map[string]int
 	blocks []block // per-layer views into Params and Grads
+	// views of the tensors outside the blocks
+	wte, wpe, lnf, dwte, dwpe, dlnf Buffer
 }
 
 // block holds one layer's parameter and gradient views.
 type block struct {
-	ln1, qkv, proj, ln2, fc, mproj       []float32
-	dln1, dqkv, dproj, dln2, dfc, dmproj []float32
+	ln1, qkv, proj, ln2, fc, mproj       Buffer
+	dln1, dqkv, dproj, dln2, dfc, dmproj Buffer
 }
 
 func (m *Model) bind() {
+	m.wte, m.wpe, m.lnf = m.P("wte"), m.P("wpe"), m.P("ln_f.weight")
+	m.dwte, m.dwpe, m.dlnf = m.G("wte"), m.G("wpe"), m.G("ln_f.weight")
 	m.blocks = nil
 	for l := 0; l < m.Config.Layers; l++ {
 		n := func(s string) string { return fmt.Sprintf("blocks.%d.%s", l, s) }
@@ -110,23 +116,29 @@ func layout(c Config) []param {
 	return ps
 }
 
-// NewModel allocates a model and initializes it from seed: normal(0,
-// 0.02) matrices, output projections scaled by 1/sqrt(2*layers), norms 1.
-func NewModel(c Config, seed uint64) (*Model, error) {
+// NewModel allocates a model on the default backend and initializes it
+// from seed: normal(0, 0.02) matrices, output projections scaled by
+// 1/sqrt(2*layers), norms 1.
+func NewModel(c Config, seed uint64) (*Model, error) { return NewModelOn(Default(), c, seed) }
+
+// NewModelOn is NewModel on backend be. The initial weights are drawn on
+// the host and copied to the backend once.
+func NewModelOn(be Backend, c Config, seed uint64) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	m := &Model{Config: c, params: layout(c), index: map[string]int{}}
+	m := &Model{Config: c, be: be, params: layout(c), index: map[string]int{}}
 	n := 0
 	for i, p := range m.params {
 		m.index[p.name] = i
 		n += p.size()
 	}
-	m.Params, m.Grads = make([]float32, n), make([]float32, n)
+	m.Params, m.Grads = be.Alloc(n), be.Alloc(n)
 	m.bind()
+	init := make([]float32, n)
 	r := rand.New(rand.NewPCG(seed, 0x5eed))
 	for _, p := range m.params {
-		w := m.Params[p.offset : p.offset+p.size()]
+		w := init[p.offset : p.offset+p.size()]
 		switch {
 		case !p.decay:
 			for i := range w {
@@ -142,38 +154,50 @@ func NewModel(c Config, seed uint64) (*Model, error) {
 			}
 		}
 	}
+	be.FromHost(m.Params, init)
 	return m, nil
 }
 
+// Backend is the backend holding the model.
+func (m *Model) Backend() Backend { return m.be }
+
 // P returns the parameter tensor of that name (a view into Params).
-func (m *Model) P(name string) []float32 {
+func (m *Model) P(name string) Buffer {
 	p := m.params[m.index[name]]
-	return m.Params[p.offset : p.offset+p.size()]
+	return m.Params.Slice(p.offset, p.size())
 }
 
 // G returns the gradient of that parameter (a view into Grads).
-func (m *Model) G(name string) []float32 {
+func (m *Model) G(name string) Buffer {
 	p := m.params[m.index[name]]
-	return m.Grads[p.offset : p.offset+p.size()]
+	return m.Grads.Slice(p.offset, p.size())
 }
 
-// DecayMask says which parameters weight decay applies to.
-func (m *Model) DecayMask() []bool {
-	mask := make([]bool, len(m.Params))
+// DecayMask says which parameters weight decay applies to: a buffer of
+// Params' length on the model's backend, 1 where it applies, 0 where not
+// (AdamW.Step's decay).
+func (m *Model) DecayMask() Buffer {
+	mask := make([]float32, m.Params.Len())
 	for _, p := range m.params {
-		for i := p.offset; i < p.offset+p.size(); i++ {
-			mask[i] = p.decay
+		if p.decay {
+			for i := p.offset; i < p.offset+p.size(); i++ {
+				mask[i] = 1
+			}
 		}
 	}
-	return mask
+	b := m.be.Alloc(len(mask))
+	m.be.FromHost(b, mask)
+	return b
 }
 
-// Tensors returns the parameters as named tensors (views), in layout
-// order.
+// Tensors returns the parameters as named tensors, in layout order,
+// copied to the host (the crossing for saving a model).
 func (m *Model) Tensors() []Tensor {
+	all := make([]float32, m.Params.Len())
+	m.be.ToHost(all, m.Params)
 	ts := make([]Tensor, len(m.params))
 	for i, p := range m.params {
-		ts[i] = Tensor{Name: p.name, Shape: p.shape, Data: m.Params[p.offset : p.offset+p.size()]}
+		ts[i] = Tensor{Name: p.name, Shape: p.shape, Data: all[p.offset : p.offset+p.size()]}
 	}
 	return ts
 }
@@ -189,9 +213,13 @@ func (m *Model) Save(path string, extra map[string]string) error {
 	return WriteSafetensors(path, m.Tensors(), meta)
 }
 
-// LoadModel reads a model saved by Save, checking every tensor's name and
-// shape against the config in its metadata.
-func LoadModel(path string) (*Model, map[string]string, error) {
+// LoadModel reads a model saved by Save onto the default backend,
+// checking every tensor's name and shape against the config in its
+// metadata.
+func LoadModel(path string) (*Model, map[string]string, error) { return LoadModelOn(Default(), path) }
+
+// LoadModelOn is LoadModel onto backend be.
+func LoadModelOn(be Backend, path string) (*Model, map[string]string, error) {
 	ts, meta, err := ReadSafetensors(path)
 	if err != nil {
 		return nil, nil, err
@@ -200,7 +228,7 @@ func LoadModel(path string) (*Model, map[string]string, error) {
 	if err := json.Unmarshal([]byte(meta["config"]), &c); err != nil {
 		return nil, nil, fmt.Errorf("nn: %s: __metadata__ lacks a valid \"config\": %v", path, err)
 	}
-	m, err := NewModel(c, 0)
+	m, err := NewModelOn(be, c, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("nn: %s: %w", path, err)
 	}
@@ -216,7 +244,7 @@ func LoadModel(path string) (*Model, map[string]string, error) {
 		if fmt.Sprint(t.Shape) != fmt.Sprint(p.shape) {
 			return nil, nil, fmt.Errorf("nn: %s: tensor %q has shape %v, the config needs %v", path, p.name, t.Shape, p.shape)
 		}
-		copy(m.Params[p.offset:], t.Data)
+		be.FromHost(m.P(p.name), t.Data)
 		delete(got, p.name)
 	}
 	for name := range got {

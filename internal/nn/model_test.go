@@ -23,8 +23,8 @@ func TestModelGrad(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Larger weights than the init, so every path carries gradient.
-	for i := range m.Params {
-		m.Params[i] *= 3
+	for i := range host(m.Params) {
+		host(m.Params)[i] *= 3
 	}
 	w, _ := m.NewWorkspace(2, 6)
 	tokens, targets := tinyBatch()
@@ -34,7 +34,7 @@ func TestModelGrad(t *testing.T) {
 	m.ZeroGrad()
 	w.Backward(targets, weights)
 	for _, p := range m.params {
-		checkGradEps(t, p.name, m.Params[p.offset:p.offset+p.size()], m.Grads[p.offset:p.offset+p.size()], loss, 1e-3)
+		checkGradEps(t, p.name, host(m.P(p.name)), host(m.G(p.name)), loss, 1e-3)
 	}
 }
 
@@ -43,7 +43,7 @@ func TestOverfit(t *testing.T) {
 	m, _ := NewModel(Config{Vocab: 11, DModel: 32, Layers: 2, Heads: 4, Hidden: 64, MaxSeq: 6}, 1)
 	w, _ := m.NewWorkspace(2, 6)
 	tokens, targets := tinyBatch()
-	opt := NewAdamW(len(m.Params), 1e-2)
+	opt := NewAdamW(CPU(), m.Params.Len(), 1e-2)
 	opt.WeightDecay = 0
 	var first, loss float64
 	for step := 0; step < 300; step++ {
@@ -74,8 +74,8 @@ func TestSaveLoad(t *testing.T) {
 	if got.Config != tiny || meta["note"] != "x" {
 		t.Errorf("config %+v meta %v", got.Config, meta)
 	}
-	for i := range m.Params {
-		if got.Params[i] != m.Params[i] {
+	for i := range host(m.Params) {
+		if host(got.Params)[i] != host(m.Params)[i] {
 			t.Fatal("parameters differ after a round trip")
 		}
 	}
@@ -83,13 +83,13 @@ func TestSaveLoad(t *testing.T) {
 	tokens, _ := tinyBatch()
 	w1, _ := m.NewWorkspace(2, 6)
 	w2, _ := got.NewWorkspace(2, 6)
-	l1, l2 := w1.Forward(tokens), w2.Forward(tokens)
+	l1, l2 := host(w1.Forward(tokens)), host(w2.Forward(tokens))
 	for i := range l1 {
 		if l1[i] != l2[i] {
 			t.Fatal("logits differ")
 		}
 	}
-	if len(w1.Hidden(1)) != 12*tiny.DModel || &w1.Hidden(-1)[0] == &w1.Hidden(0)[0] {
+	if w1.Hidden(1).Len() != 12*tiny.DModel || &host(w1.Hidden(-1))[0] == &host(w1.Hidden(0))[0] {
 		t.Error("hidden states not per layer")
 	}
 	// A file whose tensors do not match its config is refused.
@@ -105,8 +105,8 @@ func TestSaveLoad(t *testing.T) {
 func TestCausalLM(t *testing.T) {
 	m, _ := NewModel(tiny, 9)
 	w, _ := m.NewWorkspace(1, 6)
-	a := append([]float32(nil), w.Forward([]int32{1, 2, 3, 4, 5, 6})...)
-	b := w.Forward([]int32{1, 2, 3, 9, 9, 9})
+	a := append([]float32(nil), host(w.Forward([]int32{1, 2, 3, 4, 5, 6}))...)
+	b := host(w.Forward([]int32{1, 2, 3, 9, 9, 9}))
 	for i := 0; i < 3*tiny.Vocab; i++ {
 		if a[i] != b[i] {
 			t.Fatal("position < 3 changed with later tokens")

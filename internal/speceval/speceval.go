@@ -52,6 +52,14 @@ func (e *Evaluator) Tau(held []byte, propose Proposer) (float64, error) {
 		return 0, fmt.Errorf("speceval: %d held-out bytes are too few for %d prompts of %d", len(held), e.Prompts, e.Prompt)
 	}
 	hidden := make([]float32, len(e.Layers)*c.DModel)
+	be := e.Target.Backend()
+	row := make([]float32, c.Vocab)
+	// argmax is the greedy token at position pos of logits, read on the
+	// host.
+	argmax := func(logits nn.Buffer, pos int) int32 {
+		be.ToHost(row, logits.Slice(pos*c.Vocab, c.Vocab))
+		return nn.Argmax(row)
+	}
 	var accepted, cycles int
 	for p := 0; p < e.Prompts; p++ {
 		ctx := make([]int32, 0, c.MaxSeq)
@@ -66,9 +74,9 @@ func (e *Evaluator) Tau(held []byte, propose Proposer) (float64, error) {
 			L := len(ctx)
 			w := e.work(L)
 			logits := w.Forward(ctx)
-			anchor := nn.Argmax(logits[(L-1)*c.Vocab : L*c.Vocab])
+			anchor := argmax(logits, L-1)
 			for k, l := range e.Layers {
-				copy(hidden[k*c.DModel:(k+1)*c.DModel], w.Hidden(l)[(L-1)*c.DModel:L*c.DModel])
+				be.ToHost(hidden[k*c.DModel:(k+1)*c.DModel], w.Hidden(l).Slice((L-1)*c.DModel, c.DModel))
 			}
 			draft := propose(ctx, anchor, hidden, e.Block-1)
 			// Verify: run the target over ctx + anchor + draft.
@@ -78,7 +86,7 @@ func (e *Evaluator) Tau(held []byte, propose Proposer) (float64, error) {
 			a := 0
 			for j, d := range draft {
 				pos := L + j // the position holding the token before d
-				if nn.Argmax(vl[pos*c.Vocab:(pos+1)*c.Vocab]) != d {
+				if argmax(vl, pos) != d {
 					break
 				}
 				a++

@@ -21,8 +21,9 @@ func TestEvaluator(t *testing.T) {
 		var out []int32
 		for range n {
 			ws, _ := m.NewWorkspace(1, len(seq))
-			l := ws.Forward(seq)
-			next := nn.Argmax(l[(len(seq)-1)*256:])
+			l := make([]float32, 256)
+			m.Backend().ToHost(l, ws.Forward(seq).Slice((len(seq)-1)*256, 256))
+			next := nn.Argmax(l)
 			out = append(out, next)
 			seq = append(seq, next)
 		}

@@ -118,8 +118,8 @@ func TestPipeline(t *testing.T) {
 			t.Errorf("metric %s missing: %v", k, m)
 		}
 	}
-	if _, meta, err := nn.LoadDrafter(ckpt, nil, nil); err == nil || meta != nil {
-		// LoadDrafter needs the target embedding; with nil it must refuse.
+	if _, meta, err := nn.LoadDrafter(ckpt, nn.Buffer{}, nil); err == nil || meta != nil {
+		// LoadDrafter needs the target embedding; with none it must refuse.
 		t.Errorf("load without embedding: %v", err)
 	}
 	wte, _ := loadShared(target)

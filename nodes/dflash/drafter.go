@@ -16,6 +16,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/internal/speceval"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
@@ -159,7 +160,7 @@ type state struct {
 	d    *nn.Drafter
 	w    *nn.DrafterWork
 	opt  *nn.AdamW
-	mask []bool
+	mask nn.Buffer
 	step int
 	rng  *rand.Rand
 }
@@ -259,7 +260,7 @@ func (n *drafterNode) loadResume(path string) error {
 			"resume with that target, or set overwrite = true and resume = false to start afresh",
 			path, meta["target"], short(h), n.cfg.String("target"), short(n.targetHash))
 	}
-	opt := nn.NewAdamW(n.dc.NumParams(), float32(n.cfg.Float("lr")))
+	opt := nn.NewAdamW(n.target.Backend(), n.dc.NumParams(), float32(n.cfg.Float("lr")))
 	d, meta, err := nn.LoadDrafter(path, n.target.P("wte"), opt)
 	if err != nil {
 		return err
@@ -280,11 +281,11 @@ func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	opt := nn.NewAdamW(len(d.Params), float32(n.cfg.Float("lr")))
+	opt := nn.NewAdamW(d.Backend(), d.Params.Len(), float32(n.cfg.Float("lr")))
 	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
 	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
 	if n.resumed != nil {
-		copy(d.Params, n.resumed.Params)
+		d.Backend().Copy(d.Params, n.resumed.Params)
 		opt.SetState(n.resumedOpt.State())
 		st.step = n.resumedStep
 	}
@@ -316,9 +317,9 @@ func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r 
 	}
 	st.w.Forward()
 	loss := st.w.Loss(n.cfg.Float("gamma"))
-	clear(st.d.Grads)
+	st.d.Backend().Zero(st.d.Grads)
 	st.w.Backward()
-	if err := nodes.AllReduceMean(ctx, r, st.d.Grads); err != nil {
+	if err := nodes.AllReduceMean(ctx, r, reduce.Of(st.d.Grads)); err != nil {
 		return 0, err
 	}
 	peak, warm := n.cfg.Float("lr"), n.cfg.Int("warmup")

@@ -134,6 +134,7 @@ func newTarget(cfg *graph.Config) (nodes.Node, error) {
 func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 	in, out := r.In("in"), r.Out("hidden")
 	var w *nn.Workspace
+	var greedy nn.Ints
 	for {
 		item, err := in.Recv(ctx)
 		if err == io.EOF {
@@ -147,11 +148,16 @@ func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 			return fmt.Errorf("target_forward: got %T, want *text.Batch", item)
 		}
 		if w == nil || w.B != b.B || w.T != b.T {
+			if w != nil {
+				w.Free()
+				t.m.Backend().FreeInts(greedy)
+			}
 			if w, err = t.m.NewWorkspace(b.B, b.T); err != nil {
 				return fmt.Errorf("target_forward: %w", err)
 			}
+			greedy = t.m.Backend().AllocInts(b.B * b.T)
 		}
-		hs := t.forward(w, b)
+		hs := t.forward(w, greedy, b)
 		if err := out.Send(ctx, hs); err != nil {
 			return err
 		}
@@ -159,21 +165,24 @@ func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 }
 
 // forward runs the target on one batch and packs what the drafter needs.
-func (t *target) forward(w *nn.Workspace, b *text.Batch) *HiddenStates {
+// greedy holds B*T values on the model's backend.
+func (t *target) forward(w *nn.Workspace, greedy nn.Ints, b *text.Batch) *HiddenStates {
 	c := t.m.Config
 	N, D, K := b.B*b.T, c.DModel, len(t.layers)
 	hs := &HiddenStates{B: b.B, T: b.T, K: K, D: D, Seq: b.Seq,
 		Hidden: make([]float32, N*K*D), Tokens: make([]int32, N), Greedy: make([]int32, N)}
 	b.Inputs(hs.Tokens)
 	logits := w.Forward(hs.Tokens)
+	// The item on the edge is on the host: the tapped layers and the
+	// greedy tokens cross once per batch.
+	be := t.m.Backend()
 	for k, l := range t.layers {
 		h := w.Hidden(l)
 		for n := 0; n < N; n++ {
-			copy(hs.Hidden[(n*K+k)*D:(n*K+k+1)*D], h[n*D:(n+1)*D])
+			be.ToHost(hs.Hidden[(n*K+k)*D:(n*K+k+1)*D], h.Slice(n*D, D))
 		}
 	}
-	for n := 0; n < N; n++ {
-		hs.Greedy[n] = nn.Argmax(logits[n*c.Vocab : (n+1)*c.Vocab])
-	}
+	be.ArgmaxRows(greedy, logits, N, c.Vocab)
+	be.IntsToHost(hs.Greedy, greedy)
 	return hs
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/zclconf/go-cty/cty"
@@ -98,7 +99,7 @@ type replicaState struct {
 	m    *nn.Model
 	w    *nn.Workspace
 	opt  *nn.AdamW
-	mask []bool
+	mask nn.Buffer
 	in   []int32
 	tgt  []int32
 }
@@ -108,7 +109,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 	if err != nil {
 		return err
 	}
-	st := &replicaState{m: m, opt: nn.NewAdamW(len(m.Params), float32(t.cfg.Float("lr"))), mask: m.DecayMask()}
+	st := &replicaState{m: m, opt: nn.NewAdamW(m.Backend(), m.Params.Len(), float32(t.cfg.Float("lr"))), mask: m.DecayMask()}
 	st.opt.WeightDecay = float32(t.cfg.Float("weight_decay"))
 	in, group, metrics := r.In("in"), r.Group(), r.Metrics()
 	defer group.Leave()
@@ -172,7 +173,7 @@ func (t *trainer) step(ctx context.Context, st *replicaState, b *text.Batch, ste
 	loss := st.w.Loss(st.tgt, nil)
 	st.m.ZeroGrad()
 	st.w.Backward(st.tgt, nil)
-	if err := nodes.AllReduceMean(ctx, r, st.m.Grads); err != nil {
+	if err := nodes.AllReduceMean(ctx, r, reduce.Of(st.m.Grads)); err != nil {
 		return 0, err
 	}
 	st.opt.LR = float32(t.lr(step))

@@ -1,0 +1,59 @@
+// Package reduce lets a replica group all-reduce an nn.Buffer where it
+// lives: Of(b) is a nodes.Reducible whose Sum is a buffer of b's backend,
+// added to with the backend's Accumulate and stored with its Copy, so a
+// device buffer is summed on the device and never crosses to the host.
+// On the CPU backend this is exactly the group's []float32 path: a zeroed
+// accumulator, each member's values added in arrival order, the total
+// copied back.
+package reduce
+
+import (
+	"fmt"
+
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// Of returns b as a vector a replica group can all-reduce.
+func Of(b nn.Buffer) nodes.Reducible { return vec{b} }
+
+type vec struct{ b nn.Buffer }
+
+func (v vec) Len() int          { return v.b.Len() }
+func (v vec) Scale(f float32)   { v.b.Backend().Scale(v.b, f) }
+func (v vec) NewSum() nodes.Sum { be := v.b.Backend(); return &sum{be: be, acc: be.Alloc(v.b.Len())} }
+
+// sum is one all-reduce's accumulator, on the first member's backend.
+type sum struct {
+	be  nn.Backend
+	acc nn.Buffer
+}
+
+func (s *sum) buffer(x nodes.Reducible) (nn.Buffer, error) {
+	v, ok := x.(vec)
+	if !ok {
+		return nn.Buffer{}, fmt.Errorf("all-reduce of a %s buffer with a %T", s.be.Name(), x)
+	}
+	if v.b.Backend() != s.be {
+		return nn.Buffer{}, fmt.Errorf("all-reduce of a %s buffer with a %s one", s.be.Name(), v.b.Backend().Name())
+	}
+	return v.b, nil
+}
+
+func (s *sum) Add(x nodes.Reducible) error {
+	b, err := s.buffer(x)
+	if err != nil {
+		return err
+	}
+	s.be.Accumulate(s.acc, b)
+	return nil
+}
+
+func (s *sum) Store(x nodes.Reducible) error {
+	b, err := s.buffer(x)
+	if err != nil {
+		return err
+	}
+	s.be.Copy(b, s.acc)
+	return nil
+}
