@@ -86,8 +86,8 @@ func (b *Builder) Describe(description string) *Builder {
 // ConfigAttr, a Sim value.
 type StageOption interface{ applyStage(*stageDraft) }
 
-// An EdgeOption sets one attribute of an edge: a Policy value (such as
-// Policy(Shared), or Shared itself), Capacity, CapacityBytes.
+// An EdgeOption sets one attribute of an edge: a Policy (RoundRobin,
+// Shared, KeyHash, or Policy("key_hash")), Capacity, CapacityBytes.
 type EdgeOption interface{ applyEdge(*edgeDraft) }
 
 type stageOption func(*stageDraft)
@@ -130,8 +130,6 @@ func ConfigAttr(key string, value any) StageOption {
 func (s Sim) applyStage(d *stageDraft) {
 	d.sim = &Sim{ServiceTime: s.ServiceTime}
 }
-
-func (p Policy) applyEdge(d *edgeDraft) { d.policy, d.policyGiven = p, true }
 
 // Capacity bounds each of the edge's queues, in items (default
 // DefaultCapacity).
@@ -370,8 +368,8 @@ func (b *Builder) edgeAttrs(e *Edge, d *edgeDraft) {
 	who := fmt.Sprintf("edge %q", e.Name)
 	if d.policyGiven {
 		e.Policy = d.policy
-		if !knownPolicy(e.Policy) {
-			b.errorf(d.policyRange, "unknown policy", "%s", policyError(e.Name, string(e.Policy)))
+		if !e.Policy.Known() {
+			b.errorf(d.policyRange, "unknown policy", "%s", policyError(e.Name, e.Policy))
 		}
 	}
 	counts := []struct {
@@ -394,15 +392,6 @@ func (b *Builder) edgeAttrs(e *Edge, d *edgeDraft) {
 		}
 		c.set(n)
 	}
-}
-
-func knownPolicy(p Policy) bool {
-	for _, q := range Policies {
-		if p == q {
-			return true
-		}
-	}
-	return false
 }
 
 // goValue converts a ConfigAttr option's Go value to cty.

@@ -22,11 +22,18 @@
 // g.With(SetPolicy("hs", Shared)) returns a copy, checked as the Builder
 // checks those attributes and wired again, and leaves g as it was.
 //
-// # Wiring
+// # Policies
 //
-// With P producer and C consumer replicas, a shared edge has one queue for
-// all; a round_robin edge has one queue per consumer, producer p feeding
+// An edge's Policy is a value that wires the edge (Policy.Wire: its
+// queues) and routes each item a producer sends to one of its queues
+// (Policy.Router), for the runtime and the simulator alike. With P
+// producer and C consumer replicas, a shared edge has one queue for all;
+// a round_robin edge has one queue per consumer, producer p feeding
 // consumer p mod C when P >= C, and consumer c fed by producer c mod P
 // when P < C (each producer then rotates over its consumers in the order
-// Edge.ProducerQueues gives).
+// Edge.ProducerQueues gives); a key_hash edge has one queue per consumer,
+// fed by every producer, and an item goes to consumer
+// KeyHashOf(key) mod C: FNV-1a 64 of the item's key, stable across runs,
+// machines and Go versions (the key is the item's Key() string,
+// nodes.Keyed; an item without one fails the send, ErrNoKey).
 package graph

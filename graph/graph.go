@@ -102,18 +102,6 @@ type Port struct {
 
 func (p *Port) String() string { return p.Stage.Name + "." + p.Name }
 
-// Policy is how an edge spreads items from producer to consumer replicas.
-type Policy string
-
-// The edge policies.
-const (
-	RoundRobin Policy = "round_robin"
-	Shared     Policy = "shared"
-)
-
-// Policies lists the known policies.
-var Policies = []Policy{RoundRobin, Shared}
-
 // DefaultCapacity is an edge's queue bound when the spec gives none.
 const DefaultCapacity = 8
 
@@ -165,37 +153,6 @@ func (e *Edge) ConsumerQueue(c int) int {
 		}
 	}
 	panic(fmt.Sprintf("graph: edge %q has no queue for consumer %d", e.Name, c))
-}
-
-// Wire computes the queues of an edge with the given policy between p
-// producer and c consumer replicas (docs/spec-language.md, "Policies"):
-//
-//   - Shared: one queue; every producer pushes to it, every consumer pulls.
-//   - RoundRobin, p >= c: one queue per consumer; producer i feeds consumer
-//     i mod c (5 on 3 gives producers {0,3}, {1,4}, {2}).
-//   - RoundRobin, p < c: one queue per consumer; consumer j is fed by
-//     producer j mod p, so each producer rotates its items over the
-//     consumers it feeds.
-func Wire(policy Policy, p, c int) []Queue {
-	if p < 1 || c < 1 {
-		return nil
-	}
-	if policy == Shared {
-		return []Queue{{Index: 0, Producers: seq(p), Consumers: seq(c)}}
-	}
-	qs := make([]Queue, c)
-	for j := range qs {
-		qs[j] = Queue{Index: j, Consumers: []int{j}}
-		if p < c {
-			qs[j].Producers = []int{j % p}
-		}
-	}
-	if p >= c {
-		for i := 0; i < p; i++ {
-			qs[i%c].Producers = append(qs[i%c].Producers, i)
-		}
-	}
-	return qs
 }
 
 func seq(n int) []int {

@@ -334,9 +334,6 @@ var edgeSchema = &hcl.BodySchema{
 // rather than a run on the CPU that looks like one on the GPU.
 var CUDA = false
 
-// DefaultPolicy is an edge's policy when the spec gives none.
-const DefaultPolicy = Shared
-
 func (d *decoder) decodeEdge(b *hcl.Block) {
 	if !d.unique(b) {
 		return
@@ -386,17 +383,8 @@ func (d *decoder) decodeEdge(b *hcl.Block) {
 	d.addEdge(e)
 }
 
-func policyError(edge, policy string) string {
-	return fmt.Sprintf("edge %q: policy %q is not known%s", edge, policy,
-		hinted(didYouMean(policy, policyNames()), ` The policies are "round_robin" and "shared".`))
-}
-
-func policyNames() []string {
-	names := make([]string, len(Policies))
-	for i, p := range Policies {
-		names[i] = string(p)
-	}
-	return names
+func policyError(edge string, policy Policy) string {
+	return fmt.Sprintf("edge %q: %v", edge, policy.check())
 }
 
 // portRef parses a bare STAGE.PORT traversal.

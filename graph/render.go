@@ -30,14 +30,16 @@ func (s *Stage) label() string {
 	return fmt.Sprintf("%s (%s) x%d", s.Name, s.Node, s.Replicas)
 }
 
-// edgeLabel reads like "hs: hidden_states, round_robin, cap 8, 2-2-1".
+// label reads like "hs: hidden_states, round_robin, cap 8, 2-2-1" (the
+// last part is the policy's word on the wiring: "hash(key) mod 3" for
+// key_hash).
 func (e *Edge) label() string {
 	l := fmt.Sprintf("%s: %s, %s, cap %d", e.Name, e.From.Type, e.Policy, e.Capacity)
 	if e.CapacityBytes > 0 {
 		l += fmt.Sprintf(" / %d B", e.CapacityBytes)
 	}
-	if e.Policy == RoundRobin && len(e.Queues) > 1 {
-		l += ", " + e.Fanin()
+	if w := e.Policy.impl().wiring(e); w != "" {
+		l += ", " + w
 	}
 	return l
 }

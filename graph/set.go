@@ -58,13 +58,7 @@ func (d *decoder) setEdge(e *Edge, attr []string, raw string) error {
 	switch attr[0] {
 	case "policy":
 		e.Policy = Policy(raw)
-		for _, p := range Policies {
-			if e.Policy == p {
-				return nil
-			}
-		}
-		return fmt.Errorf("policy %q is not known%s", raw,
-			hinted(didYouMean(raw, policyNames()), ` The policies are "round_robin" and "shared"`))
+		return e.Policy.check()
 	case "capacity":
 		n, err := setCount(raw, "capacity")
 		e.Capacity = n

@@ -13,10 +13,17 @@ type Blob struct {
 	Replica int   // the source replica that made it
 	Seq     int64 // its sequence number within that replica
 	Data    []byte
+	// ItemKey is the key synthetic_source gives it (its keys config), ""
+	// for none; it is not part of the wire encoding.
+	ItemKey string
 }
 
 // SizeBytes implements nodes.Sizer.
 func (b *Blob) SizeBytes() int64 { return int64(len(b.Data)) }
+
+// Key implements nodes.Keyed: a key_hash edge routes the blob by it ("" is
+// no key).
+func (b *Blob) Key() string { return b.ItemKey }
 
 // Batch is a batch of byte-token sequences: B rows of T+1 tokens each, so
 // row[:T] is a model's input and row[1:] its next-token targets. A Batch

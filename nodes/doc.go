@@ -16,6 +16,10 @@
 //     ErrNoConsumers when no consumer is left.
 //   - After Send the item belongs to the consumers; with fan-out several
 //     consumers share it read-only.
+//   - On a key_hash edge an item's key (Keyed) picks its consumer
+//     replica, hash(key) mod the replicas (graph.KeyHashOf, FNV-1a 64);
+//     an item without a key fails Send with ErrNoKey. Other policies
+//     ignore keys.
 //   - A replica must not use its ports or group after Run returns.
 //   - Built-in kinds register themselves in Default from init; tests use
 //     their own NewRegistry.

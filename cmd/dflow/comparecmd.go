@@ -38,7 +38,7 @@ func cmdCompare(e *env, args []string) int {
 	var sf specFlags
 	sf.register(fs)
 	edgeName := fs.String("edge", "", "the edge whose policy to vary, by its `NAME` in the spec (required)")
-	policies := fs.String("policies", "round_robin,shared", "the `POLICIES` to compare, separated by commas; the first is the baseline the speedups are against")
+	policies := fs.String("policies", "round_robin,shared", "the `POLICIES` to compare, separated by commas, of "+strings.Join(graph.PolicyNames(), ", ")+"; the first is the baseline the speedups are against")
 	simulate := fs.Bool("sim", false, "simulate each policy in virtual time instead of running it")
 	from := fs.String("from", "", "with --sim: take service times from `REPORT`, the report of a real run")
 	asJSON := fs.Bool("json", false, "print the table as JSON on stdout")
@@ -53,7 +53,7 @@ func cmdCompare(e *env, args []string) int {
 	pols := strings.Split(*policies, ",")
 	for _, pol := range pols {
 		if !slices.Contains(graph.Policies, graph.Policy(pol)) {
-			return usageErr(e, "compare", "--policies: %q is not a policy; the policies are %s", pol, policyList())
+			return usageErr(e, "compare", "--policies: %q is not a policy; the policies are %s", pol, strings.Join(graph.PolicyNames(), ", "))
 		}
 	}
 	if code, ok := checkOutputs(e, "compare", files[0], output{"plot", *plotPath, true}); !ok {
@@ -145,13 +145,4 @@ func printComparison(e *env, cmp comparison, consumer string) {
 		fmt.Fprintf(e.stdout, "%-12s %9.1f %7.2fs %7.2fx  %-28s %s\n", r.Policy, r.Throughput, r.WallSeconds, r.Speedup,
 			"["+strings.Join(util, " ")+"]", "["+strings.Join(depth, " ")+"]")
 	}
-}
-
-// policyList is "round_robin, shared".
-func policyList() string {
-	names := make([]string, len(graph.Policies))
-	for i, p := range graph.Policies {
-		names[i] = string(p)
-	}
-	return strings.Join(names, ", ")
 }

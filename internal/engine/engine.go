@@ -175,7 +175,7 @@ func (r *run) build() error {
 		}
 		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
 		for i, rep := range from.replicas {
-			oe := &outEdge{}
+			oe := &outEdge{route: ge.Policy.Router(ge, i)}
 			for _, qi := range ge.ProducerQueues(i) {
 				oq := newOutQueue(e.queues[qi])
 				oq.q.senders = append(oq.q.senders, oq)
@@ -184,7 +184,7 @@ func (r *run) build() error {
 			out := rep.outputs[ge.From.Name]
 			out.edges = append(out.edges, oe)
 			out.one = nil
-			if len(out.edges) == 1 && len(oe.queues) == 1 {
+			if len(out.edges) == 1 && len(oe.queues) == 1 && oe.route == nil {
 				out.one = oe.queues[0]
 			}
 		}

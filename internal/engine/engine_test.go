@@ -119,6 +119,7 @@ stage "src" {
     role           = "source"
     count          = 60
     start_delay_ms = %s
+    keyed          = %t
   }
 }
 stage "dst" {
@@ -134,7 +135,7 @@ edge "e" {
   to       = dst.in
   policy   = %q
   capacity = 1
-}`, np, tc.src, nc, tc.dst, policy)
+}`, np, tc.src, policy == graph.KeyHash, nc, tc.dst, policy)
 				h := newHarness(t)
 				rep, err := h.run(h.load(spec), Options{})
 				if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +39,7 @@ var testKind = graph.Kind{
 		{Name: "quit_after", Type: graph.Int, Default: cty.NumberIntVal(-1)},
 		{Name: "start_delay_ms", Type: graph.NumberList},
 		{Name: "stuck", Type: graph.Bool, Default: cty.False},
+		{Name: "keyed", Type: graph.Bool, Default: cty.False},
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		var ps []graph.PortSpec
@@ -105,7 +107,11 @@ func (n *testNode) Run(ctx context.Context, r nodes.Replica) error {
 				return err
 			}
 			jitter()
-			if err := out.Send(ctx, uint64(r.Index())<<32|uint64(seq)); err != nil {
+			var item any = uint64(r.Index())<<32 | uint64(seq)
+			if cfg.Bool("keyed") {
+				item = keyedID(item.(uint64))
+			}
+			if err := out.Send(ctx, item); err != nil {
 				return err
 			}
 		}
@@ -202,11 +208,20 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
+// keyedID is a test id with a key (its decimal digits), for key_hash
+// edges.
+type keyedID uint64
+
+func (k keyedID) Key() string { return strconv.FormatUint(uint64(k), 10) }
+
 // idOf identifies an item: test ids as they are, synthetic blobs by
 // replica and sequence.
 func idOf(item any) uint64 {
-	if b, ok := item.(*synthetic.Blob); ok {
+	switch b := item.(type) {
+	case *synthetic.Blob:
 		return uint64(b.Replica)<<32 | uint64(b.Seq)
+	case keyedID:
+		return uint64(b)
 	}
 	return item.(uint64)
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"sync/atomic"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 )
 
@@ -353,7 +354,10 @@ func (in *input) drop(iq *inQueue) {
 }
 
 // output fans one port out to every edge leaving it; on each edge the
-// replica rotates over the queues it feeds.
+// policy's router (graph.Policy.Router) picks which of the queues the
+// replica feeds gets the item. A port with one edge and one queue that
+// needs no routing (round_robin, shared) has it in one: Send's fast path
+// then never routes.
 type output struct {
 	_     linePad
 	r     *replica
@@ -363,10 +367,13 @@ type output struct {
 	_     linePad
 }
 
+// outEdge is one edge of an output port, as one producer replica feeds
+// it: its queues (in graph.Edge.ProducerQueues order) and the policy's
+// router over them, nil when every item goes to the only queue.
 type outEdge struct {
 	_      linePad
 	queues []*outQueue
-	next   int
+	route  graph.Router
 	_      linePad
 }
 
@@ -438,8 +445,9 @@ func (o *output) Send(ctx context.Context, item any) error {
 	return o.sendSlow(ctx, item, false)
 }
 
-// sendSlow is Send for fan-out, rotation over several queues,
-// capacity_bytes, or a full queue; full says the port's only queue was
+// sendSlow is Send for fan-out, routing (the edge policy's router:
+// rotation over several queues, key_hash), capacity_bytes, or a full
+// queue; full says the port's only queue was
 // just found full.
 func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 	if oq := o.one; oq != nil {
@@ -448,9 +456,13 @@ func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 		}
 	} else {
 		for _, e := range o.edges {
-			oq := e.queues[e.next]
-			if e.next++; e.next == len(e.queues) {
-				e.next = 0
+			oq := e.queues[0]
+			if e.route != nil {
+				i, err := e.route.Route(item)
+				if err != nil {
+					return err
+				}
+				oq = e.queues[i]
 			}
 			if err := o.send(ctx, oq, item, false); err != nil {
 				return err

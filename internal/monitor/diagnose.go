@@ -22,8 +22,9 @@ const (
 
 // Diagnose reads a finished run's figures and says, in plain words, what
 // limited it: the bottleneck stage, replicas starved or blocked far more
-// than their siblings, queues always full or always empty, and for a
-// round_robin edge with uneven wiring the change that balances it. Each
+// than their siblings, queues always full or always empty, for a
+// round_robin edge with uneven wiring the change that balances it, and
+// for a key_hash edge whose keys are skewed the replica they overload. Each
 // sentence cites the measured figures it rests on. predict, when not nil,
 // estimates what switching an edge to "shared" would gain (the simulator,
 // replaying this run's service times); its figure joins the suggestion.
@@ -40,9 +41,53 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 		out = append(out, siblings(g, rep, s, predict)...)
 	}
 	for _, e := range g.Edges {
+		out = append(out, keySkew(rep, e)...)
 		out = append(out, queueRules(g, rep, e)...)
 	}
 	return out
+}
+
+// skewShare: a key_hash edge whose busiest consumer replica takes this
+// many times the items of its least busy one is fed by skewed keys.
+const skewShare = 1.5
+
+// keySkew says when a key_hash edge's keys are skewed: its consumer
+// replicas take uneven shares of the items (the frequent keys all go to
+// the same few), so the replicas with the most limit the stage while the
+// others wait. Per-replica counts are the consumers' items in, exact when
+// the edge is the stage's only input.
+func keySkew(rep *report.Report, e *graph.Edge) []string {
+	s := e.To.Stage
+	if e.Policy != graph.KeyHash || s.Replicas < 2 || len(s.Inputs) != 1 || len(s.Inputs[0].Edges) != 1 {
+		return nil
+	}
+	st := rep.Stages[s.Name]
+	if len(st.Replicas) != s.Replicas {
+		return nil
+	}
+	var total int64
+	top, low := 0, 0
+	for i, r := range st.Replicas {
+		total += r.ItemsIn
+		if r.ItemsIn > st.Replicas[top].ItemsIn {
+			top = i
+		}
+		if r.ItemsIn < st.Replicas[low].ItemsIn {
+			low = i
+		}
+	}
+	if total < 10*int64(s.Replicas) || float64(st.Replicas[top].ItemsIn) < skewShare*float64(st.Replicas[low].ItemsIn) {
+		return nil
+	}
+	split := make([]string, len(st.Replicas))
+	for i, r := range st.Replicas {
+		split[i] = pct(float64(r.ItemsIn) / float64(total))
+	}
+	sh := shares(st)
+	return []string{fmt.Sprintf("edge %s: the keys are skewed: key_hash splits the items [%s] over %s's replicas (even: %s each); "+
+		"replica %d takes the most, busy %s, while replica %d waits for input %s of the time; every item of a key goes to one replica, "+
+		"so more distinct keys, or splitting the hot keys, balance it (policy = \"shared\" does, if items of one key need not meet on one replica)",
+		e.Name, strings.Join(split, " "), s.Name, pct(1/float64(s.Replicas)), top, pct(sh[top].busy), low, pct(sh[low].idle))}
 }
 
 // deadlocked leads the diagnosis of a run that ended in a deadlock (the

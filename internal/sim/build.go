@@ -41,7 +41,7 @@ func build(g *graph.Graph, opts Options) (*sim, error) {
 		}
 		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
 		for i, p := range from.procs {
-			o := &sout{}
+			o := &sout{route: ge.Policy.Router(ge, i)}
 			for _, qi := range ge.ProducerQueues(i) {
 				o.queues = append(o.queues, e.queues[qi])
 			}
@@ -79,6 +79,7 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	}
 	if gs.Node == "synthetic_source" {
 		st.itemBytes = int64(gs.Config.Int("size_bytes"))
+		st.key = synthetic.Keys(gs.Config, gs.Replicas) // the very keys its replicas give
 	}
 	measured, hasMeasured := measuredStage(s.opts.From, gs.Name)
 	if st.source && hasMeasured && st.total == 0 {

@@ -54,7 +54,13 @@ const (
 	phaseSend                 // sending the item on every output edge
 )
 
-type item struct{ size int64 }
+type item struct {
+	size int64
+	key  string // synthetic_source's keys; "" for none
+}
+
+// Key makes an item nodes.Keyed for a key_hash edge's router.
+func (it *item) Key() string { return it.key }
 
 type proc struct {
 	st        *sstage
@@ -66,6 +72,8 @@ type proc struct {
 	inputs    []*squeue // live input queues
 	outs      []*sout
 	sendIdx   int
+	routed    bool // the item in hand has its queue on outs[sendIdx] (sout.cur)
+	emitted   int64
 	cur       item
 	handoff   bool // cur was handed over by a producer while waiting
 	left      bool // left the sync group
@@ -78,15 +86,20 @@ type proc struct {
 	end       time.Duration
 }
 
+// sout is one output edge of a replica: its queues, the edge policy's
+// router over them (nil: the only queue), and the queue the item in hand
+// goes to.
 type sout struct {
 	queues []*squeue
-	next   int
+	route  graph.Router
+	cur    int
 }
 
 type sstage struct {
 	g         *graph.Stage
 	procs     []*proc
 	sync      bool
+	key       func(replica int, seq int64) string // synthetic_source's keys, or nil
 	failAfter int
 	itemBytes int64
 	total     int64
@@ -263,6 +276,10 @@ func (s *sim) step(p *proc) {
 				}
 				p.remaining--
 				p.cur = item{size: p.st.itemBytes}
+				if p.st.key != nil {
+					p.cur.key = p.st.key(p.idx, p.emitted)
+				}
+				p.emitted++
 				s.serve(p)
 				return
 			}
@@ -299,14 +316,25 @@ func (s *sim) step(p *proc) {
 		case phaseSend:
 			for p.sendIdx < len(p.outs) {
 				o := p.outs[p.sendIdx]
-				q := o.queues[o.next]
+				if !p.routed {
+					o.cur = 0
+					if o.route != nil {
+						i, err := o.route.Route(&p.cur)
+						if err != nil {
+							s.err = fmt.Errorf("%w, at %.3fs simulated", err, s.now.Seconds())
+							return
+						}
+						o.cur = i
+					}
+					p.routed = true
+				}
+				q := o.queues[o.cur]
 				if !s.offer(q, p.cur) {
 					s.setState(p, blocked)
 					q.blocked = append(q.blocked, p)
 					return
 				}
-				o.next = (o.next + 1) % len(o.queues)
-				p.sendIdx++
+				p.sendIdx, p.routed = p.sendIdx+1, false
 			}
 			if len(p.outs) > 0 {
 				p.out++
@@ -376,9 +404,7 @@ func (s *sim) unblock(q *squeue) {
 		}
 		q.blocked = q.blocked[1:]
 		q.push(s, b.cur)
-		o := b.outs[b.sendIdx]
-		o.next = (o.next + 1) % len(o.queues)
-		b.sendIdx++
+		b.sendIdx, b.routed = b.sendIdx+1, false
 		s.runnable = append(s.runnable, b)
 	}
 }

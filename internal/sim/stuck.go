@@ -63,7 +63,7 @@ func (s *sim) stuck() *Stuck {
 					name, sst.g.Name, len(sst.arrived), sst.members))
 			case p.phase == phaseSend:
 				o := p.outs[p.sendIdx]
-				q := o.queues[o.next]
+				q := o.queues[o.cur]
 				if q.e.g.Policy == graph.RoundRobin {
 					note(&st.RoundRobin, q.e.g)
 				}

@@ -108,6 +108,9 @@ type source struct {
 	// item makes the replica's seq-th item, of the Go type the port's type
 	// means (graph.WireTypes): every item shares one payload, read-only.
 	item func(replica int, seq int64) any
+	// keyed: the blobs carry keys (the keys config), from Keys
+	keyed bool
+	cfg   *graph.Config
 }
 
 func newSource(cfg *graph.Config) (nodes.Node, error) {
@@ -134,7 +137,9 @@ func newSource(cfg *graph.Config) (nodes.Node, error) {
 		}
 		data := make([]byte, size)
 		s.item = func(replica int, seq int64) any { return &Blob{Replica: replica, Seq: seq, Data: data} }
+		s.keyed = cfg.Int("keys") > 0
 	}
+	s.cfg = cfg
 	return s, nil
 }
 
@@ -152,11 +157,19 @@ func (s *source) Run(ctx context.Context, r nodes.Replica) error {
 	defer c.stop()
 	out := r.Out("out")
 	n := Share(s.count, r.Index(), r.Replicas())
+	var key func(int, int64) string
+	if s.keyed {
+		key = Keys(s.cfg, r.Replicas())
+	}
 	for seq := 0; seq < n; seq++ {
 		if err := c.work(ctx); err != nil {
 			return err
 		}
-		if err := out.Send(ctx, s.item(r.Index(), int64(seq))); err != nil {
+		item := s.item(r.Index(), int64(seq))
+		if key != nil {
+			item.(*Blob).ItemKey = key(r.Index(), int64(seq))
+		}
+		if err := out.Send(ctx, item); err != nil {
 			return err
 		}
 	}

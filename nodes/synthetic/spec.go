@@ -35,6 +35,10 @@ var sourceKind = graph.Kind{
 		{Name: "size_bytes", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "payload size of each item"},
 		{Name: "type", Type: graph.String, Default: cty.StringVal("blob"),
 			Doc: `the type of the out port and its items: "blob" (*synthetic.Blob of size_bytes), "bytes" ([]byte of size_bytes), "tokens" (*text.Batch of size_bytes/4 tokens, one row), or a name of your own (blobs under that name)`},
+		{Name: "keys", Type: graph.Int, Default: cty.NumberIntVal(0),
+			Doc: `give the items keys (for key_hash edges): N distinct keys "k0".."k{N-1}", taking turns; 0 for none`},
+		{Name: "key_skew", Type: graph.Number, Default: cty.NumberIntVal(0),
+			Doc: `with keys: 0 for keys taking turns, s > 0 for keys drawn with probability 1/(k+1)^s (Zipf, "k0" the most frequent)`},
 		fieldServiceTime, fieldSpeed, fieldSeed,
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
@@ -43,6 +47,7 @@ var sourceKind = graph.Kind{
 	Check: func(cfg *graph.Config) []error {
 		errs := checkTiming(cfg)
 		errs = append(errs, nonNegative(cfg, "count", "size_bytes")...)
+		errs = append(errs, checkKeys(cfg)...)
 		if t := cfg.String("type"); t == "" || t == graph.Any {
 			errs = append(errs, &graph.FieldError{Field: "type", Err: fmt.Errorf("must name a concrete type, not %q", t)})
 		} else if w, ok := graph.LookupWireType(t); ok && !emits[w.Name] {
