@@ -184,6 +184,9 @@ func (rep *replica) stuckWait(site *waitSite) *stuckWait {
 		var names []string
 		for _, iq := range site.in.all {
 			q := iq.q
+			if q.t != nil {
+				return nil // in flight on a transport: not the engine's to see
+			}
 			if len(q.ch) > 0 {
 				return nil // an item waits
 			}
@@ -200,8 +203,8 @@ func (rep *replica) stuckWait(site *waitSite) *stuckWait {
 		w.what = fmt.Sprintf("waits for input on %s (empty), fed by %s", strings.Join(names, ", "), replicaNames(w.waitsFor))
 	case waitSend, waitBytes:
 		q := site.q
-		if q.consumersGone.isSet() {
-			return nil // Send fails
+		if q.consumersGone.isSet() || q.t != nil {
+			return nil // Send fails, or a transport holds the wait
 		}
 		if site.kind == waitSend {
 			if len(q.ch) < cap(q.ch) {

@@ -11,6 +11,18 @@
 // series points, the deadlock detector (deadlock.go), failure, drain and
 // abort (engine.go, wake.go), and the report's figures (report.go).
 //
+// Transports: a queue is an in-process channel unless Options.Transport
+// gives it a Transport (transport.go), the seam an edge across hosts
+// plugs into. An implementation must deliver every item sent exactly
+// once, in the order of each producer's sends; block Send while the queue
+// holds its capacity and honour ctx in Send and Recv; return the items in
+// flight after Close and then ok = false; and report Depth without
+// blocking. The engine calls Close once, after the last producer replica
+// wired to the queue has returned, and drives Recv from one goroutine of
+// its own (a pump into the consumers' channel), so the ports, fan-in,
+// termination and monitoring are the same for both; the in-process
+// channel stays the fast path.
+//
 // Invariants:
 //   - A queue's channel is closed exactly once, by the last producer
 //     replica wired to it to return; nodes never close anything, and

@@ -35,6 +35,9 @@ type Options struct {
 	// snapshot. Zero means no series and no calls.
 	Interval time.Duration
 	Observe  func(*report.Snapshot)
+	// Transport, when set, may carry queues out of process (transport.go);
+	// nil keeps every queue an in-process channel.
+	Transport TransportFor
 }
 
 // Run is one execution of a graph.
@@ -170,8 +173,16 @@ func (r *run) build() error {
 	}
 	for _, ge := range r.g.Edges {
 		e := &edge{g: ge, run: r}
-		for _, gq := range ge.Queues {
-			e.queues = append(e.queues, newQueue(e, gq, ge.Capacity, ge.CapacityBytes))
+		for i, gq := range ge.Queues {
+			q := newQueue(e, gq, ge.Capacity, ge.CapacityBytes)
+			if r.opts.Transport != nil {
+				if t := r.opts.Transport(ge, i); t != nil {
+					// The transport holds what is in flight; the consumers'
+					// side keeps one item at hand (transport.go).
+					q.t, q.ch = t, make(chan any, 1)
+				}
+			}
+			e.queues = append(e.queues, q)
 		}
 		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
 		for i, rep := range from.replicas {
@@ -250,6 +261,8 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	}
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
+	stopPumps := r.startPumps(ctx)
+	defer stopPumps()
 
 	stopSampling := r.sample()
 	defer stopSampling()

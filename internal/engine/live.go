@@ -50,7 +50,7 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 			es.Produced += q.produced()
 			es.Consumed += q.consumed()
 			es.Queues = append(es.Queues, report.QueueSnapshot{
-				Depth: len(q.ch), Open: q.Open(),
+				Depth: q.depth(), Open: q.Open(),
 				Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers,
 			})
 		}

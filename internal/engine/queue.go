@@ -42,6 +42,12 @@ type queue struct {
 	receivers []*inQueue
 
 	depthSum, samples atomic.Int64 // sampled depth, for the mean
+
+	// t carries the queue when it is not in process (transport.go);
+	// goneCtx is done once every consumer has gone, for its sends.
+	t        Transport
+	goneCtx  context.Context
+	goneDone context.CancelFunc
 }
 
 func newQueue(e *edge, q graph.Queue, capacity int, capBytes int64) *queue {
@@ -55,6 +61,7 @@ func newQueue(e *edge, q graph.Queue, capacity int, capBytes int64) *queue {
 		capBytes:  capBytes,
 		room:      make(chan struct{}, 1),
 	}
+	qu.goneCtx, qu.goneDone = context.WithCancel(context.Background())
 	qu.producersLeft.Store(int32(len(q.Producers)))
 	qu.consumersLeft.Store(int32(len(q.Consumers)))
 	for i := range qu.live {
@@ -75,6 +82,9 @@ func sizeOf(item any) int64 {
 // the wait is a plain channel send, released on cancellation by the run's
 // wake-ups (wake.go).
 func (q *queue) sendWait(ctx context.Context, r *replica, item any) error {
+	if q.t != nil {
+		return q.remoteSend(ctx, item)
+	}
 	if ctx == r.ctx {
 		// Flags, not a select: a select on two channels locks both, and
 		// gone is shared by every producer of the queue.
@@ -172,6 +182,10 @@ func (q *queue) producerDone(replica int) {
 		}
 	}
 	if q.producersLeft.Add(-1) == 0 {
+		if q.t != nil {
+			q.t.Close() // the pump closes the channel once it has drained
+			return
+		}
 		q.mu.Lock()
 		q.closed = true
 		close(q.ch)
@@ -188,7 +202,8 @@ func (q *queue) consumerDone() (unfinished bool, unread int) {
 	}
 	q.consumersGone.set()
 	close(q.gone)
-	return q.producersLeft.Load() > 0 || len(q.ch) > 0, len(q.ch)
+	q.goneDone()
+	return q.producersLeft.Load() > 0 || q.depth() > 0, q.depth()
 }
 
 // Open reports the producer replicas still holding the queue open.
@@ -203,6 +218,6 @@ func (q *queue) Open() []int {
 }
 
 func (q *queue) sample() {
-	q.depthSum.Add(int64(len(q.ch)))
+	q.depthSum.Add(int64(q.depth()))
 	q.samples.Add(1)
 }

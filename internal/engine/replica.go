@@ -394,8 +394,14 @@ type outQueue struct {
 }
 
 func newOutQueue(q *queue) *outQueue {
-	return &outQueue{ch: q.ch, capBytes: q.capBytes, capacity: cap(q.ch), q: q,
+	oq := &outQueue{ch: q.ch, capBytes: q.capBytes, capacity: cap(q.ch), q: q,
 		full: waitSite{kind: waitSend, q: q}, bytesFull: waitSite{kind: waitBytes, q: q}}
+	if q.t != nil {
+		// No channel on the producers' side: the fast path's send is
+		// never ready, and the wait path calls the transport.
+		oq.ch, oq.capacity = nil, q.edge.g.Capacity
+	}
+	return oq
 }
 
 // put does the accounting for an item just sent on oq: the count, and the
@@ -492,7 +498,9 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 		default:
 		}
 	}
-	oq.saw(oq.capacity)
+	if oq.ch != nil {
+		oq.saw(oq.capacity)
+	}
 	o.flush() // a replica that waits shows exact counts
 	site := &oq.full
 	if ctx != o.r.ctx {

@@ -1,0 +1,138 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/dflow-dev/dflow/graph"
+)
+
+// Transports: the seam between the engine and what carries an edge's
+// items.
+//
+// A queue of an edge is in process by default: one Go channel that its
+// producer replicas send on and its consumer replicas receive from, with
+// the ports' fast paths reading and writing that channel directly (an
+// interface call per item would cost more than the rest of an edge). A
+// queue may instead be carried by a transport (a message broker between
+// hosts, say). Then:
+//
+//   - the producers' sends go to Transport.Send (the producer side of the
+//     queue has no channel, so the fast path falls through to the wait
+//     path, which calls the transport);
+//   - a pump goroutine of the engine's moves what Transport.Recv returns
+//     into the consumers' side of the queue, a local channel of one item,
+//     so the consumers' ports, fan-in and monitoring work unchanged;
+//   - when the last producer replica wired to the queue has finished, the
+//     engine calls Transport.Close (termination from the topology); Recv
+//     returns the items still in flight, then io.EOF-like ok = false, and
+//     the pump closes the local channel: the consumers see end-of-input
+//     once, as in process.
+//
+// Node code and monitoring do not change: a node sees the same ports, and
+// a snapshot's queue depth is the transport's depth plus the local item.
+// The deadlock detector does not judge waits on a transport (what is in
+// flight there is not the engine's to see).
+type Transport interface {
+	// Send delivers item, blocking while the queue is full (its capacity
+	// bounds what is in flight), until ctx is done (its error then).
+	Send(ctx context.Context, item any) error
+	// Recv returns the next item, blocking while none is in flight; ok is
+	// false once the queue is closed and drained. It returns ctx's error
+	// when ctx is done.
+	Recv(ctx context.Context) (item any, ok bool, err error)
+	// Close ends the queue; called once, after the last Send.
+	Close()
+	// Depth is how many items are in flight, for monitoring.
+	Depth() int
+}
+
+// TransportFor, when set in Options, returns the transport of queue i of
+// edge e, or nil to keep it in process.
+type TransportFor func(e *graph.Edge, i int) Transport
+
+// remoteSend sends item on q's transport for replica r, failing with
+// ErrNoConsumers once every consumer has gone.
+func (q *queue) remoteSend(ctx context.Context, item any) error {
+	if q.consumersGone.isSet() {
+		return q.noConsumers()
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(q.goneCtx, cancel)
+	defer stop()
+	err := q.t.Send(sctx, item)
+	if err != nil && q.consumersGone.isSet() && ctx.Err() == nil {
+		return q.noConsumers()
+	}
+	return err
+}
+
+// pump moves q's items from its transport into the consumers' channel
+// until the transport ends (then it closes the channel, as the last
+// producer would in process), every consumer has gone, or ctx is done.
+func (q *queue) pump(ctx context.Context) error {
+	for {
+		item, ok, err := q.t.Recv(ctx)
+		if err != nil {
+			if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+				return nil // the run is over: its own error says why
+			}
+			return err
+		}
+		if !ok {
+			q.closeLocal()
+			return nil
+		}
+		select {
+		case q.ch <- item:
+		case <-q.gone:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// closeLocal closes the consumers' channel.
+func (q *queue) closeLocal() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.closed = true
+		close(q.ch)
+	}
+}
+
+// depth is how many items the queue holds: its channel's, and what its
+// transport has in flight.
+func (q *queue) depth() int {
+	if q.t != nil {
+		return len(q.ch) + q.t.Depth()
+	}
+	return len(q.ch)
+}
+
+// startPumps starts a pump for every queue carried by a transport; stop
+// cancels them and waits until they have returned.
+func (r *run) startPumps(ctx context.Context) (stop func()) {
+	pctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, e := range r.edges {
+		for _, q := range e.queues {
+			if q.t == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := q.pump(pctx); err != nil {
+					r.fail(fmt.Errorf("edge %q: %s: transport: %w", e.g.Name, q.name(), err))
+				}
+			}()
+		}
+	}
+	return func() { cancel(); wg.Wait() }
+}
