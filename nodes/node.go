@@ -95,23 +95,16 @@ type Group interface {
 	// Barrier waits until every member still in the group has reached
 	// the same barrier.
 	Barrier(ctx context.Context) error
-	// AllReduceSum replaces buf with the element-wise sum of buf over
-	// the members taking part in this step, and returns how many did
-	// (divide by it for a mean). Every member must pass a buffer of the
-	// same length. It is AllReduce of Floats(buf) in a group that is a
-	// Reducer.
+	// AllReduce replaces x with the element-wise sum of x over the
+	// members taking part in this step, wherever x's values live (a
+	// device buffer is summed without a host slice), and returns how
+	// many took part (divide by it for a mean). Every member must pass a
+	// vector of the same Len; the sum is formed in arrival order.
+	AllReduce(ctx context.Context, x Reducible) (int, error)
+	// AllReduceSum is AllReduce of Floats(buf), for a host slice.
 	AllReduceSum(ctx context.Context, buf []float32) (int, error)
 	// Leave removes the replica from the group. It is idempotent.
 	Leave()
-}
-
-// Reducer is a Group that all-reduces any Reducible, wherever its
-// values live (the engine's groups are): a device buffer is summed
-// without a host slice. AllReduce has AllReduceSum's semantics (uneven
-// ends, members leaving); the members must pass vectors of one Len, and
-// the sum is formed in arrival order, as AllReduceSum's.
-type Reducer interface {
-	AllReduce(ctx context.Context, x Reducible) (int, error)
 }
 
 // Reducible is a vector of float32 values that a replica group can sum
@@ -177,19 +170,6 @@ func (s floatSum) Store(x Reducible) error {
 	return nil
 }
 
-// AllReduce is g's AllReduce when g is a Reducer, and otherwise
-// AllReduceSum for Floats; a group that is no Reducer cannot reduce
-// another Reducible, and says so.
-func AllReduce(ctx context.Context, g Group, x Reducible) (int, error) {
-	if r, ok := g.(Reducer); ok {
-		return r.AllReduce(ctx, x)
-	}
-	if f, ok := x.(Floats); ok {
-		return g.AllReduceSum(ctx, f)
-	}
-	return 0, fmt.Errorf("replica group %T cannot all-reduce a %T (only host vectors)", g, x)
-}
-
 // Metrics publishes a node's figures. Set records a gauge (the latest
 // value wins across replicas); Add adds to a counter summed over
 // replicas.
@@ -205,7 +185,7 @@ func AllReduceMean(ctx context.Context, r Replica, x Reducible) error {
 	if r.Replicas() == 1 {
 		return nil
 	}
-	n, err := AllReduce(ctx, r.Group(), x)
+	n, err := r.Group().AllReduce(ctx, x)
 	if err != nil {
 		return err
 	}

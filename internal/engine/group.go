@@ -134,7 +134,7 @@ func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
 	return m.AllReduce(ctx, nodes.Floats(buf))
 }
 
-// AllReduce implements nodes.Reducer: the round's Sum, made by the first
+// AllReduce implements nodes.Group.AllReduce: the round's Sum, made by the first
 // member to arrive from its vector, adds each member's vector as it
 // arrives, and each member stores the total into its own once all have.
 func (m *member) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {

@@ -150,7 +150,7 @@ func TestGroupReducible(t *testing.T) {
 			defer m.Leave()
 			for s := 0; s < steps[i]; s++ {
 				v := &devVec{vals: []float32{1, float32(i)}}
-				n, err := nodes.AllReduce(context.Background(), m, v)
+				n, err := m.AllReduce(context.Background(), v)
 				want := 0
 				for _, k := range steps {
 					if k > s {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -58,7 +59,7 @@ func NewServer(specs ...nodes.Spec) *Server {
 
 // Describe implements proto.NodeServer.
 func (s *Server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true}
+	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: SharedMemoryEnabled()}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: FieldsToProto(sp.Config)})
@@ -129,6 +130,22 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 		return stream.Send(&proto.Message{Msg: &proto.Message_Done{Done: &proto.Done{Error: err.Error()}}})
 	}
 	r := newRemoteReplica(stream, start, ports)
+	if start.Pools != nil {
+		// Attached goes first, before any credit: dflow sends items by
+		// reference only once it knows the pools are mapped.
+		att := &proto.Attached{}
+		if !SharedMemoryEnabled() {
+			att.Error = "shared memory is off in this plugin (DFLOW_PLUGIN_SHM=off)"
+		} else if ps, err := OpenPools(start.Pools); err != nil {
+			att.Error = err.Error()
+		} else {
+			r.pools, r.threshold = ps, max(start.Pools.Threshold, 1)
+			defer ps.Close() // after the node and the sender are done with them
+		}
+		if err := r.send(&proto.Message{Msg: &proto.Message_Attached{Attached: att}}); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 	go r.receive(cancel)
@@ -170,10 +187,14 @@ const (
 
 var inputBytes int64 = 64 << 20 // a variable for tests
 
-// outItem is an item a node sent on a port.
+// outItem is an item a node sent on a port, encoded, or by reference
+// (ref), with what to do once it is on the stream (after: drop the hold on
+// the received region it lies in).
 type outItem struct {
-	port string
-	item any
+	port  string
+	enc   encoded
+	ref   *proto.Ref
+	after func()
 }
 
 // grant sends the credit the node's Recvs on this port owe, as much of it
@@ -195,6 +216,24 @@ func (in *remoteInput) grant() error {
 func (r *remoteReplica) sendItems() {
 	defer close(r.sent)
 	b := Batcher{Send: r.send, Batches: r.start.Batches}
+	var after []func()
+	add := func(it outItem) error {
+		if it.after != nil {
+			after = append(after, it.after)
+		}
+		if it.ref != nil {
+			return b.AddRef(it.port, it.enc.typ, it.ref)
+		}
+		return b.addEncoded(it.port, it.enc)
+	}
+	flush := func() error {
+		err := b.Flush()
+		for _, f := range after { // the items are on the stream: their regions may go
+			f()
+		}
+		after = after[:0]
+		return err
+	}
 	grant := func() error {
 		for _, in := range r.inputs {
 			if err := in.grant(); err != nil {
@@ -212,7 +251,7 @@ func (r *remoteReplica) sendItems() {
 			if !ok {
 				return
 			}
-			err = b.Add(it.port, it.item)
+			err = add(it)
 		more:
 			for n := 1; err == nil && b.Batches && n < maxBatchItems; n++ {
 				select {
@@ -220,13 +259,13 @@ func (r *remoteReplica) sendItems() {
 					if !ok {
 						break more
 					}
-					err = b.Add(next.port, next.item)
+					err = add(next)
 				default:
 					break more
 				}
 			}
-			if err == nil {
-				err = b.Flush()
+			if ferr := flush(); err == nil {
+				err = ferr
 			}
 			if err == nil {
 				err = grant()
@@ -263,6 +302,11 @@ type remoteReplica struct {
 	inputs  map[string]*remoteInput
 	outputs map[string]*remoteOutput
 	dead    chan struct{} // closed when the stream breaks
+	// pools: the shared memory dflow offered and this process mapped
+	// (Start.pools), nil without; items of threshold bytes or more go by
+	// reference.
+	pools     *Pools
+	threshold int64
 }
 
 func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []graph.PortSpec) *remoteReplica {
@@ -319,6 +363,20 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			if in := r.inputs[v.Eof.Port]; in != nil {
 				close(in.ch)
 			}
+		case *proto.Message_Release:
+			for _, ref := range v.Release.Refs {
+				var err error
+				if r.pools == nil || ref.Pool != 1 {
+					err = fmt.Errorf("sdk: dflow released pool %d's region at %d, which the plugin did not send", ref.Pool, ref.Offset)
+				} else {
+					err = r.pools.Out.Free(ref.Offset)
+				}
+				if err != nil {
+					r.fail(err)
+					cancel()
+					return
+				}
+			}
 		case *proto.Message_Credit:
 			out := r.outputs[v.Credit.Port]
 			if out == nil || !out.held {
@@ -329,7 +387,21 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			out.credit.Grant(v.Credit.N)
 		}
 		for _, it := range whole {
-			item, err := Decode(it.Type, it.Payload)
+			var held *Held
+			var item any
+			var err error
+			size := int64(len(it.Payload))
+			if it.Ref != nil {
+				held, err = r.received(it.Ref)
+				if err == nil {
+					size = it.Ref.Length
+					// A view of dflow's pool, read-only: valid until the
+					// node's next Recv on the port (see Recv).
+					item, err = Decode(it.Type, r.pools.In.Bytes(it.Ref.Offset, it.Ref.Length))
+				}
+			} else {
+				item, err = Decode(it.Type, it.Payload)
+			}
 			in := r.inputs[it.Port]
 			if err == nil && in == nil {
 				err = fmt.Errorf("sdk: an item for input port %q, which the node does not have", it.Port)
@@ -339,14 +411,34 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 				cancel()
 				return
 			}
-			size := int64(len(it.Payload))
 			if !in.w.Arrived(size) {
 				r.fail(fmt.Errorf("sdk: dflow sent more items on %q than the plugin granted it credit for", it.Port))
 				cancel()
 				return
 			}
-			in.ch <- inItem{item, size}
+			in.ch <- inItem{item, size, held}
 		}
+	}
+}
+
+// received checks an input item by reference and records the node's hold
+// on its region.
+func (r *remoteReplica) received(ref *proto.Ref) (*Held, error) {
+	if r.pools == nil || ref.Pool != 0 {
+		return nil, fmt.Errorf("sdk: an item by reference to pool %d, which dflow does not send from", ref.Pool)
+	}
+	if err := r.pools.In.Check(ref); err != nil {
+		return nil, fmt.Errorf("sdk: %w", err)
+	}
+	return r.pools.In.Track(ref.Offset, ref.Length), nil
+}
+
+// drop drops a hold on a received region, and releases it to dflow with
+// the last.
+func (r *remoteReplica) drop(h *Held) {
+	if r.pools.In.Drop(h) {
+		// A stream that broke shows elsewhere.
+		_ = r.send(&proto.Message{Msg: &proto.Message_Release{Release: &proto.Release{Refs: []*proto.Ref{{Pool: 0, Offset: h.Off, Length: h.Len}}}}})
 	}
 }
 
@@ -391,15 +483,27 @@ type remoteInput struct {
 	port string
 	ch   chan inItem
 	w    Window
+	cur  *Held // the region of the item by reference the node last received here
 }
 
-// inItem is an item received for the node, with its payload's size.
+// inItem is an item received for the node, with its payload's size, and
+// its region when it came by reference.
 type inItem struct {
 	item any
 	size int64
+	held *Held
 }
 
+// Recv returns the port's next item. An item that came by reference
+// (shared memory) is a view of dflow's pool: it is valid until the node's
+// next Recv on this port, unless the node sends it (or an item whose
+// bytes lie within it) on, when it passes on with the Send. A node that
+// keeps an item longer copies it (Detach).
 func (in *remoteInput) Recv(ctx context.Context) (any, error) {
+	if in.cur != nil {
+		in.r.drop(in.cur)
+		in.cur = nil
+	}
 	select {
 	case it, ok := <-in.ch:
 		if !ok {
@@ -408,6 +512,7 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 		// The item is taken: credit for one more, which the sender grants
 		// (several in one message when items come fast).
 		in.w.Taken(it.size)
+		in.cur = it.held
 		select {
 		case in.r.kick <- struct{}{}:
 		default:
@@ -445,14 +550,72 @@ func (o *remoteOutput) Send(ctx context.Context, item any) error {
 			return err
 		}
 	}
+	it, err := o.r.prepare(o.port, item)
+	if err != nil {
+		return fmt.Errorf("sdk: output %q: %w", o.port, err)
+	}
 	select {
-	case o.r.outq <- outItem{o.port, item}:
+	case o.r.outq <- it:
 		return nil
 	case <-o.r.sent:
+		o.r.discard(it)
 		return o.r.sendFailed()
 	case <-ctx.Done():
+		o.r.discard(it)
 		return ctx.Err()
 	}
+}
+
+// prepare encodes an item the node sends, and, with pools, sends a large
+// one by reference: where it already lies (an item received, sent on),
+// holding its region until the reference is on the stream; otherwise
+// copied once into a region of the plugin's pool. It goes as bytes when
+// it is small or no region is free.
+func (r *remoteReplica) prepare(port string, item any) (outItem, error) {
+	e, err := encodeItem(item)
+	if err != nil {
+		return outItem{}, err
+	}
+	it := outItem{port: port, enc: e}
+	size := int64(e.size)
+	if r.pools == nil || size < r.threshold {
+		return it, nil
+	}
+	if off, ok := r.pools.In.Contiguous(e.pieces, size); ok {
+		h := r.pools.In.Containing(off, size)
+		if h == nil {
+			return outItem{}, errors.New("the item lies in the memory of an item received by reference that the node no longer holds (such an item is valid until the next Recv on its port: copy what you keep, sdk.Detach)")
+		}
+		r.pools.In.Hold(h)
+		it.ref = &proto.Ref{Pool: 0, Offset: off, Length: size}
+		it.after = func() { r.drop(h) }
+		return it, nil
+	}
+	if h, ok := r.pools.Out.Write(e.pieces, size); ok {
+		it.ref = &proto.Ref{Pool: 1, Offset: h.Off, Length: size}
+	}
+	return it, nil
+}
+
+// discard lets go of the region of an item that will not be sent.
+func (r *remoteReplica) discard(it outItem) {
+	if it.after != nil {
+		it.after()
+	} else if it.ref != nil && it.ref.Pool == 1 {
+		r.pools.Out.Free(it.ref.Offset)
+	}
+}
+
+// Detach returns an item that owns its memory: the item itself, or, for
+// one received by reference (a view of shared memory, valid until the
+// next Recv on its port), a copy that the node may keep as long as it
+// likes.
+func Detach(item any) (any, error) {
+	typ, pieces, err := encode(item)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(typ, slices.Concat(pieces...))
 }
 
 type remoteMetrics struct{ r *remoteReplica }
@@ -470,6 +633,7 @@ type noGroup struct{}
 
 var errNoGroup = errors.New("sdk: replica groups are not available to plugin nodes (protocol v1)")
 
-func (noGroup) Barrier(context.Context) error                        { return errNoGroup }
-func (noGroup) AllReduceSum(context.Context, []float32) (int, error) { return 0, errNoGroup }
-func (noGroup) Leave()                                               {}
+func (noGroup) Barrier(context.Context) error                           { return errNoGroup }
+func (noGroup) AllReduceSum(context.Context, []float32) (int, error)    { return 0, errNoGroup }
+func (noGroup) AllReduce(context.Context, nodes.Reducible) (int, error) { return 0, errNoGroup }
+func (noGroup) Leave()                                                  {}
