@@ -236,7 +236,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
-		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, ports: map[string]*proto.CheckResponse{}}
+		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
 		reg.Register(nodes.Spec{
 			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
@@ -262,6 +262,7 @@ type remoteKind struct {
 	batches      bool // the plugin takes Batch messages
 	portCredit   bool // the plugin grants credit per input port
 	outputCredit bool // the plugin sends on an output port as dflow's credit allows
+	sharedMemory bool // the plugin maps shared memory pools and sends items by reference
 	mu           sync.Mutex
 	ports        map[string]*proto.CheckResponse // by config JSON
 }

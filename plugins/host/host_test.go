@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind)
+		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind, remakeKind, lateKind)
 	case "dflow":
 		os.Exit(asDflow())
 	case "garbage":
@@ -122,6 +122,9 @@ var passKind = nodes.Spec{
 					return err
 				}
 				r.Metrics().Add("items", 1)
+				if sdk.Shared(item) {
+					r.Metrics().Add("shared", 1) // it came by reference
+				}
 				if err := out.Send(ctx, item); err != nil {
 					return err
 				}

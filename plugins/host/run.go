@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +61,24 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
 		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true,
 		OutputCredit: n.k.outputCredit}
+	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
+	sh := &shared{send: send}
+	if n.k.sharedMemory && sdk.SharedMemoryEnabled() {
+		// Shared memory for large items: created per replica, unmapped
+		// once the replica's stream, its feeders and its outlets are done
+		// (the deferred calls run after all of them). Without (no memfd
+		// here), items go as bytes.
+		if ps, err := sdk.CreatePools(sdk.PoolBytes, sdk.PoolBytes); err == nil {
+			sh.pools = ps
+			start.Pools = ps.Proto()
+			defer func() {
+				if poolsClosing != nil {
+					poolsClosing(ps)
+				}
+				ps.Close()
+			}()
+		}
+	}
 	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil {
 		return err
 	}
@@ -67,22 +86,120 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, inputs, inTypes, func(it *proto.Item) error {
-			return n.deliver(ctx, r, outputs, it)
+		return n.pump(sctx, cancel, r, st, locked, sh, inputs, inTypes, func(it *proto.Item) error {
+			return n.deliver(ctx, r, sh, outputs, it)
 		})
 	}
-	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
-	outs, err := newOutlets(ctx, r, outputs, send, cancel)
+	outs, err := newOutlets(ctx, r, sh, outputs, send, cancel)
 	if err != nil {
 		return err
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, inputs, inTypes, outs.put))
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, inputs, inTypes, outs.put))
+}
+
+// poolsClosing, when set (by tests), sees a replica's pools as its
+// stream ends, before they are unmapped.
+var poolsClosing func(*sdk.Pools)
+
+// shared is a replica's shared memory, dflow's side: the pools offered
+// to the plugin (nil when none were), attached once the plugin says it
+// mapped them.
+type shared struct {
+	pools    *sdk.Pools
+	attached atomic.Bool
+	send     func(*proto.Message) error // on the stream, locked
+}
+
+// in is the pool items go to the plugin in, nil until the plugin has
+// attached.
+func (sh *shared) in() *sdk.Pool {
+	if sh.attached.Load() {
+		return sh.pools.In
+	}
+	return nil
+}
+
+// attach takes the plugin's answer to the pools.
+func (sh *shared) attach(a *proto.Attached) error {
+	if sh.pools == nil {
+		return errors.New("the plugin said it attached shared memory that dflow did not offer")
+	}
+	sh.pools.Attached() // dflow's descriptors: the mappings hold the memory now
+	if a.Error == "" {
+		sh.attached.Store(true)
+	}
+	return nil
+}
+
+// release frees the regions of pool 0 that the plugin is done with.
+func (sh *shared) release(rel *proto.Release) error {
+	for _, ref := range rel.Refs {
+		if in := sh.in(); in == nil || ref.Pool != 0 {
+			return fmt.Errorf("the plugin released a region of pool %d, which dflow did not send it", ref.Pool)
+		} else if err := in.Free(ref.Offset); err != nil {
+			return fmt.Errorf("the plugin released a region dflow did not send it: %v", err)
+		}
+	}
+	return nil
+}
+
+// payload is an output item's bytes and size. An item by reference to a
+// region of pool 0 (dflow's) that is exactly an item dflow sent is that
+// item again, with no copy (item non-nil): the plugin maps pool 0
+// read-only, so the bytes are the same. Otherwise the bytes are copied
+// out of the pool once, and a region of pool 1 is released to the plugin
+// at once.
+func (sh *shared) payload(it *proto.Item) (b []byte, item any, size int64, err error) {
+	ref := it.Ref
+	if ref == nil {
+		return it.Payload, nil, int64(len(it.Payload)), nil
+	}
+	if !sh.attached.Load() {
+		return nil, nil, 0, errors.New("the plugin sent an item by reference without shared memory")
+	}
+	p := sh.pools.Pool(ref.Pool)
+	if p == nil {
+		return nil, nil, 0, fmt.Errorf("the plugin sent an item by reference to pool %d, which does not exist", ref.Pool)
+	}
+	if err := p.Check(ref); err != nil {
+		return nil, nil, 0, fmt.Errorf("the plugin sent %v", err)
+	}
+	if ref.Pool == 0 {
+		h := p.Containing(ref.Offset, ref.Length)
+		if h == nil {
+			return nil, nil, 0, fmt.Errorf("the plugin sent an item by reference to bytes %d-%d of pool 0, which hold no item it was sent", ref.Offset, ref.Offset+ref.Length)
+		}
+		if h.Off == ref.Offset && h.Len == ref.Length && h.Wire == it.Type && h.Origin != nil {
+			return nil, h.Origin, ref.Length, nil
+		}
+		return bytes.Clone(p.Bytes(ref.Offset, ref.Length)), nil, ref.Length, nil
+	}
+	b = bytes.Clone(p.Bytes(ref.Offset, ref.Length))
+	// The plugin may have finished already (the item came just before its
+	// Done): a stream that broke is the reader's to report.
+	_ = sh.send(&proto.Message{Msg: &proto.Message_Release{Release: &proto.Release{Refs: []*proto.Ref{ref}}}})
+	return b, nil, ref.Length, nil
+}
+
+// decode is an output item, checked against its port's type.
+func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
+	if err := sdk.CheckPortWire(typ, it.Type); err != nil {
+		return nil, 0, fmt.Errorf("output %q: the plugin sent %w", port, err)
+	}
+	b, item, size, err := sh.payload(it)
+	if err != nil {
+		return nil, 0, fmt.Errorf("output %q: %w", port, err)
+	}
+	if item == nil {
+		item, err = sdk.Decode(it.Type, b)
+	}
+	return item, size, err
 }
 
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
+	locked func(func() error) error, sh *shared, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*sdk.Credit{"": sdk.NewCredit()}
@@ -97,7 +214,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	var feedFailed atomic.Pointer[error] // an input that failed the replica
 	go func() {
 		defer close(fed)
-		err := n.feed(sctx, r, st, locked, inputs, inTypes, credits)
+		err := n.feed(sctx, r, st, locked, sh, inputs, inTypes, credits)
 		if err != nil && !errors.Is(err, context.Canceled) && sctx.Err() == nil {
 			feedFailed.Store(&err)
 			cancel() // the stream, which the reader below then sees end
@@ -139,6 +256,14 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 					return err
 				}
 			}
+		case *proto.Message_Attached:
+			if err := sh.attach(v.Attached); err != nil {
+				return err
+			}
+		case *proto.Message_Release:
+			if err := sh.release(v.Release); err != nil {
+				return err
+			}
 		case *proto.Message_Credit:
 			port := v.Credit.Port
 			if !n.k.portCredit {
@@ -171,15 +296,12 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 }
 
 // deliver decodes a whole item from the plugin and sends it on.
-func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[string]string, it *proto.Item) error {
+func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, sh *shared, outputs map[string]string, it *proto.Item) error {
 	typ, ok := outputs[it.Port]
 	if !ok {
 		return fmt.Errorf("the plugin sent an item on %q, which is not an output port of %s", it.Port, n.k.kind)
 	}
-	if err := sdk.CheckPortWire(typ, it.Type); err != nil {
-		return fmt.Errorf("output %q: the plugin sent %w", it.Port, err)
-	}
-	item, err := sdk.Decode(it.Type, it.Payload)
+	item, _, err := sh.decode(it.Port, typ, it)
 	if err != nil {
 		return err
 	}
@@ -193,6 +315,7 @@ func (n *remoteNode) deliver(ctx context.Context, r nodes.Replica, outputs map[s
 // item in its port's buffer and never waits: the credit dflow grants on
 // the port keeps the buffer from overflowing.
 type outlets struct {
+	sh     *shared
 	ports  map[string]*outlet
 	ctx    context.Context // the deliveries', cancelled if the replica fails
 	cancel context.CancelFunc
@@ -227,8 +350,8 @@ const (
 // newOutlets grants each output port its first credit and starts handing
 // items on; a delivery that fails calls stopStream, so that the stream's
 // reader stops too.
-func newOutlets(ctx context.Context, r nodes.Replica, outputs map[string]string, send func(*proto.Message) error, stopStream context.CancelFunc) (*outlets, error) {
-	o := &outlets{ports: map[string]*outlet{}}
+func newOutlets(ctx context.Context, r nodes.Replica, sh *shared, outputs map[string]string, send func(*proto.Message) error, stopStream context.CancelFunc) (*outlets, error) {
+	o := &outlets{sh: sh, ports: map[string]*outlet{}}
 	o.ctx, o.cancel = context.WithCancel(ctx)
 	for port, typ := range outputs {
 		p := &outlet{port: port, typ: typ, out: r.Out(port), ch: make(chan outItem, outletItems),
@@ -261,14 +384,10 @@ func (o *outlets) put(it *proto.Item) error {
 	if p == nil {
 		return fmt.Errorf("the plugin sent an item on %q, which is not an output port", it.Port)
 	}
-	if err := sdk.CheckPortWire(p.typ, it.Type); err != nil {
-		return fmt.Errorf("output %q: the plugin sent %w", it.Port, err)
-	}
-	item, err := sdk.Decode(it.Type, it.Payload)
+	item, size, err := o.sh.decode(it.Port, p.typ, it)
 	if err != nil {
 		return err
 	}
-	size := int64(len(it.Payload))
 	if !p.w.Arrived(size) {
 		return fmt.Errorf("the plugin sent more items on %q than dflow granted it credit for", it.Port)
 	}
@@ -345,14 +464,14 @@ func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs m
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
 	if !n.k.portCredit {
-		return n.feedPorts(ctx, r, st, locked, ports, types, credits[""])
+		return n.feedPorts(ctx, r, st, locked, sh, ports, types, credits[""])
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, port := range ports {
-		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, []string{port}, types, credits[port]) })
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, sh, []string{port}, types, credits[port]) })
 	}
 	wg.Wait()
 	for _, err := range errs { // the cause, not the cancellations it led to
@@ -367,7 +486,7 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, ports []string, types map[string]string, credit *sdk.Credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, ports []string, types map[string]string, credit *sdk.Credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
@@ -399,7 +518,14 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 				if err := sdk.CheckPortItem(types[port], item); err != nil {
 					return fmt.Errorf("input %q: %w", port, err)
 				}
-				if err := locked(func() error { return out.Add(port, item) }); err != nil {
+				// A large item goes by reference once the plugin has
+				// mapped the pools: copied into pool 0 here, outside the
+				// stream's lock, then named in a small message.
+				prep, err := sdk.Prepare(sh.in(), sdk.Threshold, item)
+				if err != nil {
+					return err
+				}
+				if err := locked(func() error { return out.AddPrepared(port, prep) }); err != nil {
 					return err
 				}
 				if have--; have == 0 || !out.Batches {

@@ -11,12 +11,11 @@
 package proto
 
 import (
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -75,7 +74,12 @@ type DescribeResponse struct {
 	// credit on that port allows (Credit from dflow, Start.output_credit),
 	// so that an output whose consumers are full holds back only that
 	// output's items, not the others' behind them on the stream.
-	OutputCredit  bool `protobuf:"varint,4,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
+	OutputCredit bool `protobuf:"varint,4,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
+	// shared_memory: the plugin maps the pools dflow offers in
+	// Start.pools and takes and sends items by reference (Item.ref);
+	// docs/plugins.md has the lifetime rules. A plugin that does not say it
+	// gets every item as bytes on the stream.
+	SharedMemory  bool `protobuf:"varint,5,opt,name=shared_memory,json=sharedMemory,proto3" json:"shared_memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -134,6 +138,13 @@ func (x *DescribeResponse) GetPortCredit() bool {
 func (x *DescribeResponse) GetOutputCredit() bool {
 	if x != nil {
 		return x.OutputCredit
+	}
+	return false
+}
+
+func (x *DescribeResponse) GetSharedMemory() bool {
+	if x != nil {
+		return x.SharedMemory
 	}
 	return false
 }
@@ -519,6 +530,8 @@ type Message struct {
 	//	*Message_Metric
 	//	*Message_Done
 	//	*Message_Batch
+	//	*Message_Attached
+	//	*Message_Release
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -624,6 +637,24 @@ func (x *Message) GetBatch() *Batch {
 	return nil
 }
 
+func (x *Message) GetAttached() *Attached {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_Attached); ok {
+			return x.Attached
+		}
+	}
+	return nil
+}
+
+func (x *Message) GetRelease() *Release {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -656,6 +687,14 @@ type Message_Batch struct {
 	Batch *Batch `protobuf:"bytes,7,opt,name=batch,proto3,oneof"`
 }
 
+type Message_Attached struct {
+	Attached *Attached `protobuf:"bytes,8,opt,name=attached,proto3,oneof"`
+}
+
+type Message_Release struct {
+	Release *Release `protobuf:"bytes,9,opt,name=release,proto3,oneof"`
+}
+
 func (*Message_Start) isMessage_Msg() {}
 
 func (*Message_Item) isMessage_Msg() {}
@@ -669,6 +708,10 @@ func (*Message_Metric) isMessage_Msg() {}
 func (*Message_Done) isMessage_Msg() {}
 
 func (*Message_Batch) isMessage_Msg() {}
+
+func (*Message_Attached) isMessage_Msg() {}
+
+func (*Message_Release) isMessage_Msg() {}
 
 // Start opens a replica.
 type Start struct {
@@ -684,7 +727,11 @@ type Start struct {
 	// output_credit: dflow grants credit per output port (to a plugin that
 	// said DescribeResponse.output_credit); the plugin sends on a port only
 	// as that credit allows.
-	OutputCredit  bool `protobuf:"varint,8,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
+	OutputCredit bool `protobuf:"varint,8,opt,name=output_credit,json=outputCredit,proto3" json:"output_credit,omitempty"`
+	// pools: shared memory for this replica's large items, offered to a
+	// plugin that said DescribeResponse.shared_memory. The plugin answers
+	// with Attached before anything else.
+	Pools         *Pools `protobuf:"bytes,9,opt,name=pools,proto3" json:"pools,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,6 +822,261 @@ func (x *Start) GetOutputCredit() bool {
 	return false
 }
 
+func (x *Start) GetPools() *Pools {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+// Pools are two memfd files of dflow's process, which the plugin opens as
+// /proc/PID/fd/FD and maps shared: pool 0 (in_fd) holds the items dflow
+// sends, the plugin maps it read-only; pool 1 (out_fd) holds the items
+// the plugin sends, which it allocates there itself. Neither has a name:
+// they are freed when both processes have let go of them, however they
+// end.
+type Pools struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Pid     int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	InFd    int32                  `protobuf:"varint,2,opt,name=in_fd,json=inFd,proto3" json:"in_fd,omitempty"`
+	InSize  int64                  `protobuf:"varint,3,opt,name=in_size,json=inSize,proto3" json:"in_size,omitempty"`
+	OutFd   int32                  `protobuf:"varint,4,opt,name=out_fd,json=outFd,proto3" json:"out_fd,omitempty"`
+	OutSize int64                  `protobuf:"varint,5,opt,name=out_size,json=outSize,proto3" json:"out_size,omitempty"`
+	// threshold: items of at least this many payload bytes go by reference
+	// when they fit; smaller ones go on the stream as bytes.
+	Threshold     int64 `protobuf:"varint,6,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Pools) Reset() {
+	*x = Pools{}
+	mi := &file_dflow_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Pools) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Pools) ProtoMessage() {}
+
+func (x *Pools) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Pools.ProtoReflect.Descriptor instead.
+func (*Pools) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Pools) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Pools) GetInFd() int32 {
+	if x != nil {
+		return x.InFd
+	}
+	return 0
+}
+
+func (x *Pools) GetInSize() int64 {
+	if x != nil {
+		return x.InSize
+	}
+	return 0
+}
+
+func (x *Pools) GetOutFd() int32 {
+	if x != nil {
+		return x.OutFd
+	}
+	return 0
+}
+
+func (x *Pools) GetOutSize() int64 {
+	if x != nil {
+		return x.OutSize
+	}
+	return 0
+}
+
+func (x *Pools) GetThreshold() int64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+// Attached answers Start.pools: empty error when the plugin mapped both
+// pools (then either side may send items by reference), otherwise why not
+// (then both sides send bytes, as without pools).
+type Attached struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Error         string                 `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Attached) Reset() {
+	*x = Attached{}
+	mi := &file_dflow_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attached) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attached) ProtoMessage() {}
+
+func (x *Attached) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attached.ProtoReflect.Descriptor instead.
+func (*Attached) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Attached) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// Ref names an item's payload in a pool: length bytes at offset.
+type Ref struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          int32                  `protobuf:"varint,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Offset        int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Length        int64                  `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Ref) Reset() {
+	*x = Ref{}
+	mi := &file_dflow_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Ref) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Ref) ProtoMessage() {}
+
+func (x *Ref) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Ref.ProtoReflect.Descriptor instead.
+func (*Ref) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Ref) GetPool() int32 {
+	if x != nil {
+		return x.Pool
+	}
+	return 0
+}
+
+func (x *Ref) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Ref) GetLength() int64 {
+	if x != nil {
+		return x.Length
+	}
+	return 0
+}
+
+// Release hands regions back to the pool's owner: the receiver of an item
+// by reference releases it once its consumer is done with it (the Go SDK:
+// at the node's next Recv on the port; dflow: once it has handed the item
+// on). Each ref names a region the receiver was given, by its offset.
+type Release struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Refs          []*Ref                 `protobuf:"bytes,1,rep,name=refs,proto3" json:"refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Release) Reset() {
+	*x = Release{}
+	mi := &file_dflow_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Release) ProtoMessage() {}
+
+func (x *Release) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Release.ProtoReflect.Descriptor instead.
+func (*Release) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Release) GetRefs() []*Ref {
+	if x != nil {
+		return x.Refs
+	}
+	return nil
+}
+
 // Item carries one item, possibly in several chunks: every chunk but the
 // last has more = true. Payloads are encoded per type (docs/plugins.md).
 type Item struct {
@@ -786,14 +1088,17 @@ type Item struct {
 	// size is the whole payload's length in bytes, on the first chunk, so
 	// that the receiver can allocate it once; 0 when the sender does not
 	// say.
-	Size          int64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	Size int64 `protobuf:"varint,5,opt,name=size,proto3" json:"size,omitempty"`
+	// ref: the payload is in shared memory (Start.pools), not in payload;
+	// such an item is whole (more = false) and size is its length.
+	Ref           *Ref `protobuf:"bytes,6,opt,name=ref,proto3" json:"ref,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Item) Reset() {
 	*x = Item{}
-	mi := &file_dflow_proto_msgTypes[10]
+	mi := &file_dflow_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1110,7 @@ func (x *Item) String() string {
 func (*Item) ProtoMessage() {}
 
 func (x *Item) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[10]
+	mi := &file_dflow_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +1123,7 @@ func (x *Item) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Item.ProtoReflect.Descriptor instead.
 func (*Item) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{10}
+	return file_dflow_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Item) GetPort() string {
@@ -856,6 +1161,13 @@ func (x *Item) GetSize() int64 {
 	return 0
 }
 
+func (x *Item) GetRef() *Ref {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
 // Batch carries several whole items (each with more = false), in order;
 // a side sends one only to a side that said it takes them
 // (DescribeResponse.batches, Start.batches).
@@ -868,7 +1180,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_dflow_proto_msgTypes[11]
+	mi := &file_dflow_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +1192,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[11]
+	mi := &file_dflow_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +1205,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{11}
+	return file_dflow_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Batch) GetItems() []*Item {
@@ -913,7 +1225,7 @@ type Eof struct {
 
 func (x *Eof) Reset() {
 	*x = Eof{}
-	mi := &file_dflow_proto_msgTypes[12]
+	mi := &file_dflow_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1237,7 @@ func (x *Eof) String() string {
 func (*Eof) ProtoMessage() {}
 
 func (x *Eof) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[12]
+	mi := &file_dflow_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1250,7 @@ func (x *Eof) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Eof.ProtoReflect.Descriptor instead.
 func (*Eof) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{12}
+	return file_dflow_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Eof) GetPort() string {
@@ -962,7 +1274,7 @@ type Credit struct {
 
 func (x *Credit) Reset() {
 	*x = Credit{}
-	mi := &file_dflow_proto_msgTypes[13]
+	mi := &file_dflow_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1286,7 @@ func (x *Credit) String() string {
 func (*Credit) ProtoMessage() {}
 
 func (x *Credit) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[13]
+	mi := &file_dflow_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1299,7 @@ func (x *Credit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Credit.ProtoReflect.Descriptor instead.
 func (*Credit) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{13}
+	return file_dflow_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Credit) GetN() int32 {
@@ -1015,7 +1327,7 @@ type Metric struct {
 
 func (x *Metric) Reset() {
 	*x = Metric{}
-	mi := &file_dflow_proto_msgTypes[14]
+	mi := &file_dflow_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1339,7 @@ func (x *Metric) String() string {
 func (*Metric) ProtoMessage() {}
 
 func (x *Metric) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[14]
+	mi := &file_dflow_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1352,7 @@ func (x *Metric) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Metric.ProtoReflect.Descriptor instead.
 func (*Metric) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{14}
+	return file_dflow_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Metric) GetName() string {
@@ -1074,7 +1386,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_dflow_proto_msgTypes[15]
+	mi := &file_dflow_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1398,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[15]
+	mi := &file_dflow_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1411,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{15}
+	return file_dflow_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Done) GetError() string {
@@ -1114,13 +1426,14 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"\x9f\x01\n" +
+	"\x0fDescribeRequest\"\xc4\x01\n" +
 	"\x10DescribeResponse\x12+\n" +
 	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\bR\abatches\x12\x1f\n" +
 	"\vport_credit\x18\x03 \x01(\bR\n" +
 	"portCredit\x12#\n" +
-	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\"\\\n" +
+	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\x12#\n" +
+	"\rshared_memory\x18\x05 \x01(\bR\fsharedMemory\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1147,7 +1460,7 @@ const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"FieldError\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xda\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xc9\x03\n" +
 	"\aMessage\x12.\n" +
 	"\x05start\x18\x01 \x01(\v2\x16.dflow.plugin.v1.StartH\x00R\x05start\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x15.dflow.plugin.v1.ItemH\x00R\x04item\x12(\n" +
@@ -1155,8 +1468,10 @@ const file_dflow_proto_rawDesc = "" +
 	"\x06credit\x18\x04 \x01(\v2\x17.dflow.plugin.v1.CreditH\x00R\x06credit\x121\n" +
 	"\x06metric\x18\x05 \x01(\v2\x17.dflow.plugin.v1.MetricH\x00R\x06metric\x12+\n" +
 	"\x04done\x18\x06 \x01(\v2\x15.dflow.plugin.v1.DoneH\x00R\x04done\x12.\n" +
-	"\x05batch\x18\a \x01(\v2\x16.dflow.plugin.v1.BatchH\x00R\x05batchB\x05\n" +
-	"\x03msg\"\xdf\x01\n" +
+	"\x05batch\x18\a \x01(\v2\x16.dflow.plugin.v1.BatchH\x00R\x05batch\x127\n" +
+	"\battached\x18\b \x01(\v2\x19.dflow.plugin.v1.AttachedH\x00R\battached\x124\n" +
+	"\arelease\x18\t \x01(\v2\x18.dflow.plugin.v1.ReleaseH\x00R\areleaseB\x05\n" +
+	"\x03msg\"\x8d\x02\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -1166,13 +1481,30 @@ const file_dflow_proto_rawDesc = "" +
 	"\breplicas\x18\x05 \x01(\x05R\breplicas\x12\x16\n" +
 	"\x06device\x18\x06 \x01(\tR\x06device\x12\x18\n" +
 	"\abatches\x18\a \x01(\bR\abatches\x12#\n" +
-	"\routput_credit\x18\b \x01(\bR\foutputCredit\"p\n" +
+	"\routput_credit\x18\b \x01(\bR\foutputCredit\x12,\n" +
+	"\x05pools\x18\t \x01(\v2\x16.dflow.plugin.v1.PoolsR\x05pools\"\x97\x01\n" +
+	"\x05Pools\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x13\n" +
+	"\x05in_fd\x18\x02 \x01(\x05R\x04inFd\x12\x17\n" +
+	"\ain_size\x18\x03 \x01(\x03R\x06inSize\x12\x15\n" +
+	"\x06out_fd\x18\x04 \x01(\x05R\x05outFd\x12\x19\n" +
+	"\bout_size\x18\x05 \x01(\x03R\aoutSize\x12\x1c\n" +
+	"\tthreshold\x18\x06 \x01(\x03R\tthreshold\" \n" +
+	"\bAttached\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error\"I\n" +
+	"\x03Ref\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\x05R\x04pool\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\"3\n" +
+	"\aRelease\x12(\n" +
+	"\x04refs\x18\x01 \x03(\v2\x14.dflow.plugin.v1.RefR\x04refs\"\x98\x01\n" +
 	"\x04Item\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\tR\x04port\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x12\n" +
 	"\x04more\x18\x04 \x01(\bR\x04more\x12\x12\n" +
-	"\x04size\x18\x05 \x01(\x03R\x04size\"4\n" +
+	"\x04size\x18\x05 \x01(\x03R\x04size\x12&\n" +
+	"\x03ref\x18\x06 \x01(\v2\x14.dflow.plugin.v1.RefR\x03ref\"4\n" +
 	"\x05Batch\x12+\n" +
 	"\x05items\x18\x01 \x03(\v2\x15.dflow.plugin.v1.ItemR\x05items\"\x19\n" +
 	"\x03Eof\x12\x12\n" +
@@ -1203,7 +1535,7 @@ func file_dflow_proto_rawDescGZIP() []byte {
 	return file_dflow_proto_rawDescData
 }
 
-var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_dflow_proto_goTypes = []any{
 	(*DescribeRequest)(nil),  // 0: dflow.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil), // 1: dflow.plugin.v1.DescribeResponse
@@ -1215,12 +1547,16 @@ var file_dflow_proto_goTypes = []any{
 	(*FieldError)(nil),       // 7: dflow.plugin.v1.FieldError
 	(*Message)(nil),          // 8: dflow.plugin.v1.Message
 	(*Start)(nil),            // 9: dflow.plugin.v1.Start
-	(*Item)(nil),             // 10: dflow.plugin.v1.Item
-	(*Batch)(nil),            // 11: dflow.plugin.v1.Batch
-	(*Eof)(nil),              // 12: dflow.plugin.v1.Eof
-	(*Credit)(nil),           // 13: dflow.plugin.v1.Credit
-	(*Metric)(nil),           // 14: dflow.plugin.v1.Metric
-	(*Done)(nil),             // 15: dflow.plugin.v1.Done
+	(*Pools)(nil),            // 10: dflow.plugin.v1.Pools
+	(*Attached)(nil),         // 11: dflow.plugin.v1.Attached
+	(*Ref)(nil),              // 12: dflow.plugin.v1.Ref
+	(*Release)(nil),          // 13: dflow.plugin.v1.Release
+	(*Item)(nil),             // 14: dflow.plugin.v1.Item
+	(*Batch)(nil),            // 15: dflow.plugin.v1.Batch
+	(*Eof)(nil),              // 16: dflow.plugin.v1.Eof
+	(*Credit)(nil),           // 17: dflow.plugin.v1.Credit
+	(*Metric)(nil),           // 18: dflow.plugin.v1.Metric
+	(*Done)(nil),             // 19: dflow.plugin.v1.Done
 }
 var file_dflow_proto_depIdxs = []int32{
 	2,  // 0: dflow.plugin.v1.DescribeResponse.kinds:type_name -> dflow.plugin.v1.Kind
@@ -1228,24 +1564,29 @@ var file_dflow_proto_depIdxs = []int32{
 	7,  // 2: dflow.plugin.v1.CheckResponse.errors:type_name -> dflow.plugin.v1.FieldError
 	4,  // 3: dflow.plugin.v1.CheckResponse.ports:type_name -> dflow.plugin.v1.Port
 	9,  // 4: dflow.plugin.v1.Message.start:type_name -> dflow.plugin.v1.Start
-	10, // 5: dflow.plugin.v1.Message.item:type_name -> dflow.plugin.v1.Item
-	12, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
-	13, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
-	14, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
-	15, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
-	11, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
-	10, // 11: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
-	0,  // 12: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
-	5,  // 13: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
-	8,  // 14: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
-	1,  // 15: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
-	6,  // 16: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
-	8,  // 17: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 5: dflow.plugin.v1.Message.item:type_name -> dflow.plugin.v1.Item
+	16, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
+	17, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
+	18, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
+	19, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
+	15, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
+	11, // 11: dflow.plugin.v1.Message.attached:type_name -> dflow.plugin.v1.Attached
+	13, // 12: dflow.plugin.v1.Message.release:type_name -> dflow.plugin.v1.Release
+	10, // 13: dflow.plugin.v1.Start.pools:type_name -> dflow.plugin.v1.Pools
+	12, // 14: dflow.plugin.v1.Release.refs:type_name -> dflow.plugin.v1.Ref
+	12, // 15: dflow.plugin.v1.Item.ref:type_name -> dflow.plugin.v1.Ref
+	14, // 16: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
+	0,  // 17: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
+	5,  // 18: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
+	8,  // 19: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
+	1,  // 20: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
+	6,  // 21: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
+	8,  // 22: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
+	20, // [20:23] is the sub-list for method output_type
+	17, // [17:20] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_dflow_proto_init() }
@@ -1261,6 +1602,8 @@ func file_dflow_proto_init() {
 		(*Message_Metric)(nil),
 		(*Message_Done)(nil),
 		(*Message_Batch)(nil),
+		(*Message_Attached)(nil),
+		(*Message_Release)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1268,7 +1611,7 @@ func file_dflow_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dflow_proto_rawDesc), len(file_dflow_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -591,7 +591,7 @@ func (r *remoteReplica) prepare(port string, item any) (outItem, error) {
 		it.after = func() { r.drop(h) }
 		return it, nil
 	}
-	if h, ok := r.pools.Out.Write(e.pieces, size); ok {
+	if h, ok := r.pools.Out.Write(e.pieces, size, nil, e.typ); ok {
 		it.ref = &proto.Ref{Pool: 1, Offset: h.Off, Length: size}
 	}
 	return it, nil

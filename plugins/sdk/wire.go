@@ -123,12 +123,32 @@ type Batcher struct {
 
 // Add sends an item, or holds it for the next Flush.
 func (b *Batcher) Add(port string, item any) error {
-	if !b.Batches {
-		return SendItem(b.Send, port, item)
-	}
 	e, err := encodeItem(item)
 	if err != nil {
 		return err
+	}
+	return b.addEncoded(port, e)
+}
+
+// AddRef sends an item by reference (Item.ref), or holds it for the next
+// Flush: it goes in a Batch with others when the receiver takes them.
+func (b *Batcher) AddRef(port, typ string, ref *proto.Ref) error {
+	it := &proto.Item{Port: port, Type: typ, Size: ref.Length, Ref: ref}
+	if !b.Batches {
+		return b.Send(&proto.Message{Msg: &proto.Message_Item{Item: it}})
+	}
+	if len(b.items) == maxBatchItems {
+		if err := b.Flush(); err != nil {
+			return err
+		}
+	}
+	b.items = append(b.items, it)
+	return nil
+}
+
+func (b *Batcher) addEncoded(port string, e encoded) error {
+	if !b.Batches {
+		return e.send(b.Send, port)
 	}
 	if e.size > ChunkSize {
 		if err := b.Flush(); err != nil {
