@@ -22,7 +22,7 @@ func TestSeedDeadlock(t *testing.T) {
 	for _, want := range []string{
 		"seed.hcl:60:14: warning: the wiring can deadlock",
 		"drafter[2] waits for input on hs[2] (empty)",
-		"drafter[0] waits at stage drafter's sync step (2 of 3 there)",
+		"drafter[0] waits at stage drafter's group step (2 of 3 there)",
 		"--set edge.hs.policy=shared",
 	} {
 		if !strings.Contains(stderr, want) {

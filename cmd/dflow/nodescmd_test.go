@@ -103,7 +103,7 @@ func TestNodesList(t *testing.T) {
 		"  config speed list(number): one factor per replica",
 		"  in  in any: items of any type\n  out out (the type of in): the same items, unchanged\n",
 		"  config sync bool = false: replicas step together",
-		"  in  in tokens: token batches\n  out hidden hidden_states: *dflash.HiddenStates\n",
+		"  in  in tokens: token batches\n  out hidden hidden_states: *items.HiddenStates\n",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("want %q in\n%s", want, stdout)

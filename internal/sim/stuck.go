@@ -59,7 +59,7 @@ func (s *sim) stuck() *Stuck {
 				}
 				st.Waits = append(st.Waits, fmt.Sprintf("%s waits for input on %s (empty)", name, strings.Join(qs, ", ")))
 			case p.phase == phaseBarrier:
-				st.Waits = append(st.Waits, fmt.Sprintf("%s waits at stage %s's sync step (%d of %d there)",
+				st.Waits = append(st.Waits, fmt.Sprintf("%s waits at stage %s's group step (%d of %d there)",
 					name, sst.g.Name, len(sst.arrived), sst.members))
 			case p.phase == phaseSend:
 				o := p.outs[p.sendIdx]

@@ -133,7 +133,7 @@ func TestProbeNeedsNoModel(t *testing.T) {
 	if st == nil {
 		t.Fatal("the probe saw no deadlock")
 	}
-	if got := strings.Join(st.Waits, "\n"); !strings.Contains(got, "drafter[0] waits at stage drafter's sync step (2 of 3 there)") ||
+	if got := strings.Join(st.Waits, "\n"); !strings.Contains(got, "drafter[0] waits at stage drafter's group step (2 of 3 there)") ||
 		!strings.Contains(got, "drafter[2] waits for input on hs[2] (empty)") {
 		t.Errorf("waits:\n%s", got)
 	}

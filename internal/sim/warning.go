@@ -42,7 +42,12 @@ func DeadlockWarnings(g *graph.Graph, opts Options) hcl.Diagnostics {
 	default:
 		b.WriteString("no queue is full: check the stages' own ends")
 	}
-	b.WriteString(". dflow run stops such a run within seconds, naming the cycle of waits.")
+	if plugins := pluginStages(g, st); len(plugins) > 0 {
+		fmt.Fprintf(&b, ". The waits run through plugin stage %s, whose waits dflow run cannot see into: such a run would hang, not stop; fix the wiring before running.",
+			strings.Join(plugins, ", "))
+	} else {
+		b.WriteString(". dflow run stops such a run within seconds, naming the cycle of waits.")
+	}
 	return hcl.Diagnostics{{Severity: hcl.DiagWarning, Summary: "the wiring can deadlock", Detail: b.String(), Subject: subject}}
 }
 
@@ -78,4 +83,22 @@ func quoted(names []string) string {
 		q[i] = fmt.Sprintf("edge %q", n)
 	}
 	return strings.Join(q, " and ")
+}
+
+// pluginStages names the plugin stages (node "PLUGIN/KIND") with a
+// replica among the stuck ones.
+func pluginStages(g *graph.Graph, st *Stuck) []string {
+	var out []string
+	for _, s := range g.Stages {
+		if !strings.Contains(s.Node, "/") {
+			continue
+		}
+		for _, w := range st.Waits {
+			if strings.HasPrefix(w, s.Name+"[") {
+				out = append(out, fmt.Sprintf("%q", s.Name))
+				break
+			}
+		}
+	}
+	return out
 }

@@ -55,7 +55,7 @@ var drafterKind = graph.Kind{
 		if c, err := nn.ReadConfig(cfg.String("target")); err == nil {
 			t = HiddenType(c.DModel, drafterTaps(cfg, c))
 		}
-		return []graph.PortSpec{{Name: "hidden", Dir: graph.In, Type: t, Doc: "*dflash.HiddenStates from target_forward"}}
+		return []graph.PortSpec{{Name: "hidden", Dir: graph.In, Type: t, Doc: "*items.HiddenStates from target_forward"}}
 	},
 	Check: func(cfg *graph.Config) []error {
 		var errs []error

@@ -56,7 +56,7 @@ var targetKind = graph.Kind{
 		}
 		return []graph.PortSpec{
 			{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches"},
-			{Name: "hidden", Dir: graph.Out, Type: t, Doc: "*dflash.HiddenStates"},
+			{Name: "hidden", Dir: graph.Out, Type: t, Doc: "*items.HiddenStates"},
 		}
 	},
 	Check: func(cfg *graph.Config) []error {

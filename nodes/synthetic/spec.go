@@ -34,7 +34,7 @@ var sourceKind = graph.Kind{
 		{Name: "count", Type: graph.Int, Required: true, Doc: "items to emit in all, split over the replicas"},
 		{Name: "size_bytes", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "payload size of each item"},
 		{Name: "type", Type: graph.String, Default: cty.StringVal("blob"),
-			Doc: `the type of the out port and its items: "blob" (*synthetic.Blob of size_bytes), "bytes" ([]byte of size_bytes), "tokens" (*text.Batch of size_bytes/4 tokens, one row), or a name of your own (blobs under that name)`},
+			Doc: `the type of the out port and its items: "blob" (*items.Blob of size_bytes), "bytes" ([]byte of size_bytes), "tokens" (*items.Batch of size_bytes/4 tokens, one row), or a name of your own (blobs under that name)`},
 		{Name: "keys", Type: graph.Int, Default: cty.NumberIntVal(0),
 			Doc: `give the items keys (for key_hash edges): N distinct keys "k0".."k{N-1}", taking turns; 0 for none`},
 		{Name: "key_skew", Type: graph.Number, Default: cty.NumberIntVal(0),

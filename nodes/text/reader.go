@@ -44,7 +44,7 @@ var readerKind = graph.Kind{
 		graph.Field{Name: "limit", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "stop after this many batches in all (0: no limit)"},
 	),
 	Ports: func(*graph.Config) []graph.PortSpec {
-		return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: TokensType, Doc: "batches of byte tokens (*text.Batch)"}}
+		return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: TokensType, Doc: "batches of byte tokens (*items.Batch)"}}
 	},
 	Check: func(cfg *graph.Config) []error {
 		var errs []error
