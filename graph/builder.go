@@ -287,7 +287,7 @@ func (b *Builder) addStage(d *stageDraft) {
 	b.g.Stages = append(b.g.Stages, s)
 	b.g.stages[s.Name] = s
 	b.drafts[s] = d
-	s.Config = &Config{block: orRange(d.configRange, d.declRange)}
+	s.Config = &Config{block: orRange(d.configRange, d.declRange), stage: s.Name}
 	b.stageAttrs(s, d)
 }
 

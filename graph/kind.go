@@ -179,6 +179,16 @@ type Config struct {
 	values map[string]cty.Value
 	ranges map[string]hcl.Range
 	block  hcl.Range
+	stage  string
+}
+
+// Stage is the name of the stage the config belongs to ("" for one made
+// with NewConfig), for messages a node's constructor writes.
+func (c *Config) Stage() string {
+	if c.stage == "" {
+		return "STAGE"
+	}
+	return c.stage
 }
 
 // NewConfig builds a Config from Go values, for tests and programmatic

@@ -225,7 +225,7 @@ func TestKeepsAnotherRunsCheckpoint(t *testing.T) {
 	before, _ := os.ReadFile(ckpt)
 	rep, err := run(src, "")
 	for _, want := range []string{`stage "drafter"`, ckpt + " already exists: a drafter checkpoint from another run (step 800, run started 2026-01-02T03:04:05Z, spec p.hcl)",
-		"resume = true", "overwrite = true", `checkpoint = "FILE"`} {
+		"resume = true", "overwrite = true", "--set stage.drafter.config.resume=true", `checkpoint = "FILE"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want %q in %v", want, err)
 		}

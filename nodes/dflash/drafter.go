@@ -121,8 +121,8 @@ func newDrafter(cfg *graph.Config) (nodes.Node, error) {
 		// Before any work: a checkpoint another run wrote is not replaced
 		// unasked.
 		out, err := nn.ClaimOutput(path, cfg.Bool("resume") || cfg.Bool("overwrite"),
-			`Set resume = true to train it further or overwrite = true to start afresh and replace it `+
-				`(--set stage.<stage>.config.resume=true, or ...config.overwrite=true), or write elsewhere with checkpoint = "FILE".`)
+			fmt.Sprintf(`Set resume = true to train it further or overwrite = true to start afresh and replace it `+
+				`(--set stage.%[1]s.config.resume=true, or --set stage.%[1]s.config.overwrite=true), or write elsewhere with checkpoint = "FILE".`, cfg.Stage()))
 		if err != nil {
 			return nil, err
 		}

@@ -82,7 +82,7 @@ type trainer struct {
 func newTrainer(cfg *graph.Config) (nodes.Node, error) {
 	// Before any work: a model another run wrote is not replaced unasked.
 	out, err := nn.ClaimOutput(cfg.String("out"), cfg.Bool("overwrite"),
-		`Set overwrite = true in the stage's config to replace it (--set stage.<stage>.config.overwrite=true), or write elsewhere with out = "FILE".`)
+		fmt.Sprintf(`Set overwrite = true in the stage's config to replace it (--set stage.%s.config.overwrite=true; with specs/pretrain.hcl, --var overwrite=true), or write elsewhere with out = "FILE".`, cfg.Stage()))
 	if err != nil {
 		return nil, err
 	}
