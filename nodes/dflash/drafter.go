@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"sync"
@@ -360,7 +361,13 @@ func (n *drafterNode) save(st *state) error {
 		return fmt.Errorf("drafter_train: checkpoint: %w", err)
 	}
 	meta := nn.RunMetadata(n.cfg.Range("checkpoint").Filename)
-	meta["step"], meta["target"], meta["target_sha256"] = strconv.Itoa(st.step), n.cfg.String("target"), n.targetHash
+	// The target's absolute path: dflow eval finds it from any folder (and
+	// checks it by its hash).
+	target, err := filepath.Abs(n.cfg.String("target"))
+	if err != nil {
+		target = n.cfg.String("target")
+	}
+	meta["step"], meta["target"], meta["target_sha256"] = strconv.Itoa(st.step), target, n.targetHash
 	if err := st.d.Save(path, st.opt, meta); err != nil {
 		return fmt.Errorf("drafter_train: checkpoint: %w", err)
 	}
