@@ -267,8 +267,17 @@ type fixture struct {
 }
 
 type sinkLog struct {
-	mu    sync.Mutex
-	sizes map[string]int
+	mu          sync.Mutex
+	sizes       map[string]int
+	first, last time.Time // when the first and the last item came
+}
+
+// steady is the rate, items per second, between the first item at the
+// sink and the last: the run without the plugin's start.
+func (l *sinkLog) steady(n int) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return float64(n-1) / l.last.Sub(l.first).Seconds()
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -292,6 +301,9 @@ func newFixture(t testing.TB) *fixture {
 					b := item.(*synthetic.Blob)
 					f.got.mu.Lock()
 					f.got.sizes[fmt.Sprintf("%d/%d", b.Replica, b.Seq)] = len(b.Data)
+					if f.got.last = time.Now(); f.got.first.IsZero() {
+						f.got.first = f.got.last
+					}
 					f.got.mu.Unlock()
 				}
 			}), nil

@@ -24,6 +24,7 @@ python3-numpy). The layouts of the wire types are in docs/plugins.md.
 """
 
 import json
+import mmap
 import os
 import queue
 import shutil
@@ -77,15 +78,17 @@ class BadItem(ValueError):
 
 def decode(typ, b):
     """An item from its wire type and payload (docs/plugins.md). Arrays are
-    numpy views of b: writable when b is a bytearray, as received items'
-    payloads are."""
+    numpy views of b: writable when b is a bytearray, as the payloads of
+    items received as bytes are; read-only views of dflow's shared memory
+    for items received by reference (then a blob's data is a memoryview,
+    not bytes)."""
     if typ == "bytes":
         return bytes(b)
     if typ == "blob":
         if len(b) < 16:
             raise BadItem("blob item shorter than its header")
         replica, seq = struct.unpack_from("<qq", b)
-        return Blob(replica, seq, bytes(b[16:]))
+        return Blob(replica, seq, b[16:] if isinstance(b, memoryview) else bytes(b[16:]))
     if typ == "tokens":
         if len(b) < 24:
             raise BadItem("tokens item shorter than its header")
@@ -105,6 +108,29 @@ def decode(typ, b):
         greedy = np.frombuffer(b, "<i4", n, 40 + 4 * (m + n)).reshape(B, T)
         return Hidden(B, T, K, D, seq, hidden, tokens, greedy)
     raise BadItem("unknown item encoding %r" % typ)
+
+
+def pieces(item):
+    """An item's wire type and the pieces of its payload, in order: the
+    arrays as the memory they occupy (C order), not copied."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return "bytes", [item]
+    if isinstance(item, Blob):
+        return "blob", [struct.pack("<qq", item.replica, item.seq), item.data]
+    if isinstance(item, Tokens):
+        return "tokens", [struct.pack("<qqq", item.B, item.T, item.seq),
+                          np.ascontiguousarray(item.tokens, "<i4")]
+    if isinstance(item, Hidden):
+        return "hidden", [struct.pack("<qqqqq", item.B, item.T, item.K, item.D, item.seq),
+                          np.ascontiguousarray(item.hidden, "<f4"),
+                          np.ascontiguousarray(item.tokens, "<i4"),
+                          np.ascontiguousarray(item.greedy, "<i4")]
+    raise TypeError("no wire encoding for %s" % type(item).__name__)
+
+
+def _u8(piece):
+    """A piece as a flat uint8 array over its memory (no copy)."""
+    return np.frombuffer(piece if isinstance(piece, (bytes, bytearray, memoryview)) else memoryview(piece).cast("B"), np.uint8)
 
 
 def encode(item):
@@ -164,6 +190,84 @@ class Node:
         raise NotImplementedError
 
 
+class _Pools:
+    """dflow's shared memory for this replica (Start.pools): pool 0 holds
+    what dflow sends (mapped read-only: received arrays view it), pool 1
+    what this plugin sends, allocated here (first fit) and freed when dflow
+    releases a region."""
+
+    ALIGN = 64
+
+    def __init__(self, m):
+        self.threshold = max(m.threshold, 1)
+        self.maps = []
+        for fd, size, write in ((m.in_fd, m.in_size, False), (m.out_fd, m.out_size, True)):
+            f = os.open("/proc/%d/fd/%d" % (m.pid, fd), os.O_RDWR if write else os.O_RDONLY)
+            try:
+                self.maps.append(mmap.mmap(f, size, mmap.MAP_SHARED,
+                                           mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)))
+            finally:
+                os.close(f)
+        self.view = [memoryview(mm) for mm in self.maps]
+        self.arr = [np.frombuffer(mm, np.uint8) for mm in self.maps]
+        self.base = [a.ctypes.data for a in self.arr]
+        self.lock = threading.Lock()
+        self.free = [(0, m.out_size)]  # pool 1's free spans, by offset
+        self.live = {}  # pool 1's regions: offset -> size
+        self.held = {}  # pool 0's regions this replica holds: offset -> length
+
+    def alloc(self, n):
+        size = (max(n, 1) + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        with self.lock:
+            for i, (off, m) in enumerate(self.free):
+                if m >= size:
+                    if m == size:
+                        del self.free[i]
+                    else:
+                        self.free[i] = (off + size, m - size)
+                    self.live[off] = size
+                    return off
+        return None
+
+    def release(self, off):
+        with self.lock:
+            size = self.live.pop(off, None)
+            if size is None:
+                raise BadItem("dflow released pool 1's region at %d, which the plugin did not send" % off)
+            self.free.append((off, size))
+            self.free.sort()
+            merged = []
+            for o, m in self.free:
+                if merged and merged[-1][0] + merged[-1][1] == o:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + m)
+                else:
+                    merged.append((o, m))
+            self.free = merged
+
+    def contiguous(self, pool, parts, size):
+        """Where the pieces already lie in the pool, back to back, or None.
+        A small piece (a header) not in place counts when the bytes in
+        place equal it."""
+        base, arr = self.base[pool], self.arr[pool]
+        addrs, pos, start = [], 0, None
+        for p in parts:
+            u = _u8(p)
+            addrs.append((u, u.ctypes.data if len(u) else 0))
+        for u, a in addrs:
+            if len(u) and base <= a < base + len(arr):
+                start = a - base - pos
+                break
+            pos += len(u)
+        if start is None or start < 0 or start + size > len(arr):
+            return None
+        pos = start
+        for u, a in addrs:
+            if len(u) and a != base + pos and (len(u) > 4096 or not np.array_equal(arr[pos:pos + len(u)], u)):
+                return None
+            pos += len(u)
+        return start
+
+
 class Replica:
     """One running replica, as Node.run sees it."""
 
@@ -174,18 +278,88 @@ class Replica:
         self._inputs = {}
         self._credit = {}  # output port: dflow's credit (Start.output_credit)
         self._lock = threading.Lock()
+        self._pools = None  # shared memory, when dflow offered it and it mapped
 
     def recv(self, port):
         """The items arriving on an input port, until every producer has
-        finished."""
+        finished. An item that came by reference (shared memory) views
+        dflow's pool, read-only: it is valid until the next item is asked
+        for on this port, unless it is sent on before (then it goes back to
+        dflow with no copy); copy what you keep (np.array(a))."""
         q = self._inputs[port]
+        held = None
         while True:
             item = q.get()
+            if held is not None:  # the previous item's region goes back to dflow
+                self._drop(held)
+                held = None
             if item is _EOF:
                 return
+            item, held = item
             # The item is taken: credit for one more on this port.
             self._out.put(pb.Message(credit=pb.Credit(n=1, port=port)))
             yield item
+
+    def _drop(self, off):
+        p = self._pools
+        with p.lock:
+            length = p.held.pop(off)
+        self._out.put(pb.Message(release=pb.Release(refs=[pb.Ref(pool=0, offset=off, length=length)])))
+
+    def alloc_hidden(self, B, T, K, D, seq=0):
+        """A Hidden item to fill and send: its arrays (hidden float32
+        [B, T, K, D], tokens and greedy int32 [B, T]) view a region of the
+        plugin's shared memory laid out as the item goes on the wire, so
+        that send passes it to dflow with no copy. Without shared memory
+        (or with the pool full) they are ordinary arrays. Send it once; a
+        region allocated and never sent is freed when the replica ends."""
+        n, m = B * T, B * T * K * D
+        size = 40 + 4 * (m + 2 * n)
+        p = self._pools
+        off = p.alloc(size) if p is not None and size >= p.threshold else None
+        if off is None:
+            return Hidden(B, T, K, D, seq, np.empty((B, T, K, D), np.float32),
+                          np.empty((B, T), np.int32), np.empty((B, T), np.int32))
+        buf = p.maps[1]
+        h = Hidden(B, T, K, D, seq,
+                   np.frombuffer(buf, "<f4", m, off + 40).reshape(B, T, K, D),
+                   np.frombuffer(buf, "<i4", n, off + 40 + 4 * m).reshape(B, T),
+                   np.frombuffer(buf, "<i4", n, off + 40 + 4 * (m + n)).reshape(B, T))
+        h._region = (off, size)
+        return h
+
+    def _by_reference(self, port, item):
+        """The Item message that sends a large item by reference, or None
+        (it goes as bytes): in place when it already lies in a pool (an
+        item received, sent on; a region from alloc_hidden), otherwise
+        copied once into a region of pool 1."""
+        p = self._pools
+        typ, parts = pieces(item)
+        size = sum(_u8(x).nbytes for x in parts)
+        if p is None or size < p.threshold:
+            return None
+        region = getattr(item, "_region", None)
+        if region is not None and region[1] == size and p.contiguous(1, parts[1:], size - 40) == region[0] + 40:
+            struct.pack_into("<qqqqq", p.maps[1], region[0], item.B, item.T, item.K, item.D, item.seq)
+            del item._region  # sent: the region is dflow's until it releases it
+            return pb.Item(port=port, type=typ, size=size, ref=pb.Ref(pool=1, offset=region[0], length=size))
+        off = p.contiguous(0, parts, size)
+        if off is not None:
+            with p.lock:
+                ok = any(o <= off and off + size <= o + n for o, n in p.held.items())
+            if not ok:
+                raise BadItem("the item lies in the memory of an item received by reference that the node no longer "
+                              "holds (such an item is valid until the next item is asked for on its port: copy what you keep)")
+            return pb.Item(port=port, type=typ, size=size, ref=pb.Ref(pool=0, offset=off, length=size))
+        off = p.alloc(size)
+        if off is None:
+            return None
+        dst, pos = p.arr[1], off
+        for x in parts:
+            u = _u8(x)
+            dst[pos:pos + len(u)] = u
+            pos += len(u)
+        return pb.Item(port=port, type=typ, size=size, ref=pb.Ref(pool=1, offset=off, length=size))
 
     def send(self, port, item):
         """Sends an item on an output port, in chunks of at most CHUNK
@@ -195,6 +369,10 @@ class Replica:
         credit = self._credit.get(port)
         if credit is not None:
             credit.take()
+        ref = self._by_reference(port, item)
+        if ref is not None:
+            self._out.put(pb.Message(item=ref))
+            return
         typ, b = encode(item)
         view = memoryview(b)
         with self._lock:  # one item's chunks in a row
@@ -267,7 +445,8 @@ class _Service:
         self.kinds = {k.name: k for k in kinds}
 
     def describe(self, request, context):
-        resp = pb.DescribeResponse(batches=True, port_credit=True, output_credit=True)
+        resp = pb.DescribeResponse(batches=True, port_credit=True, output_credit=True,
+                                   shared_memory=_shm_enabled())
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -307,6 +486,18 @@ class _Service:
                 r._inputs[p.name] = queue.Queue()
             elif start.output_credit:
                 r._credit[p.name] = _Credit()
+        if start.HasField("pools"):
+            # Attached goes first, before any credit: dflow sends items by
+            # reference only once it knows the pools are mapped.
+            error = ""
+            if not _shm_enabled():
+                error = "shared memory is off in this plugin (DFLOW_PLUGIN_SHM=off)"
+            else:
+                try:
+                    r._pools = _Pools(start.pools)
+                except Exception as e:
+                    error = "mapping dflow's pools: %s" % e
+            yield pb.Message(attached=pb.Attached(error=error))
         # Credit per port (port_credit): dflow feeds each input as its
         # credit allows, so a node may read its inputs in any order.
         for name in r._inputs:
@@ -314,20 +505,35 @@ class _Service:
 
         failure = []
 
-        def deliver(port, typ, payload):
+        def deliver(port, typ, payload, ref=None):
             if port not in r._inputs:
                 raise BadItem("an item for input port %r, which the node does not have" % port)
             q = r._inputs[port]
             if q.qsize() >= INPUT_WINDOW:  # it holds all the credit granted: dflow overran it
                 raise BadItem("dflow sent more items on %r than the plugin granted it credit for" % port)
-            q.put(decode(typ, payload))
+            held = None
+            if ref is not None:
+                p = r._pools
+                if p is None or ref.pool != 0 or ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > len(p.arr[0]):
+                    raise BadItem("an item by reference to bytes %d-%d of pool %d, which dflow does not send from"
+                                  % (ref.offset, ref.offset + ref.length, ref.pool))
+                with p.lock:
+                    p.held[ref.offset] = ref.length
+                held = ref.offset
+                payload = p.view[0][ref.offset:ref.offset + ref.length]
+            item = decode(typ, payload)
+            if held is not None and not isinstance(item, memoryview):
+                item.shared = True  # a view of dflow's shared memory (see Replica.recv)
+            q.put((item, held))
 
         def receive():
             buf = bytearray()
             try:
                 for m in requests:
                     which = m.WhichOneof("msg")
-                    if which == "item":
+                    if which == "item" and m.item.HasField("ref"):
+                        deliver(m.item.port, m.item.type, None, m.item.ref)
+                    elif which == "item":
                         buf += m.item.payload
                         if m.item.more:
                             continue
@@ -335,9 +541,17 @@ class _Service:
                         buf = bytearray()
                     elif which == "batch":
                         for it in m.batch.items:
-                            deliver(it.port, it.type, bytearray(it.payload))
+                            if it.HasField("ref"):
+                                deliver(it.port, it.type, None, it.ref)
+                            else:
+                                deliver(it.port, it.type, bytearray(it.payload))
                     elif which == "eof" and m.eof.port in r._inputs:
                         r._inputs[m.eof.port].put(_EOF)
+                    elif which == "release":
+                        for ref in m.release.refs:
+                            if r._pools is None or ref.pool != 1:
+                                raise BadItem("dflow released pool %d's region, which the plugin did not send" % ref.pool)
+                            r._pools.release(ref.offset)
                     elif which == "credit":
                         if m.credit.port not in r._credit:
                             raise BadItem("credit on %r, which is not an output port held to credit" % m.credit.port)
@@ -416,6 +630,10 @@ class _Service:
                 if done is not None:
                     yield done
                 return
+
+
+def _shm_enabled():
+    return sys.platform.startswith("linux") and os.environ.get("DFLOW_PLUGIN_SHM", "").lower() != "off"
 
 
 def _batch(items):

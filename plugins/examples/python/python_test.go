@@ -128,6 +128,8 @@ type fixture struct {
 	mu     sync.Mutex
 	rms    []float64 // per hidden-states item the sink got, in order
 	items  int
+	// when the first and the last item came to the sink
+	first, last time.Time
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -152,6 +154,9 @@ func newFixture(t testing.TB) *fixture {
 					}
 					f.mu.Lock()
 					f.items++
+					if f.last = time.Now(); f.first.IsZero() {
+						f.first = f.last
+					}
 					if h, ok := item.(*dflash.HiddenStates); ok {
 						if len(h.Hidden) != h.B*h.T*h.K*h.D || len(h.Tokens) != h.B*h.T {
 							f.mu.Unlock()
@@ -314,22 +319,41 @@ func TestCrash(t *testing.T) {
 }
 
 // BenchmarkPythonPlugin: items through one replica of the Python plugin,
-// small (64 B) and large (16 MiB); one op is one item there and back, and
-// a run includes starting the plugin (bench/run moves 10,000 small and 20
-// large ones). Compare with BenchmarkPluginStage in plugins/host, the same
-// shape through a Go plugin.
+// small (64 B) and large (16 MiB), large ones by reference in shared
+// memory, and with shared memory off (-grpc: as before it); one op is one
+// item there and back, and a run includes starting the plugin (bench/run
+// moves 10,000 small and 20-200 large ones). Compare with
+// BenchmarkPluginStage in plugins/host, the same shape through a Go
+// plugin, and its BenchmarkMemmove.
 func BenchmarkPythonPlugin(b *testing.B) {
 	for _, size := range []int{64, 16 << 20} {
-		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
-			f := newFixture(b)
-			b.SetBytes(int64(size))
-			b.ResetTimer()
-			start := time.Now()
-			if _, err := f.run(b, fmt.Sprintf(strings.Replace(passSpec, "size_bytes = 100", "size_bytes = %d", 1), b.N, size, 1, "")); err != nil {
-				b.Fatalf("%v\n%s", err, f.stderr.String())
+		for _, shm := range []bool{true, false} {
+			name := fmt.Sprintf("%dB", size)
+			if !shm {
+				name += "-grpc"
 			}
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
-		})
+			b.Run(name, func(b *testing.B) {
+				if !shm {
+					b.Setenv("DFLOW_PLUGIN_SHM", "off") // as before shared memory
+				}
+				benchPython(b, size)
+			})
+		}
+	}
+}
+
+func benchPython(b *testing.B, size int) {
+	f := newFixture(b)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	start := time.Now()
+	if _, err := f.run(b, fmt.Sprintf(strings.Replace(passSpec, "size_bytes = 100", "size_bytes = %d", 1), b.N, size, 1, "")); err != nil {
+		b.Fatalf("%v\n%s", err, f.stderr.String())
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "items/s")
+	if b.N > 1 {
+		// Without the plugin's start: from the first item at the sink to the last.
+		b.ReportMetric(float64(b.N-1)/f.last.Sub(f.first).Seconds()*float64(size)/1e6, "steady-MB/s")
 	}
 }
 

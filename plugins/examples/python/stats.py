@@ -46,9 +46,18 @@ class Stats(Node):
                 sys.stderr.write("stats: crashing on purpose after %d items\n" % n)
                 sys.stderr.flush()
                 os._exit(3)
+            if getattr(item, "shared", False):
+                r.metric("shared", 1, counter=True)  # it came by reference
             if isinstance(item, Hidden):
                 r.metric("hidden_rms", float(np.sqrt(np.mean(np.square(item.hidden, dtype=np.float64)))))
-                item.hidden *= np.float32(scale)  # in place: received arrays are writable
+                if scale != 1:
+                    # Written straight into a buffer dflow gave (shared
+                    # memory when there is some): sent with no copy. The
+                    # received arrays may be read-only views of dflow's.
+                    out = r.alloc_hidden(item.B, item.T, item.K, item.D, item.seq)
+                    np.multiply(item.hidden, np.float32(scale), out=out.hidden)
+                    out.tokens[...], out.greedy[...] = item.tokens, item.greedy
+                    item = out
             r.send("out", item)
             n += 1
             r.metric("items", 1, counter=True)
