@@ -21,6 +21,15 @@ func TestSummaryExplainsUnconsumed(t *testing.T) {
 			t.Errorf("want %q in\n%s", want, b.String())
 		}
 	}
+	if !strings.Contains(b.String(), "a drain, one Ctrl-C") {
+		t.Errorf("an abort's summary should point at the drain:\n%s", b.String())
+	}
+	rep.Status, rep.Error = Failed, "deadlock: no replica can move; ..."
+	b.Reset()
+	rep.Summarize(&b)
+	if strings.Contains(b.String(), "Ctrl-C") || !strings.Contains(b.String(), "nothing could move") {
+		t.Errorf("a deadlock's summary should not suggest a drain:\n%s", b.String())
+	}
 	rep.Status, rep.Edges["e"] = OK, Edge{Produced: 20, Consumed: 20, Queues: []Queue{{}}}
 	b.Reset()
 	rep.Summarize(&b)

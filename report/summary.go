@@ -81,9 +81,15 @@ func (r *Report) unconsumed() string {
 	if n == 1 {
 		items = "1 item"
 	}
+	hint := " (a drain, one Ctrl-C, finishes the items in flight instead)"
+	switch {
+	case r.Simulated:
+		hint = ""
+	case strings.Contains(r.Error, "deadlock: "):
+		hint = " (no drain could have finished them: nothing could move)"
+	}
 	return fmt.Sprintf("  %s with %s still in the queues of edge %s, never consumed and dropped; "+
-		"produced and consumed differ by them (a drain, one Ctrl-C, finishes the items in flight instead)",
-		why, items, strings.Join(edges, ", "))
+		"produced and consumed differ by them%s", why, items, strings.Join(edges, ", "), hint)
 }
 
 // metricList formats node metrics as " name=value ..." in name order.

@@ -47,7 +47,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem",
-			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid, 1 otherwise.",
+			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid (warnings allowed), 1 otherwise, 2 on a usage error.",
 			cmdValidate},
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types",
 			"Prints the graph of a valid spec: stages with their replicas, node kinds and ports, edges with their policy, capacity and types, and the queues each edge is made of (which producer replicas feed which consumers).",
@@ -56,7 +56,7 @@ func init() {
 			"Rewrites each spec in canonical HCL layout (aligned =, two-space indent). With --check nothing is changed: the files that would change are listed and the exit code is 1 if there are any.",
 			cmdFmt},
 		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--plot FILE.png] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts",
-			"Runs the pipeline until every stage has finished. Every --interval a status line shows each queue's depth and each replica's busy share; at the end a summary and a diagnosis of what limited the run are printed, and the report and the plot are written where asked (their paths are checked before the run starts). The first Ctrl-C drains: sources stop and the items in flight are finished (status interrupted). A second Ctrl-C aborts at once (status aborted). Exit 0 ok, 1 failed, 130 interrupted or aborted.",
+			"Runs the pipeline until every stage has finished. Every --interval a status line shows each queue's depth and each replica's busy share; at the end a summary and a diagnosis of what limited the run are printed, and the report and the plot are written where asked (their paths are checked before the run starts). The first Ctrl-C drains: sources stop and the items in flight are finished (status interrupted). A second Ctrl-C aborts at once (status aborted). Exit 0 ok, 1 failed (a deadlock included) or an invalid spec, 2 a usage error, 130 interrupted or aborted (a drain that cannot complete included).",
 			cmdRun},
 		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run",
 			"Simulates the pipeline in virtual time, in milliseconds, from the sim blocks' service times or those a real run measured (--from), and prints the same summary, diagnosis and report as run. --split ranks every split of N replicas between two stages.",
