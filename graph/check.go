@@ -125,8 +125,12 @@ func (b *Builder) decodeConfig(s *Stage, k *Kind) {
 		}
 	} else {
 		b.goConfig(s, k, fields)
+		given := map[string]bool{} // a value given but refused is reported as such, not as missing too
+		for _, item := range b.drafts[s].config {
+			given[item.key] = true
+		}
 		for _, f := range k.Config {
-			if _, set := cfg.values[f.Name]; !set && f.Required && b.pendingConfig[s][f.Name] == "" {
+			if _, set := cfg.values[f.Name]; !set && f.Required && !given[f.Name] && b.pendingConfig[s][f.Name] == "" {
 				b.errorf(s.NameRange, "missing config attribute",
 					"stage %q: node %q needs config attribute %q: %s", s.Name, k.Name, f.Name, f.Doc)
 			}
