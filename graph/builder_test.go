@@ -253,11 +253,13 @@ func TestBuilderErrors(t *testing.T) {
 				t.Errorf("got a graph despite errors")
 			}
 			for _, d := range diags {
-				if d.Subject != nil || d.Context != nil {
-					t.Errorf("diagnostic %q has a position: %v", d.Summary, d.Subject)
-				}
 				if strings.HasPrefix(c.summary, "invalid value for ") && d.Summary == "missing config attribute" {
 					t.Errorf("a value given but refused is also called missing: %v", diags)
+				}
+			}
+			for _, d := range diags {
+				if d.Subject != nil || d.Context != nil {
+					t.Errorf("diagnostic %q has a position: %v", d.Summary, d.Subject)
 				}
 				if d.Severity == hcl.DiagError && d.Summary == c.summary && strings.Contains(d.Detail, c.detail) {
 					return
