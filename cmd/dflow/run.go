@@ -26,6 +26,8 @@ func cmdRun(e *env, args []string) int {
 	grace := fs.Duration("grace", 5*time.Second, "after a failure or an abort, the `DURATION` replicas get to return before dflow stops waiting for them")
 	interval := fs.Duration("interval", 5*time.Second, "print a status line and add a point to the report's series every `DURATION` (such as 1s or 500ms; at least 1ms; 0 turns both off)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://`HOST:PORT`/metrics while the run lasts (:9090 binds to loopback only; 0.0.0.0:9090 exposes it)")
+	uiAddr := fs.String("ui", "", "serve a live page of the run at http://`HOST:PORT`/: the graph, queues, replicas, node metrics, diagnosis (:8080 binds to loopback only)")
+	uiLinger := fs.Duration("ui-linger", 5*time.Second, "with --ui, keep the page up this `DURATION` after the run ends (Ctrl-C closes it sooner)")
 	plotPath := fs.String("plot", "", "at the end, draw queue depth, busy and idle share over time into `FILE`, a .png or .jpg (needs an --interval)")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
@@ -51,7 +53,7 @@ func cmdRun(e *env, args []string) int {
 	ctx, abort := context.WithCancel(context.Background())
 	defer abort()
 	drain := make(chan struct{})
-	stopSignals := e.watchSignals(drain, abort)
+	stopSignals := sync.OnceFunc(e.watchSignals(drain, abort))
 	defer stopSignals()
 
 	replicas := 0
@@ -75,12 +77,22 @@ func cmdRun(e *env, args []string) int {
 		defer shutdown()
 		fmt.Fprintf(e.stderr, "dflow: metrics at %s\n", url)
 	}
+	finishUI := func(*report.Report) {}
+	if err == nil && *uiAddr != "" {
+		f, uerr := e.startUI(*uiAddr, g, files[0], p.Snapshot, *uiLinger, stopSignals)
+		if uerr != nil {
+			fmt.Fprintf(e.stderr, "dflow run: %v\n", uerr)
+			return exitFailed
+		}
+		finishUI = f
+	}
 	rep, err := p.Run(ctx) // a failed construction: its report and error at once
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
 	rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, sim.Options{Registry: e.registry, From: rep}))
 	rep.Summarize(e.stderr)
 	outputsWritten()
+	finishUI(rep)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
 		return exitFailed
@@ -134,6 +146,9 @@ func (e *env) writeOutputs(rep *report.Report, reportPath, plotPath string) erro
 			return err
 		}
 		fmt.Fprintf(e.stderr, "dflow: plot written to %s\n", plotPath)
+		if n := len(rep.Series); n < 3 {
+			fmt.Fprintf(e.stderr, "dflow: the plot has %d point(s) per series: the run lasted %.1fs; a shorter --interval draws more\n", n, rep.WallSeconds)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,490 @@
+// Package ui serves a run's live dashboard in the browser: the pipeline's
+// graph (stages with their replicas, edges with their policy and queues),
+// updated from the run's snapshots every frame by server-sent events, with
+// each replica coloured by how it spends its time, queue depths against
+// capacity, items per edge, node metrics over time, the diagnosis and the
+// progress. The same page shows saved reports, several side by side.
+//
+// The page is plain HTML, CSS and JavaScript drawing SVG, embedded in the
+// binary: no network, no CDN, no framework.
+package ui
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/report"
+)
+
+//go:embed web
+var web embed.FS
+
+// Graph is the shape of a pipeline as the page draws it.
+type Graph struct {
+	Title  string  `json:"title"`
+	Live   bool    `json:"live"`
+	Stages []Stage `json:"stages"`
+	Edges  []Edge  `json:"edges"`
+}
+
+// Stage is one stage box.
+type Stage struct {
+	Name     string `json:"name"`
+	Node     string `json:"node"`
+	Replicas int    `json:"replicas"`
+	Source   bool   `json:"source"`
+}
+
+// Edge is one edge; From and To are empty when unknown (a saved report
+// whose spec could not be read).
+type Edge struct {
+	Name     string  `json:"name"`
+	Policy   string  `json:"policy"`
+	Capacity int     `json:"capacity"`
+	From     string  `json:"from"`
+	To       string  `json:"to"`
+	Queues   []Queue `json:"queues"`
+}
+
+// Queue is one queue of an edge.
+type Queue struct {
+	Producers []int `json:"producers"`
+	Consumers []int `json:"consumers"`
+}
+
+// Frame is the state of a run at one instant. Shares are over the time
+// since the previous frame.
+type Frame struct {
+	T        float64                       `json:"t"`
+	Status   string                        `json:"status"`              // "running", or the report's status at the end
+	Progress float64                       `json:"progress"`            // 0..1, or -1 when a source does not know its total
+	ETA      float64                       `json:"eta"`                 // seconds, or -1
+	Queues   map[string][]int              `json:"queues"`              // edge -> depth per queue
+	Items    map[string][2]int64           `json:"items,omitempty"`     // edge -> produced, consumed
+	Stages   map[string]StageFrame         `json:"stages"`              // stage -> replicas
+	Metrics  map[string]map[string]float64 `json:"metrics,omitempty"`   // stage -> name -> value
+	Diagnose []string                      `json:"diagnosis,omitempty"` // plain words
+}
+
+// StageFrame is each replica's figures in a frame.
+type StageFrame struct {
+	Busy    []float64 `json:"busy"`
+	Idle    []float64 `json:"idle"`
+	Blocked []float64 `json:"blocked"`
+	In      []int64   `json:"in,omitempty"`
+	Out     []int64   `json:"out,omitempty"`
+	Done    []bool    `json:"done,omitempty"`
+}
+
+// Run is one run the page shows: its graph and its frames so far. A live
+// run grows a frame per tick until Finish.
+type Run struct {
+	graph Graph
+
+	mu      sync.Mutex
+	frames  []Frame
+	ended   bool
+	changed chan struct{} // closed and replaced at each change
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+func newRun(g Graph) *Run {
+	return &Run{graph: g, changed: make(chan struct{})}
+}
+
+func (r *Run) add(f Frame, end bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return
+	}
+	r.frames = append(r.frames, f)
+	r.ended = end
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// since returns the frames from i on, whether the run has ended, and a
+// channel closed at the next change.
+func (r *Run) since(i int) ([]Frame, bool, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.frames[min(i, len(r.frames)):], r.ended, r.changed
+}
+
+// GraphOf describes g for the page.
+func GraphOf(g *graph.Graph, title string) Graph {
+	out := Graph{Title: title}
+	for _, s := range g.Stages {
+		out.Stages = append(out.Stages, Stage{Name: s.Name, Node: s.Node, Replicas: s.Replicas, Source: len(s.Inputs) == 0})
+	}
+	for _, e := range g.Edges {
+		oe := Edge{Name: e.Name, Policy: fmt.Sprint(e.Policy), Capacity: e.Capacity, From: e.From.Stage.Name, To: e.To.Stage.Name}
+		for _, q := range e.Queues {
+			oe.Queues = append(oe.Queues, Queue{Producers: q.Producers, Consumers: q.Consumers})
+		}
+		out.Edges = append(out.Edges, oe)
+	}
+	return out
+}
+
+// Live follows a running pipeline: every interval it reads snap and adds
+// a frame, with the diagnosis so far (monitor.Diagnose on the figures to
+// date). Finish ends it with the run's report.
+func Live(g *graph.Graph, title string, snap func() *report.Snapshot, interval time.Duration) *Run {
+	gr := GraphOf(g, title)
+	gr.Live = true
+	r := newRun(gr)
+	r.stop, r.stopped = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(r.stopped)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		var prev *report.Snapshot
+		depth := map[string][]float64{} // running sums of depth per queue, for the live diagnosis
+		n := 0
+		for {
+			s := snap()
+			if s.Elapsed > 0 {
+				n++
+				for _, e := range s.Edges {
+					if depth[e.Name] == nil {
+						depth[e.Name] = make([]float64, len(e.Queues))
+					}
+					for i, q := range e.Queues {
+						depth[e.Name][i] += float64(q.Depth)
+					}
+				}
+				f := frameOf(s, prev)
+				f.Diagnose = monitor.Diagnose(g, reportOf(s, depth, n), nil)
+				r.add(f, false)
+				prev = s
+			}
+			select {
+			case <-t.C:
+			case <-r.stop:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// Finish stops a live run's sampling and adds its last frame, from the
+// report: its status and its diagnosis.
+func (r *Run) Finish(rep *report.Report) {
+	if r.stop != nil {
+		close(r.stop)
+		<-r.stopped
+	}
+	r.mu.Lock()
+	var last Frame
+	if len(r.frames) > 0 {
+		last = r.frames[len(r.frames)-1]
+	}
+	r.mu.Unlock()
+	f := finalFrame(rep, last)
+	r.add(f, true)
+}
+
+// frameOf turns a snapshot into a frame, shares since prev.
+func frameOf(s, prev *report.Snapshot) Frame {
+	f := Frame{T: s.Elapsed.Seconds(), Status: "running", Progress: -1, ETA: -1,
+		Queues: map[string][]int{}, Items: map[string][2]int64{}, Stages: map[string]StageFrame{}, Metrics: map[string]map[string]float64{}}
+	for _, e := range s.Edges {
+		d := make([]int, len(e.Queues))
+		for i, q := range e.Queues {
+			d[i] = q.Depth
+		}
+		f.Queues[e.Name] = d
+		f.Items[e.Name] = [2]int64{e.Produced, e.Consumed}
+	}
+	var emitted, total int64
+	known := true
+	for i, st := range s.Stages {
+		sf := StageFrame{Busy: s.Utilization(prev, i), Idle: s.IdleShare(prev, i)}
+		span := s.Elapsed
+		if prev != nil {
+			span -= prev.Elapsed
+		}
+		for j, r := range st.Replicas {
+			b := r.Blocked
+			if prev != nil && i < len(prev.Stages) {
+				b -= prev.Stages[i].Replicas[j].Blocked
+			}
+			share := 0.0
+			if span > 0 {
+				share = min(max(float64(b)/float64(span), 0), 1)
+			}
+			sf.Blocked = append(sf.Blocked, share)
+			sf.In = append(sf.In, r.ItemsIn)
+			sf.Out = append(sf.Out, r.ItemsOut)
+			sf.Done = append(sf.Done, r.Done)
+			if st.Source {
+				emitted += r.ItemsOut
+			}
+		}
+		if st.Source {
+			if st.Total <= 0 {
+				known = false
+			}
+			total += st.Total
+		}
+		f.Stages[st.Name] = sf
+		if len(st.Metrics) > 0 {
+			f.Metrics[st.Name] = st.Metrics
+		}
+	}
+	if known && total > 0 {
+		f.Progress = min(float64(emitted)/float64(total), 1)
+		if f.Progress > 0 && !s.Draining {
+			f.ETA = s.Elapsed.Seconds() * (1 - f.Progress) / f.Progress
+		}
+	}
+	if s.Draining {
+		f.Status = "draining"
+	}
+	return f
+}
+
+// reportOf is the run's report so far, as Diagnose reads it: each
+// replica's totals, each queue's mean depth over the frames.
+func reportOf(s *report.Snapshot, depth map[string][]float64, n int) *report.Report {
+	rep := &report.Report{Status: "running", WallSeconds: s.Elapsed.Seconds(), Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{}}
+	for _, st := range s.Stages {
+		rs := report.Stage{Node: st.Node, Metrics: st.Metrics}
+		for i, r := range st.Replicas {
+			life := r.Busy + r.Idle + r.Blocked
+			rr := report.Replica{Index: i, ItemsIn: r.ItemsIn, ItemsOut: r.ItemsOut,
+				BusySeconds: r.Busy.Seconds(), IdleSeconds: r.Idle.Seconds(), BlockedSeconds: r.Blocked.Seconds()}
+			if life > 0 {
+				rr.Utilization = float64(r.Busy) / float64(life)
+			}
+			rs.Replicas = append(rs.Replicas, rr)
+		}
+		rep.Stages[st.Name] = rs
+	}
+	for _, e := range s.Edges {
+		re := report.Edge{Policy: fmt.Sprint(e.Policy), Capacity: e.Capacity, Produced: e.Produced, Consumed: e.Consumed}
+		for i, q := range e.Queues {
+			re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers,
+				MeanDepth: depth[e.Name][i] / float64(max(n, 1))})
+		}
+		rep.Edges[e.Name] = re
+	}
+	return rep
+}
+
+// finalFrame is the last frame of a run: last's shares and queues (a
+// saved report's last series point), the report's totals, status and
+// diagnosis.
+func finalFrame(rep *report.Report, last Frame) Frame {
+	f := last
+	f.T, f.Status, f.Diagnose = rep.WallSeconds, rep.Status, rep.Diagnosis
+	if f.Progress >= 0 && rep.Status == report.OK {
+		f.Progress = 1
+	}
+	f.ETA = -1
+	f.Items = map[string][2]int64{}
+	for name, e := range rep.Edges {
+		f.Items[name] = [2]int64{e.Produced, e.Consumed}
+	}
+	stages := map[string]StageFrame{}
+	for name, st := range rep.Stages {
+		sf := last.Stages[name]
+		sf.In, sf.Out, sf.Done = nil, nil, nil
+		for _, r := range st.Replicas {
+			sf.In = append(sf.In, r.ItemsIn)
+			sf.Out = append(sf.Out, r.ItemsOut)
+			sf.Done = append(sf.Done, true)
+		}
+		if sf.Busy == nil { // no series: the whole run's shares
+			for _, r := range st.Replicas {
+				life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
+				if life <= 0 {
+					life = 1
+				}
+				sf.Busy = append(sf.Busy, r.BusySeconds/life)
+				sf.Idle = append(sf.Idle, r.IdleSeconds/life)
+				sf.Blocked = append(sf.Blocked, r.BlockedSeconds/life)
+			}
+		}
+		stages[name] = sf
+	}
+	f.Stages = stages
+	if len(rep.Stages) > 0 {
+		f.Metrics = map[string]map[string]float64{}
+		for name, st := range rep.Stages {
+			if len(st.Metrics) > 0 {
+				f.Metrics[name] = st.Metrics
+			}
+		}
+	}
+	if f.Queues == nil {
+		f.Queues = map[string][]int{}
+	}
+	return f
+}
+
+// Saved is a run read from a saved report: a frame per series point, then
+// the report's totals. g, when not nil, is its spec's graph (for the
+// edges' ends); without it the stages and edges come from the report.
+func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
+	var gr Graph
+	if g != nil {
+		gr = GraphOf(g, title)
+	} else {
+		gr = Graph{Title: title}
+		for _, name := range rep.StageNames() {
+			st := rep.Stages[name]
+			gr.Stages = append(gr.Stages, Stage{Name: name, Node: st.Node, Replicas: len(st.Replicas)})
+		}
+		for _, name := range rep.EdgeNames() {
+			e := rep.Edges[name]
+			oe := Edge{Name: name, Policy: e.Policy, Capacity: e.Capacity}
+			for _, q := range e.Queues {
+				oe.Queues = append(oe.Queues, Queue{Producers: q.Producers, Consumers: q.Consumers})
+			}
+			gr.Edges = append(gr.Edges, oe)
+		}
+	}
+	r := newRun(gr)
+	var last Frame
+	for i, p := range rep.Series {
+		f := Frame{T: p.T, Status: "running", Progress: -1, ETA: -1, Queues: p.Queues, Stages: map[string]StageFrame{}, Metrics: p.Metrics}
+		for name, busy := range p.Utilization {
+			idle := p.Idle[name]
+			sf := StageFrame{Busy: busy, Idle: idle}
+			for j := range busy {
+				b := 1 - busy[j]
+				if j < len(idle) {
+					b -= idle[j]
+				}
+				sf.Blocked = append(sf.Blocked, min(max(b, 0), 1))
+			}
+			if idle == nil {
+				sf.Idle = make([]float64, len(busy))
+			}
+			f.Stages[name] = sf
+		}
+		if i == len(rep.Series)-1 {
+			last = f
+			break
+		}
+		r.frames = append(r.frames, f)
+	}
+	r.frames = append(r.frames, finalFrame(rep, last))
+	r.ended = true
+	return r
+}
+
+// Server serves the page for one or more runs.
+type Server struct {
+	runs []*Run
+	quit chan struct{}
+}
+
+// Handler returns the page's HTTP handler: / (the page and its script),
+// /api/runs (the graphs), /api/events?run=N (run N's frames as
+// server-sent events: every frame so far, then each new one; an "end"
+// event after the last).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	sub, _ := fs.Sub(web, "web")
+	mux.Handle("/", http.FileServerFS(sub))
+	mux.HandleFunc("/api/runs", func(w http.ResponseWriter, r *http.Request) {
+		gs := make([]Graph, len(s.runs))
+		for i, run := range s.runs {
+			gs[i] = run.graph
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(gs)
+	})
+	mux.HandleFunc("/api/events", s.events)
+	return mux
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	i, err := strconv.Atoi(r.URL.Query().Get("run"))
+	if err != nil || i < 0 || i >= len(s.runs) {
+		http.Error(w, "no such run", http.StatusNotFound)
+		return
+	}
+	run := s.runs[i]
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	sent := 0
+	for {
+		frames, ended, changed := run.since(sent)
+		for _, f := range frames {
+			b, _ := json.Marshal(f)
+			fmt.Fprintf(w, "data: %s\n\n", b)
+		}
+		sent += len(frames)
+		if ended {
+			fmt.Fprint(w, "event: end\ndata: {}\n\n")
+			flusher.Flush()
+			// Stay open, so the browser does not reconnect and replay.
+			select {
+			case <-r.Context().Done():
+			case <-s.quit:
+			}
+			return
+		}
+		flusher.Flush()
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return
+		case <-s.quit:
+			return
+		}
+	}
+}
+
+// Serve serves the page for runs at http://ADDR/ until the returned
+// shutdown is called; an address without a host binds to loopback only,
+// as --metrics-addr does. It returns the URL bound (port 0 picks one).
+func Serve(addr string, runs ...*Run) (url string, shutdown func(), err error) {
+	addr, err = monitor.LoopbackAddr(addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("ui: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("ui: %w", err)
+	}
+	s := &Server{runs: runs, quit: make(chan struct{})}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	var once sync.Once
+	return "http://" + ln.Addr().String() + "/", func() {
+		once.Do(func() {
+			close(s.quit) // event streams end; Shutdown waits for them
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+			<-done
+		})
+	}, nil
+}
