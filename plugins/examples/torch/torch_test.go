@@ -1,0 +1,208 @@
+package torch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/dflash"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/plugins/host"
+)
+
+// python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
+// Debian's); the test skips without torch, grpcio, protobuf and numpy.
+func python(t *testing.T) {
+	py := os.Getenv("DFLOW_PYTHON")
+	if py == "" {
+		py = "/usr/bin/python3"
+	}
+	out, err := exec.Command(py, "-c", "import torch, grpc, google.protobuf, numpy").CombinedOutput()
+	if err != nil {
+		t.Skipf("%s lacks torch, grpcio, protobuf or numpy (Debian: python3-torch python3-grpcio python3-protobuf python3-numpy): %s", py, bytes.TrimSpace(out))
+	}
+	t.Setenv("DFLOW_PYTHON", py)
+}
+
+type stderr struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *stderr) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *stderr) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// setup works from the repository's root, as dflow runs specs/dflash.hcl,
+// with the torch plugin loaded as "torch" and a small corpus.
+func setup(t *testing.T) (*nodes.Registry, *stderr, string) {
+	python(t)
+	plugin, err := filepath.Abs("dflow-plugin-torch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus := filepath.Join(t.TempDir(), "corpus.txt")
+	if err := os.WriteFile(corpus, bytes.Repeat([]byte("func main() { fmt.Println(\"hello, dflow\") }\n// a comment, then more code\n"), 300), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir("../../..")
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	text.Register(reg)
+	dflash.Register(reg)
+	var errs stderr
+	h := host.New(&errs)
+	t.Cleanup(h.Close)
+	if _, err := h.Load("torch", plugin, reg); err != nil {
+		t.Fatal(err)
+	}
+	return reg, &errs, corpus
+}
+
+func run(t *testing.T, reg *nodes.Registry, src string, vars map[string]string) error {
+	t.Helper()
+	g, diags := (&graph.Loader{Catalog: reg, Vars: vars}).Load("p.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, err := engine.Run(ctx, g, engine.Options{Registry: reg})
+	return err
+}
+
+const paritySpec = `
+stage "reader" {
+  node = "text_reader"
+  config {
+    path       = %q
+    seq_len    = 64
+    batch_size = 8
+    limit      = 6
+  }
+}
+stage "target" {
+  node = %q
+  config {
+    model = "models/target.safetensors"
+  }
+}
+stage "sink" {
+  node = "hidden_sink"
+}
+edge "tokens" {
+  from = reader.out
+  to   = target.in
+}
+edge "hs" {
+  from = target.hidden
+  to   = sink.in
+}`
+
+// TestParity: on the same batches, the PyTorch target's hidden states
+// match the Go target's within 1e-4, its greedy tokens and inputs are the
+// same, and every batch arrives once.
+func TestParity(t *testing.T) {
+	reg, errs, corpus := setup(t)
+	got := map[string]map[int64]*dflash.HiddenStates{}
+	var mu sync.Mutex
+	sink := ""
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "hidden_sink", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				for {
+					item, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					h := item.(*dflash.HiddenStates)
+					mu.Lock()
+					if got[sink][h.Seq] != nil {
+						mu.Unlock()
+						return fmt.Errorf("batch %d twice", h.Seq)
+					}
+					got[sink][h.Seq] = h
+					mu.Unlock()
+				}
+			}), nil
+		},
+	})
+	for _, node := range []string{"target_forward", "torch/target_forward"} {
+		sink = node
+		got[node] = map[int64]*dflash.HiddenStates{}
+		if err := run(t, reg, fmt.Sprintf(paritySpec, corpus, node), nil); err != nil {
+			t.Fatalf("%s: %v\n%s", node, err, errs)
+		}
+		if len(got[node]) != 6 {
+			t.Fatalf("%s: %d batches, want 6", node, len(got[node]))
+		}
+	}
+	var worst float64
+	for seq, g := range got["target_forward"] {
+		p := got["torch/target_forward"][seq]
+		if p == nil || p.B != g.B || p.T != g.T || p.K != g.K || p.D != g.D {
+			t.Fatalf("batch %d: torch %+v, Go B=%d T=%d K=%d D=%d", seq, p, g.B, g.T, g.K, g.D)
+		}
+		for i := range g.Hidden {
+			worst = math.Max(worst, math.Abs(float64(g.Hidden[i]-p.Hidden[i])))
+		}
+		for i := range g.Tokens {
+			if g.Tokens[i] != p.Tokens[i] || g.Greedy[i] != p.Greedy[i] {
+				t.Fatalf("batch %d position %d: tokens %d/%d, greedy %d/%d (Go/torch)", seq, i, g.Tokens[i], p.Tokens[i], g.Greedy[i], p.Greedy[i])
+			}
+		}
+	}
+	t.Logf("max |hidden difference| %.2e", worst)
+	if worst > 1e-4 {
+		t.Errorf("hidden states differ by %.2e, more than 1e-4", worst)
+	}
+}
+
+// TestDFlashWithTorchTarget: specs/dflash.hcl with its target stage's node
+// changed, and nothing else, runs the PyTorch target into the Go
+// drafters; every batch is read, forwarded and trained on once.
+func TestDFlashWithTorchTarget(t *testing.T) {
+	reg, errs, corpus := setup(t)
+	src, err := os.ReadFile("specs/dflash.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const line = `  node     = "target_forward"`
+	if bytes.Count(src, []byte(line)) != 1 {
+		t.Fatalf("specs/dflash.hcl has no one line %q", line)
+	}
+	spec := strings.Replace(string(src), line, `  node     = "torch/target_forward"`, 1)
+	g, diags := (&graph.Loader{Catalog: reg, Vars: map[string]string{
+		"corpus": corpus, "batches": "12", "targets": "2", "checkpoint": filepath.Join(t.TempDir(), "d.safetensors")}}).Load("dflash.hcl", []byte(spec))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := engine.Run(ctx, g, engine.Options{Registry: reg})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errs)
+	}
+	if rep.Edges["tokens"].Consumed != 12 || rep.Edges["hs"].Produced != 12 || rep.Edges["hs"].Consumed != 12 {
+		t.Errorf("tokens %d consumed, hidden states %d produced and %d consumed; want 12 each",
+			rep.Edges["tokens"].Consumed, rep.Edges["hs"].Produced, rep.Edges["hs"].Consumed)
+	}
+}
