@@ -65,15 +65,7 @@ func TestSeedShapeBothPolicies(t *testing.T) {
 				t.Fatalf("status %s, err %v", rep.Status, err)
 			}
 			checkBalanced(t, rep)
-			got := h.got.counts["drafter"]
-			if len(got) != 500 {
-				t.Fatalf("drafter got %d distinct items, want 500", len(got))
-			}
-			for id, n := range got {
-				if n != 1 {
-					t.Fatalf("item %x delivered %d times", id, n)
-				}
-			}
+			h.deliveredOnce("drafter", 500)
 			hs := rep.Edges["hs"]
 			if policy == "round_robin" {
 				if len(hs.Queues) != 3 || fmt.Sprint(hs.Queues[2].Producers) != "[2]" {

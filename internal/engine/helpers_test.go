@@ -186,6 +186,21 @@ func (h *harness) run(g *graph.Graph, opts Options) (*report.Report, error) {
 	return rep, err
 }
 
+// deliveredOnce asserts that the sink stage got n distinct items, each
+// exactly once.
+func (h *harness) deliveredOnce(stage string, n int) {
+	h.t.Helper()
+	got := h.got.counts[stage]
+	if len(got) != n {
+		h.t.Fatalf("%s got %d distinct items, want %d", stage, len(got), n)
+	}
+	for id, k := range got {
+		if k != 1 {
+			h.t.Fatalf("item %x delivered %d times", id, k)
+		}
+	}
+}
+
 // checkBalanced asserts produced == consumed on every edge.
 func checkBalanced(t *testing.T, rep *report.Report) {
 	t.Helper()
