@@ -14,6 +14,10 @@
 //   - Items cross in the encoding their port type means (package items);
 //     an item of another type, beyond a port's credit, or on a port the
 //     kind lacks fails the replica with an error naming the port.
+//   - Shared memory (large items by reference) is per replica: its two
+//     memfd pools are unmapped when the replica ends, however the plugin
+//     ended, and have no name to leave behind; a full pool sends bytes
+//     instead of waiting.
 //   - A crash or a panic fails only its replica, with the plugin's last
 //     stderr lines or the panic's message.
 package host

@@ -20,6 +20,10 @@
 //     the port's credit, so a slow output holds back only itself.
 //   - A panic in a node ends that replica with the panic's message; the
 //     process serves on.
+//   - On Linux, items of Threshold bytes or more cross by reference in
+//     shared memory (two memfd pools per replica, no names); an item
+//     received so is a read-only view, valid until the node's next Recv
+//     on its port unless sent on first (docs/plugins.md, Shared memory).
 //   - The plugin exits when dflow does: when its lifeline (stdin) closes
 //     or its parent changes.
 package sdk
