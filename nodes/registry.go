@@ -38,6 +38,12 @@ type Spec struct {
 	// with a barrier per item, and the deadlock check of `dflow validate`
 	// relies on it, also for kinds without a simulation model.
 	Sync func(cfg *graph.Config) bool
+	// Stateless says that a replica keeps nothing between items that a
+	// restart would lose: on a cluster, a replica of such a kind lost with
+	// its worker is restarted on a live one and its unfinished items are
+	// redelivered (docs/cluster.md); a lost replica of any other kind
+	// fails the run.
+	Stateless bool
 }
 
 // Always is a Spec.Sync for kinds whose replicas always step together.

@@ -38,6 +38,11 @@ type Options struct {
 	// Transport, when set, may carry queues out of process (transport.go);
 	// nil keeps every queue an in-process channel.
 	Transport TransportFor
+	// Here, when set, runs only the replicas it accepts; the others run
+	// in other engines (placement.go). Group, when set, may give a stage
+	// a group whose members sit in several engines.
+	Here  PlaceFor
+	Group GroupFor
 }
 
 // Run is one execution of a graph.
@@ -71,6 +76,7 @@ type stage struct {
 	node     nodes.Node
 	replicas []*replica
 	group    *group
+	remote   RemoteGroup // the stage's group across engines, if any (placement.go)
 	metrics  *metrics
 	total    int64 // items the stage will emit in all, 0 when unknown
 }
@@ -212,6 +218,7 @@ func (r *run) build() error {
 		}
 		r.edges = append(r.edges, e)
 	}
+	r.place()
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
 			for _, in := range rep.inputs {
@@ -239,6 +246,10 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	var wg sync.WaitGroup
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
+			if rep.away {
+				rep.markAway(r.start) // runs in another engine
+				continue
+			}
 			parent := ctx
 			if rep.isSource() {
 				parent = srcCtx
@@ -332,7 +343,7 @@ func (r *run) finish(rep *replica, err error) {
 	rep.clock.stop(rep) // returned while working on an item
 	rep.flush()
 	rep.ended.Store(time.Now().UnixNano())
-	rep.stage.group.leave(rep.index)
+	rep.stage.leave(rep.index)
 	if err != nil {
 		r.fail(fmt.Errorf("stage %q replica %d: %w", rep.stage.g.Name, rep.index, err))
 	}

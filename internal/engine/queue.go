@@ -48,6 +48,9 @@ type queue struct {
 	t        Transport
 	goneCtx  context.Context
 	goneDone context.CancelFunc
+	// noLocalConsumers: every consumer runs in another engine, so the
+	// queue gets no pump (placement.go)
+	noLocalConsumers bool
 }
 
 func newQueue(e *edge, q graph.Queue, capacity int, capBytes int64) *queue {

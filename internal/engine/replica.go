@@ -25,6 +25,7 @@ type replica struct {
 	device  string
 	inputs  map[string]*input
 	outputs map[string]*output
+	away    bool // runs in another engine (placement.go)
 
 	// ctx is the context the replica's Run is given, done its Done channel.
 	ctx    context.Context
@@ -43,11 +44,16 @@ type replica struct {
 	_      linePad
 }
 
-func (r *replica) Stage() string             { return r.stage.g.Name }
-func (r *replica) Index() int                { return r.index }
-func (r *replica) Replicas() int             { return r.stage.g.Replicas }
-func (r *replica) Device() string            { return r.device }
-func (r *replica) Group() nodes.Group        { return &member{g: r.stage.group, r: r} }
+func (r *replica) Stage() string  { return r.stage.g.Name }
+func (r *replica) Index() int     { return r.index }
+func (r *replica) Replicas() int  { return r.stage.g.Replicas }
+func (r *replica) Device() string { return r.device }
+func (r *replica) Group() nodes.Group {
+	if r.stage.remote != nil {
+		return &remoteMember{g: r.stage.remote, r: r}
+	}
+	return &member{g: r.stage.group, r: r}
+}
 func (r *replica) Metrics() nodes.Metrics    { return r.stage.metrics }
 func (r *replica) Draining() <-chan struct{} { return r.stage.run.draining }
 func (r *replica) isSource() bool            { return len(r.inputs) == 0 }

@@ -122,7 +122,7 @@ func (r *run) startPumps(ctx context.Context) (stop func()) {
 	var wg sync.WaitGroup
 	for _, e := range r.edges {
 		for _, q := range e.queues {
-			if q.t == nil {
+			if q.t == nil || q.noLocalConsumers {
 				continue
 			}
 			wg.Add(1)

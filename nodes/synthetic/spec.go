@@ -14,8 +14,8 @@ func init() { Register(nodes.Default) }
 func Register(r *nodes.Registry) {
 	r.Register(nodes.Spec{Kind: sourceKind, New: newSource, Sim: simModel,
 		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) }})
-	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel})
-	r.Register(nodes.Spec{Kind: sinkKind, New: newSink, Sim: simModel})
+	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel, Stateless: true})
+	r.Register(nodes.Spec{Kind: sinkKind, New: newSink, Sim: simModel, Stateless: true})
 }
 
 var (
