@@ -80,6 +80,10 @@ type Summary struct {
 
 // Edge is one edge's figures.
 type Edge struct {
+	// From and To are the stages the edge joins, so that a saved report
+	// draws its graph without its spec.
+	From          string  `json:"from,omitempty"`
+	To            string  `json:"to,omitempty"`
 	Policy        string  `json:"policy"`
 	Capacity      int     `json:"capacity"`
 	CapacityBytes int64   `json:"capacity_bytes,omitempty"`

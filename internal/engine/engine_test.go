@@ -67,6 +67,9 @@ func TestSeedShapeBothPolicies(t *testing.T) {
 			checkBalanced(t, rep)
 			h.deliveredOnce("drafter", 500)
 			hs := rep.Edges["hs"]
+			if hs.From != "target" || hs.To != "drafter" {
+				t.Errorf("edge hs joins %q to %q in the report", hs.From, hs.To)
+			}
 			if policy == "round_robin" {
 				if len(hs.Queues) != 3 || fmt.Sprint(hs.Queues[2].Producers) != "[2]" {
 					t.Errorf("round_robin queues: %+v", hs.Queues)

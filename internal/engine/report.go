@@ -34,7 +34,7 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		rep.Stages[s.g.Name] = st
 	}
 	for _, e := range r.edges {
-		re := report.Edge{Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
+		re := report.Edge{From: e.g.From.Stage.Name, To: e.g.To.Stage.Name, Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
 		for i, q := range e.queues {
 			re.Produced += q.produced()
 			re.Consumed += q.consumed()
@@ -83,7 +83,7 @@ func unbuilt(rep *report.Report, g *graph.Graph) {
 		if _, ok := rep.Edges[ge.Name]; ok {
 			continue
 		}
-		re := report.Edge{Policy: string(ge.Policy), Capacity: ge.Capacity, CapacityBytes: ge.CapacityBytes}
+		re := report.Edge{From: ge.From.Stage.Name, To: ge.To.Stage.Name, Policy: string(ge.Policy), Capacity: ge.Capacity, CapacityBytes: ge.CapacityBytes}
 		for _, q := range ge.Queues {
 			re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
 		}

@@ -236,7 +236,7 @@ func (s *sim) report() *report.Report {
 		rep.Stages[st.g.Name] = rs
 	}
 	for _, e := range s.edges {
-		re := report.Edge{Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
+		re := report.Edge{From: e.g.From.Stage.Name, To: e.g.To.Stage.Name, Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
 		for i, q := range e.queues {
 			q.account(s)
 			re.Produced += q.produced

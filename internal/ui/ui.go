@@ -339,7 +339,9 @@ func finalFrame(rep *report.Report, last Frame) Frame {
 
 // Saved is a run read from a saved report: a frame per series point, then
 // the report's totals. g, when not nil, is its spec's graph (for the
-// edges' ends); without it the stages and edges come from the report.
+// edges' ends); without it the stages and edges come from the report
+// (which names the edges' ends since this version; an older report's
+// edges are drawn without them).
 func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 	var gr Graph
 	if g != nil {
@@ -352,7 +354,7 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 		}
 		for _, name := range rep.EdgeNames() {
 			e := rep.Edges[name]
-			oe := Edge{Name: name, Policy: e.Policy, Capacity: e.Capacity}
+			oe := Edge{Name: name, Policy: e.Policy, Capacity: e.Capacity, From: e.From, To: e.To}
 			for _, q := range e.Queues {
 				oe.Queues = append(oe.Queues, Queue{Producers: q.Producers, Consumers: q.Consumers})
 			}
