@@ -333,8 +333,8 @@ func (b *Builder) checkDevices(who string, devices []string, r hcl.Range) {
 				fmt.Sprintf("Device %q is not known: a GPU is \"cuda:N\" with N its index, such as \"cuda:0\".", dev)))
 		case !CUDA:
 			b.errorf(r, "device not in this build", "%s", named(r, who,
-				fmt.Sprintf("Device %q needs dflow's CUDA backend, and this dflow is built without it (a CUDA build is `go build -tags cuda`; "+
-					"the backend is not written yet, see the README's Status). Use \"cpu\".", dev)))
+				fmt.Sprintf("Device %q needs dflow's CUDA backend, and this dflow is built without it (a CUDA build is `go build -tags cuda`, "+
+					"docs/models.md says how). Use \"cpu\", or a dflow built with -tags cuda.", dev)))
 		}
 	}
 	if len(devices) == 0 {

@@ -328,10 +328,10 @@ var edgeSchema = &hcl.BodySchema{
 	},
 }
 
-// CUDA reports whether this build runs nodes on CUDA devices. It is false
-// until a CUDA backend exists; that backend, built with -tags cuda, sets
-// it, and until then a stage naming "cuda:N" is an error at validate
-// rather than a run on the CPU that looks like one on the GPU.
+// CUDA reports whether this build runs nodes on CUDA devices: true in a
+// build with -tags cuda (cuda.go), which has internal/nn's CUDA backend.
+// Without it a stage naming "cuda:N" is an error at validate, naming the
+// tag, rather than a run on the CPU that looks like one on the GPU.
 var CUDA = false
 
 func (d *decoder) decodeEdge(b *hcl.Block) {

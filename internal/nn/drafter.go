@@ -111,13 +111,21 @@ func (c DrafterConfig) NumParams() int {
 // embedding [256, D], shared read-only, and the drafter lives on its
 // backend.
 func NewDrafter(c DrafterConfig, wte Buffer, seed uint64) (*Drafter, error) {
+	return NewDrafterOn(wte.Backend(), c, wte, seed)
+}
+
+// NewDrafterOn is NewDrafter on backend be, which must share wte's memory
+// (a replica's own backend on its target's device).
+func NewDrafterOn(be Backend, c DrafterConfig, wte Buffer, seed uint64) (*Drafter, error) {
 	if c.D < 1 || c.K < 1 || c.Layers < 1 || c.Heads < 1 || c.D%c.Heads != 0 || c.Hidden < 1 || c.BlockSize < 2 {
 		return nil, fmt.Errorf("nn: drafter of %v: sizes must be positive, d_model a multiple of heads, block_size at least 2", c)
 	}
 	if wte.Len() != 256*c.D || wte.IsNil() {
 		return nil, fmt.Errorf("nn: target embedding has %d values, want 256 x %d", wte.Len(), c.D)
 	}
-	be := wte.Backend()
+	if be == nil || !Shares(be, wte.Backend()) {
+		return nil, fmt.Errorf("nn: a drafter on another backend than its target's embedding")
+	}
 	d := &Drafter{Config: c, wte: wte, be: be, index: map[string]int{}}
 	d.names, d.shapes = c.layout()
 	n := 0
@@ -290,6 +298,7 @@ type DrafterWork struct {
 	all                                                              []Buffer
 	// host staging of what Sample sets, copied over in Forward
 	hostAnchors, hostTargets []int32
+	hostCtx                  []float32
 	gamma                    float64 // of the weights on the backend; 0: none yet
 }
 
@@ -298,7 +307,8 @@ func (d *Drafter) NewWork(S int) *DrafterWork {
 	c, be := d.Config, d.be
 	N, D, P, H := S*c.BlockSize, c.D, c.BlockSize, c.Hidden
 	w := &DrafterWork{d: d, be: be, S: S, anchors: be.AllocInts(S), targets: be.AllocInts(N), greedy: be.AllocInts(P),
-		hostAnchors: make([]int32, S), hostTargets: make([]int32, N)}
+		hostAnchors: make([]int32, S), hostTargets: make([]int32, N),
+		hostCtx: make([]float32, S*c.K*c.D)}
 	f := func(n int) Buffer {
 		b := be.Alloc(n)
 		w.all = append(w.all, b)
@@ -333,7 +343,7 @@ func (w *DrafterWork) Free() {
 // training) the labels of block positions 1..BlockSize-1 (-1 to skip one).
 func (w *DrafterWork) Sample(s int, hidden []float32, anchor int32, labels []int32) {
 	c := w.d.Config
-	w.be.FromHost(w.ctxIn.Slice(s*c.K*c.D, c.K*c.D), hidden[:c.K*c.D])
+	copy(w.hostCtx[s*c.K*c.D:(s+1)*c.K*c.D], hidden[:c.K*c.D])
 	w.hostAnchors[s] = anchor
 	P := c.BlockSize
 	w.hostTargets[s*P] = -1
@@ -350,6 +360,7 @@ func (w *DrafterWork) Forward() Buffer {
 	d, c, be := w.d, w.d.Config, w.be
 	S, P, D, H := w.S, c.BlockSize, c.D, c.Hidden
 	N := S * P
+	be.FromHost(w.ctxIn, w.hostCtx) // the samples' hidden states cross once
 	be.IntsFromHost(w.anchors, w.hostAnchors)
 	be.IntsFromHost(w.targets, w.hostTargets)
 	be.MatMul(w.fused, w.ctxIn, d.fuse, Buffer{}, S, c.K*D, D)

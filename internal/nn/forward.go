@@ -27,13 +27,20 @@ type Workspace struct {
 
 // NewWorkspace allocates activations for batches of B sequences of T
 // tokens.
-func (m *Model) NewWorkspace(B, T int) (*Workspace, error) {
+func (m *Model) NewWorkspace(B, T int) (*Workspace, error) { return m.NewWorkspaceOn(m.be, B, T) }
+
+// NewWorkspaceOn is NewWorkspace on backend be, which must share the
+// model's memory (the model's own, or another replica's backend on the
+// same device: its own stream over the shared weights).
+func (m *Model) NewWorkspaceOn(be Backend, B, T int) (*Workspace, error) {
 	c := m.Config
+	if !Shares(be, m.be) {
+		return nil, fmt.Errorf("nn: a workspace on %s for a model on %s", be.Name(), m.be.Name())
+	}
 	if T > c.MaxSeq || B < 1 || T < 1 {
 		return nil, fmt.Errorf("nn: batch %dx%d does not fit max_seq %d", B, T, c.MaxSeq)
 	}
 	N, D, H, V := B*T, c.DModel, c.Hidden, c.Vocab
-	be := m.be
 	w := &Workspace{B: B, T: T, m: m, be: be, tokens: be.AllocInts(N), targets: be.AllocInts(N)}
 	f := func(n int) Buffer {
 		b := be.Alloc(n)

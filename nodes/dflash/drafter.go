@@ -277,20 +277,47 @@ func short(h string) string { return h[:min(len(h), 12)] }
 // init builds the replica's drafter, from the checkpoint when resuming.
 // Every replica starts from the same weights (same seed or same file).
 func (n *drafterNode) init(r nodes.Replica) (*state, error) {
-	wte := n.target.P("wte")
-	d, err := nn.NewDrafter(n.dc, wte, uint64(n.cfg.Int("seed")))
+	// The replica trains on its device, against its target's embedding
+	// loaded there, on a backend (a stream) of its own.
+	tm, _, err := loadSharedOn(n.cfg.String("target"), r.Device())
 	if err != nil {
 		return nil, err
 	}
-	opt := nn.NewAdamW(d.Backend(), d.Params.Len(), float32(n.cfg.Float("lr")))
+	be, err := nn.ForDevice(r.Device())
+	if err != nil {
+		return nil, err
+	}
+	d, err := nn.NewDrafterOn(be, n.dc, tm.P("wte"), uint64(n.cfg.Int("seed")))
+	if err != nil {
+		return nil, err
+	}
+	opt := nn.NewAdamW(be, d.Params.Len(), float32(n.cfg.Float("lr")))
 	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
 	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
-	if n.resumed != nil {
-		d.Backend().Copy(d.Params, n.resumed.Params)
-		opt.SetState(n.resumedOpt.State())
+	if n.resumed != nil { // read on the CPU: crosses to the replica's device once
+		m, v, t := n.resumedOpt.State()
+		if nn.Shares(be, n.resumed.Backend()) {
+			be.Copy(d.Params, n.resumed.Params)
+			opt.SetState(m, v, t)
+		} else {
+			fromCPU(be, d.Params, n.resumed.Params)
+			dm, dv := be.Alloc(m.Len()), be.Alloc(v.Len())
+			fromCPU(be, dm, m)
+			fromCPU(be, dv, v)
+			opt.SetState(dm, dv, t)
+			be.Free(dm)
+			be.Free(dv)
+		}
 		st.step = n.resumedStep
 	}
 	return st, nil
+}
+
+// fromCPU copies a CPU buffer into dst on be.
+func fromCPU(be nn.Backend, dst, src nn.Buffer) {
+	host := make([]float32, src.Len())
+	src.Backend().ToHost(host, src)
+	be.FromHost(dst, host)
 }
 
 // train runs one data-parallel step on a batch: sample anchors, forward,

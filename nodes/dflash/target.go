@@ -87,13 +87,14 @@ func tapLayers(cfg *graph.Config, c nn.Config) []int {
 // target shares one read-only copy of the weights among its replicas;
 // each replica has its own workspace.
 type target struct {
-	m      *nn.Model
+	m      *nn.Model // on the CPU: the config, and the replicas placed there
+	path   string
 	layers []int
 }
 
 var (
 	loadedMu sync.Mutex
-	loaded   = map[[2]string]*nn.Model{} // by path and content hash
+	loaded   = map[[3]string]*nn.Model{} // by path, content hash and device
 )
 
 // loadShared loads a model once per process and content (a file replaced
@@ -104,18 +105,27 @@ func loadShared(path string) (*nn.Model, error) {
 }
 
 // loadSharedHash is loadShared that also returns the file's SHA-256.
-func loadSharedHash(path string) (*nn.Model, string, error) {
+func loadSharedHash(path string) (*nn.Model, string, error) { return loadSharedOn(path, "cpu") }
+
+// loadSharedOn is loadSharedHash onto a device ("cpu", "cuda:N"): one
+// read-only copy of the weights per device, which that device's replicas
+// share (each with a backend of its own: its own stream).
+func loadSharedOn(path, dev string) (*nn.Model, string, error) {
 	loadedMu.Lock()
 	defer loadedMu.Unlock()
 	h, err := nn.FileSHA256(path)
 	if err != nil {
 		return nil, "", fmt.Errorf("nn: %w", err)
 	}
-	key := [2]string{path, h}
+	key := [3]string{path, h, dev}
 	if m, ok := loaded[key]; ok {
 		return m, h, nil
 	}
-	m, _, err := nn.LoadModel(path)
+	be, err := nn.ForDevice(dev)
+	if err != nil {
+		return nil, "", err
+	}
+	m, _, err := nn.LoadModelOn(be, path)
 	if err != nil {
 		return nil, "", err
 	}
@@ -128,11 +138,21 @@ func newTarget(cfg *graph.Config) (nodes.Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &target{m: m, layers: tapLayers(cfg, m.Config)}, nil
+	return &target{m: m, path: cfg.String("model"), layers: tapLayers(cfg, m.Config)}, nil
 }
 
 func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 	in, out := r.In("in"), r.Out("hidden")
+	// The replica runs on its device: the weights loaded there once, and
+	// a backend (a stream) of its own.
+	m, _, err := loadSharedOn(t.path, r.Device())
+	if err != nil {
+		return fmt.Errorf("target_forward: %w", err)
+	}
+	be, err := nn.ForDevice(r.Device())
+	if err != nil {
+		return fmt.Errorf("target_forward: %w", err)
+	}
 	var w *nn.Workspace
 	var greedy nn.Ints
 	for {
@@ -150,14 +170,14 @@ func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 		if w == nil || w.B != b.B || w.T != b.T {
 			if w != nil {
 				w.Free()
-				t.m.Backend().FreeInts(greedy)
+				be.FreeInts(greedy)
 			}
-			if w, err = t.m.NewWorkspace(b.B, b.T); err != nil {
+			if w, err = m.NewWorkspaceOn(be, b.B, b.T); err != nil {
 				return fmt.Errorf("target_forward: %w", err)
 			}
-			greedy = t.m.Backend().AllocInts(b.B * b.T)
+			greedy = be.AllocInts(b.B * b.T)
 		}
-		hs := t.forward(w, greedy, b)
+		hs := t.forward(w, be, greedy, b)
 		if err := out.Send(ctx, hs); err != nil {
 			return err
 		}
@@ -165,8 +185,8 @@ func (t *target) Run(ctx context.Context, r nodes.Replica) error {
 }
 
 // forward runs the target on one batch and packs what the drafter needs.
-// greedy holds B*T values on the model's backend.
-func (t *target) forward(w *nn.Workspace, greedy nn.Ints, b *text.Batch) *HiddenStates {
+// greedy holds B*T values on be, the workspace's backend.
+func (t *target) forward(w *nn.Workspace, be nn.Backend, greedy nn.Ints, b *text.Batch) *HiddenStates {
 	c := t.m.Config
 	N, D, K := b.B*b.T, c.DModel, len(t.layers)
 	hs := &HiddenStates{B: b.B, T: b.T, K: K, D: D, Seq: b.Seq,
@@ -174,8 +194,8 @@ func (t *target) forward(w *nn.Workspace, greedy nn.Ints, b *text.Batch) *Hidden
 	b.Inputs(hs.Tokens)
 	logits := w.Forward(hs.Tokens)
 	// The item on the edge is on the host: the tapped layers and the
-	// greedy tokens cross once per batch.
-	be := t.m.Backend()
+	// greedy tokens cross once per batch (docs/models.md: what crosses
+	// between a target and a drafter on one GPU, and why).
 	for k, l := range t.layers {
 		h := w.Hidden(l)
 		for n := 0; n < N; n++ {

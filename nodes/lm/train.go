@@ -105,7 +105,11 @@ type replicaState struct {
 }
 
 func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
-	m, err := nn.NewModel(t.model, uint64(t.cfg.Int("init_seed")))
+	be, err := nn.ForDevice(r.Device()) // the replica's device, a backend (a stream) of its own
+	if err != nil {
+		return fmt.Errorf("lm_train: %w", err)
+	}
+	m, err := nn.NewModelOn(be, t.model, uint64(t.cfg.Int("init_seed")))
 	if err != nil {
 		return err
 	}

@@ -34,7 +34,7 @@ func (s *sum) buffer(x nodes.Reducible) (nn.Buffer, error) {
 	if !ok {
 		return nn.Buffer{}, fmt.Errorf("all-reduce of a %s buffer with a %T", s.be.Name(), x)
 	}
-	if v.b.Backend() != s.be {
+	if !nn.Shares(s.be, v.b.Backend()) {
 		return nn.Buffer{}, fmt.Errorf("all-reduce of a %s buffer with a %s one", s.be.Name(), v.b.Backend().Name())
 	}
 	return v.b, nil
@@ -45,6 +45,7 @@ func (s *sum) Add(x nodes.Reducible) error {
 	if err != nil {
 		return err
 	}
+	nn.Synchronize(b.Backend()) // the member's stream has written its values
 	s.be.Accumulate(s.acc, b)
 	return nil
 }
@@ -55,5 +56,6 @@ func (s *sum) Store(x nodes.Reducible) error {
 		return err
 	}
 	s.be.Copy(b, s.acc)
+	nn.Synchronize(s.be) // the total is there before the member's stream reads it
 	return nil
 }
