@@ -9,6 +9,7 @@ package reduce
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
@@ -19,9 +20,17 @@ func Of(b nn.Buffer) nodes.Reducible { return vec{b} }
 
 type vec struct{ b nn.Buffer }
 
-func (v vec) Len() int          { return v.b.Len() }
-func (v vec) Scale(f float32)   { v.b.Backend().Scale(v.b, f) }
-func (v vec) NewSum() nodes.Sum { be := v.b.Backend(); return &sum{be: be, acc: be.Alloc(v.b.Len())} }
+func (v vec) Len() int        { return v.b.Len() }
+func (v vec) Scale(f float32) { v.b.Backend().Scale(v.b, f) }
+func (v vec) NewSum() nodes.Sum {
+	be := v.b.Backend()
+	s := &sum{be: be, acc: be.Alloc(v.b.Len())}
+	// A sum is dropped after its round, by no one in particular: its
+	// accumulator goes back to the backend when the sum is collected (a
+	// device backend's pool; the CPU's Free does nothing).
+	runtime.AddCleanup(s, func(acc nn.Buffer) { be.Free(acc) }, s.acc)
+	return s
+}
 
 // sum is one all-reduce's accumulator, on the first member's backend.
 type sum struct {
