@@ -60,8 +60,11 @@ type Stage struct {
 // Replica is one replica's figures. Busy, idle and blocked seconds add up
 // to the replica's lifetime.
 type Replica struct {
-	Index          int     `json:"index"`
-	Device         string  `json:"device"`
+	Index  int    `json:"index"`
+	Device string `json:"device"`
+	// Worker is the cluster worker the replica ran on (a cluster run;
+	// "a>b" when it restarted on b after a was lost).
+	Worker         string  `json:"worker,omitempty"`
 	ItemsIn        int64   `json:"items_in"`
 	ItemsOut       int64   `json:"items_out"`
 	BusySeconds    float64 `json:"busy_seconds"`

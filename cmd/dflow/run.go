@@ -29,6 +29,8 @@ func cmdRun(e *env, args []string) int {
 	uiAddr := fs.String("ui", "", "serve a live page of the run at http://`HOST:PORT`/: the graph, queues, replicas, node metrics, diagnosis (:8080 binds to loopback only)")
 	uiLinger := fs.Duration("ui-linger", 5*time.Second, "with --ui, keep the page up this `DURATION` after the run ends (Ctrl-C closes it sooner)")
 	plotPath := fs.String("plot", "", "at the end, draw queue depth, busy and idle share over time into `FILE`, a .png or .jpg (needs an --interval)")
+	var cf clusterFlags
+	cf.register(fs)
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
@@ -37,6 +39,9 @@ func cmdRun(e *env, args []string) int {
 		return usageErr(e, "run", "want exactly one spec, got %d", len(files))
 	}
 	if err := checkInterval(*interval); err != nil {
+		return usageErr(e, "run", "%v", err)
+	}
+	if err := cf.check(); err != nil {
 		return usageErr(e, "run", "%v", err)
 	}
 	if *plotPath != "" && *interval == 0 {
@@ -67,7 +72,19 @@ func cmdRun(e *env, args []string) int {
 	if *interval > 0 {
 		opts.Observe = status.Observe
 	}
-	p, err := run.New(g, opts)
+	var p runner
+	var err error
+	if cf.on() { // across hosts (workercmd.go)
+		var stop func()
+		p, stop, err = e.coordinator(&cf, &sf, files[0], g, opts)
+		defer stop()
+		if err != nil {
+			fmt.Fprintf(e.stderr, "dflow run: cluster: %v\n", err)
+			return exitFailed
+		}
+	} else {
+		p, err = run.New(g, opts)
+	}
 	if err == nil && *metricsAddr != "" {
 		url, shutdown, merr := monitor.Serve(*metricsAddr, monitor.NewCollector(p.Snapshot))
 		if merr != nil {

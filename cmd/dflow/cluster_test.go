@@ -1,0 +1,322 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
+)
+
+// Cluster tests: loopback only, the workers are this test binary acting as
+// dflow (DFLOW_AS_MAIN=1), every process is ours and killed by pid at the
+// end.
+
+// checkClusterReport asserts the seed's counts and that the replicas name
+// the workers they ran on.
+func checkClusterReport(t *testing.T, rep *report.Report, items int64, workers int) {
+	t.Helper()
+	if rep.Status != report.OK {
+		t.Fatalf("status %s: %s", rep.Status, rep.Error)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != items || e.Consumed != items {
+			t.Errorf("edge %s: produced %d, consumed %d, want %d", name, e.Produced, e.Consumed, items)
+		}
+	}
+	on := map[string]bool{}
+	for name, st := range rep.Stages {
+		for _, r := range st.Replicas {
+			if r.Worker == "" {
+				t.Errorf("%s[%d] names no worker", name, r.Index)
+			}
+			on[r.Worker] = true
+		}
+	}
+	if len(on) != workers {
+		t.Errorf("replicas ran on %v, want %d workers", on, workers)
+	}
+}
+
+// TestLocalClusterSeed: dflow run specs/seed.hcl --local-cluster 3, the
+// seed's 5 targets on 3 drafters over three worker processes, under both
+// policies of hs: counts exact, the same summary as a local run.
+func TestLocalClusterSeed(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker processes
+	for _, policy := range []string{"round_robin", "shared"} {
+		t.Run(policy, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "r.json")
+			code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "3", "--report", out, "--interval", "500ms",
+				"--set", "edge.hs.policy="+policy, "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+			if code != exitOK || !strings.Contains(stderr, "run ok") || !strings.Contains(stderr, "edge  hs         "+policy) {
+				t.Fatalf("code %d\n%s", code, stderr)
+			}
+			checkClusterReport(t, readReport(t, out), 300, 3)
+		})
+	}
+}
+
+// proc is a dflow process of the test's.
+type proc struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	waited chan struct{}
+}
+
+func startDflow(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(append(os.Environ(), "DFLOW_AS_MAIN=1"), env...)
+	p := &proc{cmd: cmd, out: &syncBuffer{}, waited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.waited) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.waited:
+		default:
+			cmd.Process.Kill()
+			<-p.waited
+		}
+	})
+	return p
+}
+
+// wait waits for the process to exit, at most d.
+func (p *proc) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.waited:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(d):
+		t.Fatalf("%v did not exit within %v:\n%s", p.cmd.Args[1:], d, p.out.String())
+		return -1
+	}
+}
+
+func (p *proc) output() string {
+	p.out.mu.Lock()
+	defer p.out.mu.Unlock()
+	return p.out.b.String()
+}
+
+func startServer(t *testing.T) *cluster.Server {
+	t.Helper()
+	srv, err := cluster.StartServer(cluster.ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// TestWorkerWithoutToken: a worker without the cluster's token, or with
+// a wrong one, is refused with words that say so.
+func TestWorkerWithoutToken(t *testing.T) {
+	srv := startServer(t)
+	for _, env := range [][]string{{"DFLOW_CLUSTER_TOKEN="}, {"DFLOW_CLUSTER_TOKEN=wrong"}} {
+		p := startDflow(t, env, "worker", "--join", srv.URL, "--name", "intruder")
+		if code := p.wait(t, 20*time.Second); code != exitFailed || !strings.Contains(p.output(), "refused the connection") ||
+			!strings.Contains(p.output(), "DFLOW_CLUSTER_TOKEN") {
+			t.Errorf("%v: code %d\n%s", env, code, p.output())
+		}
+	}
+	if !strings.HasPrefix(srv.URL, "nats://127.0.0.1:") {
+		t.Errorf("the embedded server listens at %s, want loopback", srv.URL)
+	}
+}
+
+// workers starts n worker processes joined to url.
+func workers(t *testing.T, url, token string, n int, extra ...string) []*proc {
+	var ps []*proc
+	for i := range n {
+		ps = append(ps, startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + token},
+			append([]string{"worker", "--join", url, "--name", fmt.Sprintf("w%d", i+1)}, extra...)...))
+	}
+	return ps
+}
+
+// TestExternalServer: the seed over three workers on a nats-server process
+// built from the module (go build github.com/nats-io/nats-server/v2), not
+// the embedded one.
+func TestExternalServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nats-server")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "nats-server")
+	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Skipf("cannot build nats-server: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	token := cluster.NewToken()
+	srv := startDflowBin(t, bin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", filepath.Join(dir, "js"), "--auth", token)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server did not listen:\n%s", srv.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ws := workers(t, url, token, 3)
+	out := filepath.Join(dir, "r.json")
+	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--cluster", url, "--token", token, "--workers", "3", "--report", out,
+		"--set", "edge.hs.policy=shared", "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+	if code != exitOK {
+		t.Fatalf("code %d\n%s\nworker 1:\n%s", code, stderr, ws[0].output())
+	}
+	checkClusterReport(t, readReport(t, out), 300, 3)
+	for _, w := range ws {
+		w.cmd.Process.Signal(os.Interrupt)
+		w.wait(t, 10*time.Second)
+	}
+}
+
+func startDflowBin(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	p := &proc{cmd: cmd, out: &syncBuffer{}, waited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.waited) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.waited
+	})
+	return p
+}
+
+// coordinate runs a spec over the cluster from this process, calling
+// during with the coordinator once the run has begun.
+func coordinate(t *testing.T, srv *cluster.Server, n int, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
+	t.Helper()
+	var args []string
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
+	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n}
+	sf := &specFlags{sets: sets}
+	g := e.load(sf, "../../specs/seed.hcl")
+	if g == nil {
+		t.Fatal("spec")
+	}
+	r, stop, err := e.coordinator(cf, sf, "../../specs/seed.hcl", g, run.Options{Registry: e.registry, Interval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	c := r.(*cluster.Coordinator)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	go during(c)
+	start := time.Now()
+	rep, err := c.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("the run hung: %v", err)
+	}
+	return rep, err, time.Since(start)
+}
+
+// sinkGot polls the coordinator until the sink has n items.
+func sinkGot(c *cluster.Coordinator, n int64, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		s := c.Snapshot()
+		for _, st := range s.Stages {
+			if st.Name == "done" && len(st.Replicas) > 0 && st.Replicas[0].ItemsIn >= n {
+				return true
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+// TestWorkerKilled: a worker SIGKILLed mid-run. Its replicas are
+// stateless (target and an unsynchronized drafter): they restart on a live
+// worker, the items it held come back, and the sink gets every item once.
+func TestWorkerKilled(t *testing.T) {
+	srv := startServer(t)
+	ws := workers(t, srv.URL, srv.Token, 3)
+	rep, err, _ := coordinate(t, srv, 3, func(c *cluster.Coordinator) {
+		if !sinkGot(c, 60, 30*time.Second) {
+			t.Error("the run did not get going")
+			return
+		}
+		ws[1].cmd.Process.Signal(syscall.SIGKILL) // w2: targets and a drafter, no source, no sink
+	}, "stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
+	if err != nil {
+		t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
+	}
+	got := rep.Stages["done"].Replicas[0].ItemsIn
+	if got != 300 {
+		t.Errorf("the sink got %d items, want 300 (each once)", got)
+	}
+	restarted := false
+	for _, r := range rep.Stages["target"].Replicas {
+		restarted = restarted || strings.HasPrefix(r.Worker, "w2>")
+	}
+	if !restarted {
+		t.Errorf("no target replica restarted: %+v", rep.Stages["target"].Replicas)
+	}
+}
+
+// TestStatefulLost: a worker holding a replica of a synchronized stage
+// SIGKILLed: the run fails within seconds, naming the worker, the stage and
+// the replica.
+func TestStatefulLost(t *testing.T) {
+	srv := startServer(t)
+	ws := workers(t, srv.URL, srv.Token, 3)
+	var killed time.Time
+	rep, err, _ := coordinate(t, srv, 3, func(c *cluster.Coordinator) {
+		if !sinkGot(c, 30, 30*time.Second) {
+			t.Error("the run did not get going")
+			return
+		}
+		killed = time.Now()
+		ws[1].cmd.Process.Signal(syscall.SIGKILL)
+	}, "stage.target.config.service_time=30ms", "stage.drafter.config.service_time=15ms")
+	if err == nil || !strings.Contains(err.Error(), "worker w2 lost") || !strings.Contains(err.Error(), `stage "drafter" replica 1`) {
+		t.Fatalf("err = %v", err)
+	}
+	if took := time.Since(killed); took > 10*time.Second {
+		t.Errorf("the run failed %v after the kill", took)
+	}
+	if rep.Status != report.Failed {
+		t.Errorf("status %s", rep.Status)
+	}
+	for _, w := range []*proc{ws[0], ws[2]} {
+		select {
+		case <-w.waited:
+			t.Errorf("a live worker exited:\n%s", w.output())
+		default:
+		}
+	}
+}

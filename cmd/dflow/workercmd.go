@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
+)
+
+// The cluster side of the CLI: dflow worker, and dflow run's --cluster,
+// --local-cluster and --serve (docs/cluster.md).
+
+const tokenEnv = "DFLOW_CLUSTER_TOKEN"
+
+func cmdWorker(e *env, args []string) int {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	join := fs.String("join", "", "the cluster's server, `URL` such as nats://10.0.0.5:4222 (the one dflow run --serve or --local-cluster prints, or a nats-server of your own with JetStream)")
+	host, _ := os.Hostname()
+	name := fs.String("name", defaultWorkerName(host), "the worker's `NAME` in placements and reports: letters, digits, - and _")
+	tok := fs.String("token", "", "the cluster's `TOKEN` (default $"+tokenEnv+")")
+	ca := fs.String("tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
+	once := fs.Bool("once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
+	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN]")
+	if !ok {
+		return code
+	}
+	if len(pos) != 0 {
+		return usageErr(e, "worker", "takes no arguments, got %q", pos)
+	}
+	if *join == "" {
+		return usageErr(e, "worker", "--join URL is required: the cluster's server")
+	}
+	if *tok == "" {
+		*tok = os.Getenv(tokenEnv)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, CA: *ca, Name: "dflow worker " + *name, OnClosed: cancel})
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
+		return exitFailed
+	}
+	defer nc.Close()
+	if e.signals != nil {
+		go func() {
+			select {
+			case <-e.signals:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once,
+		Load: func(job *cluster.Job) (*graph.Graph, error) {
+			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets, Plugins: e.loadPlugins}
+			g, diags := l.Load(job.Filename, job.Src)
+			if diags.HasErrors() {
+				return nil, diags
+			}
+			return g, nil
+		}})
+	if err != nil {
+		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
+		return exitFailed
+	}
+	return exitOK
+}
+
+var nameChars = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+func defaultWorkerName(host string) string {
+	if host == "" {
+		host = "worker"
+	}
+	return nameChars.ReplaceAllString(host, "-") + "-" + strconv.Itoa(os.Getpid())
+}
+
+// clusterFlags are dflow run's cluster flags.
+type clusterFlags struct {
+	url, token, ca, serve, cert, key string
+	local, workers                   int
+}
+
+func (f *clusterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.url, "cluster", "", "run on the cluster whose server is at `URL` (nats:// or tls://): this process coordinates, the workers (dflow worker --join URL) run the replicas")
+	fs.IntVar(&f.local, "local-cluster", 0, "try a cluster on this machine: an embedded server on loopback and `N` worker processes")
+	fs.StringVar(&f.serve, "serve", "", "coordinate with an embedded server listening on `HOST:PORT` for workers on other hosts (:4222 is loopback only; 0.0.0.0:4222 exposes it); prints the URL and token to join")
+	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait for `N` workers (default: those that joined within 2s)")
+	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
+	fs.StringVar(&f.ca, "tls-ca", "", "for a tls:// server, the PEM `FILE` of its CA")
+	fs.StringVar(&f.cert, "tls-cert", "", "with --serve, the embedded server's TLS certificate `FILE` (PEM); with --tls-key, the server speaks TLS only")
+	fs.StringVar(&f.key, "tls-key", "", "with --serve, the TLS certificate's key `FILE` (PEM)")
+}
+
+func (f *clusterFlags) on() bool { return f.url != "" || f.local > 0 || f.serve != "" }
+
+func (f *clusterFlags) check() error {
+	n := 0
+	for _, set := range []bool{f.url != "", f.local > 0, f.serve != ""} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case n > 1:
+		return errors.New("give one of --cluster, --local-cluster and --serve")
+	case f.local < 0:
+		return errors.New("--local-cluster wants a number of workers, at least 1")
+	case (f.cert == "") != (f.key == ""):
+		return errors.New("--tls-cert and --tls-key go together")
+	}
+	return nil
+}
+
+// runner is what dflow run drives: a local pipeline or a cluster's
+// coordinator.
+type runner interface {
+	Snapshot() *report.Snapshot
+	Run(ctx context.Context) (*report.Report, error)
+}
+
+// coordinator makes the cluster runner: it starts the embedded server and
+// the local workers when asked, waits for the workers and places the
+// replicas. cleanup stops what it started.
+func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph.Graph, opts run.Options) (r runner, cleanup func(), err error) {
+	var stops []func()
+	cleanup = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			cleanup()
+		}
+	}()
+	url, token := cf.url, cf.token
+	if token == "" {
+		token = os.Getenv(tokenEnv)
+	}
+	workers := cf.workers
+	if cf.local > 0 || cf.serve != "" {
+		srv, err := cluster.StartServer(cluster.ServerOptions{Addr: cf.serve, Token: token, TLSCert: cf.cert, TLSKey: cf.key})
+		if err != nil {
+			return nil, cleanup, err
+		}
+		stops = append(stops, srv.Shutdown)
+		url, token = srv.URL, srv.Token
+		if cf.serve != "" {
+			fmt.Fprintf(e.stderr, "dflow: cluster server at %s; on each host: %s=%s dflow worker --join %s\n", url, tokenEnv, token, url)
+		}
+	}
+	if cf.local > 0 {
+		workers = cf.local
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, cleanup, err
+		}
+		for i := range cf.local {
+			cmd := exec.Command(exe, "worker", "--join", url, "--name", fmt.Sprintf("local%d", i+1), "--once")
+			cmd.Env = append(os.Environ(), tokenEnv+"="+token)
+			cmd.Stderr = e.stderr
+			if err := cmd.Start(); err != nil {
+				return nil, cleanup, fmt.Errorf("starting local worker %d: %v", i+1, err)
+			}
+			waited := make(chan struct{})
+			go func() { cmd.Wait(); close(waited) }()
+			stops = append(stops, func() {
+				select {
+				case <-waited:
+				case <-time.After(5 * time.Second):
+					cmd.Process.Kill() // ours, by pid
+					<-waited
+				}
+			})
+		}
+		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes\n", url, cf.local)
+	}
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, CA: cf.ca, Name: "dflow run " + file})
+	if err != nil {
+		return nil, cleanup, err
+	}
+	stops = append(stops, nc.Close)
+	src, err := os.ReadFile(file)
+	if err != nil {
+		return nil, cleanup, err
+	}
+	vars := sf.overrides().Vars
+	c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
+		Conn: nc, Graph: g, Workers: workers, Registry: e.registry,
+		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, VarFiles: sf.varFiles, Sets: sf.sets},
+		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr,
+	})
+	if err != nil {
+		return nil, cleanup, err
+	}
+	return c, cleanup, nil
+}

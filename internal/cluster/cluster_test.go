@@ -1,0 +1,142 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	_ "github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/report"
+)
+
+// load is the workers' and the test's way to build a job's graph.
+func load(job *Job) (*graph.Graph, error) {
+	l := &graph.Loader{Catalog: nodes.Default, Vars: job.Vars, Sets: job.Sets}
+	g, diags := l.Load(job.Filename, job.Src)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return g, nil
+}
+
+// cluster is an embedded server and n in-process workers, each with a
+// connection of its own.
+type testCluster struct {
+	srv    *Server
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startCluster(t *testing.T, n int) *testCluster {
+	t.Helper()
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCluster{srv: srv}
+	ctx, cancel := context.WithCancel(context.Background())
+	tc.cancel = cancel
+	for i := range n {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: fmt.Sprintf("w%d", i+1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.wg.Add(1)
+		go func() {
+			defer tc.wg.Done()
+			defer nc.Close()
+			if err := RunWorker(ctx, WorkerOptions{Name: fmt.Sprintf("w%d", i+1), Conn: nc, Load: load}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		cancel()
+		tc.wg.Wait()
+		srv.Shutdown()
+	})
+	return tc
+}
+
+func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...string) (*report.Report, *Coordinator, error) {
+	t.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := Job{Filename: file, Src: src, Sets: sets}
+	g, err := load(&job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := Connect(ConnOptions{URL: tc.srv.URL, Token: tc.srv.Token, Name: "coordinator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: workers, Interval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("the cluster run hung: %v", err)
+	}
+	return rep, c, err
+}
+
+// TestSeedOnThreeWorkers: the seed's 5-on-3 spec over three in-process
+// workers, under both policies of hs: every edge carries the 300 items
+// once, and every replica names its worker.
+func TestSeedOnThreeWorkers(t *testing.T) {
+	tc := startCluster(t, 3)
+	for _, policy := range []string{"round_robin", "shared"} {
+		t.Run(policy, func(t *testing.T) {
+			rep, c, err := tc.run(t, "../../specs/seed.hcl", 3, "edge.hs.policy="+policy,
+				"stage.target.config.service_time=5ms", "stage.drafter.config.service_time=2ms")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Status != report.OK {
+				t.Fatalf("status %s: %s", rep.Status, rep.Error)
+			}
+			for _, name := range []string{"tokens", "hs", "trained"} {
+				e := rep.Edges[name]
+				if e.Produced != 300 || e.Consumed != 300 {
+					t.Errorf("edge %s: produced %d, consumed %d, want 300", name, e.Produced, e.Consumed)
+				}
+			}
+			workers := map[string]bool{}
+			for name, st := range rep.Stages {
+				for _, r := range st.Replicas {
+					if r.Worker == "" {
+						t.Errorf("%s[%d] names no worker", name, r.Index)
+					}
+					workers[r.Worker] = true
+				}
+			}
+			if len(workers) != 3 {
+				t.Errorf("replicas ran on %v, want 3 workers (placement %s)", workers, c.Placement())
+			}
+			if len(rep.Series) == 0 {
+				t.Error("no series")
+			}
+			var in int64
+			for _, r := range rep.Stages["done"].Replicas {
+				in += r.ItemsIn
+			}
+			if in != 300 {
+				t.Errorf("sink got %d items, want 300", in)
+			}
+			_ = strings.Join
+		})
+	}
+}

@@ -1,0 +1,827 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// CoordOptions configure a coordinator.
+type CoordOptions struct {
+	Conn *nats.Conn
+	// Graph is the spec as loaded here; Job carries its source and
+	// overrides (Filename, Src, Vars, VarFiles, Sets) for the workers.
+	Graph *graph.Graph
+	Job   Job
+	// Workers is how many workers to wait for; 0 takes those that have
+	// announced themselves within JoinWait (at least one).
+	Workers  int
+	JoinWait time.Duration
+	Registry *nodes.Registry
+	// Interval, Observe, Drain and Grace are as in run.Options.
+	Interval time.Duration
+	Observe  func(*report.Snapshot)
+	Drain    <-chan struct{}
+	Grace    time.Duration
+	// Log gets the placement and the faults, a line each.
+	Log io.Writer
+}
+
+// Coordinator runs one pipeline over a cluster's workers.
+type Coordinator struct {
+	o      CoordOptions
+	g      *graph.Graph
+	js     jetstream.JetStream
+	run    string
+	start  time.Time
+	remote map[string][]bool
+
+	mu        sync.Mutex
+	workers   []string
+	place     map[string][]string // stage -> instance per replica
+	instances map[string]*instance
+	seen      map[string]time.Time // worker -> last hello
+	restarts  int
+	snapAt    time.Time
+	snap      *report.Snapshot
+	series    []report.Sample
+}
+
+// instance is one share of the run: a worker's, or a restart's.
+type instance struct {
+	name, worker string
+	done, lost   bool
+	rep          *report.Report
+	last         *report.Snapshot
+}
+
+// NewCoordinator waits for the workers and places the replicas.
+func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
+	if o.Registry == nil {
+		o.Registry = nodes.Default
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	if o.JoinWait == 0 {
+		o.JoinWait = 2 * time.Second
+	}
+	if o.Grace == 0 {
+		o.Grace = 5 * time.Second
+	}
+	c := &Coordinator{o: o, g: o.Graph, seen: map[string]time.Time{}, instances: map[string]*instance{}}
+	var err error
+	if c.js, err = jetstream.New(o.Conn); err != nil {
+		return nil, err
+	}
+	b := make([]byte, 4)
+	rand.Read(b)
+	c.run = hex.EncodeToString(b)
+	sub, err := o.Conn.Subscribe("dflow.hello.*", c.hello)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	deadline := time.Now().Add(o.JoinWait)
+	if o.Workers > 0 {
+		deadline = time.Now().Add(max(o.JoinWait, 30*time.Second))
+	}
+	for {
+		idle := c.idle()
+		if o.Workers > 0 && len(idle) >= o.Workers {
+			c.workers = idle[:o.Workers]
+			break
+		}
+		if time.Now().After(deadline) {
+			if o.Workers == 0 && len(idle) > 0 {
+				c.workers = idle
+				break
+			}
+			return nil, fmt.Errorf("cluster: %d idle worker(s) joined within %v, want %d (start them with dflow worker --join URL)", len(idle), time.Until(deadline)+max(o.JoinWait, 30*time.Second), max(o.Workers, 1))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	c.place, c.remote = Place(c.g, c.workers)
+	return c, nil
+}
+
+func (c *Coordinator) hello(m *nats.Msg) {
+	var h hello
+	if json.Unmarshal(m.Data, &h) != nil || !validName.MatchString(h.Name) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.Busy && c.instances[h.Name] == nil {
+		delete(c.seen, h.Name) // busy with another run
+		return
+	}
+	c.seen[h.Name] = time.Now()
+}
+
+// idle lists the workers heard from lately, sorted.
+func (c *Coordinator) idle() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ws []string
+	for w, t := range c.seen {
+		if time.Since(t) < lostAfter {
+			ws = append(ws, w)
+		}
+	}
+	sort.Strings(ws)
+	return ws
+}
+
+// Place spreads every stage's replicas evenly over the workers, stage
+// after stage (replica i of the k-th replica in the spec's order goes to
+// worker k mod W), and says which queues ride JetStream: those whose
+// producers and consumers are not all in one worker.
+func Place(g *graph.Graph, workers []string) (place map[string][]string, remote map[string][]bool) {
+	place, remote = map[string][]string{}, map[string][]bool{}
+	k := 0
+	for _, s := range g.Stages {
+		for range s.Replicas {
+			place[s.Name] = append(place[s.Name], workers[k%len(workers)])
+			k++
+		}
+	}
+	for _, e := range g.Edges {
+		for _, q := range e.Queues {
+			at := map[string]bool{}
+			for _, p := range q.Producers {
+				at[place[e.From.Stage.Name][p]] = true
+			}
+			for _, cr := range q.Consumers {
+				at[place[e.To.Stage.Name][cr]] = true
+			}
+			remote[e.Name] = append(remote[e.Name], len(at) > 1)
+		}
+	}
+	return place, remote
+}
+
+// Placement says where each replica runs, one line.
+func (c *Coordinator) Placement() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parts []string
+	for _, s := range c.g.Stages {
+		parts = append(parts, fmt.Sprintf("%s %s", s.Name, strings.Join(c.place[s.Name], ",")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Workers are the workers the run uses.
+func (c *Coordinator) Workers() []string { return slices.Clone(c.workers) }
+
+// Place returns where each replica runs: stage -> worker per replica.
+func (c *Coordinator) Where() map[string][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]string{}
+	for k, v := range c.place {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// Run starts the workers' shares, waits for them and returns the merged
+// report. Cancelling ctx aborts the whole cluster; closing Drain drains
+// it.
+func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
+	nc := c.o.Conn
+	c.start = time.Now()
+	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote)
+	cancel()
+	defer teardownRun(c.js, c.run, c.g, c.remote)
+	if err != nil {
+		return c.failed(err), err
+	}
+	var subs []*nats.Subscription
+	defer func() {
+		for _, s := range subs {
+			s.Unsubscribe()
+		}
+	}()
+	for _, s := range c.g.Stages {
+		if spread(c.place[s.Name]) {
+			h := newGroupHost(s.Name, s.Replicas)
+			sub, err := nc.Subscribe(subjGroup(c.run, s.Name), h.handle)
+			if err != nil {
+				return c.failed(err), err
+			}
+			subs = append(subs, sub)
+		}
+	}
+	dones := make(chan *nats.Msg, 64)
+	dsub, err := nc.ChanSubscribe(subjDone(c.run), dones)
+	if err != nil {
+		return c.failed(err), err
+	}
+	subs = append(subs, dsub)
+	hsub, err := nc.Subscribe("dflow.hello.*", c.hello)
+	if err != nil {
+		return c.failed(err), err
+	}
+	subs = append(subs, hsub)
+	hbStop := make(chan struct{})
+	defer close(hbStop)
+	go func() {
+		t := time.NewTicker(hbEvery)
+		defer t.Stop()
+		for {
+			nc.Publish(subjHB(c.run), nil)
+			select {
+			case <-hbStop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	nc.Flush()
+	for _, w := range c.workers {
+		c.instances[w] = &instance{name: w, worker: w}
+	}
+	for _, w := range c.workers {
+		if err := c.startInstance(w, w); err != nil {
+			nc.Publish(subjAbort(c.run), nil)
+			return c.failed(err), err
+		}
+	}
+	fmt.Fprintf(c.o.Log, "dflow: cluster run %s on %s: %s\n", c.run, strings.Join(c.workers, ", "), c.Placement())
+
+	var firstErr error
+	status := ""
+	drain := c.o.Drain
+	live := time.NewTicker(hbEvery)
+	defer live.Stop()
+	var series <-chan time.Time
+	if c.o.Interval > 0 {
+		t := time.NewTicker(c.o.Interval)
+		defer t.Stop()
+		series = t.C
+	}
+	var prev *report.Snapshot
+	abort := func() { nc.Publish(subjAbort(c.run), nil); nc.Flush() }
+	var abortedAt time.Time
+	for !c.allDone() {
+		select {
+		case m := <-dones:
+			var d done
+			if json.Unmarshal(m.Data, &d) != nil {
+				continue
+			}
+			m.Respond(nil)
+			rep := &report.Report{}
+			if json.Unmarshal(d.Report, rep) != nil {
+				rep = nil
+			}
+			c.mu.Lock()
+			if in := c.instances[d.Instance]; in != nil && !in.lost {
+				in.done, in.rep = true, rep
+			}
+			c.mu.Unlock()
+			if d.Err != "" && firstErr == nil {
+				firstErr = errors.New(d.Err)
+				abort()
+			}
+		case <-drain:
+			drain = nil
+			status = report.Interrupted
+			nc.Publish(subjDrain(c.run), nil)
+		case <-ctx.Done():
+			if abortedAt.IsZero() {
+				status, abortedAt = report.Aborted, time.Now()
+				abort()
+			} else if time.Since(abortedAt) > c.o.Grace+lostAfter {
+				c.giveUp()
+			}
+			select {
+			case m := <-dones:
+				dones <- m
+			case <-time.After(hbEvery):
+			}
+		case <-series:
+			s := c.Snapshot()
+			c.mu.Lock()
+			c.series = append(c.series, s.Sample(prev))
+			c.mu.Unlock()
+			prev = s
+			if c.o.Observe != nil {
+				c.o.Observe(s)
+			}
+		case <-live.C:
+			if err := c.checkLive(ctx); err != nil && firstErr == nil {
+				firstErr = err
+				abort()
+			}
+			if !abortedAt.IsZero() && time.Since(abortedAt) > c.o.Grace+lostAfter {
+				c.giveUp()
+			}
+		}
+		if firstErr != nil && abortedAt.IsZero() {
+			abortedAt = time.Now()
+		}
+	}
+	if c.o.Interval > 0 && (prev == nil || time.Since(prev.Time) >= c.o.Interval/2) {
+		s := c.merge(time.Now())
+		c.series = append(c.series, s.Sample(prev))
+	}
+	rep := c.merged(status, firstErr)
+	return rep, firstErr
+}
+
+// giveUp counts the instances that have not reported as lost.
+func (c *Coordinator) giveUp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, in := range c.instances {
+		if !in.done {
+			in.lost = true
+		}
+	}
+}
+
+func (c *Coordinator) allDone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, in := range c.instances {
+		if !in.done && !in.lost {
+			return false
+		}
+	}
+	return true
+}
+
+// startInstance sends worker the job of instance inst.
+func (c *Coordinator) startInstance(worker, inst string) error {
+	job := c.o.Job
+	job.Run, job.Instance, job.Grace = c.run, inst, c.o.Grace
+	c.mu.Lock()
+	job.Place = map[string][]string{}
+	for k, v := range c.place {
+		job.Place[k] = slices.Clone(v)
+	}
+	c.mu.Unlock()
+	job.Remote = c.remote
+	b, err := json.Marshal(&job)
+	if err != nil {
+		return err
+	}
+	m, err := c.o.Conn.Request(subjRun(worker), b, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("worker %s did not take its share: %v", worker, err)
+	}
+	var r reply
+	json.Unmarshal(m.Data, &r)
+	if r.Err != "" {
+		return errors.New(r.Err)
+	}
+	return nil
+}
+
+// checkLive looks for workers gone silent: their stateless replicas
+// restart on a live worker; a stateful replica lost fails the run.
+func (c *Coordinator) checkLive(ctx context.Context) error {
+	c.mu.Lock()
+	var lost []*instance
+	for _, in := range c.instances {
+		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > lostAfter {
+			in.lost = true
+			lost = append(lost, in)
+		}
+	}
+	c.mu.Unlock()
+	for _, in := range lost {
+		if err := c.recover(in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recover restarts the replicas of a lost instance on the live worker
+// with the fewest, or says which stateful replica was lost.
+func (c *Coordinator) recover(in *instance) error {
+	c.mu.Lock()
+	var moved []string
+	var stateful error
+	for _, s := range c.g.Stages {
+		for i, p := range c.place[s.Name] {
+			if p != in.name {
+				continue
+			}
+			if done := in.last != nil && replicaDone(in.last, s.Name, i); c.stateless(s) || done {
+				if !done || c.stateless(s) {
+					moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
+				}
+				continue
+			}
+			if stateful == nil {
+				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+					in.worker, lostAfter, s.Name, i, s.Node)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if stateful != nil {
+		fmt.Fprintf(c.o.Log, "dflow: %v\n", stateful)
+		return stateful
+	}
+	target := c.leastLoaded(in.worker)
+	if target == "" {
+		return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
+	}
+	c.mu.Lock()
+	c.restarts++
+	inst := fmt.Sprintf("%s-r%d", target, c.restarts)
+	for _, s := range c.g.Stages {
+		for i, p := range c.place[s.Name] {
+			if p == in.name {
+				c.place[s.Name][i] = inst
+			}
+		}
+	}
+	c.instances[inst] = &instance{name: inst, worker: target}
+	c.mu.Unlock()
+	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
+		in.worker, lostAfter, strings.Join(moved, ", "), target)
+	if len(moved) == 0 {
+		c.mu.Lock()
+		c.instances[inst].done = true
+		c.mu.Unlock()
+		return nil
+	}
+	return c.startInstance(target, inst)
+}
+
+func replicaDone(s *report.Snapshot, stage string, i int) bool {
+	for _, st := range s.Stages {
+		if st.Name == stage && i < len(st.Replicas) {
+			return st.Replicas[i].Done
+		}
+	}
+	return false
+}
+
+// stateless reports whether a stage's replicas may restart elsewhere: its
+// kind says so and its replicas do not step together.
+func (c *Coordinator) stateless(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+
+// leastLoaded is the live worker other than not running the fewest
+// replicas.
+func (c *Coordinator) leastLoaded(not string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	load := map[string]int{}
+	for _, w := range c.workers {
+		if w != not && time.Since(c.seen[w]) < lostAfter {
+			load[w] = 0
+		}
+	}
+	for _, s := range c.g.Stages {
+		for _, p := range c.place[s.Name] {
+			if in := c.instances[p]; in != nil {
+				if _, ok := load[in.worker]; ok {
+					load[in.worker]++
+				}
+			}
+		}
+	}
+	best := ""
+	for _, w := range c.workers {
+		if n, ok := load[w]; ok && (best == "" || n < load[best]) {
+			best = w
+		}
+	}
+	return best
+}
+
+// Snapshot is the cluster's live snapshot: every instance's, merged.
+func (c *Coordinator) Snapshot() *report.Snapshot {
+	c.mu.Lock()
+	if c.snap != nil && time.Since(c.snapAt) < 100*time.Millisecond {
+		s := c.snap
+		c.mu.Unlock()
+		return s
+	}
+	var ask []*instance
+	for _, in := range c.instances {
+		if !in.done && !in.lost {
+			ask = append(ask, in)
+		}
+	}
+	run := c.run
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, in := range ask {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := c.o.Conn.Request(subjSnap(run, in.name), nil, time.Second)
+			if err != nil {
+				return
+			}
+			s := &report.Snapshot{}
+			if json.Unmarshal(m.Data, s) == nil {
+				c.mu.Lock()
+				in.last = s
+				c.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	s := c.merge(time.Now())
+	c.mu.Lock()
+	c.snap, c.snapAt = s, time.Now()
+	c.mu.Unlock()
+	return s
+}
+
+// merge builds one snapshot from the instances' latest.
+func (c *Coordinator) merge(now time.Time) *report.Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := &report.Snapshot{Time: now}
+	if !c.start.IsZero() {
+		out.Elapsed = now.Sub(c.start)
+	}
+	var snaps []*report.Snapshot
+	byName := map[string]*report.Snapshot{}
+	for _, in := range c.sortedInstances() {
+		if in.last != nil {
+			snaps = append(snaps, in.last)
+			byName[in.name] = in.last
+		}
+	}
+	if len(snaps) == 0 {
+		return out
+	}
+	for si, st := range snaps[0].Stages {
+		ms := report.StageSnapshot{Name: st.Name, Node: st.Node, Source: st.Source, Total: st.Total,
+			Metrics: map[string]float64{}, Counters: map[string]bool{}}
+		gauges := map[string]int{}
+		for _, s := range snaps {
+			if si >= len(s.Stages) {
+				continue
+			}
+			for k, v := range s.Stages[si].Metrics {
+				if s.Stages[si].Counters[k] {
+					ms.Counters[k] = true
+					ms.Metrics[k] += v
+				} else {
+					ms.Metrics[k] += v
+					gauges[k]++
+				}
+			}
+		}
+		for k, n := range gauges {
+			if !ms.Counters[k] && n > 1 {
+				ms.Metrics[k] /= float64(n)
+			}
+		}
+		for i := range st.Replicas {
+			r := st.Replicas[i]
+			owner := c.place[st.Name][i]
+			if s := byName[owner]; s != nil && si < len(s.Stages) && i < len(s.Stages[si].Replicas) {
+				r = s.Stages[si].Replicas[i]
+			}
+			// a restarted replica adds what it did before the loss
+			for _, in := range c.instances {
+				if in.lost && in.last != nil && in.name != owner && c.ranHere(in, st.Name, i) && si < len(in.last.Stages) {
+					lr := in.last.Stages[si].Replicas[i]
+					r.ItemsIn += lr.ItemsIn
+					r.ItemsOut += lr.ItemsOut
+				}
+			}
+			ms.Replicas = append(ms.Replicas, r)
+		}
+		out.Stages = append(out.Stages, ms)
+	}
+	for ei, e := range snaps[0].Edges {
+		me := e
+		me.Produced, me.Consumed = 0, 0
+		me.Queues = slices.Clone(e.Queues)
+		for qi := range me.Queues {
+			me.Queues[qi].Depth, me.Queues[qi].Open = 0, nil
+		}
+		for _, s := range snaps {
+			if ei >= len(s.Edges) {
+				continue
+			}
+			me.Produced += s.Edges[ei].Produced
+			me.Consumed += s.Edges[ei].Consumed
+			for qi, q := range s.Edges[ei].Queues {
+				if qi < len(me.Queues) {
+					me.Queues[qi].Depth = max(me.Queues[qi].Depth, q.Depth)
+					me.Queues[qi].Open = append(me.Queues[qi].Open, q.Open...)
+				}
+			}
+		}
+		for qi := range me.Queues {
+			slices.Sort(me.Queues[qi].Open)
+			me.Queues[qi].Open = slices.Compact(me.Queues[qi].Open)
+		}
+		out.Edges = append(out.Edges, me)
+	}
+	for _, s := range snaps {
+		out.Draining = out.Draining || s.Draining
+	}
+	return out
+}
+
+// ranHere reports whether replica i of stage ran in instance in (before
+// a restart moved it).
+func (c *Coordinator) ranHere(in *instance, stage string, i int) bool {
+	return in.last != nil && !replicaAway(in, stage, i)
+}
+
+func replicaAway(in *instance, stage string, i int) bool {
+	// An instance runs a replica when its snapshot shows the replica
+	// doing anything; an away one never moves.
+	for _, st := range in.last.Stages {
+		if st.Name == stage && i < len(st.Replicas) {
+			r := st.Replicas[i]
+			return r.ItemsIn == 0 && r.ItemsOut == 0 && r.Busy == 0
+		}
+	}
+	return true
+}
+
+func (c *Coordinator) sortedInstances() []*instance {
+	var out []*instance
+	for _, in := range c.instances {
+		out = append(out, in)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// merged builds the run's report from the instances' reports.
+func (c *Coordinator) merged(status string, err error) *report.Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	rep := &report.Report{Spec: c.g.Filename, Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
+		Series: c.series, Diagnosis: []string{}, Started: c.start.Round(0), WallSeconds: now.Sub(c.start).Seconds()}
+	if rep.Series == nil {
+		rep.Series = []report.Sample{}
+	}
+	var reps []*report.Report
+	byName := map[string]*report.Report{}
+	worst := report.OK
+	rank := map[string]int{report.OK: 0, report.Interrupted: 1, report.Aborted: 2, report.Failed: 3}
+	for _, in := range c.sortedInstances() {
+		if in.rep != nil {
+			reps = append(reps, in.rep)
+			byName[in.name] = in.rep
+			if rank[in.rep.Status] > rank[worst] {
+				worst = in.rep.Status
+			}
+		}
+	}
+	workerOf := func(inst string) string {
+		if in := c.instances[inst]; in != nil {
+			return in.worker
+		}
+		return inst
+	}
+	for _, s := range c.g.Stages {
+		st := report.Stage{Node: s.Node, Metrics: map[string]float64{}}
+		counters := map[string]bool{}
+		if c.snap != nil {
+			for _, ss := range c.snap.Stages {
+				if ss.Name == s.Name {
+					counters = ss.Counters
+				}
+			}
+		}
+		hosts := 0
+		for _, r := range reps {
+			rs, ok := r.Stages[s.Name]
+			if !ok {
+				continue
+			}
+			here := false
+			for i := range rs.Replicas {
+				here = here || (i < len(c.place[s.Name]) && byName[c.place[s.Name][i]] == r)
+			}
+			if !here && len(rs.Metrics) == 0 {
+				continue
+			}
+			hosts++
+			for k, v := range rs.Metrics {
+				st.Metrics[k] += v
+			}
+		}
+		for k := range st.Metrics {
+			if !counters[k] && hosts > 1 {
+				st.Metrics[k] /= float64(hosts)
+			}
+		}
+		for i := range s.Replicas {
+			inst := c.place[s.Name][i]
+			r := report.Replica{Index: i, Device: s.Device(i)}
+			if own := byName[inst]; own != nil && i < len(own.Stages[s.Name].Replicas) {
+				r = own.Stages[s.Name].Replicas[i]
+			}
+			r.Worker = workerOf(inst)
+			for _, in := range c.instances {
+				if in.lost && in.name != inst && in.last != nil && c.ranHere(in, s.Name, i) {
+					for _, ss := range in.last.Stages {
+						if ss.Name == s.Name {
+							r.ItemsIn += ss.Replicas[i].ItemsIn
+							r.ItemsOut += ss.Replicas[i].ItemsOut
+						}
+					}
+					r.Worker = in.worker + ">" + r.Worker
+				}
+			}
+			st.Replicas = append(st.Replicas, r)
+		}
+		rep.Stages[s.Name] = st
+	}
+	for _, e := range c.g.Edges {
+		re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes}
+		for _, q := range e.Queues {
+			re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
+		}
+		for _, r := range reps {
+			ed, ok := r.Edges[e.Name]
+			if !ok {
+				continue
+			}
+			re.Produced += ed.Produced
+			re.Consumed += ed.Consumed
+			for qi, q := range ed.Queues {
+				if qi < len(re.Queues) {
+					re.Queues[qi].MaxDepth = max(re.Queues[qi].MaxDepth, q.MaxDepth)
+					re.Queues[qi].MeanDepth = max(re.Queues[qi].MeanDepth, q.MeanDepth)
+				}
+			}
+		}
+		for _, in := range c.instances {
+			if in.lost && in.last != nil {
+				for _, es := range in.last.Edges {
+					if es.Name == e.Name {
+						re.Produced += es.Produced
+						re.Consumed += es.Consumed
+					}
+				}
+			}
+		}
+		rep.Edges[e.Name] = re
+	}
+	var stages, edges []string
+	for _, s := range c.g.Stages {
+		stages = append(stages, s.Name)
+	}
+	for _, e := range c.g.Edges {
+		edges = append(edges, e.Name)
+	}
+	rep.SetOrder(stages, edges)
+	switch {
+	case err != nil:
+		rep.Status = report.Failed
+	case status == report.Aborted:
+		rep.Status = report.Aborted
+	case status == report.Interrupted && worst != report.Failed:
+		rep.Status = report.Interrupted
+	default:
+		rep.Status = worst
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	}
+	return rep
+}
+
+// failed is the report of a run that could not start.
+func (c *Coordinator) failed(err error) *report.Report {
+	rep := c.merged(report.Failed, err)
+	return rep
+}
+
+// Run is the cluster's run id.
+func (c *Coordinator) RunID() string { return c.run }

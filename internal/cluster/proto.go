@@ -1,0 +1,87 @@
+package cluster
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Job is what the coordinator sends a worker: the spec as the coordinator
+// loaded it (source and overrides, so every worker builds the same graph)
+// and where every replica runs.
+type Job struct {
+	Run      string            `json:"run"`
+	Filename string            `json:"filename"`
+	Src      []byte            `json:"src"`
+	Vars     map[string]string `json:"vars,omitempty"`
+	VarFiles []string          `json:"var_files,omitempty"`
+	Sets     []string          `json:"sets,omitempty"`
+	// Place[stage][i] is the instance that runs replica i of stage.
+	Place map[string][]string `json:"place"`
+	// Remote[edge][i] says whether queue i of edge rides JetStream.
+	Remote map[string][]bool `json:"remote"`
+	Grace  time.Duration     `json:"grace"`
+	// Instance names the share of the job this request starts: the
+	// worker's name, or a restart's name (worker/rN) for replicas moved
+	// from a lost worker.
+	Instance string `json:"instance"`
+}
+
+// hello is a worker's announcement.
+type hello struct {
+	Name string `json:"name"`
+	Busy bool   `json:"busy"`
+}
+
+// done is an instance's report at the end of its share.
+type done struct {
+	Instance string `json:"instance"`
+	Report   []byte `json:"report"`
+	Err      string `json:"err,omitempty"`
+	Failed   bool   `json:"failed"`
+}
+
+// reply is the answer to a request: empty Err means accepted.
+type reply struct {
+	Err string `json:"err,omitempty"`
+}
+
+func subjHello(name string) string          { return "dflow.hello." + name }
+func subjRun(worker string) string          { return "dflow.w." + worker + ".run" }
+func subjExit(worker string) string         { return "dflow.w." + worker + ".exit" }
+func subjHB(run string) string              { return "dflow.r." + run + ".hb" }
+func subjAbort(run string) string           { return "dflow.r." + run + ".abort" }
+func subjDrain(run string) string           { return "dflow.r." + run + ".drain" }
+func subjDone(run string) string            { return "dflow.r." + run + ".done" }
+func subjSnap(run, inst string) string      { return "dflow.r." + run + ".snap." + token(inst) }
+func subjGroup(run, stage string) string    { return "dflow.r." + run + ".grp." + token(stage) }
+func subjQueue(run string, e, q int) string { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
+func streamQueue(run string, e, q int) string {
+	return fmt.Sprintf("DFQ_%s_%d_%d", run, e, q)
+}
+func streamBlob(run string) string { return "DFB_" + run }
+func subjBlob(run, id string, k int) string {
+	return fmt.Sprintf("dflow.b.%s.%s.%d", run, id, k)
+}
+func bucketEnds(run string) string { return "DFE_" + run }
+func keyEnd(e, q, producer int) string {
+	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
+}
+
+// token makes a name safe as one subject token.
+func token(s string) string { return badToken.ReplaceAllString(s, "_") }
+
+var badToken = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+// validName is a worker name: letters, digits, - and _.
+var validName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Intervals of the control plane.
+const (
+	helloEvery = 250 * time.Millisecond
+	// lostAfter is how long a worker may stay silent before the
+	// coordinator counts it lost, and the coordinator before a worker
+	// aborts its share.
+	lostAfter = 2 * time.Second
+	hbEvery   = 250 * time.Millisecond
+)

@@ -1,0 +1,173 @@
+package cluster
+
+import (
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// ServerOptions configure the embedded NATS server.
+type ServerOptions struct {
+	// Addr is HOST:PORT to listen on; "" is 127.0.0.1 on a free port, and a
+	// HOST left empty (":4222") is loopback: nothing listens beyond this
+	// machine unless told so (0.0.0.0:4222).
+	Addr string
+	// Token is required of every client. Empty makes one up (NewToken).
+	Token string
+	// TLSCert and TLSKey, both set, make the server speak TLS only.
+	TLSCert, TLSKey string
+	// StoreDir holds JetStream's files; "" is a temporary folder removed
+	// at Shutdown.
+	StoreDir string
+}
+
+// Server is an embedded NATS server with JetStream.
+type Server struct {
+	s     *server.Server
+	URL   string
+	Token string
+	tmp   string
+}
+
+// NewToken makes up a random token.
+func NewToken() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// StartServer starts an embedded server and waits until it is ready.
+func StartServer(o ServerOptions) (*Server, error) {
+	host, port := "127.0.0.1", -1
+	if o.Addr != "" {
+		h, p, err := net.SplitHostPort(o.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("server address %q: %v", o.Addr, err)
+		}
+		if h != "" {
+			host = h
+		}
+		if port, err = strconv.Atoi(p); err != nil {
+			return nil, fmt.Errorf("server address %q: bad port", o.Addr)
+		}
+	}
+	if o.Token == "" {
+		o.Token = NewToken()
+	}
+	srv := &Server{Token: o.Token}
+	dir := o.StoreDir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "dflow-js-")
+		if err != nil {
+			return nil, err
+		}
+		dir, srv.tmp = d, d
+	}
+	opts := &server.Options{
+		Host: host, Port: port, Authorization: o.Token,
+		JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+		ServerName: "dflow",
+	}
+	scheme := "nats"
+	if o.TLSCert != "" || o.TLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(o.TLSCert, o.TLSKey)
+		if err != nil {
+			srv.cleanup()
+			return nil, fmt.Errorf("TLS: %v", err)
+		}
+		opts.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		opts.TLS = true
+		scheme = "tls"
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		srv.cleanup()
+		return nil, fmt.Errorf("NATS server: %v", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		srv.cleanup()
+		return nil, errors.New("NATS server: not ready after 10s")
+	}
+	addr := s.Addr().(*net.TCPAddr)
+	h := host
+	if h == "0.0.0.0" || h == "::" {
+		h = "127.0.0.1"
+	}
+	srv.s, srv.URL = s, fmt.Sprintf("%s://%s", scheme, net.JoinHostPort(h, strconv.Itoa(addr.Port)))
+	return srv, nil
+}
+
+// Shutdown stops the server and removes its temporary store.
+func (s *Server) Shutdown() {
+	s.s.Shutdown()
+	s.s.WaitForShutdown()
+	s.cleanup()
+}
+
+func (s *Server) cleanup() {
+	if s.tmp != "" {
+		os.RemoveAll(s.tmp)
+	}
+}
+
+// ConnOptions say how to reach a cluster's server.
+type ConnOptions struct {
+	URL   string
+	Token string
+	// CA is a PEM file of the CA that signed the server's TLS certificate
+	// (a tls:// URL); empty uses the system's roots.
+	CA string
+	// Name is the client's name, as the server lists it.
+	Name string
+	// OnClosed, if set, is called once the connection is closed for good
+	// (the server gone past reconnecting).
+	OnClosed func()
+}
+
+// Connect connects to a cluster's server, and says in words why not when
+// it cannot: no server there, or the token refused.
+func Connect(o ConnOptions) (*nats.Conn, error) {
+	opts := []nats.Option{nats.Name(o.Name), nats.Token(o.Token),
+		nats.MaxReconnects(10), nats.ReconnectWait(250 * time.Millisecond),
+		nats.Timeout(5 * time.Second)}
+	if o.CA != "" {
+		opts = append(opts, nats.RootCAs(o.CA))
+	}
+	if strings.HasPrefix(o.URL, "tls://") && o.CA == "" {
+		opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
+	}
+	if o.OnClosed != nil {
+		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { o.OnClosed() }))
+	}
+	nc, err := nats.Connect(o.URL, opts...)
+	if err != nil {
+		return nil, explain(o, err)
+	}
+	return nc, nil
+}
+
+func explain(o ConnOptions, err error) error {
+	switch {
+	case errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization"):
+		what := "no token was given"
+		if o.Token != "" {
+			what = "the token given is not the cluster's"
+		}
+		return fmt.Errorf("the cluster at %s refused the connection: %s (give the cluster's token with --token or DFLOW_CLUSTER_TOKEN)", o.URL, what)
+	case errors.Is(err, nats.ErrNoServers):
+		return fmt.Errorf("no cluster server answers at %s (is the coordinator's or nats-server running, and the URL right?): %v", o.URL, err)
+	}
+	return fmt.Errorf("cannot connect to the cluster at %s: %v", o.URL, err)
+}

@@ -1,0 +1,548 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/items"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Headers of a queue's messages.
+const (
+	hdrWire   = "Dflow-Wire"   // the item's wire encoding (items.Encode)
+	hdrChunks = "Dflow-Chunks" // the payload is in that many blob chunks
+)
+
+// ackWait is how long an item delivered to a worker may stay unacked
+// before JetStream redelivers it (held items are kept alive with
+// InProgress meanwhile): after a worker is lost, its items come back
+// within this.
+const ackWait = 3 * time.Second
+
+// setupRun creates a run's streams, consumers and bucket: a work-queue
+// stream per remote queue, bounded to the edge's capacity, with one durable
+// consumer its consumer replicas' workers all pull from; the blob stream
+// for chunks; the end-key bucket.
+func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool) error {
+	for ei, e := range g.Edges {
+		for qi := range e.Queues {
+			if !remote[e.Name][qi] {
+				continue
+			}
+			name := streamQueue(run, ei, qi)
+			s, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: name, Subjects: []string{subjQueue(run, ei, qi)},
+				Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
+				MaxMsgs: int64(max(e.Capacity, 1)), Discard: jetstream.DiscardNew,
+				Duplicates: 2 * time.Minute,
+			})
+			if err != nil {
+				return fmt.Errorf("edge %q queue %d: stream: %w", e.Name, qi, err)
+			}
+			if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+				Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
+				MaxAckPending: max(e.Capacity, 1), MaxWaiting: 512,
+			}); err != nil {
+				return fmt.Errorf("edge %q queue %d: consumer: %w", e.Name, qi, err)
+			}
+		}
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: streamBlob(run), Subjects: []string{"dflow.b." + run + ".>"},
+		Storage: jetstream.MemoryStorage, AllowDirect: true,
+	}); err != nil {
+		return fmt.Errorf("blob stream: %w", err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
+		return fmt.Errorf("end bucket: %w", err)
+	}
+	return nil
+}
+
+// teardownRun deletes what setupRun made.
+func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for ei, e := range g.Edges {
+		for qi := range e.Queues {
+			if remote[e.Name][qi] {
+				js.DeleteStream(ctx, streamQueue(run, ei, qi))
+			}
+		}
+	}
+	js.DeleteStream(ctx, streamBlob(run))
+	js.DeleteKeyValue(ctx, bucketEnds(run))
+}
+
+// links are one instance's transports: the engine's TransportFor, and what
+// they share (the connection, the blob stream, the end bucket, the items
+// held unacked).
+type links struct {
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	job      *Job
+	g        *graph.Graph
+	instance string
+	blobs    jetstream.Stream
+	ends     jetstream.KeyValue
+	chunk    int
+
+	// restartable says whether a stage's replicas restart elsewhere when
+	// their worker is lost: the items they take are then acked only once
+	// passed on (or by the valves of jsQueue.take), so a loss redelivers
+	// them.
+	restartable func(*graph.Stage) bool
+	pmu         sync.Mutex
+	pending     map[any]*taken // items taken and not yet acked, by pointer
+
+	mu     sync.Mutex
+	queues []*jsQueue
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance string) (*links, error) {
+	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}), pending: map[any]*taken{}}
+	var err error
+	if l.blobs, err = js.Stream(ctx, streamBlob(job.Run)); err != nil {
+		return nil, fmt.Errorf("blob stream: %w", err)
+	}
+	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
+		return nil, fmt.Errorf("end bucket: %w", err)
+	}
+	// Chunks fill a message up to the server's payload limit, less room
+	// for the headers.
+	l.chunk = int(min(nc.MaxPayload(), 1<<20)) - 4096
+	l.wg.Add(1)
+	go l.keepAlive()
+	return l, nil
+}
+
+// For is the engine's TransportFor.
+func (l *links) For(e *graph.Edge, qi int) engine.Transport {
+	if !l.job.Remote[e.Name][qi] {
+		return nil
+	}
+	ei := edgeIndex(l.g, e)
+	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
+		producers: e.Queues[qi].Producers, seen: map[string]bool{}}
+	for _, p := range q.producers {
+		if l.job.Place[e.From.Stage.Name][p] == l.instance {
+			q.local = append(q.local, p)
+		}
+	}
+	for _, c := range e.Queues[qi].Consumers {
+		if l.job.Place[e.To.Stage.Name][c] == l.instance {
+			q.consumers++
+		}
+	}
+	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
+	l.mu.Lock()
+	l.queues = append(l.queues, q)
+	l.mu.Unlock()
+	return q
+}
+
+// close stops the background work.
+func (l *links) close() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// keepAlive reads every queue's depth and keeps the items held by this
+// instance from being redelivered while it lives.
+func (l *links) keepAlive() {
+	defer l.wg.Done()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		n++
+		l.mu.Lock()
+		qs := append([]*jsQueue(nil), l.queues...)
+		l.mu.Unlock()
+		for _, q := range qs {
+			q.readDepth()
+			if n%3 == 0 {
+				q.touch()
+			}
+		}
+	}
+}
+
+func edgeIndex(g *graph.Graph, e *graph.Edge) int {
+	for i, ge := range g.Edges {
+		if ge == e || ge.Name == e.Name {
+			return i
+		}
+	}
+	return -1
+}
+
+// jsQueue is one queue of an edge on JetStream, as one instance sees it.
+type jsQueue struct {
+	l         *links
+	edge      *graph.Edge
+	ei, qi    int
+	subject   string
+	producers []int // every producer replica the graph wires to the queue
+	local     []int // those in this instance
+	consumers int   // consumer replicas in this instance
+	id        string
+	seq       atomic.Int64
+	depth     atomic.Int64
+	finished  atomic.Bool // Recv has seen the end: nothing is in flight
+
+	// the consumer side, used by the engine's pump only
+	cons   jetstream.Consumer
+	stream jetstream.Stream
+	buf    []jetstream.Msg
+	ended  map[int]bool
+	seen   map[string]bool // ids handed on, to drop redeliveries
+	order  []any           // items taken from this queue and held, oldest first (under l.pmu)
+
+	hmu  sync.Mutex
+	held []jetstream.Msg // fetched and not yet acked
+}
+
+func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.Name, q.qi) }
+
+// Send publishes item, waiting while the stream holds its capacity.
+func (q *jsQueue) Send(ctx context.Context, item any) error {
+	wire, parts, err := items.Encode(item)
+	if err != nil {
+		return fmt.Errorf("%s crosses hosts: %w", q.name(), err)
+	}
+	body := parts[0]
+	if len(parts) != 1 {
+		body = bytes.Join(parts, nil)
+	}
+	up := q.l.takenFor(item)
+	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
+	if up != nil {
+		// The item came from another queue: its id here follows from its
+		// id there, so a replica restarted after a loss that passes it on
+		// again publishes a duplicate JetStream drops.
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%s>%d.%d", up.id, q.ei, q.qi)
+		id = "f" + strconv.FormatUint(h.Sum64(), 36)
+	}
+	m := nats.NewMsg(q.subject)
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	m.Header.Set(hdrWire, wire)
+	if len(body) > q.l.chunk {
+		n := 0
+		for off := 0; off < len(body); off += q.l.chunk {
+			chunk := body[off:min(off+q.l.chunk, len(body))]
+			if _, err := q.l.js.Publish(ctx, subjBlob(q.l.job.Run, id, n), chunk); err != nil {
+				return fmt.Errorf("%s: chunk: %w", q.name(), err)
+			}
+			n++
+		}
+		m.Header.Set(hdrChunks, strconv.Itoa(n))
+	} else {
+		m.Data = body
+	}
+	wait := time.Millisecond
+	for {
+		_, err := q.l.js.PublishMsg(ctx, m)
+		if err == nil {
+			if up != nil {
+				q.l.passedOn(item, up)
+			}
+			return nil
+		}
+		if !isFull(err) {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%s: %w", q.name(), err)
+		}
+		// Full: wait for room, as a local queue's Send blocks.
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+func isFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == 10077 { // JSStreamStoreFailedF: "maximum messages exceeded"
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "maximum messages") || strings.Contains(s, "maximum bytes")
+}
+
+// Recv returns the next item; ok is false once every producer wired to
+// the queue, on every worker, has ended and the stream is empty.
+func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
+	if q.cons == nil {
+		s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
+		if err != nil {
+			return nil, false, err
+		}
+		c, err := s.Consumer(ctx, "c")
+		if err != nil {
+			return nil, false, err
+		}
+		q.stream, q.cons, q.ended = s, c, map[int]bool{}
+	}
+	for {
+		for len(q.buf) > 0 {
+			m := q.buf[0]
+			q.buf = q.buf[1:]
+			item, dup, err := q.decode(ctx, m)
+			if err != nil {
+				return nil, false, err
+			}
+			if dup {
+				continue
+			}
+			return item, true, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, false, err
+		}
+		batch, err := q.cons.Fetch(max(1, min(q.edge.Capacity, 8)/max(1, len(q.edge.Queues[q.qi].Consumers))), jetstream.FetchMaxWait(200*time.Millisecond))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			return nil, false, fmt.Errorf("%s: fetch: %w", q.name(), err)
+		}
+		for m := range batch.Messages() {
+			q.buf = append(q.buf, m)
+			q.hold(m)
+		}
+		if len(q.buf) > 0 {
+			continue
+		}
+		if end, err := q.ends(ctx); err != nil || end {
+			return nil, false, err
+		}
+	}
+}
+
+// decode rebuilds m's item, gathering its chunks, and acks m. dup is true
+// for a redelivery of an item already handed on.
+func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
+	id := m.Headers().Get(jetstream.MsgIDHeader)
+	if q.seen[id] {
+		q.ack(m)
+		return nil, true, nil
+	}
+	data := m.Data()
+	if n, _ := strconv.Atoi(m.Headers().Get(hdrChunks)); n > 0 {
+		var b bytes.Buffer
+		for k := range n {
+			rm, err := q.l.blobs.GetLastMsgForSubject(ctx, subjBlob(q.l.job.Run, id, k))
+			if err != nil {
+				return nil, false, fmt.Errorf("%s: chunk %d of %s: %w", q.name(), k, id, err)
+			}
+			if k == 0 {
+				b.Grow(n * len(rm.Data))
+			}
+			b.Write(rm.Data)
+		}
+		data = b.Bytes()
+		q.l.blobs.Purge(ctx, jetstream.WithPurgeSubject("dflow.b."+q.l.job.Run+"."+id+".>"))
+	}
+	item, err = items.Decode(m.Headers().Get(hdrWire), data)
+	if err != nil {
+		q.ack(m)
+		return nil, false, fmt.Errorf("%s: %w", q.name(), err)
+	}
+	q.seen[id] = true
+	q.take(item, m, id)
+	return item, false, nil
+}
+
+// taken is an item handed to this instance's replicas and not yet acked.
+type taken struct {
+	q  *jsQueue
+	m  jetstream.Msg
+	id string
+}
+
+// take acks m now, or, when the consuming stage restarts elsewhere on a
+// loss and the item can be followed (a pointer), once a replica passes it
+// on to a remote queue. Two valves keep what is held bounded: past
+// consumers+2 items held from this queue (one in each replica, one in the
+// local channel, one in the pump) the oldest is acked, and at the end
+// of the queue all are (jsQueue.ends).
+func (q *jsQueue) take(item any, m jetstream.Msg, id string) {
+	st := q.edge.To.Stage
+	if q.l.restartable == nil || !q.l.restartable(st) || len(st.Outputs) == 0 || !followable(item) {
+		q.ack(m)
+		return
+	}
+	t := &taken{q: q, m: m, id: id}
+	q.l.pmu.Lock()
+	q.l.pending[item] = t
+	q.order = append(q.order, item)
+	var old []any
+	for len(q.order) > q.consumers+2 {
+		old = append(old, q.order[0])
+		q.order = q.order[1:]
+	}
+	var acks []*taken
+	for _, it := range old {
+		if t := q.l.pending[it]; t != nil && t.q == q {
+			delete(q.l.pending, it)
+			acks = append(acks, t)
+		}
+	}
+	q.l.pmu.Unlock()
+	for _, t := range acks {
+		q.ack(t.m)
+	}
+}
+
+// ackAllTaken acks every item of q still held.
+func (q *jsQueue) ackAllTaken() {
+	q.l.pmu.Lock()
+	var acks []*taken
+	for _, it := range q.order {
+		if t := q.l.pending[it]; t != nil && t.q == q {
+			delete(q.l.pending, it)
+			acks = append(acks, t)
+		}
+	}
+	q.order = nil
+	q.l.pmu.Unlock()
+	for _, t := range acks {
+		q.ack(t.m)
+	}
+}
+
+func followable(item any) bool {
+	t := reflect.TypeOf(item)
+	return t != nil && t.Kind() == reflect.Pointer
+}
+
+// takenFor is the held item's record, if item is one.
+func (l *links) takenFor(item any) *taken {
+	if !followable(item) {
+		return nil
+	}
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return l.pending[item]
+}
+
+// passedOn acks an item once a replica has passed it on.
+func (l *links) passedOn(item any, t *taken) {
+	l.pmu.Lock()
+	if l.pending[item] != t {
+		l.pmu.Unlock()
+		return // acked already (fan-out, or a valve)
+	}
+	delete(l.pending, item)
+	l.pmu.Unlock()
+	t.q.ack(t.m)
+}
+
+func (q *jsQueue) hold(m jetstream.Msg) {
+	q.hmu.Lock()
+	q.held = append(q.held, m)
+	q.hmu.Unlock()
+}
+
+func (q *jsQueue) ack(m jetstream.Msg) {
+	m.Ack()
+	q.hmu.Lock()
+	for i, h := range q.held {
+		if h == m {
+			q.held = append(q.held[:i], q.held[i+1:]...)
+			break
+		}
+	}
+	q.hmu.Unlock()
+}
+
+// touch keeps the held items from being redelivered.
+func (q *jsQueue) touch() {
+	q.hmu.Lock()
+	held := append([]jetstream.Msg(nil), q.held...)
+	q.hmu.Unlock()
+	for _, m := range held {
+		m.InProgress()
+	}
+}
+
+// ends reports whether the queue has ended: every producer's end key is
+// there and the stream holds nothing (every item acked).
+func (q *jsQueue) ends(ctx context.Context) (bool, error) {
+	for _, p := range q.producers {
+		if q.ended[p] {
+			continue
+		}
+		if _, err := q.l.ends.Get(ctx, keyEnd(q.ei, q.qi, p)); err != nil {
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				return false, nil
+			}
+			return false, ctx.Err()
+		}
+		q.ended[p] = true
+	}
+	q.ackAllTaken() // nothing more comes: what is held is all that is left
+	info, err := q.stream.Info(ctx)
+	if err != nil {
+		return false, ctx.Err()
+	}
+	if info.State.Msgs != 0 {
+		return false, nil
+	}
+	q.finished.Store(true)
+	return true, nil
+}
+
+// Close writes the end key of every producer replica of this instance.
+func (q *jsQueue) Close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, p := range q.local {
+		q.l.ends.Put(ctx, keyEnd(q.ei, q.qi, p), []byte(q.l.instance))
+	}
+}
+
+// Depth is the stream's depth as last read.
+func (q *jsQueue) Depth() int {
+	if q.finished.Load() {
+		return 0
+	}
+	return int(q.depth.Load())
+}
+
+func (q *jsQueue) readDepth() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
+	if err == nil {
+		if info, err := s.Info(ctx); err == nil {
+			q.depth.Store(int64(info.State.Msgs))
+		}
+	}
+}

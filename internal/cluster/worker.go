@@ -1,0 +1,291 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// WorkerOptions configure a worker.
+type WorkerOptions struct {
+	// Name is the worker's name in placements and reports.
+	Name string
+	Conn *nats.Conn
+	// Registry builds the nodes; nodes.Default when nil.
+	Registry *nodes.Registry
+	// Load builds the graph of a job the way the coordinator did (the
+	// spec's source with its overrides).
+	Load func(*Job) (*graph.Graph, error)
+	// Log gets a line per job started and ended.
+	Log io.Writer
+	// Once makes the worker return after one job, and when the
+	// coordinator that gave it is gone.
+	Once bool
+}
+
+// RunWorker serves jobs until ctx is done (or, with Once, after a job).
+func RunWorker(ctx context.Context, o WorkerOptions) error {
+	if !validName.MatchString(o.Name) {
+		return fmt.Errorf("worker name %q: use letters, digits, - and _", o.Name)
+	}
+	if o.Registry == nil {
+		o.Registry = nodes.Default
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	w := &worker{o: o, jobs: make(chan *nats.Msg, 4)}
+	var err error
+	if w.js, err = jetstream.New(o.Conn); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub, err := o.Conn.ChanSubscribe(subjRun(o.Name), w.jobs)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	exit, err := o.Conn.Subscribe(subjExit(o.Name), func(*nats.Msg) { cancel() })
+	if err != nil {
+		return err
+	}
+	defer exit.Unsubscribe()
+	if err := o.Conn.Flush(); err != nil {
+		return err
+	}
+	go w.announce(ctx)
+	fmt.Fprintf(o.Log, "dflow worker %s: joined %s, waiting for a job\n", o.Name, o.Conn.ConnectedUrlRedacted())
+	own := make(chan struct{}, 1) // this worker's own share has ended
+	for {
+		select {
+		case <-ctx.Done():
+			w.wg.Wait()
+			return nil
+		case <-own:
+			if o.Once {
+				w.wg.Wait() // restarts it took on end with the run
+				return nil
+			}
+		case m := <-w.jobs:
+			var job Job
+			if err := json.Unmarshal(m.Data, &job); err != nil {
+				respond(m, fmt.Errorf("bad job: %v", err))
+				continue
+			}
+			mine := job.Instance == o.Name
+			if mine && w.busy.Load() {
+				respond(m, fmt.Errorf("worker %s is busy with run %s", o.Name, w.run.Load()))
+				continue
+			}
+			if mine {
+				w.busy.Store(true)
+				w.run.Store(job.Run)
+			}
+			// A job for another instance is a restart of a lost worker's
+			// replicas, beside this worker's share.
+			w.wg.Add(1)
+			go func() {
+				defer w.wg.Done()
+				w.serve(ctx, &job, m)
+				if mine {
+					w.busy.Store(false)
+					own <- struct{}{}
+				}
+			}()
+		}
+	}
+}
+
+type worker struct {
+	o    WorkerOptions
+	js   jetstream.JetStream
+	jobs chan *nats.Msg
+	busy atomic.Bool
+	run  atomic.Value
+	wg   sync.WaitGroup
+}
+
+func respond(m *nats.Msg, err error) {
+	var r reply
+	if err != nil {
+		r.Err = err.Error()
+	}
+	b, _ := json.Marshal(r)
+	m.Respond(b)
+}
+
+// announce says every helloEvery that the worker is there.
+func (w *worker) announce(ctx context.Context) {
+	t := time.NewTicker(helloEvery)
+	defer t.Stop()
+	for {
+		b, _ := json.Marshal(hello{Name: w.o.Name, Busy: w.busy.Load()})
+		w.o.Conn.Publish(subjHello(w.o.Name), b)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// serve runs one instance's share of a job and sends its report.
+func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
+	nc := w.o.Conn
+	inst := job.Instance
+	g, err := w.o.Load(job)
+	if err != nil {
+		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
+		return
+	}
+	runCtx, abort := context.WithCancel(ctx)
+	defer abort()
+	l, err := newLinks(runCtx, nc, w.js, job, g, inst)
+	if err != nil {
+		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
+		return
+	}
+	defer l.close()
+	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	drain := make(chan struct{})
+	var drainOnce sync.Once
+	groups := map[string]engine.RemoteGroup{}
+	for _, s := range g.Stages {
+		if spread(job.Place[s.Name]) {
+			groups[s.Name] = &remoteGroup{nc: nc, subject: subjGroup(job.Run, s.Name)}
+		}
+	}
+	p, err := engine.New(g, engine.Options{
+		Registry: w.o.Registry, Drain: drain, Grace: job.Grace,
+		Here:      func(s *graph.Stage, i int) bool { return job.Place[s.Name][i] == inst },
+		Transport: l.For,
+		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
+	})
+	if err != nil {
+		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
+		return
+	}
+	// Control: snapshots, drain, abort, and the coordinator's heartbeat.
+	var lastHB atomic.Int64
+	lastHB.Store(time.Now().UnixNano())
+	var subs []*nats.Subscription
+	sub := func(subject string, f nats.MsgHandler) {
+		if s, err := nc.Subscribe(subject, f); err == nil {
+			subs = append(subs, s)
+		}
+	}
+	sub(subjSnap(job.Run, inst), func(m *nats.Msg) {
+		b, _ := json.Marshal(p.Snapshot())
+		m.Respond(b)
+	})
+	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
+	var aborted atomic.Bool
+	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
+	sub(subjHB(job.Run), func(*nats.Msg) { lastHB.Store(time.Now().UnixNano()) })
+	defer func() {
+		for _, s := range subs {
+			s.Unsubscribe()
+		}
+	}()
+	nc.Flush()
+	respond(m, nil)
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s\n", w.o.Name, job.Run, placed(g, job, inst))
+
+	var orphaned atomic.Bool
+	watchDone := make(chan struct{})
+	go func() {
+		t := time.NewTicker(hbEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-watchDone:
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, lastHB.Load())) > lostAfter {
+					orphaned.Store(true)
+					abort()
+					return
+				}
+			}
+		}
+	}()
+	rep, err := p.Execute(runCtx)
+	close(watchDone)
+	if orphaned.Load() {
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, lostAfter)
+		return
+	}
+	b, _ := json.Marshal(rep)
+	d := done{Instance: inst, Report: b, Failed: rep.Status == report.Failed}
+	if err != nil && !aborted.Load() {
+		d.Err = fmt.Sprintf("worker %s: %v", inst, err)
+	}
+	db, _ := json.Marshal(d)
+	for range 20 {
+		if _, rerr := nc.Request(subjDone(job.Run), db, time.Second); rerr == nil || errors.Is(rerr, nats.ErrConnectionClosed) {
+			break
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s\n", w.o.Name, job.Run, rep.Status)
+}
+
+// spread reports whether the replicas of a stage sit in more than one
+// instance.
+func spread(place []string) bool {
+	for _, p := range place {
+		if p != place[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// placed says which replicas an instance runs.
+func placed(g *graph.Graph, job *Job, inst string) string {
+	s := ""
+	for _, st := range g.Stages {
+		for i, p := range job.Place[st.Name] {
+			if p == inst {
+				if s != "" {
+					s += " "
+				}
+				s += fmt.Sprintf("%s[%d]", st.Name, i)
+			}
+		}
+	}
+	return s
+}
+
+// restartable reports whether a stage's replicas may restart elsewhere: its
+// kind says it is stateless and its replicas do not step together.
+func restartable(reg *nodes.Registry, s *graph.Stage) bool {
+	spec, ok := reg.Spec(s.Node)
+	if !ok || !spec.Stateless {
+		return false
+	}
+	if spec.Sync != nil && spec.Sync(s.Config) {
+		return false
+	}
+	if spec.Sim != nil {
+		if m, err := spec.Sim(s.Config); err == nil && m != nil && m.Sync {
+			return false
+		}
+	}
+	return true
+}
