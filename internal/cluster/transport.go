@@ -546,3 +546,5 @@ func (q *jsQueue) readDepth() {
 		}
 	}
 }
+
+func newJS(nc *nats.Conn) (jetstream.JetStream, error) { return jetstream.New(nc) }

@@ -1,0 +1,160 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/items"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// The figures of docs/cluster.md (bench/run prints them): items across a
+// remote edge (one producer instance, one consumer instance, an embedded
+// server on loopback, capacity 16), and the same bytes over a bare
+// loopback TCP connection (a 4-byte length, then the payload), in the same
+// run.
+
+var benchSizes = []int{64, 16 << 20}
+
+func sizeName(n int) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%dMiB", n>>20)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+func BenchmarkRemoteEdge(b *testing.B) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	l := &graph.Loader{Catalog: nodes.Default}
+	g, diags := l.Load("bench.hcl", []byte(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 1
+  }
+}
+stage "dst" {
+  node = "sink"
+}
+edge "e" {
+  from     = src.out
+  to       = dst.in
+  capacity = 16
+}`))
+	if diags.HasErrors() {
+		b.Fatal(diags)
+	}
+	for _, size := range benchSizes {
+		b.Run(sizeName(size), func(b *testing.B) {
+			ctx := context.Background()
+			pc, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+			cc, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+			defer pc.Close()
+			defer cc.Close()
+			job := &Job{Run: "bench" + sizeName(size), Place: map[string][]string{"src": {"p"}, "dst": {"c"}},
+				Remote: map[string][]bool{"e": {true}}}
+			pjs, _ := newJS(pc)
+			cjs, _ := newJS(cc)
+			if err := setupRun(ctx, pjs, job.Run, g, job.Remote); err != nil {
+				b.Fatal(err)
+			}
+			defer teardownRun(pjs, job.Run, g, job.Remote)
+			pl, err := newLinks(ctx, pc, pjs, job, g, "p")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pl.close()
+			cl, err := newLinks(ctx, cc, cjs, job, g, "c")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cl.close()
+			send, recv := pl.For(g.Edges[0], 0), cl.For(g.Edges[0], 0)
+			item := &items.Blob{Data: make([]byte, size)}
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			errs := make(chan error, 1)
+			go func() {
+				for range b.N {
+					if err := send.Send(ctx, item); err != nil {
+						errs <- err
+						return
+					}
+				}
+				send.Close()
+				errs <- nil
+			}()
+			for range b.N {
+				if _, ok, err := recv.Recv(ctx); err != nil || !ok {
+					b.Fatalf("recv: %v %v", ok, err)
+				}
+			}
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+			if _, ok, err := recv.Recv(ctx); ok || err != nil {
+				b.Fatalf("after the last item: ok %v, %v", ok, err)
+			}
+		})
+	}
+}
+
+func BenchmarkRawTCP(b *testing.B) {
+	for _, size := range benchSizes {
+		b.Run(sizeName(size), func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			done := make(chan error, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					done <- err
+					return
+				}
+				defer c.Close()
+				buf := make([]byte, size)
+				var hdr [4]byte
+				for range b.N {
+					if _, err := io.ReadFull(c, hdr[:]); err != nil {
+						done <- err
+						return
+					}
+					if _, err := io.ReadFull(c, buf[:binary.LittleEndian.Uint32(hdr[:])]); err != nil {
+						done <- err
+						return
+					}
+				}
+				done <- nil
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			payload := make([]byte, 4+size)
+			binary.LittleEndian.PutUint32(payload, uint32(size))
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for range b.N {
+				if _, err := c.Write(payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
