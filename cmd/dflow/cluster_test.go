@@ -320,3 +320,58 @@ func TestStatefulLost(t *testing.T) {
 		}
 	}
 }
+
+// waitFor polls p's output for s.
+func (p *proc) waitFor(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !strings.Contains(p.output(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q within %v:\n%s", s, within, p.output())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCoordinatorKilled: a coordinator SIGKILLed mid-run leaves no worker
+// running its share: the worker sees the heartbeat stop and, started with
+// --once as --local-cluster starts them, exits.
+func TestCoordinatorKilled(t *testing.T) {
+	srv := startServer(t)
+	w := startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}, "worker", "--join", srv.URL, "--name", "w1", "--once")
+	w.waitFor(t, "waiting for a job", 20*time.Second)
+	coord := startDflow(t, nil, "run", "../../specs/seed.hcl", "--cluster", srv.URL, "--token", srv.Token, "--workers", "1",
+		"--var", "items=100000")
+	w.waitFor(t, "run ", 20*time.Second)
+	coord.cmd.Process.Signal(syscall.SIGKILL)
+	coord.wait(t, 10*time.Second)
+	killed := time.Now()
+	w.wait(t, 15*time.Second)
+	if !strings.Contains(w.output(), "heartbeat stopped") {
+		t.Errorf("worker output:\n%s", w.output())
+	}
+	t.Logf("the worker left %v after the coordinator was killed", time.Since(killed).Round(100*time.Millisecond))
+}
+
+// TestClusterDrain: Ctrl-C on the coordinator drains the whole cluster:
+// exit 130, the report says interrupted, every edge balances over the
+// workers.
+func TestClusterDrain(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	coord := startDflow(t, nil, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--var", "items=100000",
+		"--interval", "200ms", "--report", out)
+	coord.waitFor(t, "ETA", 60*time.Second)
+	coord.cmd.Process.Signal(os.Interrupt)
+	if code := coord.wait(t, 60*time.Second); code != exitInterrupted {
+		t.Fatalf("code %d\n%s", code, coord.output())
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.Interrupted {
+		t.Errorf("status %s: %s", rep.Status, rep.Error)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != e.Consumed || e.Produced == 0 {
+			t.Errorf("edge %s: produced %d, consumed %d", name, e.Produced, e.Consumed)
+		}
+	}
+}
