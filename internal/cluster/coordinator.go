@@ -210,7 +210,9 @@ func (c *Coordinator) Where() map[string][]string {
 // it.
 func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	nc := c.o.Conn
+	c.mu.Lock()
 	c.start = time.Now()
+	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote)
 	cancel()
@@ -260,9 +262,11 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		}
 	}()
 	nc.Flush()
+	c.mu.Lock()
 	for _, w := range c.workers {
 		c.instances[w] = &instance{name: w, worker: w}
 	}
+	c.mu.Unlock()
 	for _, w := range c.workers {
 		if err := c.startInstance(w, w); err != nil {
 			nc.Publish(subjAbort(c.run), nil)
@@ -346,7 +350,9 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	}
 	if c.o.Interval > 0 && (prev == nil || time.Since(prev.Time) >= c.o.Interval/2) {
 		s := c.merge(time.Now())
+		c.mu.Lock()
 		c.series = append(c.series, s.Sample(prev))
+		c.mu.Unlock()
 	}
 	rep := c.merged(status, firstErr)
 	return rep, firstErr
