@@ -67,6 +67,29 @@ func TestLocalClusterSeed(t *testing.T) {
 	}
 }
 
+// TestPlaceFlag: --place pins a stage's replicas to the workers named;
+// the report says so.
+func TestPlaceFlag(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1")
+	out := filepath.Join(t.TempDir(), "r.json")
+	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--report", out, "--place", "drafter=local2",
+		"--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+	if code != exitOK || !strings.Contains(stderr, "drafter local2,local2,local2") {
+		t.Fatalf("code %d\n%s", code, stderr)
+	}
+	rep := readReport(t, out)
+	checkClusterReport(t, rep, 300, 2)
+	for _, r := range rep.Stages["drafter"].Replicas {
+		if r.Worker != "local2" {
+			t.Errorf("drafter[%d] ran on %s", r.Index, r.Worker)
+		}
+	}
+	if code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--place", "drafter=nobody"); code != exitFailed ||
+		!strings.Contains(stderr, `no worker "nobody"`) {
+		t.Errorf("an unknown worker: code %d\n%s", code, stderr)
+	}
+}
+
 // proc is a dflow process of the test's.
 type proc struct {
 	cmd    *exec.Cmd

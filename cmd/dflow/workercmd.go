@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -89,6 +90,7 @@ func defaultWorkerName(host string) string {
 type clusterFlags struct {
 	url, token, ca, serve, cert, key string
 	local, workers                   int
+	place                            map[string][]string
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
@@ -97,6 +99,17 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.serve, "serve", "", "coordinate with an embedded server listening on `HOST:PORT` for workers on other hosts (:4222 is loopback only; 0.0.0.0:4222 exposes it); prints the URL and token to join")
 	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait for `N` workers (default: those that joined within 2s)")
 	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
+	fs.Func("place", "on a cluster, put a stage's replicas on the workers named, `STAGE=W1,W2,...` (replica i on the i-th, round the list); the other stages spread evenly (repeatable)", func(v string) error {
+		stage, ws, ok := strings.Cut(v, "=")
+		if !ok || stage == "" || ws == "" {
+			return errors.New("want STAGE=WORKER[,WORKER...], such as drafter=gpu1")
+		}
+		if f.place == nil {
+			f.place = map[string][]string{}
+		}
+		f.place[stage] = strings.Split(ws, ",")
+		return nil
+	})
 	fs.StringVar(&f.ca, "tls-ca", "", "for a tls:// server, the PEM `FILE` of its CA")
 	fs.StringVar(&f.cert, "tls-cert", "", "with --serve, the embedded server's TLS certificate `FILE` (PEM); with --tls-key, the server speaks TLS only")
 	fs.StringVar(&f.key, "tls-key", "", "with --serve, the TLS certificate's key `FILE` (PEM)")
@@ -116,6 +129,8 @@ func (f *clusterFlags) check() error {
 		return errors.New("give one of --cluster, --local-cluster and --serve")
 	case f.local < 0:
 		return errors.New("--local-cluster wants a number of workers, at least 1")
+	case len(f.place) > 0 && n == 0:
+		return errors.New("--place places replicas on a cluster's workers: give --cluster, --local-cluster or --serve")
 	case (f.cert == "") != (f.key == ""):
 		return errors.New("--tls-cert and --tls-key go together")
 	}
@@ -191,6 +206,13 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 		return nil, cleanup, err
 	}
 	stops = append(stops, nc.Close)
+	if cf.local > 0 {
+		var names []string
+		for i := range cf.local {
+			names = append(names, fmt.Sprintf("local%d", i+1))
+		}
+		stops = append(stops, func() { cluster.Dismiss(nc, names...) })
+	}
 	src, err := os.ReadFile(file)
 	if err != nil {
 		return nil, cleanup, err
@@ -199,7 +221,7 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 	c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
 		Conn: nc, Graph: g, Workers: workers, Registry: e.registry,
 		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, VarFiles: sf.varFiles, Sets: sf.sets},
-		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr,
+		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr, Pin: cf.place,
 	})
 	if err != nil {
 		return nil, cleanup, err

@@ -40,6 +40,9 @@ type CoordOptions struct {
 	Grace    time.Duration
 	// Log gets the placement and the faults, a line each.
 	Log io.Writer
+	// Pin places a stage's replicas on the workers named, replica i on
+	// Pin[stage][i mod len]; the other stages spread evenly.
+	Pin map[string][]string
 }
 
 // Coordinator runs one pipeline over a cluster's workers.
@@ -121,6 +124,11 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 		}
 	}
 	c.place, c.remote = Place(c.g, c.workers)
+	if len(o.Pin) > 0 {
+		if err := c.pin(o.Pin); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -165,6 +173,12 @@ func Place(g *graph.Graph, workers []string) (place map[string][]string, remote 
 			k++
 		}
 	}
+	return place, remoteQueues(g, place)
+}
+
+// remoteQueues says which queues ride JetStream under a placement.
+func remoteQueues(g *graph.Graph, place map[string][]string) (remote map[string][]bool) {
+	remote = map[string][]bool{}
 	for _, e := range g.Edges {
 		for _, q := range e.Queues {
 			at := map[string]bool{}
@@ -177,7 +191,27 @@ func Place(g *graph.Graph, workers []string) (place map[string][]string, remote 
 			remote[e.Name] = append(remote[e.Name], len(at) > 1)
 		}
 	}
-	return place, remote
+	return remote
+}
+
+// pin applies CoordOptions.Pin and says again which queues are remote.
+func (c *Coordinator) pin(pins map[string][]string) error {
+	for stage, ws := range pins {
+		s := c.g.Stage(stage)
+		if s == nil {
+			return fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
+		}
+		for _, w := range ws {
+			if !slices.Contains(c.workers, w) {
+				return fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(c.workers, ", "))
+			}
+		}
+		for i := range s.Replicas {
+			c.place[stage][i] = ws[i%len(ws)]
+		}
+	}
+	c.remote = remoteQueues(c.g, c.place)
+	return nil
 }
 
 // Placement says where each replica runs, one line.

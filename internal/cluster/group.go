@@ -162,7 +162,7 @@ func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
 func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error) {
 	f, ok := x.(nodes.Floats)
 	if !ok {
-		return 0, fmt.Errorf("AllReduce across workers sums host vectors (nodes.Floats), not %T", x)
+		return 0, fmt.Errorf("AllReduce across workers sums host vectors (nodes.Floats); a %T has no host view yet: place the stage's replicas on one worker (dflow run --place STAGE=WORKER)", x)
 	}
 	ans, err := g.call(ctx, opReduce, replica, f)
 	if err != nil {

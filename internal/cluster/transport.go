@@ -261,7 +261,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	} else {
 		m.Data = body
 	}
-	wait := time.Millisecond
+	wait := 100 * time.Microsecond
 	for {
 		_, err := q.l.js.PublishMsg(ctx, m)
 		if err == nil {
@@ -282,7 +282,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		wait = min(2*wait, 20*time.Millisecond)
+		wait = min(2*wait, 5*time.Millisecond)
 	}
 }
 

@@ -289,3 +289,12 @@ func restartable(reg *nodes.Registry, s *graph.Stage) bool {
 	}
 	return true
 }
+
+// Dismiss tells workers to leave (those started with --once for a local
+// cluster, when the run is over or could not start).
+func Dismiss(nc *nats.Conn, workers ...string) {
+	for _, w := range workers {
+		nc.Publish(subjExit(w), nil)
+	}
+	nc.Flush()
+}
