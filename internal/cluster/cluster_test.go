@@ -140,3 +140,46 @@ func TestSeedOnThreeWorkers(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyHashAfterRemoteEdge: items keep their keys across a remote edge,
+// so a key_hash edge after it routes them.
+func TestKeyHashAfterRemoteEdge(t *testing.T) {
+	tc := startCluster(t, 3)
+	spec := t.TempDir() + "/kh.hcl"
+	os.WriteFile(spec, []byte(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 200
+    keys  = 5
+  }
+}
+stage "work" {
+  node     = "synthetic_work"
+  replicas = 3
+}
+stage "sink" {
+  node     = "sink"
+  replicas = 2
+}
+edge "a" {
+  from   = src.out
+  to     = work.in
+  policy = "shared"
+}
+edge "b" {
+  from   = work.out
+  to     = sink.in
+  policy = "key_hash"
+}
+`), 0o600)
+	rep, _, err := tc.run(t, spec, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != 200 || e.Consumed != 200 {
+			t.Errorf("edge %s: produced %d, consumed %d", name, e.Produced, e.Consumed)
+		}
+	}
+}

@@ -115,7 +115,10 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 				c.workers = idle
 				break
 			}
-			return nil, fmt.Errorf("cluster: %d idle worker(s) joined within %v, want %d (start them with dflow worker --join URL)", len(idle), time.Until(deadline)+max(o.JoinWait, 30*time.Second), max(o.Workers, 1))
+			if o.Workers > 0 {
+				return nil, fmt.Errorf("%d idle worker(s) of the %d wanted announced themselves within %v (start them with dflow worker --join URL)", len(idle), o.Workers, max(o.JoinWait, 30*time.Second))
+			}
+			return nil, fmt.Errorf("no idle worker announced itself within %v (start them with dflow worker --join URL)", o.JoinWait)
 		}
 		select {
 		case <-ctx.Done():

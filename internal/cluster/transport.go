@@ -16,6 +16,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -24,6 +25,7 @@ import (
 const (
 	hdrWire   = "Dflow-Wire"   // the item's wire encoding (items.Encode)
 	hdrChunks = "Dflow-Chunks" // the payload is in that many blob chunks
+	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
 // ackWait is how long an item delivered to a worker may stay unacked
@@ -248,6 +250,9 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Header.Set(hdrWire, wire)
+	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
+		m.Header.Set(hdrKey, k.Key()) // a key outside the wire encoding (items.Blob's)
+	}
 	if len(body) > q.l.chunk {
 		n := 0
 		for off := 0; off < len(body); off += q.l.chunk {
@@ -373,6 +378,9 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 	if err != nil {
 		q.ack(m)
 		return nil, false, fmt.Errorf("%s: %w", q.name(), err)
+	}
+	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
+		b.ItemKey = m.Headers().Get(hdrKey)
 	}
 	q.seen[id] = true
 	q.take(item, m, id)
