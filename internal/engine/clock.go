@@ -68,16 +68,33 @@ func waitsAt(v, now int64) (total int64, waiting int) {
 // is charged to.
 type wait struct {
 	acc   *waitTotal
+	site  *waitSite
 	start int64
 	exact bool
 }
 
 // beginWait marks the start of a wait that blocks, charged to acc (the
 // replica's idle or blocked), on site: what the wait needs to end, for
-// the deadlock detector (deadlock.go).
+// the deadlock detector (deadlock.go), with the replica's own context.
 func (r *replica) beginWait(acc *waitTotal, site *waitSite) wait {
-	r.waitOn.Store(site)
-	w := wait{acc: acc, exact: r.coarse == nil || r.clock.timing.Load() || r.clock.every.Load() <= 1}
+	return r.beginWaitOn(acc, site, true)
+}
+
+// beginWaitOn is beginWait with own false for a wait with a context
+// other than the replica's: the site then counts the wait in progress,
+// which the detector reads only for a quiescent node (nodes.Quiescer),
+// and the replica's waitOn is opaque. Only blocking waits get here, so
+// the count costs the fast path nothing.
+func (r *replica) beginWaitOn(acc *waitTotal, site *waitSite, own bool) wait {
+	if site.kind != waitOpaque {
+		site.active.Add(1)
+	}
+	if own {
+		r.waitOn.Store(site)
+	} else {
+		r.waitOn.Store(opaqueWait)
+	}
+	w := wait{acc: acc, site: site, exact: r.coarse == nil || r.clock.timing.Load() || r.clock.every.Load() <= 1}
 	if w.exact {
 		w.start = nanotime()
 	} else {
@@ -93,5 +110,8 @@ func (r *replica) endWait(w wait) {
 		w.acc.end(nanotime())
 	} else {
 		w.acc.end(r.coarse.now.Load())
+	}
+	if w.site.kind != waitOpaque {
+		w.site.active.Add(-1)
 	}
 }

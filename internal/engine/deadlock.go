@@ -3,12 +3,14 @@ package engine
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 // Deadlock detection.
@@ -30,19 +32,82 @@ import (
 // every group's completed steps, the replicas that have returned; counts
 // are published before every blocking wait) and declares a deadlock only
 // when the same stuck state, with the same mark, holds on every check for
-// deadlockConfirm: nothing moved in between, and nothing can.
+// DeadlockConfirm: nothing moved in between, and nothing can.
 //
 // What the detector cannot see it does not judge: a wait made with a
-// context other than the one the replica's Run was given (the plugin host
-// does this, as may any node that waits beside work of its own) may end by
-// that context, so a replica in such a wait counts as able to move, and so
+// context other than the one the replica's Run was given may end by that
+// context, so a replica in such a wait counts as able to move, and so
 // does a replica with two waits in progress at once. A node that works in
 // goroutines of its own while one of them waits should pass its waits a
 // context derived from Run's.
-const (
-	deadlockCheckEvery = 100 * time.Millisecond
-	deadlockConfirm    = time.Second
-)
+//
+// Unless the node says it is quiescent (nodes.Quiescer). Every wait site
+// (a port's, a queue's as one producer sees it, a member's at its group)
+// counts the waits in progress on it, whatever their context: one atomic
+// add as a blocking wait begins and one as it ends, nothing on the fast
+// path. While the node's Quiescent(replica) reports true, the detector
+// reads every site of the replica that has waits in progress, and the
+// replica is stuck iff each of those waits cannot end (the conditions
+// above, per site) and the sites' counts add up to the waits in progress
+// in the replica's idle and blocked totals: a wait of the replica on
+// anything else (a site the engine cannot read) keeps it able to move. A
+// goroutine of the node working outside any wait is invisible to both
+// counts; keeping the replica movable then is Quiescent's part of the
+// contract: it reports true only when every goroutine of the node for
+// that replica is in such a wait or blocked on what only another
+// replica's progress, through one of those waits, can bring.
+//
+// The plugin host (plugins/host) is such a node. A plugin replica is a
+// plugin process running the node and, in dflow, goroutines that pump its
+// stream: a feeder per input port (wait for the plugin's credit, Recv on
+// the port, send the item), an outlet per output port (take an item the
+// plugin sent from the port's buffer, Send it on, grant the plugin credit
+// again) and the stream's reader (items into the outlets' buffers, credit
+// to the feeders). The plugin's SDK says Waiting{seen} when its node is
+// in exactly one SDK call and that call is blocked (a Recv on a port with
+// nothing received and not ended, a Send without credit), after every
+// message the node's calls made (items, credit for its inputs) is on the
+// stream, with seen the number of dflow's messages it had received when
+// it found the call blocked. The host's Quiescent is true iff its latest
+// Waiting said waiting, seen equals the messages dflow has sent on the
+// stream (so the plugin has everything dflow ever sent it, and nothing
+// since), no item from the plugin is in an outlet's buffer or the
+// reader's hands, and no feeder holds an item or end-of-input taken from
+// its port and not yet sent. Then each goroutine is in one of these:
+//   - the plugin's node: blocked, and only a message from dflow can
+//     release it (its stream is in order: every item and grant it made
+//     came before Waiting). Any message dflow sends makes the counts
+//     differ, so Quiescent turns false before the node can move.
+//   - the reader: blocked on the stream, which carries nothing while the
+//     node is blocked (the plugin sends only what its node's calls make).
+//   - a feeder waiting for credit: only the plugin grants it, and the
+//     plugin's grants all came before Waiting (then the feeder has it and
+//     is not waiting for it). A feeder in Recv on its port: a wait on the
+//     port's site, which the detector reads (an empty queue with live
+//     producers is one that cannot end). A feeder that has taken an item
+//     and not yet sent it counts as holding one: Quiescent is false.
+//   - an outlet with an empty buffer: waits for the reader, which waits
+//     for the plugin. An outlet in Send: a wait on the queue's site,
+//     read by the detector (a full queue with live consumers cannot end).
+//   - the replica's Run goroutine: in the reader (it is the reader).
+//
+// So while Quiescent is true the replica can move only through a wait on
+// one of its sites, which the detector judges exactly; the few
+// instructions between a goroutine's state and its accounting (a Recv
+// that has just returned, a credit just granted) are covered by the
+// confirm window and the progress mark, as for every other replica. An
+// older plugin, which does not say Waiting, is never quiescent.
+const deadlockCheckEvery = 100 * time.Millisecond
+
+// DeadlockConfirm is how long a stuck state must hold, unchanged, before
+// the run fails: a variable for tests of other packages (set it before a
+// run starts).
+var DeadlockConfirm = time.Second
+
+// Deadlocked reports whether the run's replicas are, right now, all in
+// waits that cannot end (before the detector has confirmed it): for
+// tests that must act between a deadlock forming and its being declared.
+func (p *Pipeline) Deadlocked() bool { return p.r.stuckWaits() != nil }
 
 type waitKind int8
 
@@ -57,14 +122,18 @@ const (
 // waitSite is what a blocking wait needs to end. Ports and groups hold
 // theirs, so that beginning a wait stores a pointer and allocates nothing.
 type waitSite struct {
-	kind waitKind
-	in   *input // waitRecv
-	q    *queue // waitSend, waitBytes
-	g    *group // waitGroup
+	// active counts the waits in progress on the site, with any context
+	// (not kept for opaqueWait).
+	active atomic.Int32
+	kind   waitKind
+	in     *input // waitRecv
+	q      *queue // waitSend, waitBytes
+	g      *group // waitGroup
 }
 
-// opaqueWait marks a wait made with a context other than the replica's
-// own.
+// opaqueWait marks a wait that the engine cannot read: made with a
+// context other than the replica's own, or on nothing the engine knows.
+// It counts no waits (it is shared).
 var opaqueWait = &waitSite{kind: waitOpaque}
 
 // detector is the sampler's deadlock state.
@@ -97,7 +166,7 @@ func (r *run) checkDeadlock(now int64) {
 	}
 	confirm := d.confirm
 	if confirm == 0 {
-		confirm = deadlockConfirm
+		confirm = DeadlockConfirm
 	}
 	if time.Duration(now-d.since) < confirm {
 		return
@@ -137,7 +206,8 @@ type stuckWait struct {
 	what     string     // "waits to send on hs[0] (full, 8 of 8), read by drafter[0]"
 	waitsFor []*replica // the replicas that could end it, all waiting too
 	edge     *graph.Edge
-	full     bool // the wait is for room on a full queue
+	full     bool         // the wait is for room on a full queue
+	also     []*stuckWait // a quiescent replica's other waits, in what and waitsFor too
 }
 
 // stuckWaits returns every running replica's wait when none of them can
@@ -149,11 +219,16 @@ func (r *run) stuckWaits() map[*replica]*stuckWait {
 			if rep.ended.Load() != 0 {
 				continue
 			}
-			_, _, _, inIdle, inBlocked := rep.waitTotals()
-			if inIdle+inBlocked != 1 {
-				return nil // working, or waiting twice at once
+			var w *stuckWait
+			if q, ok := s.node.(nodes.Quiescer); ok && q.Quiescent(rep.index) {
+				w = rep.stuckSites()
+			} else {
+				_, _, _, inIdle, inBlocked := rep.waitTotals()
+				if inIdle+inBlocked != 1 {
+					return nil // working, or waiting twice at once
+				}
+				w = rep.stuckWait(rep.waitOn.Load())
 			}
-			w := rep.stuckWait(rep.waitOn.Load())
 			if w == nil {
 				return nil
 			}
@@ -171,6 +246,66 @@ func (r *run) stuckWaits() map[*replica]*stuckWait {
 		}
 	}
 	return stuck
+}
+
+// stuckSites reads every wait in progress on the replica's sites, for a
+// quiescent node: nil unless there is one, each cannot end, and they are
+// all the waits in progress of the replica.
+func (rep *replica) stuckSites() *stuckWait {
+	_, _, _, inIdle, inBlocked := rep.waitTotals()
+	waits := inIdle + inBlocked
+	if waits == 0 {
+		return nil
+	}
+	var all *stuckWait
+	seen := 0
+	for _, site := range rep.sites() {
+		n := int(site.active.Load())
+		if n == 0 {
+			continue
+		}
+		seen += n
+		w := rep.stuckWait(site)
+		if w == nil {
+			return nil
+		}
+		if all == nil {
+			all = w
+			continue
+		}
+		all.what += "; and " + w.what
+		for _, o := range w.waitsFor {
+			if !slices.Contains(all.waitsFor, o) {
+				all.waitsFor = append(all.waitsFor, o)
+			}
+		}
+		all.also = append(all.also, w)
+	}
+	if seen != waits {
+		return nil // a wait on something the engine cannot read, or one just begun or ended
+	}
+	return all
+}
+
+// sites are the replica's wait sites, sends before receives (a stuck
+// replica's message then leads with what it holds up), each in port
+// order.
+func (rep *replica) sites() []*waitSite {
+	var sites []*waitSite
+	for _, name := range slices.Sorted(maps.Keys(rep.outputs)) {
+		for _, oe := range rep.outputs[name].edges {
+			for _, oq := range oe.queues {
+				sites = append(sites, &oq.full, &oq.bytesFull)
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(rep.inputs)) {
+		sites = append(sites, &rep.inputs[name].site)
+	}
+	if g := rep.stage.group; g != nil {
+		sites = append(sites, &g.sites[rep.index])
+	}
+	return sites
 }
 
 // stuckWait reads the replica's wait on site; nil if it may end.
@@ -353,11 +488,13 @@ func newDeadlock(stuck map[*replica]*stuckWait, draining bool) *Deadlock {
 		inCycle[rep] = true
 		w := stuck[rep]
 		d.Cycle = append(d.Cycle, rep.name()+" "+w.what)
-		if w.edge != nil && w.edge.Policy == graph.RoundRobin && !slices.Contains(rr, w.edge.Name) {
-			rr = append(rr, w.edge.Name)
-		}
-		if w.full && !slices.Contains(full, w.edge.Name) {
-			full = append(full, w.edge.Name)
+		for _, w := range append([]*stuckWait{w}, w.also...) {
+			if w.edge != nil && w.edge.Policy == graph.RoundRobin && !slices.Contains(rr, w.edge.Name) {
+				rr = append(rr, w.edge.Name)
+			}
+			if w.full && !slices.Contains(full, w.edge.Name) {
+				full = append(full, w.edge.Name)
+			}
 		}
 	}
 	for _, rep := range order {

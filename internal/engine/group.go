@@ -20,7 +20,9 @@ type group struct {
 	left    []bool
 	round   *round
 	rounds  int64 // completed, for the deadlock detector
-	site    waitSite
+	// sites: member i's waits at a collective, for the deadlock detector
+	// (one per member, so that each counts its own waits in progress)
+	sites []waitSite
 }
 
 // round is one collective in progress: a barrier or an all-reduce.
@@ -35,8 +37,10 @@ type round struct {
 }
 
 func newGroup(n int) *group {
-	g := &group{members: n, left: make([]bool, n)}
-	g.site = waitSite{kind: waitGroup, g: g}
+	g := &group{members: n, left: make([]bool, n), sites: make([]waitSite, n)}
+	for i := range g.sites {
+		g.sites[i] = waitSite{kind: waitGroup, g: g}
+	}
 	return g
 }
 
@@ -113,16 +117,15 @@ func (m *member) wait(ctx context.Context, rd *round) error {
 	}
 }
 
-// site is what a collective with ctx waits on, for the deadlock detector.
-func (m *member) site(ctx context.Context) *waitSite {
-	if ctx != m.r.ctx {
-		return opaqueWait
-	}
-	return &m.g.site
+// begin begins the wait of a collective with ctx: on the member's site,
+// which the deadlock detector reads if ctx is the replica's own (or the
+// node says it is quiescent).
+func (m *member) begin(ctx context.Context) wait {
+	return m.r.beginWaitOn(&m.r.blocked, &m.g.sites[m.r.index], ctx == m.r.ctx)
 }
 
 func (m *member) Barrier(ctx context.Context) error {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked, m.site(ctx)))
+	defer m.r.endWait(m.begin(ctx))
 	rd, err := m.g.arrive(m.r.index, nil, false)
 	if err != nil {
 		return err
@@ -138,7 +141,7 @@ func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
 // member to arrive from its vector, adds each member's vector as it
 // arrives, and each member stores the total into its own once all have.
 func (m *member) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked, m.site(ctx)))
+	defer m.r.endWait(m.begin(ctx))
 	rd, err := m.g.arrive(m.r.index, x, true)
 	if err != nil {
 		return 0, err

@@ -170,17 +170,8 @@ type input struct {
 	live  []*inQueue           // those not yet ended
 	cases []reflect.SelectCase // used only with fan-in
 	next  int                  // fan-in: the live queue poll tries first
-	site  waitSite             // a wait on this port with the replica's own context
+	site  waitSite             // waits on this port, for the deadlock detector
 	_     linePad
-}
-
-// siteFor is what a wait with ctx on the port is for the deadlock
-// detector: one it can read only if ctx is the replica's own.
-func (in *input) siteFor(ctx context.Context) *waitSite {
-	if ctx != in.r.ctx {
-		return opaqueWait
-	}
-	return &in.site
 }
 
 // inQueue is one queue as one consumer replica's port sees it.
@@ -240,7 +231,7 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 	}
 	if iq == nil {
 		in.flush() // a replica that waits shows exact counts
-		w := r.beginWait(&r.idle, in.siteFor(ctx))
+		w := r.beginWaitOn(&r.idle, &in.site, ctx == r.ctx)
 		var err error
 		iq, item, err = in.recv(ctx)
 		r.endWait(w)
@@ -508,11 +499,7 @@ func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) er
 		oq.saw(oq.capacity)
 	}
 	o.flush() // a replica that waits shows exact counts
-	site := &oq.full
-	if ctx != o.r.ctx {
-		site = opaqueWait
-	}
-	w := o.r.beginWait(&o.r.blocked, site)
+	w := o.r.beginWaitOn(&o.r.blocked, &oq.full, ctx == o.r.ctx)
 	err := oq.q.sendWait(ctx, o.r, item)
 	o.r.endWait(w)
 	if err != nil {
@@ -531,11 +518,7 @@ func (o *output) reserve(ctx context.Context, oq *outQueue, n int64) error {
 		return nil
 	}
 	o.flush()
-	site := &oq.bytesFull
-	if ctx != o.r.ctx {
-		site = opaqueWait
-	}
-	defer o.r.endWait(o.r.beginWait(&o.r.blocked, site))
+	defer o.r.endWait(o.r.beginWaitOn(&o.r.blocked, &oq.bytesFull, ctx == o.r.ctx))
 	for !q.tryReserve(n) {
 		select {
 		case <-q.room:

@@ -43,7 +43,9 @@ func DeadlockWarnings(g *graph.Graph, opts Options) hcl.Diagnostics {
 		b.WriteString("no queue is full: check the stages' own ends")
 	}
 	if plugins := pluginStages(g, st); len(plugins) > 0 {
-		fmt.Fprintf(&b, ". The waits run through plugin stage %s, whose waits dflow run cannot see into: such a run would hang, not stop; fix the wiring before running.",
+		fmt.Fprintf(&b, ". The waits run through plugin stage %s: dflow run stops such a run within seconds, naming the cycle, "+
+			"when the plugin says when its node waits (the Go SDK and the Python module do, unless set concurrent); "+
+			"through an older plugin the run would hang, not stop.",
 			strings.Join(plugins, ", "))
 	} else {
 		b.WriteString(". dflow run stops such a run within seconds, naming the cycle of waits.")

@@ -236,7 +236,8 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
-		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory, ports: map[string]*proto.CheckResponse{}}
+		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory,
+			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
 		reg.Register(nodes.Spec{
 			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
@@ -263,8 +264,12 @@ type remoteKind struct {
 	portCredit   bool // the plugin grants credit per input port
 	outputCredit bool // the plugin sends on an output port as dflow's credit allows
 	sharedMemory bool // the plugin maps shared memory pools and sends items by reference
-	mu           sync.Mutex
-	ports        map[string]*proto.CheckResponse // by config JSON
+	// waiting: the plugin says when its node waits (Waiting), so that its
+	// stages are quiescent to the deadlock detector (quiet.go); only with
+	// credit per input and output port, which the argument rests on
+	waiting bool
+	mu      sync.Mutex
+	ports   map[string]*proto.CheckResponse // by config JSON
 }
 
 // checkConfig asks the catalog process about a config, once per config.
@@ -318,5 +323,5 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 }
 
 func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
-	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg)}, nil
+	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg), quiet: map[int]*quiet{}}, nil
 }

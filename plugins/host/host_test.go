@@ -34,7 +34,11 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "serve":
-		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind, remakeKind, lateKind)
+		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind, remakeKind, lateKind, slowKind)
+	case "opaque":
+		// A plugin that does not say Waiting, as one built before it was.
+		sdk.Concurrent = true
+		sdk.Serve(passKind, slowKind)
 	case "dflow":
 		os.Exit(asDflow())
 	case "garbage":

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -22,6 +24,8 @@ import (
 type remoteNode struct {
 	k      *remoteKind
 	config string
+	mu     sync.Mutex
+	quiet  map[int]*quiet // the running replicas' (with k.waiting), by index
 }
 
 func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
@@ -48,10 +52,12 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := p.node.Run(sctx)
+	rst, err := p.node.Run(sctx)
 	if err != nil {
 		return err
 	}
+	q := &quiet{}
+	var st proto.Node_RunClient = countedStream{rst, q}
 	var mu sync.Mutex // one message (or one item's messages) at a time on the stream
 	locked := func(f func() error) error {
 		mu.Lock()
@@ -60,7 +66,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	}
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
 		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true,
-		OutputCredit: n.k.outputCredit}
+		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting}
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}
 	if n.k.sharedMemory && sdk.SharedMemoryEnabled() {
@@ -86,7 +92,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, sh, inputs, inTypes, func(it *proto.Item) error {
+		return n.pump(sctx, cancel, r, st, locked, sh, q, inputs, inTypes, func(it *proto.Item) error {
 			return n.deliver(ctx, r, sh, outputs, it)
 		})
 	}
@@ -94,7 +100,12 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if err != nil {
 		return err
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, inputs, inTypes, outs.put))
+	if n.k.waiting {
+		q.outlets = slices.Collect(maps.Values(outs.ports))
+		n.watch(r.Index(), q)
+		defer n.watch(r.Index(), nil)
+	}
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, inputs, inTypes, outs.put))
 }
 
 // poolsClosing, when set (by tests), sees a replica's pools as its
@@ -199,7 +210,7 @@ func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, sh *shared, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
+	locked func(func() error) error, sh *shared, q *quiet, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*sdk.Credit{"": sdk.NewCredit()}
@@ -214,7 +225,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	var feedFailed atomic.Pointer[error] // an input that failed the replica
 	go func() {
 		defer close(fed)
-		err := n.feed(sctx, r, st, locked, sh, inputs, inTypes, credits)
+		err := n.feed(sctx, r, st, locked, sh, q, inputs, inTypes, credits)
 		if err != nil && !errors.Is(err, context.Canceled) && sctx.Err() == nil {
 			feedFailed.Store(&err)
 			cancel() // the stream, which the reader below then sees end
@@ -280,7 +291,10 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			} else {
 				r.Metrics().Set(v.Metric.Name, v.Metric.Value)
 			}
+		case *proto.Message_Waiting:
+			q.said(v.Waiting)
 		case *proto.Message_Done:
+			q.said(nil)
 			cancel()
 			if v.Done.Error != "" {
 				return errors.New(v.Done.Error)
@@ -330,6 +344,9 @@ type outlet struct {
 	out  nodes.Output
 	ch   chan outItem
 	w    sdk.Window
+	// for quiet: items in ch, and whether the outlet is in a Send
+	pending atomic.Int64
+	sending atomic.Bool
 }
 
 type outItem struct {
@@ -391,6 +408,7 @@ func (o *outlets) put(it *proto.Item) error {
 	if !p.w.Arrived(size) {
 		return fmt.Errorf("the plugin sent more items on %q than dflow granted it credit for", it.Port)
 	}
+	p.pending.Add(1)            // before it is in the buffer: see quiet
 	p.ch <- outItem{item, size} // never full: the buffer holds all the credit
 	return nil
 }
@@ -429,7 +447,13 @@ func (o *outlets) failed() error {
 // small items do not cost a message each.
 func (p *outlet) run(ctx context.Context, send func(*proto.Message) error) error {
 	for it := range p.ch {
-		if err := p.out.Send(ctx, it.item); err != nil {
+		// In the Send before the item leaves the count: a wait there is
+		// the detector's to read (see quiet).
+		p.sending.Store(true)
+		p.pending.Add(-1)
+		err := p.out.Send(ctx, it.item)
+		p.sending.Store(false)
+		if err != nil {
 			return err
 		}
 		p.w.Taken(it.size)
@@ -464,14 +488,14 @@ func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs m
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
 	if !n.k.portCredit {
-		return n.feedPorts(ctx, r, st, locked, sh, ports, types, credits[""])
+		return n.feedPorts(ctx, r, st, locked, sh, q, ports, types, credits[""])
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, port := range ports {
-		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, sh, []string{port}, types, credits[port]) })
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, sh, q, []string{port}, types, credits[port]) })
 	}
 	wg.Wait()
 	for _, err := range errs { // the cause, not the cancellations it led to
@@ -486,7 +510,11 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // that takes batches, it sends with each item the others already waiting
 // (as much as the credit allows), so that small items do not cost a
 // message each.
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, ports []string, types map[string]string, credit *sdk.Credit) error {
+//
+// From the moment a Recv returns until what it returned is on the stream,
+// the feeder counts in q.feeding: it holds something the plugin has not
+// seen, so the replica is not quiescent (quiet.go).
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credit *sdk.Credit) error {
 	var have int32
 	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
@@ -505,6 +533,7 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 				}
 			}
 			item, err := in.Recv(ctx)
+			q.feeding.Add(1)
 			if err == io.EOF {
 				break
 			}
@@ -539,11 +568,15 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 			if err := locked(out.Flush); err != nil {
 				return err
 			}
+			if !eof {
+				q.feeding.Add(-1)
+			}
 		}
 		eof := &proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: port}}}
 		if err := locked(func() error { return st.Send(eof) }); err != nil {
 			return err
 		}
+		q.feeding.Add(-1)
 	}
 	return nil
 }

@@ -79,7 +79,12 @@ type DescribeResponse struct {
 	// Start.pools and takes and sends items by reference (Item.ref);
 	// docs/plugins.md has the lifetime rules. A plugin that does not say it
 	// gets every item as bytes on the stream.
-	SharedMemory  bool `protobuf:"varint,5,opt,name=shared_memory,json=sharedMemory,proto3" json:"shared_memory,omitempty"`
+	SharedMemory bool `protobuf:"varint,5,opt,name=shared_memory,json=sharedMemory,proto3" json:"shared_memory,omitempty"`
+	// waiting: the plugin says when its node cannot move by itself
+	// (Waiting), so that dflow's deadlock detector can see through the
+	// stage (docs/runtime.md, "Deadlock"). A plugin that does not say it is
+	// opaque to the detector.
+	Waiting       bool `protobuf:"varint,6,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -145,6 +150,13 @@ func (x *DescribeResponse) GetOutputCredit() bool {
 func (x *DescribeResponse) GetSharedMemory() bool {
 	if x != nil {
 		return x.SharedMemory
+	}
+	return false
+}
+
+func (x *DescribeResponse) GetWaiting() bool {
+	if x != nil {
+		return x.Waiting
 	}
 	return false
 }
@@ -532,6 +544,7 @@ type Message struct {
 	//	*Message_Batch
 	//	*Message_Attached
 	//	*Message_Release
+	//	*Message_Waiting
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -655,6 +668,15 @@ func (x *Message) GetRelease() *Release {
 	return nil
 }
 
+func (x *Message) GetWaiting() *Waiting {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_Waiting); ok {
+			return x.Waiting
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -695,6 +717,10 @@ type Message_Release struct {
 	Release *Release `protobuf:"bytes,9,opt,name=release,proto3,oneof"`
 }
 
+type Message_Waiting struct {
+	Waiting *Waiting `protobuf:"bytes,10,opt,name=waiting,proto3,oneof"`
+}
+
 func (*Message_Start) isMessage_Msg() {}
 
 func (*Message_Item) isMessage_Msg() {}
@@ -712,6 +738,8 @@ func (*Message_Batch) isMessage_Msg() {}
 func (*Message_Attached) isMessage_Msg() {}
 
 func (*Message_Release) isMessage_Msg() {}
+
+func (*Message_Waiting) isMessage_Msg() {}
 
 // Start opens a replica.
 type Start struct {
@@ -731,7 +759,10 @@ type Start struct {
 	// pools: shared memory for this replica's large items, offered to a
 	// plugin that said DescribeResponse.shared_memory. The plugin answers
 	// with Attached before anything else.
-	Pools         *Pools `protobuf:"bytes,9,opt,name=pools,proto3" json:"pools,omitempty"`
+	Pools *Pools `protobuf:"bytes,9,opt,name=pools,proto3" json:"pools,omitempty"`
+	// waiting: dflow takes Waiting messages (from a plugin that said
+	// DescribeResponse.waiting); the plugin sends them only then.
+	Waiting       bool `protobuf:"varint,10,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +858,13 @@ func (x *Start) GetPools() *Pools {
 		return x.Pools
 	}
 	return nil
+}
+
+func (x *Start) GetWaiting() bool {
+	if x != nil {
+		return x.Waiting
+	}
+	return false
 }
 
 // Pools are two memfd files of dflow's process, which the plugin opens as
@@ -1376,6 +1414,69 @@ func (x *Metric) GetCounter() bool {
 	return false
 }
 
+// Waiting, from the plugin (Start.waiting), says whether its node is
+// blocked with nothing it can do by itself: exactly one call of the node
+// into the plugin's SDK is in progress, and it waits (a Recv on a port
+// with nothing received and not ended, or a Send waiting for dflow's
+// credit on its port), every message the node sent before it is already
+// on the stream, and it stays so until a message from dflow arrives.
+// seen is the number of messages the plugin had received from dflow on
+// this stream (Start included) when it found the node blocked: dflow
+// counts the messages it sent, and while the two are equal (nothing sent
+// since) the node cannot move. Sent only on changes (and when seen
+// changes while the node stays blocked), never per item.
+type Waiting struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Waiting       bool                   `protobuf:"varint,1,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Seen          uint64                 `protobuf:"varint,2,opt,name=seen,proto3" json:"seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Waiting) Reset() {
+	*x = Waiting{}
+	mi := &file_dflow_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Waiting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Waiting) ProtoMessage() {}
+
+func (x *Waiting) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Waiting.ProtoReflect.Descriptor instead.
+func (*Waiting) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Waiting) GetWaiting() bool {
+	if x != nil {
+		return x.Waiting
+	}
+	return false
+}
+
+func (x *Waiting) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
 // Done ends a replica; error is empty on success.
 type Done struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1386,7 +1487,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_dflow_proto_msgTypes[19]
+	mi := &file_dflow_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1499,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[19]
+	mi := &file_dflow_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1512,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{19}
+	return file_dflow_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Done) GetError() string {
@@ -1426,14 +1527,15 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"\xc4\x01\n" +
+	"\x0fDescribeRequest\"\xde\x01\n" +
 	"\x10DescribeResponse\x12+\n" +
 	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\bR\abatches\x12\x1f\n" +
 	"\vport_credit\x18\x03 \x01(\bR\n" +
 	"portCredit\x12#\n" +
 	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\x12#\n" +
-	"\rshared_memory\x18\x05 \x01(\bR\fsharedMemory\"\\\n" +
+	"\rshared_memory\x18\x05 \x01(\bR\fsharedMemory\x12\x18\n" +
+	"\awaiting\x18\x06 \x01(\bR\awaiting\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1460,7 +1562,7 @@ const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"FieldError\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xc9\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xff\x03\n" +
 	"\aMessage\x12.\n" +
 	"\x05start\x18\x01 \x01(\v2\x16.dflow.plugin.v1.StartH\x00R\x05start\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x15.dflow.plugin.v1.ItemH\x00R\x04item\x12(\n" +
@@ -1470,8 +1572,10 @@ const file_dflow_proto_rawDesc = "" +
 	"\x04done\x18\x06 \x01(\v2\x15.dflow.plugin.v1.DoneH\x00R\x04done\x12.\n" +
 	"\x05batch\x18\a \x01(\v2\x16.dflow.plugin.v1.BatchH\x00R\x05batch\x127\n" +
 	"\battached\x18\b \x01(\v2\x19.dflow.plugin.v1.AttachedH\x00R\battached\x124\n" +
-	"\arelease\x18\t \x01(\v2\x18.dflow.plugin.v1.ReleaseH\x00R\areleaseB\x05\n" +
-	"\x03msg\"\x8d\x02\n" +
+	"\arelease\x18\t \x01(\v2\x18.dflow.plugin.v1.ReleaseH\x00R\arelease\x124\n" +
+	"\awaiting\x18\n" +
+	" \x01(\v2\x18.dflow.plugin.v1.WaitingH\x00R\awaitingB\x05\n" +
+	"\x03msg\"\xa7\x02\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -1482,7 +1586,9 @@ const file_dflow_proto_rawDesc = "" +
 	"\x06device\x18\x06 \x01(\tR\x06device\x12\x18\n" +
 	"\abatches\x18\a \x01(\bR\abatches\x12#\n" +
 	"\routput_credit\x18\b \x01(\bR\foutputCredit\x12,\n" +
-	"\x05pools\x18\t \x01(\v2\x16.dflow.plugin.v1.PoolsR\x05pools\"\x97\x01\n" +
+	"\x05pools\x18\t \x01(\v2\x16.dflow.plugin.v1.PoolsR\x05pools\x12\x18\n" +
+	"\awaiting\x18\n" +
+	" \x01(\bR\awaiting\"\x97\x01\n" +
 	"\x05Pools\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x13\n" +
 	"\x05in_fd\x18\x02 \x01(\x05R\x04inFd\x12\x17\n" +
@@ -1515,7 +1621,10 @@ const file_dflow_proto_rawDesc = "" +
 	"\x06Metric\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value\x12\x18\n" +
-	"\acounter\x18\x03 \x01(\bR\acounter\"\x1c\n" +
+	"\acounter\x18\x03 \x01(\bR\acounter\"7\n" +
+	"\aWaiting\x12\x18\n" +
+	"\awaiting\x18\x01 \x01(\bR\awaiting\x12\x12\n" +
+	"\x04seen\x18\x02 \x01(\x04R\x04seen\"\x1c\n" +
 	"\x04Done\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error2\xde\x01\n" +
 	"\x04Node\x12O\n" +
@@ -1535,7 +1644,7 @@ func file_dflow_proto_rawDescGZIP() []byte {
 	return file_dflow_proto_rawDescData
 }
 
-var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_dflow_proto_goTypes = []any{
 	(*DescribeRequest)(nil),  // 0: dflow.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil), // 1: dflow.plugin.v1.DescribeResponse
@@ -1556,7 +1665,8 @@ var file_dflow_proto_goTypes = []any{
 	(*Eof)(nil),              // 16: dflow.plugin.v1.Eof
 	(*Credit)(nil),           // 17: dflow.plugin.v1.Credit
 	(*Metric)(nil),           // 18: dflow.plugin.v1.Metric
-	(*Done)(nil),             // 19: dflow.plugin.v1.Done
+	(*Waiting)(nil),          // 19: dflow.plugin.v1.Waiting
+	(*Done)(nil),             // 20: dflow.plugin.v1.Done
 }
 var file_dflow_proto_depIdxs = []int32{
 	2,  // 0: dflow.plugin.v1.DescribeResponse.kinds:type_name -> dflow.plugin.v1.Kind
@@ -1568,25 +1678,26 @@ var file_dflow_proto_depIdxs = []int32{
 	16, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
 	17, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
 	18, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
-	19, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
+	20, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
 	15, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
 	11, // 11: dflow.plugin.v1.Message.attached:type_name -> dflow.plugin.v1.Attached
 	13, // 12: dflow.plugin.v1.Message.release:type_name -> dflow.plugin.v1.Release
-	10, // 13: dflow.plugin.v1.Start.pools:type_name -> dflow.plugin.v1.Pools
-	12, // 14: dflow.plugin.v1.Release.refs:type_name -> dflow.plugin.v1.Ref
-	12, // 15: dflow.plugin.v1.Item.ref:type_name -> dflow.plugin.v1.Ref
-	14, // 16: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
-	0,  // 17: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
-	5,  // 18: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
-	8,  // 19: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
-	1,  // 20: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
-	6,  // 21: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
-	8,  // 22: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
-	20, // [20:23] is the sub-list for method output_type
-	17, // [17:20] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	19, // 13: dflow.plugin.v1.Message.waiting:type_name -> dflow.plugin.v1.Waiting
+	10, // 14: dflow.plugin.v1.Start.pools:type_name -> dflow.plugin.v1.Pools
+	12, // 15: dflow.plugin.v1.Release.refs:type_name -> dflow.plugin.v1.Ref
+	12, // 16: dflow.plugin.v1.Item.ref:type_name -> dflow.plugin.v1.Ref
+	14, // 17: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
+	0,  // 18: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
+	5,  // 19: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
+	8,  // 20: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
+	1,  // 21: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
+	6,  // 22: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
+	8,  // 23: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
+	21, // [21:24] is the sub-list for method output_type
+	18, // [18:21] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_dflow_proto_init() }
@@ -1604,6 +1715,7 @@ func file_dflow_proto_init() {
 		(*Message_Batch)(nil),
 		(*Message_Attached)(nil),
 		(*Message_Release)(nil),
+		(*Message_Waiting)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1611,7 +1723,7 @@ func file_dflow_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dflow_proto_rawDesc), len(file_dflow_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -40,6 +41,15 @@ func Serve(specs ...nodes.Spec) {
 	})
 }
 
+// Concurrent, set before Serve, says that a node of this plugin may
+// compute in goroutines of its own while one of its calls into the SDK
+// (a Recv or a Send) waits. The plugin then does not tell dflow when its
+// node waits (Waiting), and dflow's deadlock detector treats its stages as
+// always able to move: a deadlock through them hangs rather than being
+// named. Without it, a node blocked in exactly one SDK call is taken to be
+// doing nothing else.
+var Concurrent bool
+
 // Server implements the protocol's plugin side over node specs.
 type Server struct {
 	proto.UnimplementedNodeServer
@@ -59,7 +69,7 @@ func NewServer(specs ...nodes.Spec) *Server {
 
 // Describe implements proto.NodeServer.
 func (s *Server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: SharedMemoryEnabled()}
+	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: SharedMemoryEnabled(), Waiting: !Concurrent}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: FieldsToProto(sp.Config)})
@@ -143,6 +153,14 @@ func (s *Server) Run(stream proto.Node_RunServer) error {
 			defer ps.Close() // after the node and the sender are done with them
 		}
 		if err := r.send(&proto.Message{Msg: &proto.Message_Attached{Attached: att}}); err != nil {
+			return err
+		}
+	}
+	// The first window of input credit, before the node can wait for an
+	// item (and the plugin say Waiting): on the stream ahead of it.
+	for name, in := range r.inputs {
+		n := in.w.Open(firstCredit)
+		if err := r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: name}}}); err != nil {
 			return err
 		}
 	}
@@ -271,6 +289,9 @@ func (r *remoteReplica) sendItems() {
 				err = grant()
 			}
 		}
+		if err == nil {
+			err = r.sayWaiting()
+		}
 		if err != nil {
 			r.errMu.Lock()
 			r.sendErr = err
@@ -307,12 +328,24 @@ type remoteReplica struct {
 	// reference.
 	pools     *Pools
 	threshold int64
+
+	// Waiting (Start.waiting; see waiter): watch says dflow takes it.
+	watch    bool
+	recvd    atomic.Uint64 // dflow's messages received and applied, Start included
+	nblocked atomic.Int32  // len(waiters)
+	wmu      sync.Mutex
+	waiters  []*waiter // the node's calls in progress that block
+	// the last Waiting sent (sendItems' own)
+	saidWaiting bool
+	saidSeen    uint64
 }
 
 func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []graph.PortSpec) *remoteReplica {
 	r := &remoteReplica{stream: stream, start: start, inputs: map[string]*remoteInput{},
 		outputs: map[string]*remoteOutput{}, dead: make(chan struct{}),
-		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1)}
+		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1),
+		watch: start.Waiting && !Concurrent}
+	r.recvd.Store(1) // Start
 	for _, p := range ports {
 		if p.Dir == graph.In {
 			r.inputs[p.Name] = &remoteInput{r: r, port: p.Name, ch: make(chan inItem, inputWindow),
@@ -335,13 +368,6 @@ func (r *remoteReplica) send(m *proto.Message) error {
 func (r *remoteReplica) receive(cancel context.CancelFunc) {
 	defer close(r.dead)
 	var items Assembler
-	// Grant the first window of input credit.
-	if len(r.inputs) > 0 {
-		for name, in := range r.inputs {
-			n := in.w.Open(firstCredit)
-			r.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: name}}})
-		}
-	}
 	for {
 		m, err := r.stream.Recv()
 		if err != nil {
@@ -353,6 +379,7 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 		case *proto.Message_Item:
 			b, done := items.Add(v.Item)
 			if !done {
+				r.received1()
 				continue
 			}
 			v.Item.Payload = b
@@ -361,6 +388,7 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			whole = v.Batch.Items
 		case *proto.Message_Eof:
 			if in := r.inputs[v.Eof.Port]; in != nil {
+				in.ended.Store(true)
 				close(in.ch)
 			}
 		case *proto.Message_Release:
@@ -418,7 +446,83 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 			}
 			in.ch <- inItem{item, size, held}
 		}
+		r.received1()
 	}
+}
+
+// Waiting (Start.waiting): the plugin tells dflow when its node is
+// blocked in exactly one SDK call with nothing it can do by itself, so
+// that dflow's deadlock detector can judge the stage (docs/runtime.md,
+// "Deadlock"). A call that blocks registers a waiter with the condition
+// that keeps it blocked; sendItems, which puts everything the node sends
+// on the stream in order, says Waiting{seen} once that is all on the
+// stream, seen being how many of dflow's messages had been received when
+// it found the call still blocked. The receiver counts a message only
+// after applying it (an item in its port, an end of input, a grant of
+// credit), and the count is read before the condition: so if the
+// condition held, nothing counted in seen can release the call, and
+// whatever can has not been counted, which dflow sees as its own count
+// differing from seen. Only blocking calls register: an item that finds
+// its item or its credit waiting costs nothing more.
+type waiter struct {
+	blocked func() bool // the call is still blocked
+}
+
+// received1 counts one message from dflow applied, and has sendItems
+// look again at a blocked call (its seen is now old).
+func (r *remoteReplica) received1() {
+	r.recvd.Add(1)
+	if r.watch && r.nblocked.Load() > 0 {
+		r.wake()
+	}
+}
+
+func (r *remoteReplica) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// block registers a call that is about to block; the returned func
+// unregisters it once it no longer waits.
+func (r *remoteReplica) block(blocked func() bool) func() {
+	if !r.watch {
+		return func() {}
+	}
+	w := &waiter{blocked: blocked}
+	r.wmu.Lock()
+	r.waiters = append(r.waiters, w)
+	r.nblocked.Store(int32(len(r.waiters)))
+	r.wmu.Unlock()
+	r.wake()
+	return func() {
+		r.wmu.Lock()
+		r.waiters = slices.DeleteFunc(r.waiters, func(o *waiter) bool { return o == w })
+		r.nblocked.Store(int32(len(r.waiters)))
+		r.wmu.Unlock()
+		r.wake()
+	}
+}
+
+// sayWaiting sends Waiting when the node's state has changed since the
+// last one sent; called by sendItems with everything before on the stream.
+func (r *remoteReplica) sayWaiting() error {
+	if !r.watch {
+		return nil
+	}
+	seen := r.recvd.Load() // before the condition: see waiter
+	r.wmu.Lock()
+	waiting := len(r.waiters) == 1 && r.waiters[0].blocked() && len(r.outq) == 0
+	r.wmu.Unlock()
+	if !waiting {
+		seen = 0
+	}
+	if waiting == r.saidWaiting && seen == r.saidSeen {
+		return nil
+	}
+	r.saidWaiting, r.saidSeen = waiting, seen
+	return r.send(&proto.Message{Msg: &proto.Message_Waiting{Waiting: &proto.Waiting{Waiting: waiting, Seen: seen}}})
 }
 
 // received checks an input item by reference and records the node's hold
@@ -479,11 +583,12 @@ func (r *remoteReplica) Out(port string) nodes.Output {
 }
 
 type remoteInput struct {
-	r    *remoteReplica
-	port string
-	ch   chan inItem
-	w    Window
-	cur  *Held // the region of the item by reference the node last received here
+	r     *remoteReplica
+	port  string
+	ch    chan inItem
+	ended atomic.Bool // end of input received (set before ch is closed)
+	w     Window
+	cur   *Held // the region of the item by reference the node last received here
 }
 
 // inItem is an item received for the node, with its payload's size, and
@@ -506,21 +611,28 @@ func (in *remoteInput) Recv(ctx context.Context) (any, error) {
 	}
 	select {
 	case it, ok := <-in.ch:
-		if !ok {
-			return nil, io.EOF
-		}
-		// The item is taken: credit for one more, which the sender grants
-		// (several in one message when items come fast).
-		in.w.Taken(it.size)
-		in.cur = it.held
-		select {
-		case in.r.kick <- struct{}{}:
-		default:
-		}
-		return it.item, nil
+		return in.took(it, ok)
+	default:
+	}
+	defer in.r.block(func() bool { return len(in.ch) == 0 && !in.ended.Load() })()
+	select {
+	case it, ok := <-in.ch:
+		return in.took(it, ok)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+func (in *remoteInput) took(it inItem, ok bool) (any, error) {
+	if !ok {
+		return nil, io.EOF
+	}
+	// The item is taken: credit for one more, which the sender grants
+	// (several in one message when items come fast).
+	in.w.Taken(it.size)
+	in.cur = it.held
+	in.r.wake()
+	return it.item, nil
 }
 
 type remoteOutput struct {
@@ -545,8 +657,11 @@ func (o *remoteOutput) Send(ctx context.Context, item any) error {
 	if err := CheckPortItem(o.typ, item); err != nil {
 		return fmt.Errorf("sdk: output %q: %w", o.port, err)
 	}
-	if o.held {
-		if err := o.credit.Take(ctx, o.r.dead); err != nil {
+	if o.held && !o.credit.tryTake() {
+		unblock := o.r.block(func() bool { return o.credit.n.Load() <= 0 })
+		err := o.credit.Take(ctx, o.r.dead)
+		unblock()
+		if err != nil {
 			return err
 		}
 	}

@@ -106,6 +106,22 @@ func (c *Credit) TakeAll() int32 { return c.n.Swap(0) }
 // More is signalled after a grant: wait on it when TakeAll gave none.
 func (c *Credit) More() <-chan struct{} { return c.more }
 
+// tryTake takes one if there is one, without waiting.
+func (c *Credit) tryTake() bool {
+	for {
+		n := c.n.Load()
+		if n <= 0 {
+			return false
+		}
+		if c.n.CompareAndSwap(n, n-1) {
+			if n > 1 {
+				c.signal()
+			}
+			return true
+		}
+	}
+}
+
 // Take takes one, waiting for a grant while there is none; it fails when
 // ctx is done or gone is closed.
 func (c *Credit) Take(ctx context.Context, gone <-chan struct{}) error {

@@ -23,6 +23,7 @@ Needs grpcio, protobuf and numpy (Debian: python3-grpcio, python3-protobuf,
 python3-numpy). The layouts of the wire types are in docs/plugins.md.
 """
 
+import contextlib
 import json
 import mmap
 import os
@@ -45,6 +46,11 @@ COOKIE_KEY, COOKIE = "DFLOW_PLUGIN_MAGIC_COOKIE", "dflow-node-plugin-v1"
 CHUNK = 1 << 20  # payload bytes per Item message, as dflow sends them
 INPUT_WINDOW = 8  # input items a replica holds at most per port (its credit)
 OUTPUT_WINDOW = 64  # messages a replica queues for dflow before send blocks
+# CONCURRENT, set before serve, says a node may compute in threads of its
+# own while one of its recv or send calls waits: the plugin then does not
+# tell dflow when its node waits (Waiting), and dflow's deadlock detector
+# treats its stages as always able to move.
+CONCURRENT = False
 
 
 # --- items ---------------------------------------------------------------
@@ -279,6 +285,7 @@ class Replica:
         self._credit = {}  # output port: dflow's credit (Start.output_credit)
         self._lock = threading.Lock()
         self._pools = None  # shared memory, when dflow offered it and it mapped
+        self._watch = _Watch(False, out)
 
     def recv(self, port):
         """The items arriving on an input port, until every producer has
@@ -289,7 +296,11 @@ class Replica:
         q = self._inputs[port]
         held = None
         while True:
-            item = q.get()
+            try:
+                item = q.get_nowait()
+            except queue.Empty:
+                with self._watch.blocked(q.empty):
+                    item = q.get()
             if held is not None:  # the previous item's region goes back to dflow
                 self._drop(held)
                 held = None
@@ -367,8 +378,9 @@ class Replica:
         credit on the port, so that a full edge holds back this port's
         items only."""
         credit = self._credit.get(port)
-        if credit is not None:
-            credit.take()
+        if credit is not None and not credit.try_take():
+            with self._watch.blocked(credit.none):
+                credit.take()
         ref = self._by_reference(port, item)
         if ref is not None:
             self._out.put(pb.Message(item=ref))
@@ -405,6 +417,16 @@ class _Credit:
             self._n += n
             self._cv.notify_all()
 
+    def try_take(self):
+        with self._cv:
+            if self._n > 0:
+                self._n -= 1
+                return True
+            return False
+
+    def none(self):
+        return self._n == 0 and not self._closed
+
     def take(self):
         with self._cv:
             while self._n == 0 and not self._closed:
@@ -417,6 +439,74 @@ class _Credit:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+
+
+class _Watch:
+    """Waiting (Start.waiting): tells dflow when the node is blocked in
+    exactly one recv or send with nothing it can do by itself, so that
+    dflow's deadlock detector can judge the stage (docs/runtime.md,
+    "Deadlock"). A call about to block registers the condition that keeps
+    it blocked; the sender, with everything the node sent before on the
+    stream, says Waiting(seen), seen being how many of dflow's messages the
+    receiver had applied when it found the call still blocked. The
+    receiver counts a message only after applying it, under the same lock
+    the sender reads the count and the condition under: if the condition
+    held, nothing counted can release the call, and what can has not been
+    counted, which dflow sees as its own count differing from seen."""
+
+    def __init__(self, on, out):
+        self.on, self.out = on, out
+        self.lock = threading.Lock()
+        self.recvd = 1  # Start
+        self.waiters = []
+        self.said = (False, 0)
+
+    def _look(self):
+        try:
+            self.out.put_nowait(_LOOK)
+        except queue.Full:
+            pass  # the sender is busy: it looks once it has sent what is queued
+
+    def received(self):
+        if not self.on:
+            return
+        with self.lock:
+            self.recvd += 1
+            look = bool(self.waiters)
+        if look:
+            self._look()
+
+    @contextlib.contextmanager
+    def blocked(self, cond):
+        if not self.on:
+            yield
+            return
+        with self.lock:
+            self.waiters.append(cond)
+        self._look()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.waiters.remove(cond)
+            self._look()
+
+    def waiting(self):
+        """The Waiting message to send now, None when nothing changed."""
+        if not self.on or not self.out.empty():
+            return None
+        with self.lock:
+            seen = self.recvd
+            waiting = len(self.waiters) == 1 and self.waiters[0]()
+        if not waiting:
+            seen = 0
+        if (waiting, seen) == self.said:
+            return None
+        self.said = (waiting, seen)
+        return pb.Message(waiting=pb.Waiting(waiting=waiting, seen=seen))
+
+
+_LOOK = object()  # in the output queue: the sender looks at the node's waits
 
 
 # --- the service -----------------------------------------------------------
@@ -446,7 +536,7 @@ class _Service:
 
     def describe(self, request, context):
         resp = pb.DescribeResponse(batches=True, port_credit=True, output_credit=True,
-                                   shared_memory=_shm_enabled())
+                                   shared_memory=_shm_enabled(), waiting=not CONCURRENT)
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -479,6 +569,7 @@ class _Service:
         # waits in send, as a Go node waits in Send.
         out = queue.Queue(OUTPUT_WINDOW)
         r = Replica(start, config, out)
+        r._watch = _Watch(start.waiting and not CONCURRENT, out)
         for p in kind.ports(config):
             if not p.output:
                 # Unbounded: credit bounds it (deliver checks), and the end
@@ -535,10 +626,9 @@ class _Service:
                         deliver(m.item.port, m.item.type, None, m.item.ref)
                     elif which == "item":
                         buf += m.item.payload
-                        if m.item.more:
-                            continue
-                        deliver(m.item.port, m.item.type, buf)
-                        buf = bytearray()
+                        if not m.item.more:
+                            deliver(m.item.port, m.item.type, buf)
+                            buf = bytearray()
                     elif which == "batch":
                         for it in m.batch.items:
                             if it.HasField("ref"):
@@ -556,6 +646,7 @@ class _Service:
                         if m.credit.port not in r._credit:
                             raise BadItem("credit on %r, which is not an output port held to credit" % m.credit.port)
                         r._credit[m.credit.port].grant(m.credit.n)
+                    r._watch.received()  # applied: now counted
             except Exception as e:  # a broken input ends the replica with the reason
                 failure.append(e)
                 for q in r._inputs.values():
@@ -581,8 +672,12 @@ class _Service:
             m = out.get()
             if m is _DONE:
                 return
-            if not start.batches or m.WhichOneof("msg") == "item" and (m.item.more or len(m.item.payload) > CHUNK):
-                yield m  # a large item's chunks go as they come
+            if m is _LOOK or not start.batches or m.WhichOneof("msg") == "item" and (m.item.more or len(m.item.payload) > CHUNK):
+                if m is not _LOOK:
+                    yield m  # a large item's chunks go as they come
+                w = r._watch.waiting()
+                if w is not None:
+                    yield w
                 continue
             # dflow takes batches: with this message, send the others
             # already queued: whole items together in Batches of at most
@@ -596,6 +691,8 @@ class _Service:
                     break
             credit, batch, size, metrics, end, send = {}, [], 0, {}, False, []
             for x in pending:
+                if x is _LOOK:
+                    continue
                 which = None if x is _DONE else x.WhichOneof("msg")
                 if which == "credit":
                     credit[x.credit.port] = credit.get(x.credit.port, 0) + x.credit.n
@@ -630,6 +727,9 @@ class _Service:
                 if done is not None:
                     yield done
                 return
+            w = r._watch.waiting()
+            if w is not None:
+                yield w
 
 
 def _shm_enabled():

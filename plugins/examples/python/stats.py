@@ -12,6 +12,7 @@ from two threads.
 
 import os
 import sys
+import time
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +28,7 @@ class Stats(Node):
     config = [
         Field("scale", "number", default=1.0, doc="factor applied to hidden states"),
         Field("crash_after", "int", default=0, doc="exit abruptly after this many items (0: never)"),
+        Field("sleep", "number", default=0, doc="seconds of work on each item, outside any recv or send"),
     ]
 
     def ports(self, config):
@@ -40,8 +42,11 @@ class Stats(Node):
 
     def run(self, r):
         scale, crash = float(r.config["scale"]), int(r.config["crash_after"])
+        sleep = float(r.config["sleep"])
         n = 0
         for item in r.recv("in"):
+            if sleep:
+                time.sleep(sleep)
             if crash and n == crash:
                 sys.stderr.write("stats: crashing on purpose after %d items\n" % n)
                 sys.stderr.flush()

@@ -1,0 +1,316 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// slowKind passes items through, computing sleep_ms on each first (time
+// the node spends outside any SDK call).
+var slowKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name:   "slow",
+		Config: []graph.Field{{Name: "sleep_ms", Type: graph.Int, Default: cty.NumberIntVal(0)}},
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}, {Name: "out", Dir: graph.Out, SameAs: "in"}}
+		},
+	},
+	New: func(cfg *graph.Config) (nodes.Node, error) {
+		d := time.Duration(cfg.Int("sleep_ms")) * time.Millisecond
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			for {
+				item, err := r.In("in").Recv(ctx)
+				if err == io.EOF {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				select {
+				case <-time.After(d): // the work
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				if err := r.Out("out").Send(ctx, item); err != nil {
+					return err
+				}
+			}
+		}), nil
+	},
+}
+
+// seedDeadlock is specs/seed.hcl wired to deadlock (as in the engine's
+// TestDeadlockNamed), with the targets a plugin stage (%s): the reader
+// rotates over the five targets, targets 0 and 3 feed drafter 0, target
+// 2 alone drafter 2, and the drafters step together. Once drafter 0's
+// queue is full, target 0's plugin holds items it cannot hand on, then
+// the reader blocks on target 0's queue, target 2 starves, and with it
+// drafter 2 and the group step.
+const seedDeadlock = `
+stage "reader" {
+  node = "synthetic_source"
+  config {
+    count = 3000
+  }
+}
+stage "target" {
+  node     = "%s"
+  replicas = 5
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = 3
+  config {
+    service_time = "100us"
+    sync         = true
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from     = reader.out
+  to       = target.in
+  policy   = "round_robin"
+  capacity = 4
+}
+edge "hs" {
+  from     = target.out
+  to       = drafter.in
+  policy   = "round_robin"
+  capacity = 4
+}
+edge "trained" {
+  from = drafter.out
+  to   = done.in
+}
+`
+
+// pipeline loads src for a run of its own (Drain, when not nil, drains
+// it).
+func (f *fixture) pipeline(src string, drain chan struct{}) *engine.Pipeline {
+	f.t.Helper()
+	g, diags := (&graph.Loader{Catalog: f.reg}).Load("p.hcl", []byte(src))
+	if diags.HasErrors() {
+		f.t.Fatal(diags)
+	}
+	p, err := engine.New(g, engine.Options{Registry: f.reg, Drain: drain})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return p
+}
+
+// confirm sets the deadlock detector's confirm window for one test.
+func confirm(t *testing.T, d time.Duration) {
+	old := engine.DeadlockConfirm
+	engine.DeadlockConfirm = d
+	t.Cleanup(func() { engine.DeadlockConfirm = old })
+}
+
+// execute runs p, failing the test if it has not ended by the deadline.
+func execute(t *testing.T, p *engine.Pipeline, limit time.Duration) (*report.Report, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	rep, err := p.Execute(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("the run was still going after %v (err %v)", limit, err)
+	}
+	return rep, err
+}
+
+// checkDeadlock checks the error of a run of seedDeadlock: the cycle
+// named through the plugin stage's replicas.
+func checkDeadlock(t *testing.T, rep *report.Report, err error) {
+	t.Helper()
+	var d *engine.Deadlock
+	if !errors.As(err, &d) {
+		t.Fatalf("err = %v, want a *engine.Deadlock", err)
+	}
+	msg := err.Error()
+	t.Log(msg)
+	if rep.Status != report.Failed || !strings.Contains(rep.Error, "deadlock") {
+		t.Errorf("status %s, error %q", rep.Status, rep.Error)
+	}
+	for _, re := range []string{
+		`\n    reader\[0\] waits to send on tokens\[[0134]\] \(full, 4 of 4\), read by target\[[0134]\]\n    target\[[0134]\] waits to send on hs\[[01]\] \(full, 4 of 4\), read by drafter\[[01]\]`,
+		`target\[2\] waits for input on tokens\[2\] \(empty\), fed by reader\[0\]`,
+		`waits at stage drafter's group step for drafter\[2\] \(2 of 3 there\)`,
+		`--set edge\.(hs|tokens)\.policy=shared`,
+	} {
+		if !regexp.MustCompile(re).MatchString(msg) {
+			t.Errorf("error does not match %s", re)
+		}
+	}
+}
+
+// TestPluginDeadlockNamed: the seed's deadlock with the targets a Go
+// plugin fails within seconds, naming the cycle through the plugin's
+// replicas. Before the plugin said Waiting, this run hung for ever (the
+// plugin host's waits were opaque to the detector).
+func TestPluginDeadlockNamed(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := execute(t, f.pipeline(fmt.Sprintf(seedDeadlock, "tp/pass"), nil), 60*time.Second)
+	t.Logf("ended after %v", time.Since(start))
+	checkDeadlock(t, rep, err)
+}
+
+// TestPluginDeadlockStopsDrain: a drain of that run cannot complete; it
+// ends on its own, as an abort that says so.
+func TestPluginDeadlockStopsDrain(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	// Confirm slowly, so that the drain starts after the deadlock forms
+	// and before it is declared.
+	confirm(t, 3*time.Second)
+	drain := make(chan struct{})
+	p := f.pipeline(fmt.Sprintf(seedDeadlock, "tp/pass"), drain)
+	type result struct {
+		rep *report.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		rep, err := p.Execute(ctx)
+		done <- result{rep, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for !p.Deadlocked() {
+		if time.Now().After(deadline) {
+			t.Fatal("the deadlock did not form")
+		}
+		time.Sleep(10 * time.Millisecond) // polling
+	}
+	close(drain)
+	res := <-done
+	var d *engine.Deadlock
+	if !errors.As(res.err, &d) || !d.Draining {
+		t.Fatalf("err = %v, want a drain's *engine.Deadlock", res.err)
+	}
+	if res.rep.Status != report.Aborted || !strings.HasPrefix(res.rep.Error, "drain cannot complete: deadlock") {
+		t.Errorf("status %s, error %q", res.rep.Status, res.rep.Error)
+	}
+}
+
+// slowSpec: a plugin stage computing sleep_ms on each item while every
+// other replica waits for it.
+const slowSpec = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = %d
+  }
+}
+stage "p" {
+  node = "%s"
+  config {
+    sleep_ms = %d
+  }
+}
+stage "sink" {
+  node = "sink"
+}
+edge "a" {
+  from     = src.out
+  to       = p.in
+  capacity = 1
+}
+edge "b" {
+  from     = p.out
+  to       = sink.in
+  capacity = 1
+}`
+
+// TestNoDeadlockWhilePluginComputes: a plugin node working 2s on an item
+// while everything else waits for it is no deadlock, with the detector
+// confirming in 100ms, twenty times less than one item takes.
+func TestNoDeadlockWhilePluginComputes(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	confirm(t, 100*time.Millisecond)
+	rep, err := execute(t, f.pipeline(fmt.Sprintf(slowSpec, 2, "tp/slow", 2000), nil), 60*time.Second)
+	if err != nil || rep.Status != report.OK || rep.Edges["b"].Consumed != 2 {
+		t.Fatalf("status %s, err %v, %d items out", rep.Status, err, rep.Edges["b"].Consumed)
+	}
+}
+
+// TestOldPluginStaysOpaque: a plugin that does not say Waiting is never
+// judged: the same deadlock is not declared (the run goes on until it is
+// cancelled), however short the confirm window.
+func TestOldPluginStaysOpaque(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.h.Load("op", wrapper(t, f.dir, "op", "opaque"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	confirm(t, 100*time.Millisecond)
+	p := f.pipeline(fmt.Sprintf(seedDeadlock, "op/pass"), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		rep *report.Report
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := p.Execute(ctx)
+		done <- result{rep, err}
+	}()
+	// Twenty confirm windows in which the run makes no progress: the
+	// detector would have declared it, were the plugin's stage judged.
+	deadline := time.Now().Add(30 * time.Second)
+	var last, stillSince time.Time
+	var lastItems int64 = -1
+	for {
+		select {
+		case res := <-done:
+			t.Fatalf("the run ended: status %s, err %v", res.rep.Status, res.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the run never stopped moving")
+		}
+		var items int64
+		for _, e := range p.Snapshot().Edges {
+			items += e.Produced + e.Consumed
+		}
+		if items != lastItems {
+			lastItems, stillSince = items, time.Now()
+		}
+		last = time.Now()
+		if last.Sub(stillSince) > 2*time.Second {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polling
+	}
+	cancel()
+	res := <-done
+	var d *engine.Deadlock
+	if errors.As(res.err, &d) {
+		t.Fatalf("an opaque plugin's stage was judged: %v", res.err)
+	}
+	// And the plugin and the same wiring with the new SDK is the one
+	// that is declared (TestPluginDeadlockNamed).
+}
