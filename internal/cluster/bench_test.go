@@ -9,8 +9,10 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // The figures of docs/cluster.md (bench/run prints them): items across a
@@ -34,51 +36,11 @@ func BenchmarkRemoteEdge(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
-	l := &graph.Loader{Catalog: nodes.Default}
-	g, diags := l.Load("bench.hcl", []byte(`
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = 1
-  }
-}
-stage "dst" {
-  node = "sink"
-}
-edge "e" {
-  from     = src.out
-  to       = dst.in
-  capacity = 16
-}`))
-	if diags.HasErrors() {
-		b.Fatal(diags)
-	}
 	for _, size := range benchSizes {
 		b.Run(sizeName(size), func(b *testing.B) {
 			ctx := context.Background()
-			pc, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-			cc, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-			defer pc.Close()
-			defer cc.Close()
-			job := &Job{Run: "bench" + sizeName(size), Place: map[string][]string{"src": {"p"}, "dst": {"c"}},
-				Remote: map[string][]bool{"e": {true}}}
-			pjs, _ := newJS(pc)
-			cjs, _ := newJS(cc)
-			if err := setupRun(ctx, pjs, job.Run, g, job.Remote); err != nil {
-				b.Fatal(err)
-			}
-			defer teardownRun(pjs, job.Run, g, job.Remote)
-			pl, err := newLinks(ctx, pc, pjs, job, g, "p")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer pl.close()
-			cl, err := newLinks(ctx, cc, cjs, job, g, "c")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cl.close()
-			send, recv := pl.For(g.Edges[0], 0), cl.For(g.Edges[0], 0)
+			send, recv, _, cleanup := edgePair(b, srv, "bench"+sizeName(size))
+			defer cleanup()
 			item := &items.Blob{Data: make([]byte, size)}
 			b.SetBytes(int64(size))
 			b.ResetTimer()
@@ -156,5 +118,61 @@ func BenchmarkRawTCP(b *testing.B) {
 				b.Fatal(err)
 			}
 		})
+	}
+}
+
+// edgePair is a remote edge of capacity 16 between two instances, each
+// with a connection of its own: the producer's transport and the
+// consumer's.
+func edgePair(tb testing.TB, srv *Server, run string) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
+	tb.Helper()
+	l := &graph.Loader{Catalog: nodes.Default}
+	g, diags := l.Load("edge.hcl", []byte(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 1
+  }
+}
+stage "dst" {
+  node = "sink"
+}
+edge "e" {
+  from     = src.out
+  to       = dst.in
+  capacity = 16
+}`))
+	if diags.HasErrors() {
+		tb.Fatal(diags)
+	}
+	ctx := context.Background()
+	pc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	job := &Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}}
+	pjs, _ := newJS(pc)
+	cjs, _ := newJS(cc)
+	if err := setupRun(ctx, pjs, job.Run, g, job.Remote); err != nil {
+		tb.Fatal(err)
+	}
+	pl, err := newLinks(ctx, pc, pjs, job, g, "p")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cl, err := newLinks(ctx, cc, cjs, job, g, "c")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pl.For(g.Edges[0], 0), cl.For(g.Edges[0], 0), pjs, func() {
+		cl.close()
+		pl.close()
+		teardownRun(pjs, job.Run, g, job.Remote)
+		pc.Close()
+		cc.Close()
 	}
 }

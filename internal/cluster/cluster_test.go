@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
@@ -181,5 +183,89 @@ edge "b" {
 		if e.Produced != 200 || e.Consumed != 200 {
 			t.Errorf("edge %s: produced %d, consumed %d", name, e.Produced, e.Consumed)
 		}
+	}
+}
+
+// TestLargeItems: items past the payload limit cross in chunks, in a run
+// (TestChunksIntact checks their bytes).
+func TestLargeItems(t *testing.T) {
+	tc := startCluster(t, 2)
+	spec := t.TempDir() + "/big.hcl"
+	os.WriteFile(spec, []byte(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 6
+    size_bytes = 3145728
+  }
+}
+stage "work" {
+  node     = "synthetic_work"
+  replicas = 2
+}
+stage "sink" {
+  node = "sink"
+}
+edge "a" {
+  from     = src.out
+  to       = work.in
+  capacity = 2
+}
+edge "b" {
+  from = work.out
+  to   = sink.in
+}
+`), 0o600)
+	rep, _, err := tc.run(t, spec, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != 6 || e.Consumed != 6 {
+			t.Errorf("edge %s: produced %d, consumed %d", name, e.Produced, e.Consumed)
+		}
+	}
+}
+
+// TestChunksIntact: a 5 MiB item and a small one cross a remote edge in
+// order, byte for byte, and the chunks are purged after.
+func TestChunksIntact(t *testing.T) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	send, recv, js, cleanup := edgePair(t, srv, "chunks")
+	defer cleanup()
+	ctx := context.Background()
+	big := &items.Blob{Data: make([]byte, 5<<20+123)}
+	for i := range big.Data {
+		big.Data[i] = byte(i * 7)
+	}
+	small := &items.Blob{Data: []byte("small")}
+	for _, it := range []*items.Blob{big, small} {
+		if err := send.Send(ctx, it); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send.Close()
+	for _, want := range []*items.Blob{big, small} {
+		got, ok, err := recv.Recv(ctx)
+		if err != nil || !ok {
+			t.Fatalf("recv: %v %v", ok, err)
+		}
+		if !bytes.Equal(got.(*items.Blob).Data, want.Data) {
+			t.Fatalf("an item of %d bytes arrived changed (%d bytes)", len(want.Data), len(got.(*items.Blob).Data))
+		}
+	}
+	if _, ok, err := recv.Recv(ctx); ok || err != nil {
+		t.Fatalf("after the last: %v %v", ok, err)
+	}
+	s, err := js.Stream(ctx, streamBlob("chunks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 0 {
+		t.Errorf("blob stream after: %+v %v", info.State, err)
 	}
 }

@@ -214,12 +214,14 @@ type jsQueue struct {
 	finished  atomic.Bool // Recv has seen the end: nothing is in flight
 
 	// the consumer side, used by the engine's pump only
-	cons   jetstream.Consumer
-	stream jetstream.Stream
-	buf    []jetstream.Msg
-	ended  map[int]bool
-	seen   map[string]bool // ids handed on, to drop redeliveries
-	order  []any           // items taken from this queue and held, oldest first (under l.pmu)
+	cons     jetstream.Consumer
+	stream   jetstream.Stream
+	inbox    chan jetstream.Msg // fetched, held, not yet decoded
+	idle     chan struct{}      // a fetch found nothing
+	fetchErr chan error
+	ended    map[int]bool
+	seen     map[string]bool // ids handed on, to drop redeliveries
+	order    []any           // items taken from this queue and held, oldest first (under l.pmu)
 
 	hmu  sync.Mutex
 	held []jetstream.Msg // fetched and not yet acked
@@ -313,39 +315,76 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			return nil, false, err
 		}
 		q.stream, q.cons, q.ended = s, c, map[int]bool{}
+		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}, 1), make(chan error, 1)
+		q.l.wg.Add(1)
+		go q.fetch()
 	}
 	for {
-		for len(q.buf) > 0 {
-			m := q.buf[0]
-			q.buf = q.buf[1:]
+		select {
+		case m := <-q.inbox:
 			item, dup, err := q.decode(ctx, m)
 			if err != nil {
 				return nil, false, err
 			}
-			if dup {
-				continue
+			if !dup {
+				return item, true, nil
 			}
-			return item, true, nil
-		}
-		if err := ctx.Err(); err != nil {
+		case <-q.idle:
+			// A fetch found nothing: maybe the queue has ended.
+			if end, err := q.ends(ctx); err != nil || end {
+				return nil, false, err
+			}
+		case err := <-q.fetchErr:
 			return nil, false, err
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
 		}
-		batch, err := q.cons.Fetch(max(1, min(q.edge.Capacity, 8)/max(1, len(q.edge.Queues[q.qi].Consumers))), jetstream.FetchMaxWait(200*time.Millisecond))
+	}
+}
+
+// batch is how many messages a fetch asks for: up to 8, shared out over
+// the consumer replicas so that one worker does not hold a shared queue's
+// whole capacity.
+func (q *jsQueue) batch() int {
+	return max(1, min(q.edge.Capacity, 8)/max(1, len(q.edge.Queues[q.qi].Consumers)))
+}
+
+// fetch pulls the queue's messages into the inbox as they arrive, each
+// held (kept from redelivery) from the moment it is here, until the queue
+// has ended or the instance stops. A fetch that brings nothing says so on
+// idle.
+func (q *jsQueue) fetch() {
+	defer q.l.wg.Done()
+	batch := q.batch()
+	for !q.finished.Load() {
+		select {
+		case <-q.l.stop:
+			return
+		default:
+		}
+		b, err := q.cons.Fetch(batch, jetstream.FetchMaxWait(200*time.Millisecond))
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil, false, ctx.Err()
+			select {
+			case <-q.l.stop:
+			case q.fetchErr <- fmt.Errorf("%s: fetch: %w", q.name(), err):
 			}
-			return nil, false, fmt.Errorf("%s: fetch: %w", q.name(), err)
+			return
 		}
-		for m := range batch.Messages() {
-			q.buf = append(q.buf, m)
+		got := false
+		for m := range b.Messages() {
+			got = true
 			q.hold(m)
+			select {
+			case q.inbox <- m:
+			case <-q.l.stop:
+				return
+			}
 		}
-		if len(q.buf) > 0 {
-			continue
-		}
-		if end, err := q.ends(ctx); err != nil || end {
-			return nil, false, err
+		if !got {
+			select {
+			case q.idle <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
