@@ -81,12 +81,13 @@ func (r *replica) beginWait(acc *waitTotal, site *waitSite) wait {
 }
 
 // beginWaitOn is beginWait with own false for a wait with a context
-// other than the replica's: the site then counts the wait in progress,
-// which the detector reads only for a quiescent node (nodes.Quiescer),
-// and the replica's waitOn is opaque. Only blocking waits get here, so
-// the count costs the fast path nothing.
+// other than the replica's: the replica's waitOn is then opaque. For a
+// node that can say it is quiescent (nodes.Quiescer), the site also
+// counts the wait in progress, which the detector reads then; other
+// replicas skip the count (two atomic adds a blocking wait). Only
+// blocking waits get here, so none of it costs the fast path.
 func (r *replica) beginWaitOn(acc *waitTotal, site *waitSite, own bool) wait {
-	if site.kind != waitOpaque {
+	if r.countSites && site.kind != waitOpaque {
 		site.active.Add(1)
 	}
 	if own {
@@ -111,7 +112,7 @@ func (r *replica) endWait(w wait) {
 	} else {
 		w.acc.end(r.coarse.now.Load())
 	}
-	if w.site.kind != waitOpaque {
+	if r.countSites && w.site.kind != waitOpaque {
 		w.site.active.Add(-1)
 	}
 }

@@ -159,8 +159,9 @@ func (r *run) build() error {
 			s.total = spec.Total(gs.Config)
 		}
 		for i := 0; i < gs.Replicas; i++ {
+			_, quiescer := n.(nodes.Quiescer)
 			s.replicas = append(s.replicas, &replica{
-				stage: s, index: i, device: gs.Device(i),
+				stage: s, index: i, device: gs.Device(i), countSites: quiescer,
 				inputs: map[string]*input{}, outputs: map[string]*output{},
 			})
 		}

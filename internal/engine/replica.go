@@ -40,8 +40,11 @@ type replica struct {
 	clock   itemClock
 	// waitOn is what the replica's latest blocking wait needs to end (set
 	// as it begins; meaningful while a wait is in progress).
-	waitOn atomic.Pointer[waitSite]
-	_      linePad
+	// countSites: the node is a nodes.Quiescer, whose waits in progress
+	// the sites count for the deadlock detector.
+	countSites bool
+	waitOn     atomic.Pointer[waitSite]
+	_          linePad
 }
 
 func (r *replica) Stage() string  { return r.stage.g.Name }
