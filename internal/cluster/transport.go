@@ -218,6 +218,7 @@ type jsQueue struct {
 	stream   jetstream.Stream
 	inbox    chan jetstream.Msg // fetched, held, not yet decoded
 	idle     chan struct{}      // a fetch found nothing
+	room     chan struct{}      // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
 	seen     map[string]bool // ids handed on, to drop redeliveries
@@ -249,6 +250,12 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		fmt.Fprintf(h, "%s>%d.%d", up.id, q.ei, q.qi)
 		id = "f" + strconv.FormatUint(h.Sum64(), 36)
 	}
+	// Once begun, a publish runs to its answer whatever ctx does: a publish
+	// cut short may still have stored the item, and the engine counts an
+	// item sent exactly when Send returns nil (a drain stops the sources
+	// mid-send). Only the wait for room honours ctx.
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Header.Set(hdrWire, wire)
@@ -259,7 +266,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		n := 0
 		for off := 0; off < len(body); off += q.l.chunk {
 			chunk := body[off:min(off+q.l.chunk, len(body))]
-			if _, err := q.l.js.Publish(ctx, subjBlob(q.l.job.Run, id, n), chunk); err != nil {
+			if _, err := q.l.js.Publish(pctx, subjBlob(q.l.job.Run, id, n), chunk); err != nil {
 				return fmt.Errorf("%s: chunk: %w", q.name(), err)
 			}
 			n++
@@ -270,7 +277,10 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	}
 	wait := 100 * time.Microsecond
 	for {
-		_, err := q.l.js.PublishMsg(ctx, m)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, err := q.l.js.PublishMsg(pctx, m)
 		if err == nil {
 			if up != nil {
 				q.l.passedOn(item, up)
@@ -278,9 +288,6 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 			return nil
 		}
 		if !isFull(err) {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
 			return fmt.Errorf("%s: %w", q.name(), err)
 		}
 		// Full: wait for room, as a local queue's Send blocks.
@@ -316,12 +323,17 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 		}
 		q.stream, q.cons, q.ended = s, c, map[int]bool{}
 		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}, 1), make(chan error, 1)
+		q.room = make(chan struct{}, 1)
 		q.l.wg.Add(1)
 		go q.fetch()
 	}
 	for {
 		select {
 		case m := <-q.inbox:
+			select {
+			case q.room <- struct{}{}:
+			default:
+			}
 			item, dup, err := q.decode(ctx, m)
 			if err != nil {
 				return nil, false, err
@@ -361,6 +373,16 @@ func (q *jsQueue) fetch() {
 		case <-q.l.stop:
 			return
 		default:
+		}
+		// Room for a whole batch first: every message fetched goes into the
+		// inbox at once and is held from then on, none waits unheld (and
+		// unrefreshed) in the client while the consumers are slow.
+		for len(q.inbox) > 0 {
+			select {
+			case <-q.room:
+			case <-q.l.stop:
+				return
+			}
 		}
 		b, err := q.cons.Fetch(batch, jetstream.FetchMaxWait(200*time.Millisecond))
 		if err != nil {
