@@ -598,11 +598,17 @@ func (q *jsQueue) Close() {
 }
 
 // Depth is the stream's depth as last read.
+// Items taken and held unacked (restartable stages) are still in the
+// stream's count, and the engine adds the one at hand itself: they are
+// left out.
 func (q *jsQueue) Depth() int {
 	if q.finished.Load() {
 		return 0
 	}
-	return int(q.depth.Load())
+	q.l.pmu.Lock()
+	held := len(q.order)
+	q.l.pmu.Unlock()
+	return max(0, int(q.depth.Load())-held)
 }
 
 func (q *jsQueue) readDepth() {
