@@ -132,6 +132,18 @@ type Sum interface {
 	Store(x Reducible) error
 }
 
+// HostCopier is a Reducible whose values can be copied to the host and
+// back: what a group whose members sit in other processes (a cluster's)
+// needs of a vector that lives elsewhere, a kernel backend's buffer say.
+// Each copy crosses once.
+type HostCopier interface {
+	Reducible
+	// CopyToHost writes the values into dst (Len() of them).
+	CopyToHost(dst []float32)
+	// CopyFromHost sets the values from src (Len() of them).
+	CopyFromHost(src []float32)
+}
+
 // Floats is a host vector as a Reducible: AllReduceSum's buffer.
 type Floats []float32
 

@@ -161,8 +161,17 @@ func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
 
 func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error) {
 	f, ok := x.(nodes.Floats)
+	var back func()
 	if !ok {
-		return 0, fmt.Errorf("AllReduce across workers sums host vectors (nodes.Floats); a %T has no host view yet: place the stage's replicas on one worker (dflow run --place STAGE=WORKER)", x)
+		hc, ok := x.(nodes.HostCopier)
+		if !ok {
+			return 0, fmt.Errorf("AllReduce across workers sums host vectors; a %T cannot be copied to the host: place the stage's replicas on one worker (dflow run --place STAGE=WORKER)", x)
+		}
+		// A backend's buffer (drafter_train's gradients) crosses to the
+		// host once, is summed there across workers, and back once.
+		f = make([]float32, x.Len())
+		hc.CopyToHost(f)
+		back = func() { hc.CopyFromHost(f) }
 	}
 	ans, err := g.call(ctx, opReduce, replica, f)
 	if err != nil {
@@ -173,6 +182,9 @@ func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reduci
 	}
 	for i := range f {
 		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(ans[5+4*i:]))
+	}
+	if back != nil {
+		back()
 	}
 	return int(binary.LittleEndian.Uint32(ans[1:])), nil
 }

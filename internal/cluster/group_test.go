@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"github.com/dflow-dev/dflow/internal/nn"
+	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"sync"
 	"testing"
 	"time"
@@ -35,6 +37,9 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// Member 1 all-reduces a kernel backend's buffer (as drafter_train's
+	// gradients are), the others host vectors: the buffer crosses to the
+	// host and back.
 	reduce := func(ids ...int) {
 		t.Helper()
 		var wg sync.WaitGroup
@@ -43,7 +48,17 @@ func TestGroupAcrossWorkers(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				v := nodes.Floats{float32(i + 1), 10}
-				n, err := members[i].AllReduce(ctx, i, v)
+				var x nodes.Reducible = v
+				var buf nn.Buffer
+				if i == 1 {
+					buf = nn.CPU().Alloc(2)
+					nn.CPU().FromHost(buf, v)
+					x = nnreduce.Of(buf)
+				}
+				n, err := members[i].AllReduce(ctx, i, x)
+				if i == 1 {
+					nn.CPU().ToHost(v, buf)
+				}
 				want := float32(0)
 				for _, j := range ids {
 					want += float32(j + 1)

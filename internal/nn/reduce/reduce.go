@@ -22,6 +22,13 @@ type vec struct{ b nn.Buffer }
 
 func (v vec) Len() int        { return v.b.Len() }
 func (v vec) Scale(f float32) { v.b.Backend().Scale(v.b, f) }
+
+// CopyToHost implements nodes.HostCopier: the buffer's values cross to
+// the host once (a cluster's group sums them there).
+func (v vec) CopyToHost(dst []float32) { v.b.Backend().ToHost(dst, v.b) }
+
+// CopyFromHost implements nodes.HostCopier.
+func (v vec) CopyFromHost(src []float32) { v.b.Backend().FromHost(v.b, src) }
 func (v vec) NewSum() nodes.Sum {
 	be := v.b.Backend()
 	s := &sum{be: be, acc: be.Alloc(v.b.Len())}
