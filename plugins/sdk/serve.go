@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -265,6 +266,7 @@ func (r *remoteReplica) sendItems() {
 		select {
 		case <-r.kick:
 			err = grant()
+		case <-r.look:
 		case it, ok := <-r.outq:
 			if !ok {
 				return
@@ -317,6 +319,7 @@ type remoteReplica struct {
 	outq    chan outItem  // items the node sent, for sendItems
 	sent    chan struct{} // closed when sendItems is done
 	kick    chan struct{} // wakes sendItems to grant what is owed
+	look    chan struct{} // wakes sendItems to look at blocked calls (Waiting)
 	errMu   sync.Mutex
 	err     error // why receiving stopped, when the stream did not simply end
 	sendErr error // why sending stopped
@@ -338,12 +341,13 @@ type remoteReplica struct {
 	// the last Waiting sent (sendItems' own)
 	saidWaiting bool
 	saidSeen    uint64
+	waitTimer   atomic.Bool // a look again at a blocked call is scheduled
 }
 
 func newRemoteReplica(stream proto.Node_RunServer, start *proto.Start, ports []graph.PortSpec) *remoteReplica {
 	r := &remoteReplica{stream: stream, start: start, inputs: map[string]*remoteInput{},
 		outputs: map[string]*remoteOutput{}, dead: make(chan struct{}),
-		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1),
+		outq: make(chan outItem, outputWindow), sent: make(chan struct{}), kick: make(chan struct{}, 1), look: make(chan struct{}, 1),
 		watch: start.Waiting && !Concurrent}
 	r.recvd.Store(1) // Start
 	for _, p := range ports {
@@ -466,14 +470,21 @@ func (r *remoteReplica) receive(cancel context.CancelFunc) {
 // its item or its credit waiting costs nothing more.
 type waiter struct {
 	blocked func() bool // the call is still blocked
+	since   time.Time   // when it began to block
 }
+
+// WaitingAfter is how long a call must have been blocked before the
+// plugin says Waiting: a node that blocks briefly on every item (the
+// usual case, items arriving one at a time) then adds no message to the
+// stream; the deadlock detector sees a stuck plugin that much later.
+var WaitingAfter = 20 * time.Millisecond
 
 // received1 counts one message from dflow applied, and has sendItems
 // look again at a blocked call (its seen is now old).
 func (r *remoteReplica) received1() {
 	r.recvd.Add(1)
 	if r.watch && r.nblocked.Load() > 0 {
-		r.wake()
+		r.lookAgain()
 	}
 }
 
@@ -484,24 +495,34 @@ func (r *remoteReplica) wake() {
 	}
 }
 
+// lookAgain has sendItems look at the blocked calls again (for Waiting)
+// without granting credit: a grant per look would split what is owed
+// into one message per item.
+func (r *remoteReplica) lookAgain() {
+	select {
+	case r.look <- struct{}{}:
+	default:
+	}
+}
+
 // block registers a call that is about to block; the returned func
 // unregisters it once it no longer waits.
 func (r *remoteReplica) block(blocked func() bool) func() {
 	if !r.watch {
 		return func() {}
 	}
-	w := &waiter{blocked: blocked}
+	w := &waiter{blocked: blocked, since: time.Now()}
 	r.wmu.Lock()
 	r.waiters = append(r.waiters, w)
 	r.nblocked.Store(int32(len(r.waiters)))
 	r.wmu.Unlock()
-	r.wake()
+	r.lookAgain()
 	return func() {
 		r.wmu.Lock()
 		r.waiters = slices.DeleteFunc(r.waiters, func(o *waiter) bool { return o == w })
 		r.nblocked.Store(int32(len(r.waiters)))
 		r.wmu.Unlock()
-		r.wake()
+		r.lookAgain()
 	}
 }
 
@@ -514,9 +535,23 @@ func (r *remoteReplica) sayWaiting() error {
 	seen := r.recvd.Load() // before the condition: see waiter
 	r.wmu.Lock()
 	waiting := len(r.waiters) == 1 && r.waiters[0].blocked() && len(r.outq) == 0
+	var since time.Time
+	if waiting {
+		since = r.waiters[0].since
+	}
 	r.wmu.Unlock()
 	if !waiting {
 		seen = 0
+	}
+	if waiting && !r.saidWaiting {
+		if wait := WaitingAfter - time.Since(since); wait > 0 {
+			// Not yet: look again once the call has been blocked long
+			// enough (a call that ends before then says nothing).
+			if !r.waitTimer.Swap(true) {
+				time.AfterFunc(wait, func() { r.waitTimer.Store(false); r.lookAgain() })
+			}
+			return nil
+		}
 	}
 	if waiting == r.saidWaiting && seen == r.saidSeen {
 		return nil
