@@ -104,6 +104,14 @@ func Replicas(n int) StageOption {
 	return stageOption(func(d *stageDraft) { d.replicas = cty.NumberIntVal(int64(n)) })
 }
 
+// Placement names the cluster workers the stage's replicas run on,
+// replica i on workers[i % len(workers)], in a run across hosts.
+func Placement(workers ...string) StageOption {
+	return stageOption(func(d *stageDraft) {
+		d.placement, d.placementGiven = append([]string(nil), workers...), true
+	})
+}
+
 // Devices lists where the stage's replicas run ("cpu", "cuda:N"); replica
 // i uses devices[i % len(devices)]. The default is "cpu".
 func Devices(devices ...string) StageOption {
@@ -219,13 +227,16 @@ func (b *Builder) Build() (*Graph, hcl.Diagnostics) {
 // The ranges say where the spec wrote each part; they are zero for a stage
 // built in Go, whose diagnostics then name the stage instead.
 type stageDraft struct {
-	name, node   string    // node "" when missing or already reported
-	replicas     cty.Value // a number; cty.NilVal when not given
-	devices      []string
-	devicesGiven bool
-	config       []configItem // Builder.Stage's ConfigAttr options, in order
-	configBody   hcl.Body     // the spec's config block, or nil
-	sim          *Sim
+	name, node     string    // node "" when missing or already reported
+	replicas       cty.Value // a number; cty.NilVal when not given
+	devices        []string
+	devicesGiven   bool
+	placement      []string
+	placementGiven bool
+	placementRange hcl.Range
+	config         []configItem // Builder.Stage's ConfigAttr options, in order
+	configBody     hcl.Body     // the spec's config block, or nil
+	sim            *Sim
 
 	declRange, nameRange, nodeRange, replicasRange, devicesRange, configRange hcl.Range
 }
@@ -305,6 +316,17 @@ func (b *Builder) stageAttrs(s *Stage, d *stageDraft) {
 	if d.devicesGiven {
 		s.Devices = d.devices
 		b.checkDevices(who, d.devices, d.devicesRange)
+	}
+	if d.placementGiven {
+		s.Placement = d.placement
+		if len(d.placement) == 0 {
+			b.errorf(d.placementRange, "invalid placement", "%s", named(d.placementRange, who, "placement must name at least one worker, such as [\"w1\"]."))
+		}
+		for _, w := range d.placement {
+			if strings.TrimSpace(w) == "" {
+				b.errorf(d.placementRange, "invalid placement", "%s", named(d.placementRange, who, "placement names an empty worker."))
+			}
+		}
 	}
 	if d.sim != nil {
 		s.Sim = d.sim

@@ -46,11 +46,15 @@ type Stage struct {
 	// Devices lists where replicas run; replica i uses
 	// Devices[i%len(Devices)]. Empty means "cpu".
 	Devices []string
-	Config  *Config
-	Sim     *Sim // nil when the stage has no sim block
-	Kind    *Kind
-	Inputs  []*Port
-	Outputs []*Port
+	// Placement names the cluster workers the replicas run on, replica
+	// i on Placement[i%len(Placement)], in a run across hosts (`dflow run
+	// --cluster`); empty spreads them evenly. A local run ignores it.
+	Placement []string
+	Config    *Config
+	Sim       *Sim // nil when the stage has no sim block
+	Kind      *Kind
+	Inputs    []*Port
+	Outputs   []*Port
 
 	DeclRange     hcl.Range // the block header
 	NameRange     hcl.Range

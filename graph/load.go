@@ -245,6 +245,7 @@ var stageSchema = &hcl.BodySchema{
 		{Name: "node", Required: true},
 		{Name: "replicas"},
 		{Name: "devices"},
+		{Name: "placement"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "config"}, {Type: "sim"}},
 }
@@ -277,6 +278,15 @@ func (d *decoder) decodeStage(b *hcl.Block) {
 			s.devicesGiven = true
 			for _, e := range v.AsValueSlice() {
 				s.devices = append(s.devices, e.AsString())
+			}
+		}
+	}
+	if a, ok := content.Attributes["placement"]; ok {
+		s.placementRange = a.Expr.Range()
+		if v, ok := d.value(a, cty.List(cty.String), "a list of worker names"); ok {
+			s.placementGiven = true
+			for _, e := range v.AsValueSlice() {
+				s.placement = append(s.placement, e.AsString())
 			}
 		}
 	}

@@ -398,3 +398,33 @@ func TestClusterDrain(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementAttribute: a stage's placement attribute in the spec pins
+// its replicas as --place does (the flag, when given, wins).
+func TestPlacementAttribute(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1")
+	src, err := os.ReadFile("../../specs/seed.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(t.TempDir(), "placed.hcl")
+	placed := strings.Replace(string(src), "  replicas = 3\n", "  replicas  = 3\n  placement = [\"local2\"]\n", 1)
+	if placed == string(src) {
+		t.Fatal("the seed's drafter stage has changed: the test cannot place it")
+	}
+	os.WriteFile(spec, []byte(placed), 0o644)
+	out := filepath.Join(t.TempDir(), "r.json")
+	code, _, stderr := dflow(t, "run", spec, "--local-cluster", "2", "--report", out,
+		"--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+	if code != exitOK || !strings.Contains(stderr, "drafter local2,local2,local2") {
+		t.Fatalf("code %d\n%s", code, stderr)
+	}
+	for _, r := range readReport(t, out).Stages["drafter"].Replicas {
+		if r.Worker != "local2" {
+			t.Errorf("drafter[%d] ran on %s", r.Index, r.Worker)
+		}
+	}
+	if code, _, stderr := dflow(t, "validate", spec); code != exitOK {
+		t.Errorf("validate: code %d\n%s", code, stderr)
+	}
+}

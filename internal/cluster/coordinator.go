@@ -41,7 +41,8 @@ type CoordOptions struct {
 	// Log gets the placement and the faults, a line each.
 	Log io.Writer
 	// Pin places a stage's replicas on the workers named, replica i on
-	// Pin[stage][i mod len]; the other stages spread evenly.
+	// Pin[stage][i mod len], over the spec's placement attributes; the
+	// other stages spread evenly.
 	Pin map[string][]string
 }
 
@@ -127,8 +128,18 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 		}
 	}
 	c.place, c.remote = Place(c.g, c.workers)
-	if len(o.Pin) > 0 {
-		if err := c.pin(o.Pin); err != nil {
+	// The spec's placement attributes, then the --place flags over them.
+	pins := map[string][]string{}
+	for _, s := range c.g.Stages {
+		if len(s.Placement) > 0 {
+			pins[s.Name] = s.Placement
+		}
+	}
+	for stage, ws := range o.Pin {
+		pins[stage] = ws
+	}
+	if len(pins) > 0 {
+		if err := c.pin(pins); err != nil {
 			return nil, err
 		}
 	}
