@@ -169,3 +169,51 @@ type syncBuf struct {
 
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// DeadlockSpec is specs/seed.hcl wired to deadlock (as in the engine's
+// TestDeadlockNamed) with target, a plugin's kind, as the five targets:
+// the reader rotates over them, target 2 alone feeds drafter 2, and the
+// drafters step together, so the cycle runs through the plugin stage.
+func DeadlockSpec(target string) string {
+	return fmt.Sprintf(deadlockSpec, target)
+}
+
+const deadlockSpec = `
+stage "reader" {
+  node = "synthetic_source"
+  config {
+    count = 3000
+  }
+}
+stage "target" {
+  node     = "%s"
+  replicas = 5
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = 3
+  config {
+    service_time = "100us"
+    sync         = true
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from     = reader.out
+  to       = target.in
+  policy   = "round_robin"
+  capacity = 4
+}
+edge "hs" {
+  from     = target.out
+  to       = drafter.in
+  policy   = "round_robin"
+  capacity = 4
+}
+edge "trained" {
+  from = drafter.out
+  to   = done.in
+}
+`

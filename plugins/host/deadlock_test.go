@@ -12,6 +12,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/zclconf/go-cty/cty"
@@ -51,53 +52,6 @@ var slowKind = nodes.Spec{
 	},
 }
 
-// seedDeadlock is specs/seed.hcl wired to deadlock (as in the engine's
-// TestDeadlockNamed), with the targets a plugin stage (%s): the reader
-// rotates over the five targets, targets 0 and 3 feed drafter 0, target
-// 2 alone drafter 2, and the drafters step together. Once drafter 0's
-// queue is full, target 0's plugin holds items it cannot hand on, then
-// the reader blocks on target 0's queue, target 2 starves, and with it
-// drafter 2 and the group step.
-const seedDeadlock = `
-stage "reader" {
-  node = "synthetic_source"
-  config {
-    count = 3000
-  }
-}
-stage "target" {
-  node     = "%s"
-  replicas = 5
-}
-stage "drafter" {
-  node     = "synthetic_work"
-  replicas = 3
-  config {
-    service_time = "100us"
-    sync         = true
-  }
-}
-stage "done" {
-  node = "sink"
-}
-edge "tokens" {
-  from     = reader.out
-  to       = target.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "hs" {
-  from     = target.out
-  to       = drafter.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "trained" {
-  from = drafter.out
-  to   = done.in
-}
-`
-
 // pipeline loads src for a run of its own (Drain, when not nil, drains
 // it).
 func (f *fixture) pipeline(src string, drain chan struct{}) *engine.Pipeline {
@@ -132,7 +86,7 @@ func execute(t *testing.T, p *engine.Pipeline, limit time.Duration) (*report.Rep
 	return rep, err
 }
 
-// checkDeadlock checks the error of a run of seedDeadlock: the cycle
+// checkDeadlock checks the error of a run of plugintest.DeadlockSpec: the cycle
 // named through the plugin stage's replicas.
 func checkDeadlock(t *testing.T, rep *report.Report, err error) {
 	t.Helper()
@@ -167,7 +121,7 @@ func TestPluginDeadlockNamed(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	rep, err := execute(t, f.pipeline(fmt.Sprintf(seedDeadlock, "tp/pass"), nil), 60*time.Second)
+	rep, err := execute(t, f.pipeline(plugintest.DeadlockSpec("tp/pass"), nil), 60*time.Second)
 	t.Logf("ended after %v", time.Since(start))
 	checkDeadlock(t, rep, err)
 }
@@ -183,7 +137,7 @@ func TestPluginDeadlockStopsDrain(t *testing.T) {
 	// and before it is declared.
 	confirm(t, 3*time.Second)
 	drain := make(chan struct{})
-	p := f.pipeline(fmt.Sprintf(seedDeadlock, "tp/pass"), drain)
+	p := f.pipeline(plugintest.DeadlockSpec("tp/pass"), drain)
 	type result struct {
 		rep *report.Report
 		err error
@@ -266,7 +220,7 @@ func TestOldPluginStaysOpaque(t *testing.T) {
 		t.Fatal(err)
 	}
 	confirm(t, 100*time.Millisecond)
-	p := f.pipeline(fmt.Sprintf(seedDeadlock, "op/pass"), nil)
+	p := f.pipeline(plugintest.DeadlockSpec("op/pass"), nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type result struct {

@@ -10,51 +10,9 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/report"
 )
-
-// seedDeadlock is specs/seed.hcl wired to deadlock (the engine's
-// TestDeadlockNamed) with the targets the Python plugin; see
-// plugins/host's TestPluginDeadlockNamed for the Go plugin.
-const seedDeadlock = `
-stage "reader" {
-  node = "synthetic_source"
-  config {
-    count = 3000
-  }
-}
-stage "target" {
-  node     = "py/stats"
-  replicas = 5
-}
-stage "drafter" {
-  node     = "synthetic_work"
-  replicas = 3
-  config {
-    service_time = "100us"
-    sync         = true
-  }
-}
-stage "done" {
-  node = "sink"
-}
-edge "tokens" {
-  from     = reader.out
-  to       = target.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "hs" {
-  from     = target.out
-  to       = drafter.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "trained" {
-  from = drafter.out
-  to   = done.in
-}
-`
 
 func (f *fixture) execute(t *testing.T, src string) (*report.Report, error) {
 	t.Helper()
@@ -77,7 +35,7 @@ func (f *fixture) execute(t *testing.T, src string) (*report.Report, error) {
 func TestPythonDeadlockNamed(t *testing.T) {
 	f := newFixture(t)
 	start := time.Now()
-	rep, err := f.execute(t, seedDeadlock)
+	rep, err := f.execute(t, plugintest.DeadlockSpec("py/stats"))
 	t.Logf("ended after %v", time.Since(start))
 	var d *engine.Deadlock
 	if !errors.As(err, &d) {
