@@ -166,3 +166,15 @@ func seq(n int) []int {
 	}
 	return s
 }
+
+// Names lists the graph's stages and edges in the spec's order (what a
+// report keeps, report.Report.SetOrder).
+func (g *Graph) Names() (stages, edges []string) {
+	for _, s := range g.Stages {
+		stages = append(stages, s.Name)
+	}
+	for _, e := range g.Edges {
+		edges = append(edges, e.Name)
+	}
+	return stages, edges
+}

@@ -51,19 +51,8 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		rep.Edges[e.g.Name] = re
 	}
 	unbuilt(rep, r.g)
-	rep.SetOrder(order(r.g))
+	rep.SetOrder(r.g.Names())
 	return rep
-}
-
-// order lists g's stages and edges in the spec's order, for the report.
-func order(g *graph.Graph) (stages, edges []string) {
-	for _, s := range g.Stages {
-		stages = append(stages, s.Name)
-	}
-	for _, e := range g.Edges {
-		edges = append(edges, e.Name)
-	}
-	return stages, edges
 }
 
 // unbuilt adds the stages and edges a failed construction did not reach,

@@ -249,17 +249,6 @@ func (s *sim) report() *report.Report {
 		}
 		rep.Edges[e.g.Name] = re
 	}
-	rep.SetOrder(order(s.g))
+	rep.SetOrder(s.g.Names())
 	return rep
-}
-
-// order lists g's stages and edges in the spec's order, for the report.
-func order(g *graph.Graph) (stages, edges []string) {
-	for _, st := range g.Stages {
-		stages = append(stages, st.Name)
-	}
-	for _, e := range g.Edges {
-		edges = append(edges, e.Name)
-	}
-	return stages, edges
 }
