@@ -239,12 +239,18 @@ func startDflowBin(t *testing.T, bin string, args ...string) *proc {
 // during with the coordinator once the run has begun.
 func coordinate(t *testing.T, srv *cluster.Server, n int, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
 	t.Helper()
+	return coordinatePlaced(t, srv, n, nil, during, sets...)
+}
+
+// coordinatePlaced is coordinate with stages pinned to workers (--place).
+func coordinatePlaced(t *testing.T, srv *cluster.Server, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
+	t.Helper()
 	var args []string
 	for _, s := range sets {
 		args = append(args, "--set", s)
 	}
 	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
-	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n}
+	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n, place: place}
 	sf := &specFlags{sets: sets}
 	g := e.load(sf, "../../specs/seed.hcl")
 	if g == nil {
@@ -283,31 +289,67 @@ func sinkGot(c *cluster.Coordinator, n int64, within time.Duration) bool {
 }
 
 // TestWorkerKilled: a worker SIGKILLed mid-run. Its replicas are
-// stateless (target and an unsynchronized drafter): they restart on a live
-// worker, the items it held come back, and the sink gets every item once.
+// stateless (targets, an unsynchronized drafter, the sink): they restart on
+// a live worker, what it had not finished comes back, and every count is
+// exact: 300 items produced and consumed once on every edge, in and out of
+// every stage once, wherever the kill fell.
 func TestWorkerKilled(t *testing.T) {
-	srv := startServer(t)
-	ws := workers(t, srv.URL, srv.Token, 3)
-	rep, err, _ := coordinate(t, srv, 3, func(c *cluster.Coordinator) {
-		if !sinkGot(c, 60, 30*time.Second) {
-			t.Error("the run did not get going")
-			return
-		}
-		ws[1].cmd.Process.Signal(syscall.SIGKILL) // w2: targets and a drafter, no source, no sink
-	}, "stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
-	if err != nil {
-		t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
-	}
-	got := rep.Stages["done"].Replicas[0].ItemsIn
-	if got != 300 {
-		t.Errorf("the sink got %d items, want 300 (each once)", got)
-	}
-	restarted := false
-	for _, r := range rep.Stages["target"].Replicas {
-		restarted = restarted || strings.HasPrefix(r.Worker, "w2>")
-	}
-	if !restarted {
-		t.Errorf("no target replica restarted: %+v", rep.Stages["target"].Replicas)
+	for _, tc := range []struct {
+		name  string
+		place map[string][]string
+		after int64 // items at the sink before the kill
+	}{
+		// w2: targets 0 and 3 and drafter 1, no source, no sink
+		{name: "targets", after: 60},
+		// w2 also runs the sink, which then restarts elsewhere
+		{name: "sink", place: map[string][]string{"done": {"w2"}}, after: 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startServer(t)
+			ws := workers(t, srv.URL, srv.Token, 3)
+			rep, err, _ := coordinatePlaced(t, srv, 3, tc.place, func(c *cluster.Coordinator) {
+				if !sinkGot(c, tc.after, 30*time.Second) {
+					t.Error("the run did not get going")
+					return
+				}
+				ws[1].cmd.Process.Signal(syscall.SIGKILL)
+			}, "stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
+			if err != nil {
+				t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
+			}
+			if rep.Status != report.OK {
+				t.Fatalf("status %s: %s", rep.Status, rep.Error)
+			}
+			for name, e := range rep.Edges {
+				if e.Produced != 300 || e.Consumed != 300 {
+					t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
+				}
+			}
+			for _, stage := range []string{"target", "drafter", "done"} {
+				var in, out int64
+				for _, r := range rep.Stages[stage].Replicas {
+					in += r.ItemsIn
+					out += r.ItemsOut
+				}
+				want := int64(300)
+				if stage == "done" {
+					want = 0
+				}
+				if in != 300 || out != want {
+					t.Errorf("stage %s: %d items in, %d out, want 300 and %d", stage, in, out, want)
+				}
+			}
+			restarted := false
+			for _, r := range rep.Stages["target"].Replicas {
+				restarted = restarted || strings.HasPrefix(r.Worker, "w2>")
+			}
+			if !restarted {
+				t.Errorf("no target replica restarted: %+v", rep.Stages["target"].Replicas)
+			}
+			if tc.place != nil && !strings.HasPrefix(rep.Stages["done"].Replicas[0].Worker, "w2>") {
+				t.Errorf("the sink did not restart: %+v", rep.Stages["done"].Replicas)
+			}
+		})
 	}
 }
 

@@ -72,6 +72,12 @@ type instance struct {
 	done, lost   bool
 	rep          *report.Report
 	last         *report.Snapshot
+	// ledger is what its restartable replicas finished, committed (and
+	// acked) through the coordinator; seq the last commit applied.
+	ledger counts
+	seq    int64
+	// ran lists, once it is lost, the replicas it ran: stage -> indices.
+	ran map[string][]int
 }
 
 // NewCoordinator waits for the workers and places the replicas.
@@ -127,7 +133,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	c.place, c.remote = Place(c.g, c.workers)
+	c.place, c.remote = Place(c.g, c.workers, c.stateless)
 	// The spec's placement attributes, then the --place flags over them.
 	pins := map[string][]string{}
 	for _, s := range c.g.Stages {
@@ -176,9 +182,9 @@ func (c *Coordinator) idle() []string {
 
 // Place spreads every stage's replicas evenly over the workers, stage
 // after stage (replica i of the k-th replica in the spec's order goes to
-// worker k mod W), and says which queues ride JetStream: those whose
-// producers and consumers are not all in one worker.
-func Place(g *graph.Graph, workers []string) (place map[string][]string, remote map[string][]bool) {
+// worker k mod W), and says which queues ride JetStream (remoteQueues);
+// restartable says which stages restart elsewhere after a loss.
+func Place(g *graph.Graph, workers []string, restartable func(*graph.Stage) bool) (place map[string][]string, remote map[string][]bool) {
 	place, remote = map[string][]string{}, map[string][]bool{}
 	k := 0
 	for _, s := range g.Stages {
@@ -187,13 +193,17 @@ func Place(g *graph.Graph, workers []string) (place map[string][]string, remote 
 			k++
 		}
 	}
-	return place, remoteQueues(g, place)
+	return place, remoteQueues(g, place, restartable)
 }
 
-// remoteQueues says which queues ride JetStream under a placement.
-func remoteQueues(g *graph.Graph, place map[string][]string) (remote map[string][]bool) {
+// remoteQueues says which queues ride JetStream under a placement: those
+// whose producers and consumers are not all in one worker, and those that
+// feed a stage that restarts elsewhere after a loss, so that what it has
+// not finished outlives its worker (ledger.go).
+func remoteQueues(g *graph.Graph, place map[string][]string, restartable func(*graph.Stage) bool) (remote map[string][]bool) {
 	remote = map[string][]bool{}
 	for _, e := range g.Edges {
+		durable := restartable != nil && restartable(e.To.Stage)
 		for _, q := range e.Queues {
 			at := map[string]bool{}
 			for _, p := range q.Producers {
@@ -202,7 +212,7 @@ func remoteQueues(g *graph.Graph, place map[string][]string) (remote map[string]
 			for _, cr := range q.Consumers {
 				at[place[e.To.Stage.Name][cr]] = true
 			}
-			remote[e.Name] = append(remote[e.Name], len(at) > 1)
+			remote[e.Name] = append(remote[e.Name], len(at) > 1 || durable)
 		}
 	}
 	return remote
@@ -224,7 +234,7 @@ func (c *Coordinator) pin(pins map[string][]string) error {
 			c.place[stage][i] = ws[i%len(ws)]
 		}
 	}
-	c.remote = remoteQueues(c.g, c.place)
+	c.remote = remoteQueues(c.g, c.place, c.stateless)
 	return nil
 }
 
@@ -284,6 +294,11 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			subs = append(subs, sub)
 		}
 	}
+	csub, err := nc.Subscribe(subjCommit(c.run), c.commit)
+	if err != nil {
+		return c.failed(err), err
+	}
+	subs = append(subs, csub)
 	dones := make(chan *nats.Msg, 64)
 	dsub, err := nc.ChanSubscribe(subjDone(c.run), dones)
 	if err != nil {
@@ -312,7 +327,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	nc.Flush()
 	c.mu.Lock()
 	for _, w := range c.workers {
-		c.instances[w] = &instance{name: w, worker: w}
+		c.instances[w] = &instance{name: w, worker: w, ledger: counts{}}
 	}
 	c.mu.Unlock()
 	for _, w := range c.workers {
@@ -411,8 +426,21 @@ func (c *Coordinator) giveUp() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, in := range c.instances {
-		if !in.done {
+		if !in.done && !in.lost {
 			in.lost = true
+			c.markRan(in)
+		}
+	}
+}
+
+// markRan records which replicas a share lost ran (c.mu held).
+func (c *Coordinator) markRan(in *instance) {
+	in.ran = map[string][]int{}
+	for _, s := range c.g.Stages {
+		for i, p := range c.place[s.Name] {
+			if p == in.name {
+				in.ran[s.Name] = append(in.ran[s.Name], i)
+			}
 		}
 	}
 }
@@ -431,7 +459,7 @@ func (c *Coordinator) allDone() bool {
 // startInstance sends worker the job of instance inst.
 func (c *Coordinator) startInstance(worker, inst string) error {
 	job := c.o.Job
-	job.Run, job.Instance, job.Grace = c.run, inst, c.o.Grace
+	job.Run, job.Instance, job.Grace, job.Restart = c.run, inst, c.o.Grace, inst != worker
 	c.mu.Lock()
 	job.Place = map[string][]string{}
 	for k, v := range c.place {
@@ -479,6 +507,7 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 // with the fewest, or says which stateful replica was lost.
 func (c *Coordinator) recover(in *instance) error {
 	c.mu.Lock()
+	c.markRan(in)
 	var moved []string
 	var stateful error
 	for _, s := range c.g.Stages {
@@ -517,7 +546,7 @@ func (c *Coordinator) recover(in *instance) error {
 			}
 		}
 	}
-	c.instances[inst] = &instance{name: inst, worker: target}
+	c.instances[inst] = &instance{name: inst, worker: target, ledger: counts{}}
 	c.mu.Unlock()
 	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
 		in.worker, lostAfter, strings.Join(moved, ", "), target)
@@ -613,7 +642,8 @@ func (c *Coordinator) Snapshot() *report.Snapshot {
 	return s
 }
 
-// merge builds one snapshot from the instances' latest.
+// merge builds one snapshot from the instances' latest: a lost one's
+// counts are what it committed (lostReplica, lostEdge).
 func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -621,18 +651,29 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	if !c.start.IsZero() {
 		out.Elapsed = now.Sub(c.start)
 	}
-	var snaps []*report.Snapshot
+	var tmpl *report.Snapshot
+	var snaps []*report.Snapshot // the shares not lost
 	byName := map[string]*report.Snapshot{}
+	var lost []*instance
 	for _, in := range c.sortedInstances() {
-		if in.last != nil {
-			snaps = append(snaps, in.last)
-			byName[in.name] = in.last
+		if in.last == nil {
+			continue
 		}
+		if tmpl == nil {
+			tmpl = in.last
+		}
+		if in.lost {
+			lost = append(lost, in)
+			continue
+		}
+		snaps = append(snaps, in.last)
+		byName[in.name] = in.last
 	}
-	if len(snaps) == 0 {
+	if tmpl == nil {
 		return out
 	}
-	for si, st := range snaps[0].Stages {
+	for si, st := range tmpl.Stages {
+		gs := c.g.Stage(st.Name)
 		ms := report.StageSnapshot{Name: st.Name, Node: st.Node, Source: st.Source, Total: st.Total,
 			Metrics: map[string]float64{}, Counters: map[string]bool{}}
 		gauges := map[string]int{}
@@ -657,23 +698,24 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 		}
 		for i := range st.Replicas {
 			r := st.Replicas[i]
-			owner := c.place[st.Name][i]
-			if s := byName[owner]; s != nil && si < len(s.Stages) && i < len(s.Stages[si].Replicas) {
+			if s := byName[c.place[st.Name][i]]; s != nil && si < len(s.Stages) && i < len(s.Stages[si].Replicas) {
 				r = s.Stages[si].Replicas[i]
+			} else {
+				r.ItemsIn, r.ItemsOut = 0, 0
 			}
-			// a restarted replica adds what it did before the loss
-			for _, in := range c.instances {
-				if in.lost && in.last != nil && in.name != owner && c.ranHere(in, st.Name, i) && si < len(in.last.Stages) {
-					lr := in.last.Stages[si].Replicas[i]
-					r.ItemsIn += lr.ItemsIn
-					r.ItemsOut += lr.ItemsOut
+			for _, in := range lost {
+				if gs != nil {
+					if ni, no, ok := c.lostReplica(in, gs, i); ok {
+						r.ItemsIn += ni
+						r.ItemsOut += no
+					}
 				}
 			}
 			ms.Replicas = append(ms.Replicas, r)
 		}
 		out.Stages = append(out.Stages, ms)
 	}
-	for ei, e := range snaps[0].Edges {
+	for ei, e := range tmpl.Edges {
 		me := e
 		me.Produced, me.Consumed = 0, 0
 		me.Queues = slices.Clone(e.Queues)
@@ -693,6 +735,13 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 				}
 			}
 		}
+		if ge := c.edge(e.Name); ge != nil {
+			for _, in := range lost {
+				p, n := c.lostEdge(in, ge)
+				me.Produced += p
+				me.Consumed += n
+			}
+		}
 		for qi := range me.Queues {
 			slices.Sort(me.Queues[qi].Open)
 			me.Queues[qi].Open = slices.Compact(me.Queues[qi].Open)
@@ -705,22 +754,99 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	return out
 }
 
-// ranHere reports whether replica i of stage ran in instance in (before
-// a restart moved it).
-func (c *Coordinator) ranHere(in *instance, stage string, i int) bool {
-	return in.last != nil && !replicaAway(in, stage, i)
-}
-
-func replicaAway(in *instance, stage string, i int) bool {
-	// An instance runs a replica when its snapshot shows the replica
-	// doing anything; an away one never moves.
-	for _, st := range in.last.Stages {
-		if st.Name == stage && i < len(st.Replicas) {
-			r := st.Replicas[i]
-			return r.ItemsIn == 0 && r.ItemsOut == 0 && r.Busy == 0
+func (c *Coordinator) edge(name string) *graph.Edge {
+	for _, e := range c.g.Edges {
+		if e.Name == name {
+			return e
 		}
 	}
-	return true
+	return nil
+}
+
+// lostReplica is what replica i of s did in the lost share in, as the
+// report counts it: what it committed for a restartable stage (ledger.go),
+// the last snapshot for another (whose replicas had finished, or the run
+// failed). ok is false when in did not run the replica.
+func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (itemsIn, itemsOut int64, ok bool) {
+	if !slices.Contains(in.ran[s.Name], i) {
+		return 0, 0, false
+	}
+	if c.stateless(s) {
+		return in.ledger[replicaKey("i", s.Name, i)], in.ledger[replicaKey("o", s.Name, i)], true
+	}
+	if in.last != nil {
+		for _, st := range in.last.Stages {
+			if st.Name == s.Name && i < len(st.Replicas) {
+				return st.Replicas[i].ItemsIn, st.Replicas[i].ItemsOut, true
+			}
+		}
+	}
+	return 0, 0, true
+}
+
+// lostEdge is what the lost share in produced and consumed on e, as the
+// report counts it: each side by the ledger when its stage restarts, by
+// the last snapshot when it does not.
+func (c *Coordinator) lostEdge(in *instance, e *graph.Edge) (produced, consumed int64) {
+	var last *report.EdgeSnapshot
+	if in.last != nil {
+		for k := range in.last.Edges {
+			if in.last.Edges[k].Name == e.Name {
+				last = &in.last.Edges[k]
+			}
+		}
+	}
+	switch {
+	case c.stateless(e.From.Stage):
+		produced = in.ledger[edgeKey("p", e.Name)]
+	case last != nil:
+		produced = last.Produced
+	}
+	switch {
+	case c.stateless(e.To.Stage):
+		consumed = in.ledger[edgeKey("c", e.Name)]
+	case last != nil:
+		consumed = last.Consumed
+	}
+	return produced, consumed
+}
+
+// commit applies a share's commit (ledger.go): its counts go into the
+// share's ledger, then its items' messages are acked, then it is
+// answered. A lost share's commit is refused: its items come back to the
+// shares that took over.
+func (c *Coordinator) commit(m *nats.Msg) {
+	var cm commit
+	if err := json.Unmarshal(m.Data, &cm); err != nil {
+		respond(m, fmt.Errorf("bad commit: %v", err))
+		return
+	}
+	c.mu.Lock()
+	in := c.instances[cm.Instance]
+	switch {
+	case in == nil:
+		c.mu.Unlock()
+		respond(m, fmt.Errorf("no share %q in run %s", cm.Instance, c.run))
+		return
+	case in.lost:
+		c.mu.Unlock()
+		respond(m, fmt.Errorf("worker %s was counted lost; its items went to others", in.worker))
+		return
+	case cm.Seq <= in.seq:
+		c.mu.Unlock()
+		respond(m, nil) // applied already: its answer was lost
+		return
+	}
+	in.seq = cm.Seq
+	in.ledger.add(cm.Counts)
+	c.mu.Unlock()
+	for _, subj := range cm.Acks {
+		if subj != "" {
+			c.o.Conn.Publish(subj, []byte("+ACK"))
+		}
+	}
+	c.o.Conn.Flush()
+	respond(m, nil)
 }
 
 func (c *Coordinator) sortedInstances() []*instance {
@@ -801,15 +927,16 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 				r = own.Stages[s.Name].Replicas[i]
 			}
 			r.Worker = workerOf(inst)
-			for _, in := range c.instances {
-				if in.lost && in.name != inst && in.last != nil && c.ranHere(in, s.Name, i) {
-					for _, ss := range in.last.Stages {
-						if ss.Name == s.Name {
-							r.ItemsIn += ss.Replicas[i].ItemsIn
-							r.ItemsOut += ss.Replicas[i].ItemsOut
-						}
+			for _, in := range c.sortedInstances() {
+				if !in.lost {
+					continue
+				}
+				if ni, no, ok := c.lostReplica(in, s, i); ok {
+					r.ItemsIn += ni
+					r.ItemsOut += no
+					if in.name != inst {
+						r.Worker = in.worker + ">" + r.Worker
 					}
-					r.Worker = in.worker + ">" + r.Worker
 				}
 			}
 			st.Replicas = append(st.Replicas, r)
@@ -836,13 +963,10 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 			}
 		}
 		for _, in := range c.instances {
-			if in.lost && in.last != nil {
-				for _, es := range in.last.Edges {
-					if es.Name == e.Name {
-						re.Produced += es.Produced
-						re.Consumed += es.Consumed
-					}
-				}
+			if in.lost {
+				p, n := c.lostEdge(in, e)
+				re.Produced += p
+				re.Consumed += n
 			}
 		}
 		rep.Edges[e.Name] = re

@@ -25,6 +25,8 @@ type Job struct {
 	// worker's name, or a restart's name (worker/rN) for replicas moved
 	// from a lost worker.
 	Instance string `json:"instance"`
+	// Restart says the share takes over replicas of a lost worker.
+	Restart bool `json:"restart,omitempty"`
 }
 
 // hello is a worker's announcement.

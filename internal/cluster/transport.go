@@ -103,12 +103,15 @@ type links struct {
 	chunk    int
 
 	// restartable says whether a stage's replicas restart elsewhere when
-	// their worker is lost: the items they take are then acked only once
-	// passed on (or by the valves of jsQueue.take), so a loss redelivers
-	// them.
+	// their worker is lost: the items they take are then followed until
+	// finished and acked by the coordinator with their counts (ledger.go),
+	// so a loss redelivers what they had not finished.
 	restartable func(*graph.Stage) bool
+	ledger      *ledger
+	started     time.Time
 	pmu         sync.Mutex
-	pending     map[any]*taken // items taken and not yet acked, by pointer
+	pending     map[any]*taken  // items taken for a restartable stage, not yet received by a replica, by pointer
+	origins     map[any]origin // items being sent by a restartable replica, by pointer
 
 	mu     sync.Mutex
 	queues []*jsQueue
@@ -117,7 +120,10 @@ type links struct {
 }
 
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance string) (*links, error) {
-	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}), pending: map[any]*taken{}}
+	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
+		pending: map[any]*taken{}, origins: map[any]origin{}}
+	l.ledger = newLedger(l)
+	l.started = time.Now()
 	var err error
 	if l.blobs, err = js.Stream(ctx, streamBlob(job.Run)); err != nil {
 		return nil, fmt.Errorf("blob stream: %w", err)
@@ -128,8 +134,9 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	// Chunks fill a message up to the server's payload limit, less room
 	// for the headers.
 	l.chunk = int(min(nc.MaxPayload(), 1<<20)) - 4096
-	l.wg.Add(1)
+	l.wg.Add(2)
 	go l.keepAlive()
+	go l.ledger.run()
 	return l, nil
 }
 
@@ -217,12 +224,13 @@ type jsQueue struct {
 	cons     jetstream.Consumer
 	stream   jetstream.Stream
 	inbox    chan jetstream.Msg // fetched, held, not yet decoded
-	idle     chan struct{}      // a fetch found nothing
+	idle     chan struct{}      // a fetch found nothing; it waits on resume before the next
+	resume   chan struct{}
 	room     chan struct{}      // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
 	seen     map[string]bool // ids handed on, to drop redeliveries
-	order    []any           // items taken from this queue and held, oldest first (under l.pmu)
+	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
 
 	hmu  sync.Mutex
 	held []jetstream.Msg // fetched and not yet acked
@@ -240,14 +248,14 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	if len(parts) != 1 {
 		body = bytes.Join(parts, nil)
 	}
-	up := q.l.takenFor(item)
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
-	if up != nil {
-		// The item came from another queue: its id here follows from its
-		// id there, so a replica restarted after a loss that passes it on
-		// again publishes a duplicate JetStream drops.
+	if o, ok := q.l.originOf(item); ok {
+		// A restartable replica sends it while it holds an item from
+		// another queue: its id here follows from that one's, so a replica
+		// restarted after a loss that sends it again publishes a duplicate
+		// JetStream drops.
 		h := fnv.New64a()
-		fmt.Fprintf(h, "%s>%d.%d", up.id, q.ei, q.qi)
+		fmt.Fprintf(h, "%s#%d>%d.%d", o.id, o.k, q.ei, q.qi)
 		id = "f" + strconv.FormatUint(h.Sum64(), 36)
 	}
 	// Once begun, a publish runs to its answer whatever ctx does: a publish
@@ -282,9 +290,6 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		}
 		_, err := q.l.js.PublishMsg(pctx, m)
 		if err == nil {
-			if up != nil {
-				q.l.passedOn(item, up)
-			}
 			return nil
 		}
 		if !isFull(err) {
@@ -322,7 +327,8 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			return nil, false, err
 		}
 		q.stream, q.cons, q.ended = s, c, map[int]bool{}
-		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}, 1), make(chan error, 1)
+		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}), make(chan error, 1)
+		q.resume = make(chan struct{}, 1)
 		q.room = make(chan struct{}, 1)
 		q.l.wg.Add(1)
 		go q.fetch()
@@ -342,8 +348,12 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 				return item, true, nil
 			}
 		case <-q.idle:
-			// A fetch found nothing: maybe the queue has ended.
-			if end, err := q.ends(ctx); err != nil || end {
+			// A fetch found nothing and waits: with no pull of this share's
+			// outstanding and nothing in the inbox, maybe the queue has
+			// ended.
+			end, err := q.ends(ctx)
+			q.resume <- struct{}{}
+			if err != nil || end {
 				return nil, false, err
 			}
 		case err := <-q.fetchErr:
@@ -405,7 +415,13 @@ func (q *jsQueue) fetch() {
 		if !got {
 			select {
 			case q.idle <- struct{}{}:
-			default:
+				select {
+				case <-q.resume:
+				case <-q.l.stop:
+					return
+				}
+			case <-q.l.stop:
+				return
 			}
 		}
 	}
@@ -448,89 +464,38 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 	return item, false, nil
 }
 
-// taken is an item handed to this instance's replicas and not yet acked.
+// taken is an item taken from a queue for a restartable stage and not
+// yet acked, with the counts of its work so far.
 type taken struct {
-	q  *jsQueue
-	m  jetstream.Msg
-	id string
+	q      *jsQueue
+	m      jetstream.Msg
+	id     string
+	counts counts
 }
 
-// take acks m now, or, when the consuming stage restarts elsewhere on a
-// loss and the item can be followed (a pointer), once a replica passes it
-// on to a remote queue. Two valves keep what is held bounded: past
-// consumers+2 items held from this queue (one in each replica, one in the
-// local channel, one in the pump) the oldest is acked, and at the end
-// of the queue all are (jsQueue.ends).
+// take acks m now, unless the consuming stage restarts elsewhere on a
+// loss and the item can be followed (a pointer): then the replica that
+// receives it follows it (ledger.go) and the coordinator acks it once it
+// is finished and counted.
 func (q *jsQueue) take(item any, m jetstream.Msg, id string) {
-	st := q.edge.To.Stage
-	if q.l.restartable == nil || !q.l.restartable(st) || len(st.Outputs) == 0 || !followable(item) {
+	if q.l.restartable == nil || !q.l.restartable(q.edge.To.Stage) {
 		q.ack(m)
 		return
 	}
-	t := &taken{q: q, m: m, id: id}
+	if !followable(item) {
+		q.ack(m)
+		q.l.ledger.count(edgeKey("c", q.edge.Name))
+		return
+	}
+	q.out.Add(1)
 	q.l.pmu.Lock()
-	q.l.pending[item] = t
-	q.order = append(q.order, item)
-	var old []any
-	for len(q.order) > q.consumers+2 {
-		old = append(old, q.order[0])
-		q.order = q.order[1:]
-	}
-	var acks []*taken
-	for _, it := range old {
-		if t := q.l.pending[it]; t != nil && t.q == q {
-			delete(q.l.pending, it)
-			acks = append(acks, t)
-		}
-	}
+	q.l.pending[item] = &taken{q: q, m: m, id: id, counts: counts{}}
 	q.l.pmu.Unlock()
-	for _, t := range acks {
-		q.ack(t.m)
-	}
-}
-
-// ackAllTaken acks every item of q still held.
-func (q *jsQueue) ackAllTaken() {
-	q.l.pmu.Lock()
-	var acks []*taken
-	for _, it := range q.order {
-		if t := q.l.pending[it]; t != nil && t.q == q {
-			delete(q.l.pending, it)
-			acks = append(acks, t)
-		}
-	}
-	q.order = nil
-	q.l.pmu.Unlock()
-	for _, t := range acks {
-		q.ack(t.m)
-	}
 }
 
 func followable(item any) bool {
 	t := reflect.TypeOf(item)
 	return t != nil && t.Kind() == reflect.Pointer
-}
-
-// takenFor is the held item's record, if item is one.
-func (l *links) takenFor(item any) *taken {
-	if !followable(item) {
-		return nil
-	}
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	return l.pending[item]
-}
-
-// passedOn acks an item once a replica has passed it on.
-func (l *links) passedOn(item any, t *taken) {
-	l.pmu.Lock()
-	if l.pending[item] != t {
-		l.pmu.Unlock()
-		return // acked already (fan-out, or a valve)
-	}
-	delete(l.pending, item)
-	l.pmu.Unlock()
-	t.q.ack(t.m)
 }
 
 func (q *jsQueue) hold(m jetstream.Msg) {
@@ -541,6 +506,12 @@ func (q *jsQueue) hold(m jetstream.Msg) {
 
 func (q *jsQueue) ack(m jetstream.Msg) {
 	m.Ack()
+	q.unhold(m)
+}
+
+// unhold stops keeping m from redelivery (acked, here or by the
+// coordinator).
+func (q *jsQueue) unhold(m jetstream.Msg) {
 	q.hmu.Lock()
 	for i, h := range q.held {
 		if h == m {
@@ -562,8 +533,15 @@ func (q *jsQueue) touch() {
 }
 
 // ends reports whether the queue has ended: every producer's end key is
-// there and the stream holds nothing (every item acked).
+// there and no message is left to deliver. Called while no pull of this
+// share's is outstanding, so none is on its way here; items in other
+// shares' hands are theirs, as in process. A share that took over a lost
+// worker's replicas waits first for what that worker held to come back
+// (ackWait after its last word, within lostAfter+ackWait of the loss).
 func (q *jsQueue) ends(ctx context.Context) (bool, error) {
+	if q.l.job.Restart && time.Since(q.l.started) < ackWait+time.Second {
+		return false, nil
+	}
 	for _, p := range q.producers {
 		if q.ended[p] {
 			continue
@@ -576,12 +554,11 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 		}
 		q.ended[p] = true
 	}
-	q.ackAllTaken() // nothing more comes: what is held is all that is left
-	info, err := q.stream.Info(ctx)
+	info, err := q.cons.Info(ctx)
 	if err != nil {
 		return false, ctx.Err()
 	}
-	if info.State.Msgs != 0 {
+	if info.NumPending != 0 {
 		return false, nil
 	}
 	q.finished.Store(true)
@@ -598,17 +575,14 @@ func (q *jsQueue) Close() {
 }
 
 // Depth is the stream's depth as last read.
-// Items taken and held unacked (restartable stages) are still in the
+// Items taken here and not yet acked (restartable stages) are still in the
 // stream's count, and the engine adds the one at hand itself: they are
 // left out.
 func (q *jsQueue) Depth() int {
 	if q.finished.Load() {
 		return 0
 	}
-	q.l.pmu.Lock()
-	held := len(q.order)
-	q.l.pmu.Unlock()
-	return max(0, int(q.depth.Load())-held)
+	return max(0, int(q.depth.Load()-q.out.Load()))
 }
 
 func (q *jsQueue) readDepth() {

@@ -160,6 +160,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}
 	defer l.close()
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	var lostErr atomic.Value
+	l.ledger.lost = func(err error) {
+		lostErr.Store(err)
+		abort()
+	}
 	drain := make(chan struct{})
 	var drainOnce sync.Once
 	groups := map[string]engine.RemoteGroup{}
@@ -173,6 +178,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		Here:      func(s *graph.Stage, i int) bool { return job.Place[s.Name][i] == inst },
 		Transport: l.For,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
+		Wrap:      l.track,
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -227,6 +233,13 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if orphaned.Load() {
 		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, lostAfter)
 		return
+	}
+	// What the replicas finished last is committed before the report goes.
+	if cerr := l.ledger.commit(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if lerr, _ := lostErr.Load().(error); lerr != nil && !aborted.Load() {
+		err = lerr
 	}
 	b, _ := json.Marshal(rep)
 	d := done{Instance: inst, Report: b, Failed: rep.Status == report.Failed}

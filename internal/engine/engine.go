@@ -43,6 +43,10 @@ type Options struct {
 	// a group whose members sit in several engines.
 	Here  PlaceFor
 	Group GroupFor
+	// Wrap, when set, is given every stage's node once built and returns
+	// the node to run (a cluster's worker follows what a restartable
+	// stage's replicas take and send this way).
+	Wrap func(s *graph.Stage, n nodes.Node) nodes.Node
 }
 
 // Run is one execution of a graph.
@@ -153,6 +157,9 @@ func (r *run) build() error {
 		n, err := spec.New(gs.Config)
 		if err != nil {
 			return fmt.Errorf("stage %q (%s): %w", gs.Name, gs.Node, err)
+		}
+		if r.opts.Wrap != nil {
+			n = r.opts.Wrap(gs, n)
 		}
 		s := &stage{g: gs, index: len(r.stages), run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
 		if spec.Total != nil {
