@@ -269,3 +269,40 @@ func TestChunksIntact(t *testing.T) {
 		t.Errorf("blob stream after: %+v %v", info.State, err)
 	}
 }
+
+// TestSlowConsumer: a producer may wait for room on a remote queue longer
+// than one publish may take (publishWait, made short here): the wait has
+// no bound, as in process, and nothing fails.
+func TestSlowConsumer(t *testing.T) {
+	old := publishWait
+	t.Cleanup(func() { publishWait = old }) // after the cluster's cleanup
+	publishWait = 100 * time.Millisecond
+	tc := startCluster(t, 2)
+	spec := t.TempDir() + "/slow.hcl"
+	os.WriteFile(spec, []byte(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 6
+  }
+}
+stage "sink" {
+  node = "sink"
+  config {
+    service_time = "250ms"
+  }
+}
+edge "a" {
+  from     = src.out
+  to       = sink.in
+  capacity = 1
+}
+`), 0o600)
+	rep, _, err := tc.run(t, spec, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := rep.Edges["a"]; e.Produced != 6 || e.Consumed != 6 {
+		t.Errorf("produced %d, consumed %d, want 6", e.Produced, e.Consumed)
+	}
+}

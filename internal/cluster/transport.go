@@ -34,6 +34,10 @@ const (
 // within this.
 const ackWait = 3 * time.Second
 
+// publishWait bounds one publish's wait for the server's answer (not the
+// wait for room in a full queue, which has no bound).
+var publishWait = 30 * time.Second
+
 // setupRun creates a run's streams, consumers and bucket: a work-queue
 // stream per remote queue, bounded to the edge's capacity, with one durable
 // consumer its consumer replicas' workers all pull from; the blob stream
@@ -110,7 +114,7 @@ type links struct {
 	ledger      *ledger
 	started     time.Time
 	pmu         sync.Mutex
-	pending     map[any]*taken  // items taken for a restartable stage, not yet received by a replica, by pointer
+	pending     map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
 	origins     map[any]origin // items being sent by a restartable replica, by pointer
 
 	mu     sync.Mutex
@@ -226,7 +230,7 @@ type jsQueue struct {
 	inbox    chan jetstream.Msg // fetched, held, not yet decoded
 	idle     chan struct{}      // a fetch found nothing; it waits on resume before the next
 	resume   chan struct{}
-	room     chan struct{}      // an item has left the inbox
+	room     chan struct{} // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
 	seen     map[string]bool // ids handed on, to drop redeliveries
@@ -261,9 +265,15 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	// Once begun, a publish runs to its answer whatever ctx does: a publish
 	// cut short may still have stored the item, and the engine counts an
 	// item sent exactly when Send returns nil (a drain stops the sources
-	// mid-send). Only the wait for room honours ctx.
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
+	// mid-send). Only the wait for room honours ctx, and it has no bound:
+	// a slow consumer holds a producer back as long as it takes, as in
+	// process.
+	publish := func(m *nats.Msg) error {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishWait)
+		defer cancel()
+		_, err := q.l.js.PublishMsg(pctx, m)
+		return err
+	}
 	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Header.Set(hdrWire, wire)
@@ -274,7 +284,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		n := 0
 		for off := 0; off < len(body); off += q.l.chunk {
 			chunk := body[off:min(off+q.l.chunk, len(body))]
-			if _, err := q.l.js.Publish(pctx, subjBlob(q.l.job.Run, id, n), chunk); err != nil {
+			if err := publish(&nats.Msg{Subject: subjBlob(q.l.job.Run, id, n), Data: chunk}); err != nil {
 				return fmt.Errorf("%s: chunk: %w", q.name(), err)
 			}
 			n++
@@ -288,7 +298,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		_, err := q.l.js.PublishMsg(pctx, m)
+		err := publish(m)
 		if err == nil {
 			return nil
 		}
