@@ -286,11 +286,12 @@ func placed(g *graph.Graph, job *Job, inst string) string {
 }
 
 // restartable reports whether a stage's replicas may restart elsewhere: its
-// kind says it is stateless and its replicas do not step together.
+// kind says it is stateless, its replicas do not step together, and it is
+// not a source.
 func restartable(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)
-	if !ok || !spec.Stateless {
-		return false
+	if !ok || !spec.Stateless || len(s.Inputs) == 0 {
+		return false // a source keeps its place in what it emits
 	}
 	if spec.Sync != nil && spec.Sync(s.Config) {
 		return false
