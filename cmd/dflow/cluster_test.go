@@ -162,6 +162,28 @@ func TestWorkerWithoutToken(t *testing.T) {
 	}
 }
 
+// TestCredsFlag: --creds names a NATS credentials file for a server of
+// one's own (internal/cluster's TestCredentials runs the seed on an
+// operator-mode server with one): a file that is not there is named, a
+// token refused by such a server says both ways in, and the embedded
+// server, which takes a token, rejects the flag as a usage error.
+func TestCredsFlag(t *testing.T) {
+	srv := startServer(t)
+	missing := filepath.Join(t.TempDir(), "none.creds")
+	p := startDflow(t, nil, "worker", "--join", srv.URL, "--creds", missing)
+	if code := p.wait(t, 20*time.Second); code != exitFailed || !strings.Contains(p.output(), missing) {
+		t.Errorf("a missing file: code %d\n%s", code, p.output())
+	}
+	p = startDflow(t, []string{"DFLOW_CLUSTER_TOKEN="}, "worker", "--join", srv.URL)
+	if code := p.wait(t, 20*time.Second); code != exitFailed || !strings.Contains(p.output(), "--creds") {
+		t.Errorf("no token: code %d\n%s", code, p.output())
+	}
+	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--creds", missing)
+	if code != exitUsage || !strings.Contains(stderr, "takes a token") {
+		t.Errorf("--creds with --local-cluster: code %d\n%s", code, stderr)
+	}
+}
+
 // workers starts n worker processes joined to url.
 func workers(t *testing.T, url, token string, n int, extra ...string) []*proc {
 	var ps []*proc

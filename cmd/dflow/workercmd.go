@@ -21,7 +21,10 @@ import (
 // The cluster side of the CLI: dflow worker, and dflow run's --cluster,
 // --local-cluster and --serve (docs/cluster.md).
 
-const tokenEnv = "DFLOW_CLUSTER_TOKEN"
+const (
+	tokenEnv = "DFLOW_CLUSTER_TOKEN"
+	credsEnv = "DFLOW_CLUSTER_CREDS"
+)
 
 func cmdWorker(e *env, args []string) int {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
@@ -29,9 +32,10 @@ func cmdWorker(e *env, args []string) int {
 	host, _ := os.Hostname()
 	name := fs.String("name", defaultWorkerName(host), "the worker's `NAME` in placements and reports: letters, digits, - and _")
 	tok := fs.String("token", "", "the cluster's `TOKEN` (default $"+tokenEnv+")")
+	creds := fs.String("creds", "", "a NATS credentials `FILE` (a user's JWT and seed), for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	ca := fs.String("tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
 	once := fs.Bool("once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
-	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN]")
+	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE]")
 	if !ok {
 		return code
 	}
@@ -41,12 +45,15 @@ func cmdWorker(e *env, args []string) int {
 	if *join == "" {
 		return usageErr(e, "worker", "--join URL is required: the cluster's server")
 	}
-	if *tok == "" {
+	if *creds == "" {
+		*creds = os.Getenv(credsEnv)
+	}
+	if *tok == "" && *creds == "" {
 		*tok = os.Getenv(tokenEnv)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, CA: *ca, Name: "dflow worker " + *name, OnClosed: cancel})
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, Creds: *creds, CA: *ca, Name: "dflow worker " + *name, OnClosed: cancel})
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
 		return exitFailed
@@ -88,7 +95,7 @@ func defaultWorkerName(host string) string {
 
 // clusterFlags are dflow run's cluster flags.
 type clusterFlags struct {
-	url, token, ca, serve, cert, key string
+	url, token, creds, ca, serve, cert, key string
 	local, workers                   int
 	place                            map[string][]string
 }
@@ -98,6 +105,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.local, "local-cluster", 0, "try a cluster on this machine: an embedded server on loopback and `N` worker processes")
 	fs.StringVar(&f.serve, "serve", "", "coordinate with an embedded server listening on `HOST:PORT` for workers on other hosts (:4222 is loopback only; 0.0.0.0:4222 exposes it); prints the URL and token to join")
 	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait for `N` workers (default: those that joined within 2s)")
+	fs.StringVar(&f.creds, "creds", "", "with --cluster, a NATS credentials `FILE` (a user's JWT and seed) for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
 	fs.Func("place", "on a cluster, put a stage's replicas on the workers named, `STAGE=W1,W2,...` (replica i on the i-th, round the list); the other stages spread evenly (repeatable)", func(v string) error {
 		stage, ws, ok := strings.Cut(v, "=")
@@ -133,6 +141,10 @@ func (f *clusterFlags) check() error {
 		return errors.New("--place places replicas on a cluster's workers: give --cluster, --local-cluster or --serve")
 	case (f.cert == "") != (f.key == ""):
 		return errors.New("--tls-cert and --tls-key go together")
+	case f.creds != "" && f.url == "":
+		return errors.New("--creds is for a server of your own (--cluster URL); the embedded server of --serve and --local-cluster takes a token")
+	case f.creds != "" && f.token != "":
+		return errors.New("give --token or --creds, not both")
 	}
 	return nil
 }
@@ -159,8 +171,11 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 			cleanup()
 		}
 	}()
-	url, token := cf.url, cf.token
-	if token == "" {
+	url, token, creds := cf.url, cf.token, cf.creds
+	if creds == "" && cf.url != "" {
+		creds = os.Getenv(credsEnv)
+	}
+	if token == "" && creds == "" {
 		token = os.Getenv(tokenEnv)
 	}
 	workers := cf.workers
@@ -201,7 +216,7 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 		}
 		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes\n", url, cf.local)
 	}
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, CA: cf.ca, Name: "dflow run " + file})
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Creds: creds, CA: cf.ca, Name: "dflow run " + file})
 	if err != nil {
 		return nil, cleanup, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/nats-io/nats.go"
 )
 
 // load is the workers' and the test's way to build a job's graph.
@@ -31,6 +32,7 @@ func load(job *Job) (*graph.Graph, error) {
 // connection of its own.
 type testCluster struct {
 	srv    *Server
+	creds  string // a credentials file, for a server that takes them
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -42,13 +44,28 @@ func startCluster(t *testing.T, n int) *testCluster {
 		t.Fatal(err)
 	}
 	tc := &testCluster{srv: srv}
+	t.Cleanup(srv.Shutdown) // after the workers' cleanup
+	tc.startWorkers(t, n)
+	return tc
+}
+
+// connect opens a connection to the test's server.
+func (tc *testCluster) connect(t *testing.T, name string) *nats.Conn {
+	t.Helper()
+	nc, err := Connect(ConnOptions{URL: tc.srv.URL, Token: tc.srv.Token, Creds: tc.creds, Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
+// startWorkers starts n in-process workers, w1 to wn.
+func (tc *testCluster) startWorkers(t *testing.T, n int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	tc.cancel = cancel
 	for i := range n {
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: fmt.Sprintf("w%d", i+1)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		nc := tc.connect(t, fmt.Sprintf("w%d", i+1))
 		tc.wg.Add(1)
 		go func() {
 			defer tc.wg.Done()
@@ -61,9 +78,7 @@ func startCluster(t *testing.T, n int) *testCluster {
 	t.Cleanup(func() {
 		cancel()
 		tc.wg.Wait()
-		srv.Shutdown()
 	})
-	return tc
 }
 
 func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...string) (*report.Report, *Coordinator, error) {
@@ -77,10 +92,7 @@ func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := Connect(ConnOptions{URL: tc.srv.URL, Token: tc.srv.Token, Name: "coordinator"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := tc.connect(t, "coordinator")
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

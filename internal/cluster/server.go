@@ -126,6 +126,9 @@ func (s *Server) cleanup() {
 type ConnOptions struct {
 	URL   string
 	Token string
+	// Creds is a NATS credentials file (a user's JWT and seed), for a
+	// server of one's own that runs in operator mode; not with Token.
+	Creds string
 	// CA is a PEM file of the CA that signed the server's TLS certificate
 	// (a tls:// URL); empty uses the system's roots.
 	CA string
@@ -139,9 +142,20 @@ type ConnOptions struct {
 // Connect connects to a cluster's server, and says in words why not when
 // it cannot: no server there, or the token refused.
 func Connect(o ConnOptions) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Name(o.Name), nats.Token(o.Token),
+	opts := []nats.Option{nats.Name(o.Name),
 		nats.MaxReconnects(10), nats.ReconnectWait(250 * time.Millisecond),
 		nats.Timeout(5 * time.Second)}
+	switch {
+	case o.Creds != "" && o.Token != "":
+		return nil, errors.New("give the cluster's token or a credentials file, not both")
+	case o.Creds != "":
+		if _, err := os.Stat(o.Creds); err != nil {
+			return nil, fmt.Errorf("credentials file: %v", err)
+		}
+		opts = append(opts, nats.UserCredentials(o.Creds))
+	default:
+		opts = append(opts, nats.Token(o.Token))
+	}
 	if o.CA != "" {
 		opts = append(opts, nats.RootCAs(o.CA))
 	}
@@ -161,11 +175,14 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 func explain(o ConnOptions, err error) error {
 	switch {
 	case errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization"):
-		what := "no token was given"
-		if o.Token != "" {
+		what := "no token or credentials file was given"
+		switch {
+		case o.Creds != "":
+			what = "it did not accept the credentials in " + o.Creds
+		case o.Token != "":
 			what = "the token given is not the cluster's"
 		}
-		return fmt.Errorf("the cluster at %s refused the connection: %s (give the cluster's token with --token or DFLOW_CLUSTER_TOKEN)", o.URL, what)
+		return fmt.Errorf("the cluster at %s refused the connection: %s (give the cluster's token with --token or DFLOW_CLUSTER_TOKEN, or a NATS credentials file with --creds or DFLOW_CLUSTER_CREDS)", o.URL, what)
 	case errors.Is(err, nats.ErrNoServers):
 		return fmt.Errorf("no cluster server answers at %s (is the coordinator's or nats-server running, and the URL right?): %v", o.URL, err)
 	}
