@@ -96,8 +96,8 @@ func defaultWorkerName(host string) string {
 // clusterFlags are dflow run's cluster flags.
 type clusterFlags struct {
 	url, token, creds, ca, serve, cert, key string
-	local, workers                   int
-	place                            map[string][]string
+	local, workers                          int
+	place                                   map[string][]string
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
