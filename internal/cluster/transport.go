@@ -25,6 +25,7 @@ import (
 const (
 	hdrWire   = "Dflow-Wire"   // the item's wire encoding (items.Encode)
 	hdrChunks = "Dflow-Chunks" // the payload is in that many blob chunks
+	hdrSize   = "Dflow-Size"   // of that many bytes in all
 	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
@@ -248,9 +249,9 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	if err != nil {
 		return fmt.Errorf("%s crosses hosts: %w", q.name(), err)
 	}
-	body := parts[0]
-	if len(parts) != 1 {
-		body = bytes.Join(parts, nil)
+	size := 0
+	for _, p := range parts {
+		size += len(p)
 	}
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
 	if o, ok := q.l.originOf(item); ok {
@@ -280,18 +281,17 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
 		m.Header.Set(hdrKey, k.Key()) // a key outside the wire encoding (items.Blob's)
 	}
-	if len(body) > q.l.chunk {
-		n := 0
-		for off := 0; off < len(body); off += q.l.chunk {
-			chunk := body[off:min(off+q.l.chunk, len(body))]
-			if err := publish(&nats.Msg{Subject: subjBlob(q.l.job.Run, id, n), Data: chunk}); err != nil {
-				return fmt.Errorf("%s: chunk: %w", q.name(), err)
-			}
-			n++
+	if size > q.l.chunk {
+		n, err := q.publishChunks(id, parts)
+		if err != nil {
+			return err
 		}
 		m.Header.Set(hdrChunks, strconv.Itoa(n))
+		m.Header.Set(hdrSize, strconv.Itoa(size))
+	} else if len(parts) == 1 {
+		m.Data = parts[0]
 	} else {
-		m.Data = body
+		m.Data = bytes.Join(parts, nil)
 	}
 	wait := 100 * time.Microsecond
 	for {
@@ -313,6 +313,67 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		}
 		wait = min(2*wait, 5*time.Millisecond)
 	}
+}
+
+// publishChunks stores an encoding's parts in the blob stream as chunks
+// of at most the queue's chunk size, cut from each part in place (no copy
+// of the whole), all in flight at once (their order is in their
+// subjects), and returns how many once the server has stored every one.
+func (q *jsQueue) publishChunks(id string, parts [][]byte) (int, error) {
+	var futs []jetstream.PubAckFuture
+	for _, p := range parts {
+		for off := 0; off < len(p); off += q.l.chunk {
+			chunk := p[off:min(off+q.l.chunk, len(p))]
+			f, err := q.l.js.PublishMsgAsync(&nats.Msg{Subject: subjBlob(q.l.job.Run, id, len(futs)), Data: chunk})
+			if err != nil {
+				return 0, fmt.Errorf("%s: chunk: %w", q.name(), err)
+			}
+			futs = append(futs, f)
+		}
+	}
+	timeout := time.NewTimer(publishWait)
+	defer timeout.Stop()
+	for k, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return 0, fmt.Errorf("%s: chunk %d: %w", q.name(), k, err)
+		case <-timeout.C:
+			return 0, fmt.Errorf("%s: chunk %d: no answer from the server within %v", q.name(), k, publishWait)
+		}
+	}
+	return len(futs), nil
+}
+
+// getChunks gathers the n chunks of item id, size bytes in all, from the
+// blob stream, up to 8 fetched at once.
+func (q *jsQueue) getChunks(ctx context.Context, id string, n, size int) ([]byte, error) {
+	parts := make([][]byte, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for k := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			rm, err := q.l.blobs.GetLastMsgForSubject(ctx, subjBlob(q.l.job.Run, id, k))
+			if err != nil {
+				errs[k] = fmt.Errorf("%s: chunk %d of %s: %w", q.name(), k, id, err)
+				return
+			}
+			parts[k] = rm.Data
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	data := bytes.Join(parts, nil)
+	if len(data) != size {
+		return nil, fmt.Errorf("%s: the chunks of %s hold %d bytes, want %d", q.name(), id, len(data), size)
+	}
+	return data, nil
 }
 
 func isFull(err error) bool {
@@ -447,18 +508,10 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 	}
 	data := m.Data()
 	if n, _ := strconv.Atoi(m.Headers().Get(hdrChunks)); n > 0 {
-		var b bytes.Buffer
-		for k := range n {
-			rm, err := q.l.blobs.GetLastMsgForSubject(ctx, subjBlob(q.l.job.Run, id, k))
-			if err != nil {
-				return nil, false, fmt.Errorf("%s: chunk %d of %s: %w", q.name(), k, id, err)
-			}
-			if k == 0 {
-				b.Grow(n * len(rm.Data))
-			}
-			b.Write(rm.Data)
+		size, _ := strconv.Atoi(m.Headers().Get(hdrSize))
+		if data, err = q.getChunks(ctx, id, n, size); err != nil {
+			return nil, false, err
 		}
-		data = b.Bytes()
 		q.l.blobs.Purge(ctx, jetstream.WithPurgeSubject("dflow.b."+q.l.job.Run+"."+id+".>"))
 	}
 	item, err = items.Decode(m.Headers().Get(hdrWire), data)
