@@ -319,12 +319,16 @@ func TestWorkerKilled(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		place map[string][]string
-		after int64 // items at the sink before the kill
+		after int64    // items at the sink before the kill
+		sets  []string // more --set
 	}{
 		// w2: targets 0 and 3 and drafter 1, no source, no sink
 		{name: "targets", after: 60},
 		// w2 also runs the sink, which then restarts elsewhere
 		{name: "sink", place: map[string][]string{"done": {"w2"}}, after: 100},
+		// one target on w2 rotating over the 3 drafters' queues: what it
+		// sends again after the restart goes where it went first
+		{name: "rotation", after: 60, sets: []string{"stage.target.replicas=1", "stage.target.config.service_time=5ms"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startServer(t)
@@ -335,7 +339,7 @@ func TestWorkerKilled(t *testing.T) {
 					return
 				}
 				ws[1].cmd.Process.Signal(syscall.SIGKILL)
-			}, "stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
+			}, append([]string{"stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms"}, tc.sets...)...)
 			if err != nil {
 				t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
 			}
@@ -372,6 +376,49 @@ func TestWorkerKilled(t *testing.T) {
 				t.Errorf("the sink did not restart: %+v", rep.Stages["done"].Replicas)
 			}
 		})
+	}
+}
+
+// TestCrashAfterSend: the worst instant to lose a worker, made certain:
+// w2, which runs the only target (rotating over the three drafters'
+// queues) and a drafter, kills itself right after the 50th item it sends
+// and before the item it came from is committed. That item comes back,
+// the restarted target sends it again to the same queue, JetStream drops
+// the duplicate, and every count is exact.
+func TestCrashAfterSend(t *testing.T) {
+	srv := startServer(t)
+	var ws []*proc
+	for i := range 3 {
+		env := []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}
+		if i == 1 {
+			env = append(env, crashEnv+"=50")
+		}
+		ws = append(ws, startDflow(t, env, "worker", "--join", srv.URL, "--name", fmt.Sprintf("w%d", i+1)))
+	}
+	rep, err, _ := coordinate(t, srv, 3, func(*cluster.Coordinator) {},
+		"stage.drafter.config.sync=false", "stage.target.replicas=1", "stage.target.config.service_time=2ms", "stage.drafter.config.service_time=1ms")
+	if err != nil {
+		t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
+	}
+	select {
+	case <-ws[1].waited:
+	default:
+		t.Fatal("w2 did not crash")
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != 300 || e.Consumed != 300 {
+			t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
+		}
+	}
+	var in int64
+	for _, r := range rep.Stages["drafter"].Replicas {
+		in += r.ItemsIn
+	}
+	if in != 300 || rep.Stages["done"].Replicas[0].ItemsIn != 300 {
+		t.Errorf("drafters took %d, the sink %d, want 300 each", in, rep.Stages["done"].Replicas[0].ItemsIn)
+	}
+	if w := rep.Stages["target"].Replicas[0].Worker; !strings.HasPrefix(w, "w2>") {
+		t.Errorf("the target ran on %s, want a restart after w2", w)
 	}
 }
 

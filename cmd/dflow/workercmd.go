@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -69,6 +70,7 @@ func cmdWorker(e *env, args []string) int {
 		}()
 	}
 	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once,
+		AfterSend: crashAfterSends(os.Getenv(crashEnv)),
 		Load: func(job *cluster.Job) (*graph.Graph, error) {
 			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets, Plugins: e.loadPlugins}
 			g, diags := l.Load(job.Filename, job.Src)
@@ -82,6 +84,26 @@ func cmdWorker(e *env, args []string) int {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// crashEnv is a test hook: a worker started with it set to N kills
+// itself (SIGKILL) right after the N-th item its restartable replicas
+// send, before the item it came from is committed (TestCrashAfterSend).
+const crashEnv = "DFLOW_TEST_CRASH_AFTER_SENDS"
+
+func crashAfterSends(v string) func() {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	var sent atomic.Int64
+	return func() {
+		if sent.Add(1) == n {
+			if p, err := os.FindProcess(os.Getpid()); err == nil {
+				p.Kill() // SIGKILL: nothing after it runs
+			}
+		}
+	}
 }
 
 var nameChars = regexp.MustCompile(`[^A-Za-z0-9_-]`)

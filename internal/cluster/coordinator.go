@@ -365,11 +365,14 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 				rep = nil
 			}
 			c.mu.Lock()
+			counted := false
 			if in := c.instances[d.Instance]; in != nil && !in.lost {
-				in.done, in.rep = true, rep
+				in.done, in.rep, counted = true, rep, true
 			}
 			c.mu.Unlock()
-			if d.Err != "" && firstErr == nil {
+			// A share counted lost has been replaced: what it says now
+			// (its abort, say) is not the run's.
+			if counted && d.Err != "" && firstErr == nil {
 				firstErr = errors.New(d.Err)
 				abort()
 			}
@@ -506,8 +509,16 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 // recover restarts the replicas of a lost instance on the live worker
 // with the fewest, or says which stateful replica was lost.
 func (c *Coordinator) recover(in *instance) error {
+	// Whatever it still does, the share is over: told so, it stops keeping
+	// its items from redelivery (a worker that was only slow, say).
+	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
 	c.mu.Lock()
 	c.markRan(in)
+	type rep struct {
+		s *graph.Stage
+		i int
+	}
+	var move, stay []rep
 	var moved []string
 	var stateful error
 	for _, s := range c.g.Stages {
@@ -515,13 +526,15 @@ func (c *Coordinator) recover(in *instance) error {
 			if p != in.name {
 				continue
 			}
-			if done := in.last != nil && replicaDone(in.last, s.Name, i); c.stateless(s) || done {
-				if !done || c.stateless(s) {
-					moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
-				}
-				continue
-			}
-			if stateful == nil {
+			switch {
+			case c.stateless(s):
+				// done or not: a finished one may have left its last
+				// item uncommitted, which comes back to its restart
+				move = append(move, rep{s, i})
+				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
+			case in.last != nil && replicaDone(in.last, s.Name, i):
+				stay = append(stay, rep{s, i}) // finished: not run again
+			case stateful == nil:
 				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 					in.worker, lostAfter, s.Name, i, s.Node)
 			}
@@ -532,6 +545,18 @@ func (c *Coordinator) recover(in *instance) error {
 		fmt.Fprintf(c.o.Log, "dflow: %v\n", stateful)
 		return stateful
 	}
+	// A finished replica that stays where it was lost has sent all it
+	// will: its queues' end keys are written for it (its share wrote them
+	// only once all its producers there had returned).
+	for _, r := range stay {
+		if err := c.writeEnds(r.s, r.i); err != nil {
+			return fmt.Errorf("worker %s lost: stage %q replica %d had finished, but its end of input could not be recorded: %v", in.worker, r.s.Name, r.i, err)
+		}
+	}
+	if len(move) == 0 {
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, lostAfter)
+		return nil
+	}
 	target := c.leastLoaded(in.worker)
 	if target == "" {
 		return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
@@ -539,24 +564,38 @@ func (c *Coordinator) recover(in *instance) error {
 	c.mu.Lock()
 	c.restarts++
 	inst := fmt.Sprintf("%s-r%d", target, c.restarts)
-	for _, s := range c.g.Stages {
-		for i, p := range c.place[s.Name] {
-			if p == in.name {
-				c.place[s.Name][i] = inst
-			}
-		}
+	for _, r := range move {
+		c.place[r.s.Name][r.i] = inst
 	}
 	c.instances[inst] = &instance{name: inst, worker: target, ledger: counts{}}
 	c.mu.Unlock()
 	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
 		in.worker, lostAfter, strings.Join(moved, ", "), target)
-	if len(moved) == 0 {
-		c.mu.Lock()
-		c.instances[inst].done = true
-		c.mu.Unlock()
-		return nil
-	}
 	return c.startInstance(target, inst)
+}
+
+// writeEnds writes the end keys of replica i of s, a producer that has
+// finished, on every queue it feeds.
+func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	if err != nil {
+		return err
+	}
+	for ei, e := range c.g.Edges {
+		if e.From.Stage != s {
+			continue
+		}
+		for qi, q := range e.Queues {
+			if slices.Contains(q.Producers, i) {
+				if _, err := kv.Put(ctx, keyEnd(ei, qi, i), []byte("coordinator")); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func replicaDone(s *report.Snapshot, stage string, i int) bool {

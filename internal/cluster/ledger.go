@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"sync"
 	"time"
@@ -139,7 +140,7 @@ func (lg *ledger) commit() error {
 	cm := commit{Instance: lg.l.instance, Seq: lg.seq, Counts: loose}
 	lg.mu.Unlock()
 	for _, t := range batch {
-		cm.Acks = append(cm.Acks, t.m.Reply())
+		cm.Acks = append(cm.Acks, t.q.replyOf(t.id))
 		cm.Counts.add(t.counts)
 	}
 	b, err := json.Marshal(&cm)
@@ -162,8 +163,7 @@ func (lg *ledger) commit() error {
 		}
 	}
 	for _, t := range batch {
-		t.q.unhold(t.m)
-		t.q.out.Add(-1)
+		t.q.committed(t)
 	}
 	return nil
 }
@@ -282,7 +282,39 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 		keys = append(keys, edgeKey("p", e))
 	}
 	t.count(keys...)
+	if f := t.l.afterSend; f != nil {
+		f() // tests: a crash between a send and its item's commit
+	}
 	return nil
+}
+
+// route is the engine's Options.Route: a restartable replica that rotates
+// over several queues (round_robin with fewer producers than consumers)
+// picks the queue of an item it derives from its origin, not from a
+// rotation that starts again at a restart, so that an item sent again
+// after a loss goes to the queue it went to first (where its id drops it).
+// The spread over the queues stays even.
+func (l *links) route(e *graph.Edge, p int, r graph.Router) graph.Router {
+	if l.restartable == nil || !l.restartable(e.From.Stage) || e.Policy == graph.KeyHash {
+		return r
+	}
+	return &originRouter{l: l, n: uint64(len(e.ProducerQueues(p))), rotation: r}
+}
+
+type originRouter struct {
+	l        *links
+	n        uint64
+	rotation graph.Router
+}
+
+func (r *originRouter) Route(item any) (int, error) {
+	o, ok := r.l.originOf(item)
+	if !ok {
+		return r.rotation.Route(item)
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s#%d", o.id, o.k)
+	return int(h.Sum64() % r.n), nil
 }
 
 // origin is what an item sent by a restartable replica derives from: the

@@ -48,16 +48,17 @@ type reply struct {
 	Err string `json:"err,omitempty"`
 }
 
-func subjHello(name string) string          { return "dflow.hello." + name }
-func subjRun(worker string) string          { return "dflow.w." + worker + ".run" }
-func subjExit(worker string) string         { return "dflow.w." + worker + ".exit" }
-func subjHB(run string) string              { return "dflow.r." + run + ".hb" }
-func subjAbort(run string) string           { return "dflow.r." + run + ".abort" }
-func subjDrain(run string) string           { return "dflow.r." + run + ".drain" }
-func subjDone(run string) string            { return "dflow.r." + run + ".done" }
-func subjSnap(run, inst string) string      { return "dflow.r." + run + ".snap." + token(inst) }
-func subjGroup(run, stage string) string    { return "dflow.r." + run + ".grp." + token(stage) }
-func subjQueue(run string, e, q int) string { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
+func subjHello(name string) string           { return "dflow.hello." + name }
+func subjRun(worker string) string           { return "dflow.w." + worker + ".run" }
+func subjExit(worker string) string          { return "dflow.w." + worker + ".exit" }
+func subjHB(run string) string               { return "dflow.r." + run + ".hb" }
+func subjAbort(run string) string            { return "dflow.r." + run + ".abort" }
+func subjDrain(run string) string            { return "dflow.r." + run + ".drain" }
+func subjAbortShare(run, inst string) string { return "dflow.r." + run + ".abort." + token(inst) }
+func subjDone(run string) string             { return "dflow.r." + run + ".done" }
+func subjSnap(run, inst string) string       { return "dflow.r." + run + ".snap." + token(inst) }
+func subjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + token(stage) }
+func subjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
 func streamQueue(run string, e, q int) string {
 	return fmt.Sprintf("DFQ_%s_%d_%d", run, e, q)
 }

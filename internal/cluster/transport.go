@@ -114,6 +114,7 @@ type links struct {
 	restartable func(*graph.Stage) bool
 	ledger      *ledger
 	started     time.Time
+	afterSend   func() // WorkerOptions.AfterSend
 	pmu         sync.Mutex
 	pending     map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
 	origins     map[any]origin // items being sent by a restartable replica, by pointer
@@ -152,7 +153,8 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	}
 	ei := edgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
-		producers: e.Queues[qi].Producers, seen: map[string]bool{}}
+		producers: e.Queues[qi].Producers, seen: map[string]bool{},
+		held: map[string]jetstream.Msg{}, following: map[string]bool{}}
 	for _, p := range q.producers {
 		if l.job.Place[e.From.Stage.Name][p] == l.instance {
 			q.local = append(q.local, p)
@@ -176,30 +178,34 @@ func (l *links) close() {
 	l.wg.Wait()
 }
 
-// keepAlive reads every queue's depth and keeps the items held by this
-// instance from being redelivered while it lives.
+// keepAlive reads every queue's depth every 250ms, and keeps the items
+// held by this instance from being redelivered while it lives (every
+// 750ms, on a goroutine of its own so that slow reads cannot delay it).
 func (l *links) keepAlive() {
 	defer l.wg.Done()
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	n := 0
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
-		}
-		n++
-		l.mu.Lock()
-		qs := append([]*jsQueue(nil), l.queues...)
-		l.mu.Unlock()
-		for _, q := range qs {
-			q.readDepth()
-			if n%3 == 0 {
-				q.touch()
+	every := func(d time.Duration, f func(*jsQueue)) {
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-t.C:
+			}
+			l.mu.Lock()
+			qs := append([]*jsQueue(nil), l.queues...)
+			l.mu.Unlock()
+			for _, q := range qs {
+				f(q)
 			}
 		}
 	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		every(ackWait/4, (*jsQueue).touch)
+	}()
+	every(250*time.Millisecond, (*jsQueue).readDepth)
 }
 
 func edgeIndex(g *graph.Graph, e *graph.Edge) int {
@@ -237,8 +243,9 @@ type jsQueue struct {
 	seen     map[string]bool // ids handed on, to drop redeliveries
 	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
 
-	hmu  sync.Mutex
-	held []jetstream.Msg // fetched and not yet acked
+	hmu       sync.Mutex
+	held      map[string]jetstream.Msg // fetched and not yet acked, by id: the latest delivery
+	following map[string]bool          // ids followed by a restartable replica, until committed
 }
 
 func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.Name, q.qi) }
@@ -324,7 +331,9 @@ func (q *jsQueue) publishChunks(id string, parts [][]byte) (int, error) {
 	for _, p := range parts {
 		for off := 0; off < len(p); off += q.l.chunk {
 			chunk := p[off:min(off+q.l.chunk, len(p))]
-			f, err := q.l.js.PublishMsgAsync(&nats.Msg{Subject: subjBlob(q.l.job.Run, id, len(futs)), Data: chunk})
+			cm := &nats.Msg{Subject: subjBlob(q.l.job.Run, id, len(futs)), Data: chunk, Header: nats.Header{}}
+			cm.Header.Set(jetstream.MsgIDHeader, id+"."+strconv.Itoa(len(futs))) // a restart's chunks again are dropped
+			f, err := q.l.js.PublishMsgAsync(cm)
 			if err != nil {
 				return 0, fmt.Errorf("%s: chunk: %w", q.name(), err)
 			}
@@ -503,57 +512,103 @@ func (q *jsQueue) fetch() {
 func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	if q.seen[id] {
-		q.ack(m)
+		// A redelivery of an item handed on here: acked if it was done
+		// with, else the one in hand stays followed (its latest delivery
+		// is what is kept alive and acked).
+		if !q.isFollowed(id) {
+			q.ack(id)
+		}
 		return nil, true, nil
 	}
-	data := m.Data()
+	data, chunked := m.Data(), false
 	if n, _ := strconv.Atoi(m.Headers().Get(hdrChunks)); n > 0 {
+		chunked = true
 		size, _ := strconv.Atoi(m.Headers().Get(hdrSize))
 		if data, err = q.getChunks(ctx, id, n, size); err != nil {
 			return nil, false, err
 		}
-		q.l.blobs.Purge(ctx, jetstream.WithPurgeSubject("dflow.b."+q.l.job.Run+"."+id+".>"))
 	}
 	item, err = items.Decode(m.Headers().Get(hdrWire), data)
 	if err != nil {
-		q.ack(m)
+		q.ack(id)
 		return nil, false, fmt.Errorf("%s: %w", q.name(), err)
 	}
 	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
 	q.seen[id] = true
-	q.take(item, m, id)
+	q.take(item, id, chunked)
 	return item, false, nil
+}
+
+// purgeChunks drops an item's chunks from the blob stream, once its
+// message is acked (until then a redelivery needs them).
+func (q *jsQueue) purgeChunks(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	q.l.blobs.Purge(ctx, jetstream.WithPurgeSubject("dflow.b."+q.l.job.Run+"."+id+".>"))
 }
 
 // taken is an item taken from a queue for a restartable stage and not
 // yet acked, with the counts of its work so far.
 type taken struct {
-	q      *jsQueue
-	m      jetstream.Msg
-	id     string
-	counts counts
+	q       *jsQueue
+	id      string
+	chunked bool // its payload is in the blob stream
+	counts  counts
 }
 
 // take acks m now, unless the consuming stage restarts elsewhere on a
 // loss and the item can be followed (a pointer): then the replica that
 // receives it follows it (ledger.go) and the coordinator acks it once it
 // is finished and counted.
-func (q *jsQueue) take(item any, m jetstream.Msg, id string) {
-	if q.l.restartable == nil || !q.l.restartable(q.edge.To.Stage) {
-		q.ack(m)
-		return
-	}
-	if !followable(item) {
-		q.ack(m)
-		q.l.ledger.count(edgeKey("c", q.edge.Name))
+func (q *jsQueue) take(item any, id string, chunked bool) {
+	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
+	if !follow {
+		q.ack(id)
+		if chunked {
+			q.purgeChunks(id)
+		}
+		if q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) {
+			q.l.ledger.count(edgeKey("c", q.edge.Name))
+		}
 		return
 	}
 	q.out.Add(1)
+	q.hmu.Lock()
+	q.following[id] = true
+	q.hmu.Unlock()
 	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, m: m, id: id, counts: counts{}}
+	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, counts: counts{}}
 	q.l.pmu.Unlock()
+}
+
+func (q *jsQueue) isFollowed(id string) bool {
+	q.hmu.Lock()
+	defer q.hmu.Unlock()
+	return q.following[id]
+}
+
+// replyOf is the reply subject of id's latest delivery: what acks it.
+func (q *jsQueue) replyOf(id string) string {
+	q.hmu.Lock()
+	defer q.hmu.Unlock()
+	if m := q.held[id]; m != nil {
+		return m.Reply()
+	}
+	return ""
+}
+
+// committed ends the following of id: the coordinator has acked it.
+func (q *jsQueue) committed(t *taken) {
+	q.hmu.Lock()
+	delete(q.held, t.id)
+	delete(q.following, t.id)
+	q.hmu.Unlock()
+	q.out.Add(-1)
+	if t.chunked {
+		q.purgeChunks(t.id)
+	}
 }
 
 func followable(item any) bool {
@@ -561,34 +616,32 @@ func followable(item any) bool {
 	return t != nil && t.Kind() == reflect.Pointer
 }
 
+// hold keeps m from redelivery until it is acked (touch).
 func (q *jsQueue) hold(m jetstream.Msg) {
+	id := m.Headers().Get(jetstream.MsgIDHeader)
 	q.hmu.Lock()
-	q.held = append(q.held, m)
+	q.held[id] = m
 	q.hmu.Unlock()
 }
 
-func (q *jsQueue) ack(m jetstream.Msg) {
-	m.Ack()
-	q.unhold(m)
-}
-
-// unhold stops keeping m from redelivery (acked, here or by the
-// coordinator).
-func (q *jsQueue) unhold(m jetstream.Msg) {
+// ack acks the latest delivery of id.
+func (q *jsQueue) ack(id string) {
 	q.hmu.Lock()
-	for i, h := range q.held {
-		if h == m {
-			q.held = append(q.held[:i], q.held[i+1:]...)
-			break
-		}
+	m := q.held[id]
+	delete(q.held, id)
+	q.hmu.Unlock()
+	if m != nil {
+		m.Ack()
 	}
-	q.hmu.Unlock()
 }
 
 // touch keeps the held items from being redelivered.
 func (q *jsQueue) touch() {
 	q.hmu.Lock()
-	held := append([]jetstream.Msg(nil), q.held...)
+	held := make([]jetstream.Msg, 0, len(q.held))
+	for _, m := range q.held {
+		held = append(held, m)
+	}
 	q.hmu.Unlock()
 	for _, m := range held {
 		m.InProgress()

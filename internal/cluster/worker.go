@@ -33,6 +33,10 @@ type WorkerOptions struct {
 	// Once makes the worker return after one job, and when the
 	// coordinator that gave it is gone.
 	Once bool
+	// AfterSend, if set, is called after every item a restartable replica
+	// has sent, before the item it came from is committed: tests crash a
+	// worker there.
+	AfterSend func()
 }
 
 // RunWorker serves jobs until ctx is done (or, with Once, after a job).
@@ -160,6 +164,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}
 	defer l.close()
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	l.afterSend = w.o.AfterSend
 	var lostErr atomic.Value
 	l.ledger.lost = func(err error) {
 		lostErr.Store(err)
@@ -179,6 +184,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		Transport: l.For,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
 		Wrap:      l.track,
+		Route:     l.route,
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -200,6 +206,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
 	var aborted atomic.Bool
 	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
+	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { aborted.Store(true); abort() })
 	sub(subjHB(job.Run), func(*nats.Msg) { lastHB.Store(time.Now().UnixNano()) })
 	defer func() {
 		for _, s := range subs {
