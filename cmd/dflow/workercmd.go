@@ -46,11 +46,11 @@ func cmdWorker(e *env, args []string) int {
 	if *join == "" {
 		return usageErr(e, "worker", "--join URL is required: the cluster's server")
 	}
-	if *creds == "" {
+	if *tok == "" && *creds == "" { // the environment only when no flag says
 		*creds = os.Getenv(credsEnv)
-	}
-	if *tok == "" && *creds == "" {
-		*tok = os.Getenv(tokenEnv)
+		if *creds == "" {
+			*tok = os.Getenv(tokenEnv)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -194,11 +194,13 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 		}
 	}()
 	url, token, creds := cf.url, cf.token, cf.creds
-	if creds == "" && cf.url != "" {
-		creds = os.Getenv(credsEnv)
-	}
-	if token == "" && creds == "" {
-		token = os.Getenv(tokenEnv)
+	if token == "" && creds == "" { // the environment only when no flag says
+		if cf.url != "" {
+			creds = os.Getenv(credsEnv)
+		}
+		if creds == "" {
+			token = os.Getenv(tokenEnv)
+		}
 	}
 	workers := cf.workers
 	if cf.local > 0 || cf.serve != "" {

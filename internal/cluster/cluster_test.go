@@ -318,3 +318,96 @@ edge "a" {
 		t.Errorf("produced %d, consumed %d, want 6", e.Produced, e.Consumed)
 	}
 }
+
+// TestConsumersGoneAcrossHosts: a consumer on another worker that returns
+// early must not leave its producer waiting for room on a full remote
+// queue for ever. The run fails, naming the stage: by the consumer's
+// engine (which sees it return with items unread, when its reading of the
+// stream's depth shows them) or by the producer's Send, which fails with
+// nodes.ErrNoConsumers once every consumer replica has recorded that it
+// has gone, as in process.
+func TestConsumersGoneAcrossHosts(t *testing.T) {
+	reg := nodes.Default.Clone()
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "take_one", Doc: "takes one item and returns",
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				_, err := r.In("in").Recv(ctx)
+				return err
+			}), nil
+		}})
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	loadReg := func(job *Job) (*graph.Graph, error) {
+		l := &graph.Loader{Catalog: reg, Vars: job.Vars, Sets: job.Sets}
+		g, diags := l.Load(job.Filename, job.Src)
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		return g, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, name := range []string{"w1", "w2"} {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer nc.Close()
+			RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loadReg})
+		}()
+	}
+	src := []byte(`
+stage "src" {
+  node      = "synthetic_source"
+  placement = ["w1"]
+  config {
+    count = 50
+  }
+}
+stage "one" {
+  node      = "take_one"
+  placement = ["w2"]
+}
+edge "a" {
+  from     = src.out
+  to       = one.in
+  capacity = 2
+}
+`)
+	job := Job{Filename: "early.hcl", Src: src}
+	g, err := loadReg(&job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	c, err := NewCoordinator(rctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 2, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Run(rctx)
+	if rctx.Err() != nil {
+		t.Fatal("the run hung")
+	}
+	if err == nil || !strings.Contains(err.Error(), `edge "a"`) || !strings.Contains(err.Error(), `stage "one"`) {
+		t.Fatalf("err = %v, want the run failed naming the edge and the stage", err)
+	}
+	if !strings.Contains(err.Error(), nodes.ErrNoConsumers.Error()) && !strings.Contains(err.Error(), "returned while") {
+		t.Errorf("err = %v, want no consumers left, or a consumer that returned early", err)
+	}
+}

@@ -695,18 +695,19 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	byName := map[string]*report.Snapshot{}
 	var lost []*instance
 	for _, in := range c.sortedInstances() {
+		if in.lost {
+			lost = append(lost, in) // counted by its ledger, snapshot or not
+		}
 		if in.last == nil {
 			continue
 		}
 		if tmpl == nil {
 			tmpl = in.last
 		}
-		if in.lost {
-			lost = append(lost, in)
-			continue
+		if !in.lost {
+			snaps = append(snaps, in.last)
+			byName[in.name] = in.last
 		}
-		snaps = append(snaps, in.last)
-		byName[in.name] = in.last
 	}
 	if tmpl == nil {
 		return out
@@ -872,20 +873,32 @@ func (c *Coordinator) commit(m *nats.Msg) {
 		respond(m, fmt.Errorf("worker %s was counted lost; its items went to others", in.worker))
 		return
 	case cm.Seq <= in.seq:
+		// Counted already: its answer was lost, or its acks did not reach
+		// the server; acks are idempotent, they go again.
 		c.mu.Unlock()
-		respond(m, nil) // applied already: its answer was lost
-		return
+	default:
+		in.seq = cm.Seq
+		in.ledger.add(cm.Counts)
+		c.mu.Unlock()
 	}
-	in.seq = cm.Seq
-	in.ledger.add(cm.Counts)
-	c.mu.Unlock()
-	for _, subj := range cm.Acks {
-		if subj != "" {
-			c.o.Conn.Publish(subj, []byte("+ACK"))
+	respond(m, c.ack(cm.Acks))
+}
+
+// ack acks messages by their reply subjects and waits until the server
+// has them; the worker keeps them from redelivery until it hears so.
+func (c *Coordinator) ack(subjects []string) error {
+	for _, subj := range subjects {
+		if subj == "" {
+			continue
+		}
+		if err := c.o.Conn.Publish(subj, []byte("+ACK")); err != nil {
+			return fmt.Errorf("ack: %v", err)
 		}
 	}
-	c.o.Conn.Flush()
-	respond(m, nil)
+	if err := c.o.Conn.FlushTimeout(5 * time.Second); err != nil {
+		return fmt.Errorf("ack: %v", err)
+	}
+	return nil
 }
 
 func (c *Coordinator) sortedInstances() []*instance {

@@ -3,9 +3,11 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +80,6 @@ type ledger struct {
 	seq      int64
 	wake     chan struct{}
 	cmu      sync.Mutex // one commit at a time
-	lost     func(error)
 }
 
 func newLedger(l *links) *ledger {
@@ -115,26 +116,47 @@ func (lg *ledger) run() {
 			return
 		case <-lg.wake:
 		}
-		if err := lg.commit(); err != nil && lg.lost != nil {
-			lg.lost(err)
+		if err := lg.commit(); err != nil && lg.l.fatal != nil {
+			lg.l.fatal(err)
 			return
 		}
 	}
 }
 
-// commit sends what is finished to the coordinator and, once it has
-// answered, stops keeping those messages from redelivery (the coordinator
-// has acked them). A request that gets no answer is sent again with the
-// same sequence number, which the coordinator applies once.
+// commitMax is the most items one commit carries (a reply subject is
+// about 100 bytes; the server's payload limit is 1 MiB by default).
+const commitMax = 2000
+
+// commit sends what is finished to the coordinator, commitMax items at a
+// time, and, once it has answered, stops keeping those messages from
+// redelivery (the coordinator has acked them). A request that gets no
+// answer is sent again with the same sequence number, which the
+// coordinator counts once.
 func (lg *ledger) commit() error {
 	lg.cmu.Lock()
 	defer lg.cmu.Unlock()
+	for {
+		more, err := lg.commitSome()
+		if err != nil || !more {
+			return err
+		}
+	}
+}
+
+// commitSome sends one commit; more says items are left.
+func (lg *ledger) commitSome() (more bool, err error) {
 	lg.mu.Lock()
 	batch, loose := lg.finished, lg.loose
-	lg.finished, lg.loose = nil, counts{}
+	if len(batch) > commitMax {
+		batch, lg.finished = batch[:commitMax:commitMax], batch[commitMax:]
+	} else {
+		lg.finished = nil
+	}
+	more = len(lg.finished) > 0
+	lg.loose = counts{}
 	if len(batch) == 0 && len(loose) == 0 {
 		lg.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	lg.seq++
 	cm := commit{Instance: lg.l.instance, Seq: lg.seq, Counts: loose}
@@ -145,27 +167,34 @@ func (lg *ledger) commit() error {
 	}
 	b, err := json.Marshal(&cm)
 	if err != nil {
-		return err
+		return false, err
 	}
+	// Until the coordinator counts this share lost (lostAfter), and then
+	// some: the items stay held meanwhile.
 	deadline := time.Now().Add(lostAfter + ackWait)
-	for {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		m, err := lg.l.nc.Request(subjCommit(lg.l.job.Run), b, time.Second)
 		if err == nil {
 			var r reply
 			json.Unmarshal(m.Data, &r)
-			if r.Err != "" {
-				return fmt.Errorf("the coordinator refused this share's commit: %s", r.Err)
+			if r.Err == "" {
+				break
 			}
-			break
+			if strings.HasPrefix(r.Err, "ack: ") && time.Now().Before(deadline) {
+				time.Sleep(wait) // counted, not yet acked: again
+				continue
+			}
+			return false, fmt.Errorf("the coordinator refused this share's commit: %s", r.Err)
 		}
-		if err == nats.ErrConnectionClosed || time.Now().After(deadline) {
-			return fmt.Errorf("commit to the coordinator: %w", err)
+		if errors.Is(err, nats.ErrConnectionClosed) || time.Now().After(deadline) {
+			return false, fmt.Errorf("commit to the coordinator: %w", err)
 		}
+		time.Sleep(wait)
 	}
 	for _, t := range batch {
 		t.q.committed(t)
 	}
-	return nil
+	return more, nil
 }
 
 // track wraps the node of a restartable stage so that what its replicas
@@ -184,7 +213,9 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		tr := &tracked{Replica: r, l: l, ports: ports,
 			in: replicaKey("i", s.Name, r.Index()), out: replicaKey("o", s.Name, r.Index())}
 		err := n.Run(ctx, tr)
-		tr.finish()
+		if err == nil {
+			tr.finish() // a failed item is not finished: the run fails anyway
+		}
 		return err
 	})
 }

@@ -71,6 +71,11 @@ func keyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }
 
+// keyGone says a consumer replica of a queue has returned.
+func keyGone(e, q, consumer int) string {
+	return fmt.Sprintf("e%d.q%d.c%d", e, q, consumer)
+}
+
 // token makes a name safe as one subject token.
 func token(s string) string { return badToken.ReplaceAllString(s, "_") }
 

@@ -115,9 +115,12 @@ type links struct {
 	ledger      *ledger
 	started     time.Time
 	afterSend   func() // WorkerOptions.AfterSend
-	pmu         sync.Mutex
-	pending     map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
-	origins     map[any]origin // items being sent by a restartable replica, by pointer
+	// fatal fails the share with err (a commit refused, an end of input
+	// that could not be recorded).
+	fatal   func(error)
+	pmu     sync.Mutex
+	pending map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
+	origins map[any]origin // items being sent by a restartable replica, by pointer
 
 	mu     sync.Mutex
 	queues []*jsQueue
@@ -163,6 +166,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	for _, c := range e.Queues[qi].Consumers {
 		if l.job.Place[e.To.Stage.Name][c] == l.instance {
 			q.consumers++
+			q.localConsumers = append(q.localConsumers, c)
 		}
 	}
 	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
@@ -219,17 +223,18 @@ func edgeIndex(g *graph.Graph, e *graph.Edge) int {
 
 // jsQueue is one queue of an edge on JetStream, as one instance sees it.
 type jsQueue struct {
-	l         *links
-	edge      *graph.Edge
-	ei, qi    int
-	subject   string
-	producers []int // every producer replica the graph wires to the queue
-	local     []int // those in this instance
-	consumers int   // consumer replicas in this instance
-	id        string
-	seq       atomic.Int64
-	depth     atomic.Int64
-	finished  atomic.Bool // Recv has seen the end: nothing is in flight
+	l              *links
+	edge           *graph.Edge
+	ei, qi         int
+	subject        string
+	producers      []int // every producer replica the graph wires to the queue
+	local          []int // those in this instance
+	consumers      int   // consumer replicas in this instance
+	localConsumers []int // which
+	id             string
+	seq            atomic.Int64
+	depth          atomic.Int64
+	finished       atomic.Bool // Recv has seen the end: nothing is in flight
 
 	// the consumer side, used by the engine's pump only
 	cons     jetstream.Consumer
@@ -240,6 +245,7 @@ type jsQueue struct {
 	room     chan struct{} // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
+	endErrs  int             // ends' failed reads in a row
 	seen     map[string]bool // ids handed on, to drop redeliveries
 	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
 
@@ -301,6 +307,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		m.Data = bytes.Join(parts, nil)
 	}
 	wait := 100 * time.Microsecond
+	lastLook := time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -312,7 +319,14 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		if !isFull(err) {
 			return fmt.Errorf("%s: %w", q.name(), err)
 		}
-		// Full: wait for room, as a local queue's Send blocks.
+		// Full: wait for room, as a local queue's Send blocks, unless no
+		// consumer is left anywhere to make it.
+		if time.Since(lastLook) > 250*time.Millisecond {
+			lastLook = time.Now()
+			if q.consumersGone(ctx) {
+				return fmt.Errorf("edge %q: %w: every replica of stage %q has returned, on every worker", q.edge.Name, nodes.ErrNoConsumers, q.edge.To.Stage.Name)
+			}
+		}
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
@@ -664,16 +678,18 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 		}
 		if _, err := q.l.ends.Get(ctx, keyEnd(q.ei, q.qi, p)); err != nil {
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				q.endErrs = 0
 				return false, nil
 			}
-			return false, ctx.Err()
+			return false, q.endErr(ctx, "the end of producer replica "+strconv.Itoa(p), err)
 		}
 		q.ended[p] = true
 	}
 	info, err := q.cons.Info(ctx)
 	if err != nil {
-		return false, ctx.Err()
+		return false, q.endErr(ctx, "the queue's consumer", err)
 	}
+	q.endErrs = 0
 	if info.NumPending != 0 {
 		return false, nil
 	}
@@ -681,12 +697,59 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// Close writes the end key of every producer replica of this instance.
+// ConsumersGone records that this instance's consumer replicas of the
+// queue have returned (engine.ConsumersGoner).
+func (q *jsQueue) ConsumersGone() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, c := range q.localConsumers {
+		q.l.ends.Put(ctx, keyGone(q.ei, q.qi, c), []byte(q.l.instance))
+	}
+}
+
+// consumersGone reports whether every consumer replica the graph wires to
+// the queue has returned, wherever it ran.
+func (q *jsQueue) consumersGone(ctx context.Context) bool {
+	for _, c := range q.edge.Queues[q.qi].Consumers {
+		if _, err := q.l.ends.Get(ctx, keyGone(q.ei, q.qi, c)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// endErr is nil while a read for ends may still be a passing failure (a
+// reconnection), then an error saying what could not be read.
+func (q *jsQueue) endErr(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if q.endErrs++; q.endErrs < 20 {
+		return nil
+	}
+	return fmt.Errorf("%s: cannot read %s on worker %s (does its NATS user have JetStream key-value and consumer rights?): %w", q.name(), what, q.l.instance, err)
+}
+
+// Close writes the end key of every producer replica of this instance,
+// trying for up to 10s; a key that cannot be written fails the share (its
+// consumers would wait for ever).
 func (q *jsQueue) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
-		q.l.ends.Put(ctx, keyEnd(q.ei, q.qi, p), []byte(q.l.instance))
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			_, err := q.l.ends.Put(ctx, keyEnd(q.ei, q.qi, p), []byte(q.l.instance))
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				if q.l.fatal != nil {
+					q.l.fatal(fmt.Errorf("%s: the end of producer replica %d could not be recorded on worker %s: %v", q.name(), p, q.l.instance, err))
+				}
+				return
+			}
+			time.Sleep(wait)
+		}
 	}
 }
 

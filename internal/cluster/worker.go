@@ -165,9 +165,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	defer l.close()
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
 	l.afterSend = w.o.AfterSend
-	var lostErr atomic.Value
-	l.ledger.lost = func(err error) {
-		lostErr.Store(err)
+	var lostErr atomic.Pointer[error] // the first
+	l.fatal = func(err error) {
+		lostErr.CompareAndSwap(nil, &err)
 		abort()
 	}
 	drain := make(chan struct{})
@@ -245,8 +245,8 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if cerr := l.ledger.commit(); cerr != nil && err == nil {
 		err = cerr
 	}
-	if lerr, _ := lostErr.Load().(error); lerr != nil && !aborted.Load() {
-		err = lerr
+	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
+		err = *lerr
 	}
 	b, _ := json.Marshal(rep)
 	d := done{Instance: inst, Report: b, Failed: rep.Status == report.Failed}

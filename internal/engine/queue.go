@@ -206,6 +206,9 @@ func (q *queue) consumerDone() (unfinished bool, unread int) {
 	q.consumersGone.set()
 	close(q.gone)
 	q.goneDone()
+	if g, ok := q.t.(ConsumersGoner); ok {
+		g.ConsumersGone()
+	}
 	return q.producersLeft.Load() > 0 || q.depth() > 0, q.depth()
 }
 

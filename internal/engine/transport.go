@@ -49,6 +49,15 @@ type Transport interface {
 	Depth() int
 }
 
+// ConsumersGoner is a Transport that wants to know when every consumer
+// replica of its queue in this engine has returned, so that producers in
+// other engines can be told: its Send then fails with an error wrapping
+// nodes.ErrNoConsumers once every consumer replica, wherever it ran, has
+// gone, as a local Send does.
+type ConsumersGoner interface {
+	ConsumersGone()
+}
+
 // TransportFor, when set in Options, returns the transport of queue i of
 // edge e, or nil to keep it in process.
 type TransportFor func(e *graph.Edge, i int) Transport
