@@ -209,7 +209,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 			ports[e.From.Name] = append(ports[e.From.Name], e.Name)
 		}
 	}
-	return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		tr := &tracked{Replica: r, l: l, ports: ports,
 			in: replicaKey("i", s.Name, r.Index()), out: replicaKey("o", s.Name, r.Index())}
 		err := n.Run(ctx, tr)
@@ -218,6 +218,15 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		}
 		return err
 	})
+	if q, ok := n.(nodes.Quiescer); ok {
+		return quiescent{run, q} // the deadlock detector still asks it
+	}
+	return run
+}
+
+type quiescent struct {
+	nodes.NodeFunc
+	nodes.Quiescer
 }
 
 // tracked is a restartable replica's runtime, following its items: the
