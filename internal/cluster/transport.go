@@ -115,6 +115,10 @@ type links struct {
 	ledger      *ledger
 	started     time.Time
 	afterSend   func() // WorkerOptions.AfterSend
+	// released is set once the share is counted lost: it no longer keeps
+	// its items from redelivery, so they reach the share that took over
+	// within ackWait.
+	released atomic.Bool
 	// fatal fails the share with err (a commit refused, an end of input
 	// that could not be recorded).
 	fatal   func(error)
@@ -651,6 +655,9 @@ func (q *jsQueue) ack(id string) {
 
 // touch keeps the held items from being redelivered.
 func (q *jsQueue) touch() {
+	if q.l.released.Load() {
+		return
+	}
 	q.hmu.Lock()
 	held := make([]jetstream.Msg, 0, len(q.held))
 	for _, m := range q.held {
@@ -667,9 +674,10 @@ func (q *jsQueue) touch() {
 // share's is outstanding, so none is on its way here; items in other
 // shares' hands are theirs, as in process. A share that took over a lost
 // worker's replicas waits first for what that worker held to come back
-// (ackWait after its last word, within lostAfter+ackWait of the loss).
+// (ackWait after the lost share last kept them, which it stops doing when
+// told it is lost, before the restart starts).
 func (q *jsQueue) ends(ctx context.Context) (bool, error) {
-	if q.l.job.Restart && time.Since(q.l.started) < ackWait+time.Second {
+	if q.l.job.Restart && time.Since(q.l.started) < ackWait+2*time.Second {
 		return false, nil
 	}
 	for _, p := range q.producers {

@@ -206,7 +206,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
 	var aborted atomic.Bool
 	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
-	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { aborted.Store(true); abort() })
+	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { l.released.Store(true); aborted.Store(true); abort() })
 	sub(subjHB(job.Run), func(*nats.Msg) { lastHB.Store(time.Now().UnixNano()) })
 	defer func() {
 		for _, s := range subs {
