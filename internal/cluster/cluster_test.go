@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,32 +19,52 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// load is the workers' and the test's way to build a job's graph.
-func load(job *Job) (*graph.Graph, error) {
-	l := &graph.Loader{Catalog: nodes.Default, Vars: job.Vars, Sets: job.Sets}
-	g, diags := l.Load(job.Filename, job.Src)
-	if diags.HasErrors() {
-		return nil, diags
+// loader is the workers' and the test's way to build a job's graph with
+// the kinds of reg.
+func loader(reg *nodes.Registry) func(*Job) (*graph.Graph, error) {
+	return func(job *Job) (*graph.Graph, error) {
+		l := &graph.Loader{Catalog: reg, Vars: job.Vars, Sets: job.Sets}
+		g, diags := l.Load(job.Filename, job.Src)
+		if diags.HasErrors() {
+			return nil, diags
+		}
+		return g, nil
 	}
-	return g, nil
+}
+
+// writeSpec writes a spec into the test's folder and returns its path.
+func writeSpec(t *testing.T, name, src string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // cluster is an embedded server and n in-process workers, each with a
 // connection of its own.
 type testCluster struct {
 	srv    *Server
-	creds  string // a credentials file, for a server that takes them
+	reg    *nodes.Registry // the workers' and the coordinator's kinds
+	creds  string          // a credentials file, for a server that takes them
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
 
 func startCluster(t *testing.T, n int) *testCluster {
 	t.Helper()
+	return startClusterWith(t, n, nodes.Default)
+}
+
+// startClusterWith is startCluster with the kinds of reg.
+func startClusterWith(t *testing.T, n int, reg *nodes.Registry) *testCluster {
+	t.Helper()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc := &testCluster{srv: srv}
+	tc := &testCluster{srv: srv, reg: reg}
 	t.Cleanup(srv.Shutdown) // after the workers' cleanup
 	tc.startWorkers(t, n)
 	return tc
@@ -70,7 +91,7 @@ func (tc *testCluster) startWorkers(t *testing.T, n int) {
 		go func() {
 			defer tc.wg.Done()
 			defer nc.Close()
-			if err := RunWorker(ctx, WorkerOptions{Name: fmt.Sprintf("w%d", i+1), Conn: nc, Load: load}); err != nil {
+			if err := RunWorker(ctx, WorkerOptions{Name: fmt.Sprintf("w%d", i+1), Conn: nc, Registry: tc.reg, Load: loader(tc.reg)}); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -88,7 +109,7 @@ func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...strin
 		t.Fatal(err)
 	}
 	job := Job{Filename: file, Src: src, Sets: sets}
-	g, err := load(&job)
+	g, err := loader(tc.reg)(&job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +117,7 @@ func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...strin
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: workers, Interval: 200 * time.Millisecond})
+	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: workers, Interval: 200 * time.Millisecond, Registry: tc.reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,8 +311,7 @@ func TestSlowConsumer(t *testing.T) {
 	t.Cleanup(func() { publishWait = old }) // after the cluster's cleanup
 	publishWait = 100 * time.Millisecond
 	tc := startCluster(t, 2)
-	spec := t.TempDir() + "/slow.hcl"
-	os.WriteFile(spec, []byte(`
+	spec := writeSpec(t, "slow.hcl", `
 stage "src" {
   node = "synthetic_source"
   config {
@@ -309,7 +329,7 @@ edge "a" {
   to       = sink.in
   capacity = 1
 }
-`), 0o600)
+`)
 	rep, _, err := tc.run(t, spec, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -338,35 +358,8 @@ func TestConsumersGoneAcrossHosts(t *testing.T) {
 				return err
 			}), nil
 		}})
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	loadReg := func(job *Job) (*graph.Graph, error) {
-		l := &graph.Loader{Catalog: reg, Vars: job.Vars, Sets: job.Sets}
-		g, diags := l.Load(job.Filename, job.Src)
-		if diags.HasErrors() {
-			return nil, diags
-		}
-		return g, nil
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	for _, name := range []string{"w1", "w2"} {
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer nc.Close()
-			RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loadReg})
-		}()
-	}
-	src := []byte(`
+	tc := startClusterWith(t, 2, reg)
+	spec := writeSpec(t, "early.hcl", `
 stage "src" {
   node      = "synthetic_source"
   placement = ["w1"]
@@ -384,26 +377,7 @@ edge "a" {
   capacity = 2
 }
 `)
-	job := Job{Filename: "early.hcl", Src: src}
-	g, err := loadReg(&job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer rcancel()
-	c, err := NewCoordinator(rctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 2, Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.Run(rctx)
-	if rctx.Err() != nil {
-		t.Fatal("the run hung")
-	}
+	_, _, err := tc.run(t, spec, 2)
 	if err == nil || !strings.Contains(err.Error(), `edge "a"`) || !strings.Contains(err.Error(), `stage "one"`) {
 		t.Fatalf("err = %v, want the run failed naming the edge and the stage", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
@@ -78,7 +79,7 @@ func operatorServer(t *testing.T) (url, creds string) {
 // without it, or with a file that is not there, is refused in words.
 func TestCredentials(t *testing.T) {
 	url, creds := operatorServer(t)
-	tc := &testCluster{srv: &Server{URL: url}}
+	tc := &testCluster{srv: &Server{URL: url}, reg: nodes.Default}
 	tc.creds = creds
 	tc.startWorkers(t, 2)
 	rep, _, err := tc.run(t, "../../specs/seed.hcl", 2, "stage.target.config.service_time=1ms", "stage.drafter.config.service_time=1ms")
