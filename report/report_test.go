@@ -36,6 +36,14 @@ func TestSummaryExplainsUnconsumed(t *testing.T) {
 	if strings.Contains(b.String(), "never consumed") {
 		t.Errorf("balanced edges explained:\n%s", b.String())
 	}
+	// a cluster run that failed on a lost worker counts it as of its last
+	// snapshot: more consumed than produced is said so, not as negative
+	rep.Status, rep.Edges["e"] = Failed, Edge{Produced: 760, Consumed: 794, Queues: []Queue{{}}}
+	b.Reset()
+	rep.Summarize(&b)
+	if !strings.Contains(b.String(), "(34 more consumed than produced: a lost worker's figures are as of its last snapshot)") || strings.Contains(b.String(), "-34") {
+		t.Errorf("more consumed than produced:\n%s", b.String())
+	}
 }
 
 // TestOrder: stages and edges keep the spec's order through the JSON and

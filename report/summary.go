@@ -37,8 +37,13 @@ func (r *Report) Summarize(w io.Writer) {
 			depth[i] = fmt.Sprintf("%.1f", q.MeanDepth)
 		}
 		left := ""
-		if ed.Produced != ed.Consumed {
+		switch {
+		case ed.Produced > ed.Consumed:
 			left = fmt.Sprintf(" (%d never consumed)", ed.Produced-ed.Consumed)
+		case ed.Produced < ed.Consumed:
+			// only across hosts: a worker lost in a failed run counts as of
+			// its last snapshot
+			left = fmt.Sprintf(" (%d more consumed than produced: a lost worker's figures are as of its last snapshot)", ed.Consumed-ed.Produced)
 		}
 		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d%s mean depth=%v\n",
 			name, ed.Policy, ed.Produced, ed.Consumed, left, depth)
@@ -62,12 +67,12 @@ func (r *Report) unconsumed() string {
 	var edges []string
 	var n int64
 	for _, name := range r.EdgeNames() {
-		if ed := r.Edges[name]; ed.Produced != ed.Consumed {
+		if ed := r.Edges[name]; ed.Produced > ed.Consumed {
 			edges = append(edges, name)
 			n += ed.Produced - ed.Consumed
 		}
 	}
-	if n == 0 {
+	if n <= 0 {
 		return ""
 	}
 	why := "the run stopped"

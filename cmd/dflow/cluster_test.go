@@ -99,8 +99,19 @@ type proc struct {
 
 func startDflow(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
+	return startProc(t, dflowCmd(env, args...))
+}
+
+// dflowCmd is the command of this test binary acting as dflow.
+func dflowCmd(env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(append(os.Environ(), "DFLOW_AS_MAIN=1"), env...)
+	return cmd
+}
+
+// startProc starts cmd, killed at the end of the test if still running.
+func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	p := &proc{cmd: cmd, out: &syncBuffer{}, waited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -181,6 +192,44 @@ func TestCredsFlag(t *testing.T) {
 	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--creds", missing)
 	if code != exitUsage || !strings.Contains(stderr, "takes a token") {
 		t.Errorf("--creds with --local-cluster: code %d\n%s", code, stderr)
+	}
+	// the environment's credentials are for a server of one's own: the
+	// workers --local-cluster starts join its embedded server with its token
+	t.Setenv("DFLOW_AS_MAIN", "1")
+	t.Setenv("DFLOW_CLUSTER_CREDS", missing)
+	code, _, stderr = dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "1",
+		"--set", "stage.target.config.service_time=1ms", "--set", "stage.drafter.config.service_time=1ms")
+	if code != exitOK {
+		t.Errorf("--local-cluster with DFLOW_CLUSTER_CREDS set: code %d\n%s", code, stderr)
+	}
+}
+
+// TestServe: dflow run --serve ADDR coordinates with an embedded server
+// for workers elsewhere: it prints how to join, a standing worker joins
+// with the token and runs its share, and when the coordinator (and with it
+// the server) is gone the worker says so and leaves.
+func TestServe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	coord := startDflow(t, nil, "run", "../../specs/seed.hcl", "--serve", addr, "--workers", "1", "--token", "s3cret",
+		"--set", "stage.target.config.service_time=1ms", "--set", "stage.drafter.config.service_time=1ms")
+	coord.waitFor(t, "dflow worker --join nats://"+addr, 20*time.Second)
+	if !strings.Contains(coord.output(), "DFLOW_CLUSTER_TOKEN=s3cret") {
+		t.Errorf("the join line does not give the token:\n%s", coord.output())
+	}
+	w := startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=s3cret"}, "worker", "--join", "nats://"+addr, "--name", "far")
+	if code := coord.wait(t, 60*time.Second); code != exitOK {
+		t.Fatalf("coordinator: code %d\n%s", code, coord.output())
+	}
+	if code := w.wait(t, 30*time.Second); code != exitFailed || !strings.Contains(w.output(), "went away; leaving") {
+		t.Errorf("the standing worker: code %d\n%s", code, w.output())
+	}
+	if !strings.Contains(w.output(), "run ") || !strings.Contains(w.output(), ": ok") {
+		t.Errorf("the worker did not run its share:\n%s", w.output())
 	}
 }
 

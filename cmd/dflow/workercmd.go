@@ -25,6 +25,10 @@ import (
 const (
 	tokenEnv = "DFLOW_CLUSTER_TOKEN"
 	credsEnv = "DFLOW_CLUSTER_CREDS"
+	// localWorkerEnv marks a worker --local-cluster started: it shares
+	// the coordinator's terminal, whose Ctrl-C is the coordinator's to
+	// act on (a drain of every worker), so the worker does not leave on it.
+	localWorkerEnv = "DFLOW_LOCAL_WORKER"
 )
 
 func cmdWorker(e *env, args []string) int {
@@ -54,13 +58,15 @@ func cmdWorker(e *env, args []string) int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, Creds: *creds, CA: *ca, Name: "dflow worker " + *name, OnClosed: cancel})
+	var serverGone atomic.Bool
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, Creds: *creds, CA: *ca, Name: "dflow worker " + *name,
+		OnClosed: func() { serverGone.Store(true); cancel() }})
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
 		return exitFailed
 	}
 	defer nc.Close()
-	if e.signals != nil {
+	if e.signals != nil && os.Getenv(localWorkerEnv) != "1" {
 		go func() {
 			select {
 			case <-e.signals:
@@ -82,6 +88,14 @@ func cmdWorker(e *env, args []string) int {
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
 		return exitFailed
+	}
+	if serverGone.Load() && ctx.Err() != nil {
+		// The server went past reconnecting: an embedded one (--serve,
+		// --local-cluster) goes with its coordinator.
+		fmt.Fprintf(e.stderr, "dflow worker %s: the cluster's server at %s went away; leaving\n", *name, *join)
+		if !*once {
+			return exitFailed
+		}
 	}
 	return exitOK
 }
@@ -126,7 +140,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "cluster", "", "run on the cluster whose server is at `URL` (nats:// or tls://): this process coordinates, the workers (dflow worker --join URL) run the replicas")
 	fs.IntVar(&f.local, "local-cluster", 0, "try a cluster on this machine: an embedded server on loopback and `N` worker processes")
 	fs.StringVar(&f.serve, "serve", "", "coordinate with an embedded server listening on `HOST:PORT` for workers on other hosts (:4222 is loopback only; 0.0.0.0:4222 exposes it); prints the URL and token to join")
-	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait for `N` workers (default: those that joined within 2s)")
+	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait up to 30s for `N` idle workers (default: those that joined within 2s)")
 	fs.StringVar(&f.creds, "creds", "", "with --cluster, a NATS credentials `FILE` (a user's JWT and seed) for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
 	fs.Func("place", "on a cluster, put a stage's replicas on the workers named, `STAGE=W1,W2,...` (replica i on the i-th, round the list); the other stages spread evenly (repeatable)", func(v string) error {
@@ -163,6 +177,8 @@ func (f *clusterFlags) check() error {
 		return errors.New("--place places replicas on a cluster's workers: give --cluster, --local-cluster or --serve")
 	case (f.cert == "") != (f.key == ""):
 		return errors.New("--tls-cert and --tls-key go together")
+	case f.workers != 0 && f.url == "" && f.serve == "":
+		return errors.New("--workers waits for workers of a cluster: give --cluster URL or --serve ADDR (--local-cluster N starts N)")
 	case f.creds != "" && f.url == "":
 		return errors.New("--creds is for a server of your own (--cluster URL); the embedded server of --serve and --local-cluster takes a token")
 	case f.creds != "" && f.token != "":
@@ -214,21 +230,41 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 			fmt.Fprintf(e.stderr, "dflow: cluster server at %s; on each host: %s=%s dflow worker --join %s\n", url, tokenEnv, token, url)
 		}
 	}
+	// A local worker that exits before the run has started ends the wait
+	// for workers at once, with its name (its output is above).
+	joinCtx, joinFailed := context.WithCancelCause(context.Background())
+	defer joinFailed(nil)
 	if cf.local > 0 {
 		workers = cf.local
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, cleanup, err
 		}
+		// The workers get the embedded server's token and nothing else of
+		// the cluster's environment (credentials are for a server of
+		// one's own), and leave the terminal's Ctrl-C to the coordinator,
+		// which drains them (localWorkerEnv).
+		var env []string
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, tokenEnv+"=") && !strings.HasPrefix(kv, credsEnv+"=") {
+				env = append(env, kv)
+			}
+		}
+		env = append(env, tokenEnv+"="+token, localWorkerEnv+"=1")
 		for i := range cf.local {
-			cmd := exec.Command(exe, "worker", "--join", url, "--name", fmt.Sprintf("local%d", i+1), "--once")
-			cmd.Env = append(os.Environ(), tokenEnv+"="+token)
+			name := fmt.Sprintf("local%d", i+1)
+			cmd := exec.Command(exe, "worker", "--join", url, "--name", name, "--once")
+			cmd.Env = env
 			cmd.Stderr = e.stderr
 			if err := cmd.Start(); err != nil {
 				return nil, cleanup, fmt.Errorf("starting local worker %d: %v", i+1, err)
 			}
 			waited := make(chan struct{})
-			go func() { cmd.Wait(); close(waited) }()
+			go func() {
+				err := cmd.Wait()
+				joinFailed(fmt.Errorf("local worker %s exited (%v) before the run started; its output is above", name, err))
+				close(waited)
+			}()
 			stops = append(stops, func() {
 				select {
 				case <-waited:
@@ -257,12 +293,15 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 		return nil, cleanup, err
 	}
 	vars := sf.overrides().Vars
-	c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
+	c, err := cluster.NewCoordinator(joinCtx, cluster.CoordOptions{
 		Conn: nc, Graph: g, Workers: workers, Registry: e.registry,
 		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, VarFiles: sf.varFiles, Sets: sf.sets},
 		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr, Pin: cf.place,
 	})
 	if err != nil {
+		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil {
+			err = cause
+		}
 		return nil, cleanup, err
 	}
 	return c, cleanup, nil

@@ -164,6 +164,9 @@ func TestSeedOnThreeWorkers(t *testing.T) {
 			if len(rep.Series) == 0 {
 				t.Error("no series")
 			}
+			if d := rep.Edges["tokens"].Queues[0].MaxDepth; d == 0 {
+				t.Error("tokens: max depth 0 (the remote queue's depth is sampled)")
+			}
 			var in int64
 			for _, r := range rep.Stages["done"].Replicas {
 				in += r.ItemsIn

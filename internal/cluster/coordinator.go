@@ -745,9 +745,12 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 			}
 			for _, in := range lost {
 				if gs != nil {
-					if ni, no, ok := c.lostReplica(in, gs, i); ok {
-						r.ItemsIn += ni
-						r.ItemsOut += no
+					if lr, ok := c.lostReplica(in, gs, i); ok {
+						r.ItemsIn += lr.ItemsIn
+						r.ItemsOut += lr.ItemsOut
+						r.Busy += lr.Busy
+						r.Idle += lr.Idle
+						r.Blocked += lr.Blocked
 					}
 				}
 			}
@@ -804,24 +807,25 @@ func (c *Coordinator) edge(name string) *graph.Edge {
 }
 
 // lostReplica is what replica i of s did in the lost share in, as the
-// report counts it: what it committed for a restartable stage (ledger.go),
-// the last snapshot for another (whose replicas had finished, or the run
-// failed). ok is false when in did not run the replica.
-func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (itemsIn, itemsOut int64, ok bool) {
+// report counts it: its items as committed for a restartable stage
+// (ledger.go), as in the last snapshot for another (whose replicas had
+// finished, or the run failed); its times as in the last snapshot. ok is
+// false when in did not run the replica.
+func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (r report.ReplicaSnapshot, ok bool) {
 	if !slices.Contains(in.ran[s.Name], i) {
-		return 0, 0, false
-	}
-	if c.stateless(s) {
-		return in.ledger[replicaKey("i", s.Name, i)], in.ledger[replicaKey("o", s.Name, i)], true
+		return r, false
 	}
 	if in.last != nil {
 		for _, st := range in.last.Stages {
 			if st.Name == s.Name && i < len(st.Replicas) {
-				return st.Replicas[i].ItemsIn, st.Replicas[i].ItemsOut, true
+				r = st.Replicas[i]
 			}
 		}
 	}
-	return 0, 0, true
+	if c.stateless(s) {
+		r.ItemsIn, r.ItemsOut = in.ledger[replicaKey("i", s.Name, i)], in.ledger[replicaKey("o", s.Name, i)]
+	}
+	return r, true
 }
 
 // lostEdge is what the lost share in produced and consumed on e, as the
@@ -983,9 +987,15 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 				if !in.lost {
 					continue
 				}
-				if ni, no, ok := c.lostReplica(in, s, i); ok {
-					r.ItemsIn += ni
-					r.ItemsOut += no
+				if lr, ok := c.lostReplica(in, s, i); ok {
+					r.ItemsIn += lr.ItemsIn
+					r.ItemsOut += lr.ItemsOut
+					r.BusySeconds += lr.Busy.Seconds()
+					r.IdleSeconds += lr.Idle.Seconds()
+					r.BlockedSeconds += lr.Blocked.Seconds()
+					if total := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds; total > 0 {
+						r.Utilization = r.BusySeconds / total
+					}
 					if in.name != inst {
 						r.Worker = in.worker + ">" + r.Worker
 					}

@@ -215,7 +215,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}()
 	nc.Flush()
 	respond(m, nil)
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s\n", w.o.Name, job.Run, placed(g, job, inst))
+	took := ""
+	if job.Restart {
+		took = " (taking over, as " + inst + ")"
+	}
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, took, placed(g, job, inst))
 
 	var orphaned atomic.Bool
 	watchDone := make(chan struct{})
@@ -262,7 +266,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			break
 		}
 	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s\n", w.o.Name, job.Run, rep.Status)
+	share := ""
+	if job.Restart {
+		share = " (the share " + inst + " took over)"
+	}
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, rep.Status)
 }
 
 // spread reports whether the replicas of a stage sit in more than one

@@ -42,6 +42,9 @@ type queue struct {
 	receivers []*inQueue
 
 	depthSum, samples atomic.Int64 // sampled depth, for the mean
+	// sampledMax is the deepest a sample saw a queue carried by a
+	// transport (whose producers cannot see its depth as they send)
+	sampledMax atomic.Int64
 
 	// t carries the queue when it is not in process (transport.go);
 	// goneCtx is done once every consumer has gone, for its sends.
@@ -145,7 +148,7 @@ func (q *queue) produced() int64 {
 
 // maxDepth is the deepest any producer saw the queue, right after a send.
 func (q *queue) maxDepth() int64 {
-	var d int64
+	d := q.sampledMax.Load()
 	for _, oq := range q.senders {
 		d = max(d, oq.maxDepth.Load())
 	}
@@ -224,6 +227,10 @@ func (q *queue) Open() []int {
 }
 
 func (q *queue) sample() {
-	q.depthSum.Add(int64(q.depth()))
+	d := int64(q.depth())
+	q.depthSum.Add(d)
 	q.samples.Add(1)
+	if q.t != nil && d > q.sampledMax.Load() {
+		q.sampledMax.Store(d) // one sampler: no race to lose
+	}
 }
