@@ -66,12 +66,20 @@ func cmdWorker(e *env, args []string) int {
 		return exitFailed
 	}
 	defer nc.Close()
-	if e.signals != nil && os.Getenv(localWorkerEnv) != "1" {
+	if e.signals != nil {
+		local := os.Getenv(localWorkerEnv) == "1"
 		go func() {
-			select {
-			case <-e.signals:
-				cancel()
-			case <-ctx.Done():
+			for {
+				select {
+				case s := <-e.signals:
+					if local && s == os.Interrupt {
+						continue // the terminal's Ctrl-C: the coordinator drains us
+					}
+					cancel()
+					return
+				case <-ctx.Done():
+					return
+				}
 			}
 		}()
 	}
