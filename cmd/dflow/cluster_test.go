@@ -429,23 +429,26 @@ func TestWorkerKilled(t *testing.T) {
 }
 
 // TestCrashAfterSend: the worst instant to lose a worker, made certain:
-// w2, which runs the only target (rotating over the three drafters'
-// queues) and a drafter, kills itself right after the 50th item it sends
-// and before the item it came from is committed. That item comes back,
-// the restarted target sends it again to the same queue, JetStream drops
-// the duplicate, and every count is exact.
+// w2 runs the only target, which rotates over the three synchronized
+// drafters' queues on w1 and w3, and kills itself right after the 50th
+// item the target sends, before the item it came from is committed. That
+// item comes back, the restarted target sends it again to the queue the
+// rotation had picked (the route record), JetStream drops the duplicate,
+// the drafters stay in step (an even spread: no queue fills while another
+// starves), and every count is exact.
 func TestCrashAfterSend(t *testing.T) {
 	srv := startServer(t)
 	var ws []*proc
 	for i := range 3 {
 		env := []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}
 		if i == 1 {
-			env = append(env, crashEnv+"=50")
+			env = append(env, crashEnv+"=target:50")
 		}
 		ws = append(ws, startDflow(t, env, "worker", "--join", srv.URL, "--name", fmt.Sprintf("w%d", i+1)))
 	}
-	rep, err, _ := coordinate(t, srv, 3, func(*cluster.Coordinator) {},
-		"stage.drafter.config.sync=false", "stage.target.replicas=1", "stage.target.config.service_time=2ms", "stage.drafter.config.service_time=1ms")
+	place := map[string][]string{"target": {"w2"}, "drafter": {"w1", "w3"}, "done": {"w3"}}
+	rep, err, _ := coordinatePlaced(t, srv, 3, place, func(*cluster.Coordinator) {},
+		"stage.target.replicas=1", "stage.target.config.service_time=2ms", "stage.drafter.config.service_time=1ms")
 	if err != nil {
 		t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
 	}

@@ -108,19 +108,21 @@ func cmdWorker(e *env, args []string) int {
 	return exitOK
 }
 
-// crashEnv is a test hook: a worker started with it set to N kills
-// itself (SIGKILL) right after the N-th item its restartable replicas
-// send, before the item it came from is committed (TestCrashAfterSend).
+// crashEnv is a test hook: a worker started with it set to STAGE:N kills
+// itself (SIGKILL) right after the N-th item the replicas of that
+// restartable stage send there, before the item it came from is
+// committed (TestCrashAfterSend).
 const crashEnv = "DFLOW_TEST_CRASH_AFTER_SENDS"
 
-func crashAfterSends(v string) func() {
-	n, err := strconv.ParseInt(v, 10, 64)
+func crashAfterSends(v string) func(stage string) {
+	stage, count, _ := strings.Cut(v, ":")
+	n, err := strconv.ParseInt(count, 10, 64)
 	if err != nil || n <= 0 {
 		return nil
 	}
 	var sent atomic.Int64
-	return func() {
-		if sent.Add(1) == n {
+	return func(s string) {
+		if s == stage && sent.Add(1) == n {
 			if p, err := os.FindProcess(os.Getpid()); err == nil {
 				p.Kill() // SIGKILL: nothing after it runs
 			}

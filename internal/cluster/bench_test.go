@@ -161,10 +161,16 @@ edge "e" {
 		tb.Fatal(err)
 	}
 	pl, err := newLinks(ctx, pc, pjs, job, g, "p")
+	if err == nil {
+		pl.start()
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
 	cl, err := newLinks(ctx, cc, cjs, job, g, "c")
+	if err == nil {
+		cl.start()
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -316,7 +316,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		t := time.NewTicker(hbEvery)
 		defer t.Stop()
 		for {
-			nc.Publish(subjHB(c.run), nil)
+			nc.Publish(subjHB(c.run), c.lostShares())
 			select {
 			case <-hbStop:
 				return
@@ -350,6 +350,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		series = t.C
 	}
 	var prev *report.Snapshot
+	ticks := 0
 	abort := func() { nc.Publish(subjAbort(c.run), nil); nc.Flush() }
 	var abortedAt time.Time
 	for !c.allDone() {
@@ -402,6 +403,11 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 				c.o.Observe(s)
 			}
 		case <-live.C:
+			// Every share's figures at least every second, monitoring or
+			// not: what a lost share had finished is judged by its last.
+			if ticks++; ticks%4 == 0 && (prev == nil || time.Since(prev.Time) > time.Second) {
+				c.Snapshot()
+			}
 			if err := c.checkLive(ctx); err != nil && firstErr == nil {
 				firstErr = err
 				abort()
@@ -422,6 +428,21 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	}
 	rep := c.merged(status, firstErr)
 	return rep, firstErr
+}
+
+// lostShares is the heartbeat's payload: the shares counted lost, one
+// name a line, so that a worker that missed its abort (it was paused, or
+// reconnecting) hears it with the next beat.
+func (c *Coordinator) lostShares() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b []byte
+	for _, in := range c.sortedInstances() {
+		if in.lost {
+			b = append(append(b, in.name...), '\n')
+		}
+	}
+	return b
 }
 
 // giveUp counts the instances that have not reported as lost.
@@ -877,15 +898,24 @@ func (c *Coordinator) commit(m *nats.Msg) {
 		respond(m, fmt.Errorf("worker %s was counted lost; its items went to others", in.worker))
 		return
 	case cm.Seq <= in.seq:
-		// Counted already: its answer was lost, or its acks did not reach
-		// the server; acks are idempotent, they go again.
+		// Counted already: its answer was lost. Acks are idempotent: they
+		// go again.
 		c.mu.Unlock()
-	default:
-		in.seq = cm.Seq
-		in.ledger.add(cm.Counts)
-		c.mu.Unlock()
+		respond(m, c.ack(cm.Acks))
+		return
 	}
-	respond(m, c.ack(cm.Acks))
+	// Acked and counted together, under the lock that counts a share
+	// lost: a share is never lost between the two (its items acked but not
+	// counted, or counted and then redelivered). Counted only once the
+	// server has the acks; if it has not, the worker sends the commit again.
+	defer c.mu.Unlock()
+	if err := c.ack(cm.Acks); err != nil {
+		respond(m, err)
+		return
+	}
+	in.seq = cm.Seq
+	in.ledger.add(cm.Counts)
+	respond(m, nil)
 }
 
 // ack acks messages by their reply subjects and waits until the server
@@ -899,7 +929,7 @@ func (c *Coordinator) ack(subjects []string) error {
 			return fmt.Errorf("ack: %v", err)
 		}
 	}
-	if err := c.o.Conn.FlushTimeout(5 * time.Second); err != nil {
+	if err := c.o.Conn.FlushTimeout(2 * time.Second); err != nil {
 		return fmt.Errorf("ack: %v", err)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Exactly once across a lost worker.
@@ -180,9 +181,12 @@ func (lg *ledger) commitSome() (more bool, err error) {
 			if r.Err == "" {
 				break
 			}
-			if strings.HasPrefix(r.Err, "ack: ") && time.Now().Before(deadline) {
-				time.Sleep(wait) // counted, not yet acked: again
-				continue
+			if strings.HasPrefix(r.Err, "ack: ") {
+				if time.Now().Before(deadline) {
+					time.Sleep(wait) // its acks did not reach the server: again
+					continue
+				}
+				return false, fmt.Errorf("the coordinator could not ack this share's finished items for %v: %s", lostAfter+ackWait, r.Err)
 			}
 			return false, fmt.Errorf("the coordinator refused this share's commit: %s", r.Err)
 		}
@@ -191,8 +195,21 @@ func (lg *ledger) commitSome() (more bool, err error) {
 		}
 		time.Sleep(wait)
 	}
+	var chunked []*taken
 	for _, t := range batch {
 		t.q.committed(t)
+		if t.chunked {
+			chunked = append(chunked, t)
+		}
+	}
+	if len(chunked) > 0 {
+		lg.l.wg.Add(1)
+		go func() { // not in the way of the next commit
+			defer lg.l.wg.Done()
+			for _, t := range chunked {
+				t.q.purgeChunks(t.id)
+			}
+		}()
 	}
 	return more, nil
 }
@@ -311,7 +328,7 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	t.sent++
 	t.mu.Unlock()
 	if cur != nil && followable(item) {
-		t.l.setOrigin(item, origin{id: cur.id, k: k})
+		t.l.setOrigin(item, origin{id: cur.id, k: k, again: cur.again})
 		defer t.l.clearOrigin(item)
 	}
 	if err := o.Output.Send(ctx, item); err != nil {
@@ -323,27 +340,28 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	}
 	t.count(keys...)
 	if f := t.l.afterSend; f != nil {
-		f() // tests: a crash between a send and its item's commit
+		f(t.Stage()) // tests: a crash between a send and its item's commit
 	}
 	return nil
 }
 
 // route is the engine's Options.Route: a restartable replica that rotates
 // over several queues (round_robin with fewer producers than consumers)
-// picks the queue of an item it derives from its origin, not from a
-// rotation that starts again at a restart, so that an item sent again
-// after a loss goes to the queue it went to first (where its id drops it).
-// The spread over the queues stays even.
+// keeps its rotation, which spreads items evenly, and records where each
+// item went, in the run's route bucket, before it sends it. A restarted
+// replica sending again an item derived from an input delivered before
+// sends it where the record says, where its id drops it; the records
+// expire with JetStream's duplicate window.
 func (l *links) route(e *graph.Edge, p int, r graph.Router) graph.Router {
 	if l.restartable == nil || !l.restartable(e.From.Stage) || e.Policy == graph.KeyHash {
 		return r
 	}
-	return &originRouter{l: l, n: uint64(len(e.ProducerQueues(p))), rotation: r}
+	return &originRouter{l: l, edge: edgeIndex(l.g, e), rotation: r}
 }
 
 type originRouter struct {
 	l        *links
-	n        uint64
+	edge     int
 	rotation graph.Router
 }
 
@@ -354,14 +372,36 @@ func (r *originRouter) Route(item any) (int, error) {
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s#%d", o.id, o.k)
-	return int(h.Sum64() % r.n), nil
+	key := "e" + strconv.Itoa(r.edge) + "." + strconv.FormatUint(h.Sum64(), 36)
+	ctx, cancel := context.WithTimeout(context.Background(), publishWait)
+	defer cancel()
+	if o.again {
+		if v, err := r.l.routes.Get(ctx, key); err == nil {
+			if i, err := strconv.Atoi(string(v.Value())); err == nil {
+				return i, nil
+			}
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("edge %q: where an item sent before went: %w", r.l.g.Edges[r.edge].Name, err)
+		}
+	}
+	i, err := r.rotation.Route(item)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := r.l.routes.Put(ctx, key, []byte(strconv.Itoa(i))); err != nil {
+		return 0, fmt.Errorf("edge %q: recording where an item goes: %w", r.l.g.Edges[r.edge].Name, err)
+	}
+	return i, nil
 }
 
 // origin is what an item sent by a restartable replica derives from: the
-// id of the item in hand and how many it had sent before this one.
+// id of the item in hand, how many it had sent before this one, and
+// whether the item in hand had been delivered before (to a share since
+// lost, maybe).
 type origin struct {
-	id string
-	k  int
+	id    string
+	k     int
+	again bool
 }
 
 func (l *links) setOrigin(item any, o origin) {

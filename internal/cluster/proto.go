@@ -66,7 +66,8 @@ func streamBlob(run string) string { return "DFB_" + run }
 func subjBlob(run, id string, k int) string {
 	return fmt.Sprintf("dflow.b.%s.%s.%d", run, id, k)
 }
-func bucketEnds(run string) string { return "DFE_" + run }
+func bucketEnds(run string) string   { return "DFE_" + run }
+func bucketRoutes(run string) string { return "DFR_" + run }
 func keyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }

@@ -76,6 +76,11 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
 		return fmt.Errorf("end bucket: %w", err)
 	}
+	// where a restartable replica's rotation sent each item (ledger.go
+	// route), for as long as a duplicate can be dropped
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketRoutes(run), Storage: jetstream.MemoryStorage, TTL: 2 * time.Minute}); err != nil {
+		return fmt.Errorf("route bucket: %w", err)
+	}
 	return nil
 }
 
@@ -92,6 +97,7 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 	}
 	js.DeleteStream(ctx, streamBlob(run))
 	js.DeleteKeyValue(ctx, bucketEnds(run))
+	js.DeleteKeyValue(ctx, bucketRoutes(run))
 }
 
 // links are one instance's transports: the engine's TransportFor, and what
@@ -103,8 +109,10 @@ type links struct {
 	job      *Job
 	g        *graph.Graph
 	instance string
+	worker   string // the worker's name (instance is the share's)
 	blobs    jetstream.Stream
 	ends     jetstream.KeyValue
+	routes   jetstream.KeyValue
 	chunk    int
 
 	// restartable says whether a stage's replicas restart elsewhere when
@@ -114,11 +122,17 @@ type links struct {
 	restartable func(*graph.Stage) bool
 	ledger      *ledger
 	started     time.Time
-	afterSend   func() // WorkerOptions.AfterSend
+	afterSend   func(stage string) // WorkerOptions.AfterSend
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.
 	released atomic.Bool
+	// renew says whether renewals may go (the worker's; nil: always)
+	renew func() bool
+	// ctx is the share's run: once it is cancelled (an abort), the share
+	// records no end of input and no consumer gone, for its replicas may
+	// run on in another share
+	ctx context.Context
 	// fatal fails the share with err (a commit refused, an end of input
 	// that could not be recorded).
 	fatal   func(error)
@@ -137,6 +151,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 		pending: map[any]*taken{}, origins: map[any]origin{}}
 	l.ledger = newLedger(l)
 	l.started = time.Now()
+	l.ctx = ctx
 	var err error
 	if l.blobs, err = js.Stream(ctx, streamBlob(job.Run)); err != nil {
 		return nil, fmt.Errorf("blob stream: %w", err)
@@ -144,12 +159,12 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
 		return nil, fmt.Errorf("end bucket: %w", err)
 	}
+	if l.routes, err = js.KeyValue(ctx, bucketRoutes(job.Run)); err != nil {
+		return nil, fmt.Errorf("route bucket: %w", err)
+	}
 	// Chunks fill a message up to the server's payload limit, less room
 	// for the headers.
 	l.chunk = int(min(nc.MaxPayload(), 1<<20)) - 4096
-	l.wg.Add(2)
-	go l.keepAlive()
-	go l.ledger.run()
 	return l, nil
 }
 
@@ -178,6 +193,20 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	l.queues = append(l.queues, q)
 	l.mu.Unlock()
 	return q
+}
+
+// start starts the background work (renewals, depth reads, commits),
+// once the fields the caller sets are set.
+func (l *links) start() {
+	l.wg.Add(2)
+	go l.keepAlive()
+	go l.ledger.run()
+}
+
+// aborting says the share is being aborted or was counted lost: what its
+// replicas did not finish is not theirs to end.
+func (l *links) aborting() bool {
+	return l.released.Load() || (l.ctx != nil && l.ctx.Err() != nil)
 }
 
 // close stops the background work.
@@ -555,7 +584,11 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
 	q.seen[id] = true
-	q.take(item, id, chunked)
+	again := false
+	if md, err := m.Metadata(); err == nil {
+		again = md.NumDelivered > 1
+	}
+	q.take(item, id, chunked, again)
 	return item, false, nil
 }
 
@@ -573,6 +606,7 @@ type taken struct {
 	q       *jsQueue
 	id      string
 	chunked bool // its payload is in the blob stream
+	again   bool // delivered before: a lost share may have sent what derives from it
 	counts  counts
 }
 
@@ -580,7 +614,7 @@ type taken struct {
 // loss and the item can be followed (a pointer): then the replica that
 // receives it follows it (ledger.go) and the coordinator acks it once it
 // is finished and counted.
-func (q *jsQueue) take(item any, id string, chunked bool) {
+func (q *jsQueue) take(item any, id string, chunked, again bool) {
 	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
 	if !follow {
 		q.ack(id)
@@ -597,7 +631,7 @@ func (q *jsQueue) take(item any, id string, chunked bool) {
 	q.following[id] = true
 	q.hmu.Unlock()
 	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, counts: counts{}}
+	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, again: again, counts: counts{}}
 	q.l.pmu.Unlock()
 }
 
@@ -624,9 +658,6 @@ func (q *jsQueue) committed(t *taken) {
 	delete(q.following, t.id)
 	q.hmu.Unlock()
 	q.out.Add(-1)
-	if t.chunked {
-		q.purgeChunks(t.id)
-	}
 }
 
 func followable(item any) bool {
@@ -655,7 +686,7 @@ func (q *jsQueue) ack(id string) {
 
 // touch keeps the held items from being redelivered.
 func (q *jsQueue) touch() {
-	if q.l.released.Load() {
+	if q.l.released.Load() || (q.l.renew != nil && !q.l.renew()) {
 		return
 	}
 	q.hmu.Lock()
@@ -708,6 +739,9 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 // ConsumersGone records that this instance's consumer replicas of the
 // queue have returned (engine.ConsumersGoner).
 func (q *jsQueue) ConsumersGone() {
+	if q.l.aborting() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, c := range q.localConsumers {
@@ -735,13 +769,16 @@ func (q *jsQueue) endErr(ctx context.Context, what string, err error) error {
 	if q.endErrs++; q.endErrs < 20 {
 		return nil
 	}
-	return fmt.Errorf("%s: cannot read %s on worker %s (does its NATS user have JetStream key-value and consumer rights?): %w", q.name(), what, q.l.instance, err)
+	return fmt.Errorf("%s: cannot read %s on worker %s for 20 tries (if the server is up, does the worker's NATS user have JetStream key-value and consumer rights?): %w", q.name(), what, q.l.worker, err)
 }
 
 // Close writes the end key of every producer replica of this instance,
 // trying for up to 10s; a key that cannot be written fails the share (its
 // consumers would wait for ever).
 func (q *jsQueue) Close() {
+	if q.l.aborting() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
@@ -752,7 +789,7 @@ func (q *jsQueue) Close() {
 			}
 			if ctx.Err() != nil {
 				if q.l.fatal != nil {
-					q.l.fatal(fmt.Errorf("%s: the end of producer replica %d could not be recorded on worker %s: %v", q.name(), p, q.l.instance, err))
+					q.l.fatal(fmt.Errorf("%s: the end of producer replica %d could not be recorded on worker %s: %v", q.name(), p, q.l.worker, err))
 				}
 				return
 			}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +38,7 @@ type WorkerOptions struct {
 	// AfterSend, if set, is called after every item a restartable replica
 	// has sent, before the item it came from is committed: tests crash a
 	// worker there.
-	AfterSend func()
+	AfterSend func(stage string)
 }
 
 // RunWorker serves jobs until ctx is done (or, with Once, after a job).
@@ -163,13 +165,26 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		return
 	}
 	defer l.close()
+	l.worker = w.o.Name
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
 	l.afterSend = w.o.AfterSend
 	var lostErr atomic.Pointer[error] // the first
 	l.fatal = func(err error) {
 		lostErr.CompareAndSwap(nil, &err)
+		l.released.Store(true)
 		abort()
 	}
+	var lastHB atomic.Int64 // the coordinator's heartbeat, last heard
+	lastHB.Store(time.Now().UnixNano())
+	// Items are kept from redelivery only while the coordinator is heard
+	// and the connection is up: a worker paused or cut off past lostAfter
+	// has been counted lost, and renewals it sent late (buffered while
+	// reconnecting, or on waking) would hold back the items of the share
+	// that took over.
+	l.renew = func() bool {
+		return nc.IsConnected() && time.Since(time.Unix(0, lastHB.Load())) < lostAfter
+	}
+	l.start()
 	drain := make(chan struct{})
 	var drainOnce sync.Once
 	groups := map[string]engine.RemoteGroup{}
@@ -191,8 +206,6 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		return
 	}
 	// Control: snapshots, drain, abort, and the coordinator's heartbeat.
-	var lastHB atomic.Int64
-	lastHB.Store(time.Now().UnixNano())
 	var subs []*nats.Subscription
 	sub := func(subject string, f nats.MsgHandler) {
 		if s, err := nc.Subscribe(subject, f); err == nil {
@@ -207,7 +220,15 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	var aborted atomic.Bool
 	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
 	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { l.released.Store(true); aborted.Store(true); abort() })
-	sub(subjHB(job.Run), func(*nats.Msg) { lastHB.Store(time.Now().UnixNano()) })
+	sub(subjHB(job.Run), func(m *nats.Msg) {
+		if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
+			l.released.Store(true) // counted lost: the abort may have been missed
+			aborted.Store(true)
+			abort()
+			return
+		}
+		lastHB.Store(time.Now().UnixNano())
+	})
 	defer func() {
 		for _, s := range subs {
 			s.Unsubscribe()
