@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -62,6 +63,7 @@ type Coordinator struct {
 	seen      map[string]time.Time // worker -> last hello
 	restarts  int
 	snapAt    time.Time
+	lostList  atomic.Pointer[[]byte] // lostShares
 	snap      *report.Snapshot
 	series    []report.Sample
 }
@@ -432,17 +434,13 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 
 // lostShares is the heartbeat's payload: the shares counted lost, one
 // name a line, so that a worker that missed its abort (it was paused, or
-// reconnecting) hears it with the next beat.
+// reconnecting) hears it with the next beat. It takes no lock: nothing
+// may hold the heartbeat back (a commit's flush holds c.mu).
 func (c *Coordinator) lostShares() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var b []byte
-	for _, in := range c.sortedInstances() {
-		if in.lost {
-			b = append(append(b, in.name...), '\n')
-		}
+	if b := c.lostList.Load(); b != nil {
+		return *b
 	}
-	return b
+	return nil
 }
 
 // giveUp counts the instances that have not reported as lost.
@@ -457,8 +455,15 @@ func (c *Coordinator) giveUp() {
 	}
 }
 
-// markRan records which replicas a share lost ran (c.mu held).
+// markRan records which replicas a share lost ran, and adds it to the
+// heartbeat's list (c.mu held).
 func (c *Coordinator) markRan(in *instance) {
+	var b []byte
+	if old := c.lostList.Load(); old != nil {
+		b = append(b, *old...)
+	}
+	b = append(append(b, in.name...), '\n')
+	c.lostList.Store(&b)
 	in.ran = map[string][]int{}
 	for _, s := range c.g.Stages {
 		for i, p := range c.place[s.Name] {
