@@ -277,8 +277,11 @@ func LoadDrafter(path string, wte Buffer, opt *AdamW) (*Drafter, map[string]stri
 }
 
 // dblock is one drafter layer's saved activations.
+// dblock is a drafter block's saved activations: a target block's, and
+// its input (the block's x plus the injected context).
 type dblock struct {
-	in, ln1, rstd1, qkv, att, atty, res1, ln2, rstd2, fc, sw, out Buffer
+	in Buffer
+	layerActs
 }
 
 // DrafterWork holds activations for S samples of one block each, on the
@@ -320,9 +323,9 @@ func (d *Drafter) NewWork(S int) *DrafterWork {
 	w.dres, w.dtmp, w.dqkv, w.dfc, w.dsw, w.dlnf = f(N*D), f(N*D), f(N*3*D), f(N*2*H), f(N*H), f(N*D)
 	w.dlogits, w.dctx, w.dfused, w.scratch = f(N*256), f(S*D), f(S*D), f(S*c.Heads*P*P)
 	for l := 0; l < c.Layers; l++ {
-		w.blocks = append(w.blocks, dblock{in: f(N * D), ln1: f(N * D), rstd1: f(N), qkv: f(N * 3 * D),
+		w.blocks = append(w.blocks, dblock{in: f(N * D), layerActs: layerActs{ln1: f(N * D), rstd1: f(N), qkv: f(N * 3 * D),
 			att: f(S * c.Heads * P * P), atty: f(N * D), res1: f(N * D), ln2: f(N * D), rstd2: f(N),
-			fc: f(N * 2 * H), sw: f(N * H), out: f(N * D)})
+			fc: f(N * 2 * H), sw: f(N * H), out: f(N * D)}})
 	}
 	return w
 }
@@ -420,22 +423,11 @@ func (w *DrafterWork) Backward() {
 	be.Zero(w.dres)
 	be.RMSNormBackward(w.dres, d.dlnf, w.dlnf, last, d.lnf, w.rstdf, N, D)
 	be.Zero(w.dctx)
+	s := backScratch{dres: w.dres, dtmp: w.dtmp, dqkv: w.dqkv, dfc: w.dfc, dsw: w.dsw, scratch: w.scratch}
 	for l := len(w.blocks) - 1; l >= 0; l-- {
-		a, p := &w.blocks[l], &d.blocks[l]
-		be.Zero(w.dsw)
-		be.MatMulBackward(w.dsw, p.dmproj, Buffer{}, w.dres, a.sw, p.mproj, N, H, D)
-		be.Zero(w.dfc)
-		be.SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dfc, Buffer{}, w.dfc, a.ln2, p.fc, N, D, 2*H)
-		be.RMSNormBackward(w.dres, p.dln2, w.dtmp, a.res1, p.ln2, a.rstd2, N, D)
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dproj, Buffer{}, w.dres, a.atty, p.proj, N, D, D)
-		be.Zero(w.dqkv)
-		be.AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, S, P, D, c.Heads, false)
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dqkv, Buffer{}, w.dqkv, a.ln1, p.qkv, N, D, 3*D)
-		be.RMSNormBackward(w.dres, p.dln1, w.dtmp, a.in, p.ln1, a.rstd1, N, D)
+		a := &w.blocks[l]
+		// attention within each sample's block, not causal
+		blockBackward(be, &d.blocks[l], &a.layerActs, a.in, &s, S, P, D, H, c.Heads, false)
 		// in = x + ctx: the context gets the sum over its block.
 		be.ContextBackward(w.dctx, w.dres, N, P, D)
 	}

@@ -25,6 +25,35 @@ type Workspace struct {
 	all                                                []Buffer // every allocation, for Free
 }
 
+// backScratch is the backward pass's scratch, shared by every block: the
+// gradient flowing back through the residual stream (dres) and each step's.
+type backScratch struct{ dres, dtmp, dqkv, dfc, dsw, scratch Buffer }
+
+// blockBackward runs one transformer block backward, the target's and the
+// drafter's alike: s.dres holds the gradient at the block's output on
+// entry and at its input x on return, and the block's gradients in p
+// accumulate. The block saw batch sequences of seq positions (N = batch*seq
+// rows); causal says each position attended only to those before it.
+func blockBackward(be Backend, p *block, a *layerActs, x Buffer, s *backScratch, batch, seq, D, H, heads int, causal bool) {
+	N := batch * seq
+	// MLP branch: out = res1 + proj(swiglu(fc(ln2(res1)))).
+	be.Zero(s.dsw)
+	be.MatMulBackward(s.dsw, p.dmproj, Buffer{}, s.dres, a.sw, p.mproj, N, H, D)
+	be.Zero(s.dfc)
+	be.SwiGLUBackward(s.dfc, s.dsw, a.fc, N, H)
+	be.Zero(s.dtmp)
+	be.MatMulBackward(s.dtmp, p.dfc, Buffer{}, s.dfc, a.ln2, p.fc, N, D, 2*H)
+	be.RMSNormBackward(s.dres, p.dln2, s.dtmp, a.res1, p.ln2, a.rstd2, N, D)
+	// Attention branch: res1 = x + proj(attn(qkv(ln1(x)))).
+	be.Zero(s.dtmp)
+	be.MatMulBackward(s.dtmp, p.dproj, Buffer{}, s.dres, a.atty, p.proj, N, D, D)
+	be.Zero(s.dqkv)
+	be.AttentionBackward(s.dqkv, s.dtmp, a.qkv, a.att, s.scratch, batch, seq, D, heads, causal)
+	be.Zero(s.dtmp)
+	be.MatMulBackward(s.dtmp, p.dqkv, Buffer{}, s.dqkv, a.ln1, p.qkv, N, D, 3*D)
+	be.RMSNormBackward(s.dres, p.dln1, s.dtmp, x, p.ln1, a.rstd1, N, D)
+}
+
 // NewWorkspace allocates activations for batches of B sequences of T
 // tokens.
 func (m *Model) NewWorkspace(B, T int) (*Workspace, error) { return m.NewWorkspaceOn(m.be, B, T) }
@@ -151,28 +180,13 @@ func (w *Workspace) Backward(targets []int32, weights []float32) {
 	}
 	be.Zero(w.dres)
 	be.RMSNormBackward(w.dres, m.dlnf, w.dlnf, last, m.lnf, w.rstdf, N, D)
+	s := backScratch{dres: w.dres, dtmp: w.dtmp, dqkv: w.dqkv, dfc: w.dfc, dsw: w.dsw, scratch: w.scratch}
 	for l := len(w.layers) - 1; l >= 0; l-- {
-		a, p := &w.layers[l], &m.blocks[l]
 		x := w.x0
 		if l > 0 {
 			x = w.layers[l-1].out
 		}
-		// MLP branch: out = res1 + proj(swiglu(fc(ln2(res1)))).
-		be.Zero(w.dsw)
-		be.MatMulBackward(w.dsw, p.dmproj, Buffer{}, w.dres, a.sw, p.mproj, N, H, D)
-		be.Zero(w.dfc)
-		be.SwiGLUBackward(w.dfc, w.dsw, a.fc, N, H)
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dfc, Buffer{}, w.dfc, a.ln2, p.fc, N, D, 2*H)
-		be.RMSNormBackward(w.dres, p.dln2, w.dtmp, a.res1, p.ln2, a.rstd2, N, D)
-		// Attention branch: res1 = x + proj(attn(qkv(ln1(x)))).
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dproj, Buffer{}, w.dres, a.atty, p.proj, N, D, D)
-		be.Zero(w.dqkv)
-		be.AttentionBackward(w.dqkv, w.dtmp, a.qkv, a.att, w.scratch, B, T, D, c.Heads, true)
-		be.Zero(w.dtmp)
-		be.MatMulBackward(w.dtmp, p.dqkv, Buffer{}, w.dqkv, a.ln1, p.qkv, N, D, 3*D)
-		be.RMSNormBackward(w.dres, p.dln1, w.dtmp, x, p.ln1, a.rstd1, N, D)
+		blockBackward(be, &m.blocks[l], &w.layers[l], x, &s, B, T, D, H, c.Heads, true)
 	}
 	be.EmbeddingBackward(m.dwte, w.tokens, w.dres, N, D)
 	be.PositionsBackward(m.dwpe, w.dres, N, T, D)
