@@ -461,7 +461,14 @@ edge "b" {
 			t.Errorf("item %d sent again went to queue %d (%v), first to %d", k, i, err, went[k])
 		}
 	}
-	if went[0] == went[1] || went[1] == went[2] {
+	// a share that first sends an item another share recorded (a lost one
+	// waking late) goes where the record says too
+	late := router()
+	l.setOrigin(item, origin{id: "in-1", k: 4}) // its own rotation would say 0
+	if i, err := late.Route(item); err != nil || i != went[4] {
+		t.Errorf("item 4 sent late went to queue %d (%v), first to %d", i, err, went[4])
+	}
+		if went[0] == went[1] || went[1] == went[2] {
 		t.Errorf("the rotation did not rotate: %v", went)
 	}
 }

@@ -456,8 +456,11 @@ func (c *Coordinator) giveUp() {
 }
 
 // markRan records which replicas a share lost ran, and adds it to the
-// heartbeat's list (c.mu held).
+// heartbeat's list (c.mu held); once.
 func (c *Coordinator) markRan(in *instance) {
+	if in.ran != nil {
+		return
+	}
 	var b []byte
 	if old := c.lostList.Load(); old != nil {
 		b = append(b, *old...)
@@ -520,6 +523,7 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 	for _, in := range c.instances {
 		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > lostAfter {
 			in.lost = true
+			c.markRan(in) // now, whatever recover makes of it
 			lost = append(lost, in)
 		}
 	}
@@ -909,17 +913,22 @@ func (c *Coordinator) commit(m *nats.Msg) {
 		respond(m, c.ack(cm.Acks))
 		return
 	}
-	// Acked and counted together, under the lock that counts a share
-	// lost: a share is never lost between the two (its items acked but not
-	// counted, or counted and then redelivered). Counted only once the
-	// server has the acks; if it has not, the worker sends the commit again.
-	defer c.mu.Unlock()
+	// Acked, then counted once the server has the acks (if it has not, the
+	// worker sends the commit again). The lock is not held meanwhile (the
+	// workers' announcements need it), so the share may be counted lost in
+	// between: its items are acked, not redelivered, and are counted all
+	// the same, in the ledger by which a lost share is counted.
+	c.mu.Unlock()
 	if err := c.ack(cm.Acks); err != nil {
 		respond(m, err)
 		return
 	}
-	in.seq = cm.Seq
-	in.ledger.add(cm.Counts)
+	c.mu.Lock()
+	if cm.Seq > in.seq {
+		in.seq = cm.Seq
+		in.ledger.add(cm.Counts)
+	}
+	c.mu.Unlock()
 	respond(m, nil)
 }
 

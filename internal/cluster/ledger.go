@@ -348,10 +348,11 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 // route is the engine's Options.Route: a restartable replica that rotates
 // over several queues (round_robin with fewer producers than consumers)
 // keeps its rotation, which spreads items evenly, and records where each
-// item went, in the run's route bucket, before it sends it. A restarted
-// replica sending again an item derived from an input delivered before
-// sends it where the record says, where its id drops it; the records
-// expire with JetStream's duplicate window.
+// item goes, in the run's route bucket, before it sends it. The first
+// record of an item stands (a create, not a put): a replica that finds
+// one, a restart sending again what a lost share sent (or a lost share
+// waking late), sends the item where the record says, and JetStream
+// drops the duplicate there. The records expire with the duplicate window.
 func (l *links) route(e *graph.Edge, p int, r graph.Router) graph.Router {
 	if l.restartable == nil || !l.restartable(e.From.Stage) || e.Policy == graph.KeyHash {
 		return r
@@ -373,25 +374,46 @@ func (r *originRouter) Route(item any) (int, error) {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s#%d", o.id, o.k)
 	key := "e" + strconv.Itoa(r.edge) + "." + strconv.FormatUint(h.Sum64(), 36)
-	ctx, cancel := context.WithTimeout(context.Background(), publishWait)
+	ctx, cancel := context.WithTimeout(r.l.runCtx(), publishWait)
 	defer cancel()
-	if o.again {
-		if v, err := r.l.routes.Get(ctx, key); err == nil {
-			if i, err := strconv.Atoi(string(v.Value())); err == nil {
-				return i, nil
+	name := r.l.g.Edges[r.edge].Name
+	if o.again { // sent before, maybe: the record says where
+		if i, ok, err := r.recorded(ctx, key); err != nil || ok {
+			if err != nil {
+				return 0, fmt.Errorf("edge %q: where an item sent before went: %w", name, err)
 			}
-		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return 0, fmt.Errorf("edge %q: where an item sent before went: %w", r.l.g.Edges[r.edge].Name, err)
+			return i, nil
 		}
 	}
 	i, err := r.rotation.Route(item)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := r.l.routes.Put(ctx, key, []byte(strconv.Itoa(i))); err != nil {
-		return 0, fmt.Errorf("edge %q: recording where an item goes: %w", r.l.g.Edges[r.edge].Name, err)
+	if _, err := r.l.routes.Create(ctx, key, []byte(strconv.Itoa(i))); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("edge %q: recording where an item goes: %w", name, err)
+		}
+		// another share recorded it first: its choice stands
+		j, ok, err := r.recorded(ctx, key)
+		if err != nil || !ok {
+			return 0, fmt.Errorf("edge %q: where an item sent before went: %v", name, err)
+		}
+		return j, nil
 	}
 	return i, nil
+}
+
+// recorded reads the route record key.
+func (r *originRouter) recorded(ctx context.Context, key string) (int, bool, error) {
+	v, err := r.l.routes.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	i, err := strconv.Atoi(string(v.Value()))
+	return i, err == nil, err
 }
 
 // origin is what an item sent by a restartable replica derives from: the

@@ -195,6 +195,14 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	return q
 }
 
+// runCtx is the share's run context (Background for links without one).
+func (l *links) runCtx() context.Context {
+	if l.ctx == nil {
+		return context.Background()
+	}
+	return l.ctx
+}
+
 // start starts the background work (renewals, depth reads, commits),
 // once the fields the caller sets are set.
 func (l *links) start() {
@@ -344,6 +352,11 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if q.l.aborting() {
+			// counted lost (or aborting): what its replicas send now is the
+			// share that took over's to send
+			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.name(), q.l.worker, context.Canceled)
 		}
 		err := publish(m)
 		if err == nil {

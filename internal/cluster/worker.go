@@ -254,6 +254,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			case <-t.C:
 				if time.Since(time.Unix(0, lastHB.Load())) > lostAfter {
 					orphaned.Store(true)
+					l.released.Store(true) // its items are for others now
 					abort()
 					return
 				}
@@ -263,7 +264,13 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	rep, err := p.Execute(runCtx)
 	close(watchDone)
 	if orphaned.Load() {
+		// Say so, in case the coordinator lives and only its heartbeat was
+		// late: the run then fails instead of waiting for this share.
 		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, lostAfter)
+		d := done{Instance: inst, Failed: true,
+			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v, so its share aborted", w.o.Name, lostAfter)}
+		db, _ := json.Marshal(d)
+		nc.Request(subjDone(job.Run), db, time.Second)
 		return
 	}
 	// What the replicas finished last is committed before the report goes.
