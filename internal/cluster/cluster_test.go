@@ -468,7 +468,7 @@ edge "b" {
 	if i, err := late.Route(item); err != nil || i != went[4] {
 		t.Errorf("item 4 sent late went to queue %d (%v), first to %d", i, err, went[4])
 	}
-		if went[0] == went[1] || went[1] == went[2] {
+	if went[0] == went[1] || went[1] == went[2] {
 		t.Errorf("the rotation did not rotate: %v", went)
 	}
 }
