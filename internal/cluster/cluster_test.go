@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -470,5 +471,38 @@ edge "b" {
 	}
 	if went[0] == went[1] || went[1] == went[2] {
 		t.Errorf("the rotation did not rotate: %v", went)
+	}
+}
+
+// TestCountedOnce: an item committed by two shares (done again after its
+// message came back: a commit that reached the coordinator after the item
+// was redelivered, say) is counted once, by its queue and id; another
+// item is counted, and a commit sent again (its answer lost) is not.
+func TestCountedOnce(t *testing.T) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	c := &Coordinator{o: CoordOptions{Conn: nc}, instances: map[string]*instance{
+		"a": {name: "a", worker: "a", ledger: counts{}}, "b": {name: "b", worker: "b", ledger: counts{}}}}
+	send := func(inst string, seq int64, ids ...string) {
+		cm := commit{Instance: inst, Seq: seq}
+		for _, id := range ids {
+			cm.Items = append(cm.Items, commitItem{Queue: "0.0", ID: id, Counts: counts{edgeKey("c", "e"): 1}})
+		}
+		b, _ := json.Marshal(&cm)
+		c.commit(&nats.Msg{Data: b})
+	}
+	send("a", 1, "x")
+	send("b", 1, "x", "y") // x again: done twice
+	send("b", 1, "x", "y") // the same commit again
+	if got := c.ledgerSum(edgeKey("c", "e")); got != 2 || c.dups != 1 {
+		t.Errorf("counted %d items (want 2: x once, y), %d done twice (want 1)", got, c.dups)
 	}
 }

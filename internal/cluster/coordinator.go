@@ -64,6 +64,11 @@ type Coordinator struct {
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
+	// counted are the items committed in the last 2 minutes, by queue and
+	// id, oldest first in countedAt; dups counts those done twice
+	counted   map[string]bool
+	countedAt []countedKey
+	dups      int
 	snap      *report.Snapshot
 	series    []report.Sample
 }
@@ -910,7 +915,7 @@ func (c *Coordinator) commit(m *nats.Msg) {
 		// Counted already: its answer was lost. Acks are idempotent: they
 		// go again.
 		c.mu.Unlock()
-		respond(m, c.ack(cm.Acks))
+		respond(m, c.ack(cm.acks()))
 		return
 	}
 	// Acked, then counted once the server has the acks (if it has not, the
@@ -919,7 +924,7 @@ func (c *Coordinator) commit(m *nats.Msg) {
 	// between: its items are acked, not redelivered, and are counted all
 	// the same, in the ledger by which a lost share is counted.
 	c.mu.Unlock()
-	if err := c.ack(cm.Acks); err != nil {
+	if err := c.ack(cm.acks()); err != nil {
 		respond(m, err)
 		return
 	}
@@ -927,9 +932,43 @@ func (c *Coordinator) commit(m *nats.Msg) {
 	if cm.Seq > in.seq {
 		in.seq = cm.Seq
 		in.ledger.add(cm.Counts)
+		now := time.Now()
+		for _, it := range cm.Items {
+			if c.countOnce(it.Queue+"/"+it.ID, now) {
+				in.ledger.add(it.Counts)
+			} else {
+				c.dups++ // done twice (its message came back): counted once
+			}
+		}
 	}
 	c.mu.Unlock()
 	respond(m, nil)
+}
+
+// countOnce reports whether an item (its queue and id) is counted for the
+// first time, and remembers it for JetStream's duplicate window: an item
+// whose message came back after a commit had counted it (a commit that
+// reached the coordinator late, say) was done twice, and is counted once
+// (c.mu held).
+func (c *Coordinator) countOnce(key string, now time.Time) bool {
+	if c.counted == nil {
+		c.counted = map[string]bool{}
+	}
+	for len(c.countedAt) > 0 && now.Sub(c.countedAt[0].at) > 2*time.Minute {
+		delete(c.counted, c.countedAt[0].key)
+		c.countedAt = c.countedAt[1:]
+	}
+	if c.counted[key] {
+		return false
+	}
+	c.counted[key] = true
+	c.countedAt = append(c.countedAt, countedKey{key, now})
+	return true
+}
+
+type countedKey struct {
+	key string
+	at  time.Time
 }
 
 // ack acks messages by their reply subjects and waits until the server
@@ -960,6 +999,11 @@ func (c *Coordinator) sortedInstances() []*instance {
 
 // merged builds the run's report from the instances' reports.
 func (c *Coordinator) merged(status string, err error) *report.Report {
+	// A run that completed (or drained) counts a restartable stage by
+	// what every share committed, each item once (countOnce): the engines'
+	// own counts would count twice an item done again after its message
+	// came back. A run cut short counts what the engines saw.
+	byLedger := err == nil && status != report.Aborted
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -1045,6 +1089,10 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 					}
 				}
 			}
+			if byLedger && c.stateless(s) {
+				r.ItemsIn = c.ledgerSum(replicaKey("i", s.Name, i))
+				r.ItemsOut = c.ledgerSum(replicaKey("o", s.Name, i))
+			}
 			st.Replicas = append(st.Replicas, r)
 		}
 		rep.Stages[s.Name] = st
@@ -1075,6 +1123,12 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 				re.Consumed += n
 			}
 		}
+		if byLedger && c.stateless(e.From.Stage) {
+			re.Produced = c.ledgerSum(edgeKey("p", e.Name))
+		}
+		if byLedger && c.stateless(e.To.Stage) {
+			re.Consumed = c.ledgerSum(edgeKey("c", e.Name))
+		}
 		rep.Edges[e.Name] = re
 	}
 	var stages, edges []string
@@ -1099,6 +1153,15 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 		rep.Error = err.Error()
 	}
 	return rep
+}
+
+// ledgerSum adds key over every share's ledger (c.mu held).
+func (c *Coordinator) ledgerSum(key string) int64 {
+	var n int64
+	for _, in := range c.instances {
+		n += in.ledger[key]
+	}
+	return n
 }
 
 // failed is the report of a run that could not start.

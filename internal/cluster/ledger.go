@@ -62,10 +62,28 @@ func (c counts) add(o counts) {
 
 // commit is a worker's batch of finished items for the coordinator.
 type commit struct {
-	Instance string   `json:"instance"`
-	Seq      int64    `json:"seq"`
-	Acks     []string `json:"acks"` // the reply subjects of the items' messages
-	Counts   counts   `json:"counts"`
+	Instance string       `json:"instance"`
+	Seq      int64        `json:"seq"`
+	Items    []commitItem `json:"items"`
+	Counts   counts       `json:"counts"` // counts tied to no followed item
+}
+
+// commitItem is one finished item: its message (its queue, its id, the
+// reply subject that acks it) and the counts of its work.
+type commitItem struct {
+	Queue  string `json:"q"`
+	ID     string `json:"id"`
+	Ack    string `json:"ack"`
+	Counts counts `json:"counts"`
+}
+
+// acks are the reply subjects of a commit's items.
+func (cm *commit) acks() []string {
+	var s []string
+	for _, it := range cm.Items {
+		s = append(s, it.Ack)
+	}
+	return s
 }
 
 func subjCommit(run string) string { return "dflow.r." + run + ".commit" }
@@ -163,8 +181,7 @@ func (lg *ledger) commitSome() (more bool, err error) {
 	cm := commit{Instance: lg.l.instance, Seq: lg.seq, Counts: loose}
 	lg.mu.Unlock()
 	for _, t := range batch {
-		cm.Acks = append(cm.Acks, t.q.replyOf(t.id))
-		cm.Counts.add(t.counts)
+		cm.Items = append(cm.Items, commitItem{Queue: t.q.key(), ID: t.id, Ack: t.q.replyOf(t.id), Counts: t.counts})
 	}
 	b, err := json.Marshal(&cm)
 	if err != nil {

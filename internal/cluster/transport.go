@@ -295,6 +295,9 @@ type jsQueue struct {
 	following map[string]bool          // ids followed by a restartable replica, until committed
 }
 
+// key names the queue in commits: edge index and queue index.
+func (q *jsQueue) key() string { return strconv.Itoa(q.ei) + "." + strconv.Itoa(q.qi) }
+
 func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.Name, q.qi) }
 
 // Send publishes item, waiting while the stream holds its capacity.
