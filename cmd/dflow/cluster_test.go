@@ -548,6 +548,13 @@ func TestClusterDrain(t *testing.T) {
 		"--interval", "200ms", "--report", out)
 	coord.waitFor(t, "ETA", 60*time.Second)
 	coord.cmd.Process.Signal(os.Interrupt)
+	checkDrained(t, coord, out)
+}
+
+// checkDrained asserts a drained run: exit 130, the report interrupted,
+// every edge balanced and not empty.
+func checkDrained(t *testing.T, coord *proc, out string) {
+	t.Helper()
 	if code := coord.wait(t, 60*time.Second); code != exitInterrupted {
 		t.Fatalf("code %d\n%s", code, coord.output())
 	}

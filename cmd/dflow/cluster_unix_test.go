@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/dflow-dev/dflow/report"
 )
 
 // TestLocalClusterTerminalInterrupt: Ctrl-C in a terminal reaches the
@@ -25,18 +23,7 @@ func TestLocalClusterTerminalInterrupt(t *testing.T) {
 	coord := startProc(t, cmd)
 	coord.waitFor(t, "ETA", 60*time.Second)
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) // the terminal's Ctrl-C: the whole group
-	if code := coord.wait(t, 60*time.Second); code != exitInterrupted {
-		t.Fatalf("code %d\n%s", code, coord.output())
-	}
-	rep := readReport(t, out)
-	if rep.Status != report.Interrupted {
-		t.Errorf("status %s: %s", rep.Status, rep.Error)
-	}
-	for name, e := range rep.Edges {
-		if e.Produced != e.Consumed || e.Produced == 0 {
-			t.Errorf("edge %s: produced %d, consumed %d", name, e.Produced, e.Consumed)
-		}
-	}
+	checkDrained(t, coord, out)
 	if strings.Contains(coord.output(), ": aborted") {
 		t.Errorf("a worker aborted:\n%s", coord.output())
 	}

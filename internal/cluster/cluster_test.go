@@ -33,6 +33,22 @@ func loader(reg *nodes.Registry) func(*Job) (*graph.Graph, error) {
 	}
 }
 
+// serverConn starts an embedded server for the test and connects to it.
+func serverConn(t *testing.T) *nats.Conn {
+	t.Helper()
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // writeSpec writes a spec into the test's folder and returns its path.
 func writeSpec(t *testing.T, name, src string) string {
 	t.Helper()
@@ -391,16 +407,7 @@ edge "a" {
 // not where its own rotation would (TestCrashAfterSend runs it end to
 // end, where the rotations may happen to agree).
 func TestRouteRecorded(t *testing.T) {
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := serverConn(t)
 	js, _ := newJS(nc)
 	g, err := loader(nodes.Default)(&Job{Filename: "rr.hcl", Src: []byte(`
 stage "src" {
@@ -479,16 +486,7 @@ edge "b" {
 // was redelivered, say) is counted once, by its queue and id; another
 // item is counted, and a commit sent again (its answer lost) is not.
 func TestCountedOnce(t *testing.T) {
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := serverConn(t)
 	c := &Coordinator{o: CoordOptions{Conn: nc}, instances: map[string]*instance{
 		"a": {name: "a", worker: "a", ledger: counts{}}, "b": {name: "b", worker: "b", ledger: counts{}}}}
 	send := func(inst string, seq int64, ids ...string) {
