@@ -813,7 +813,7 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 				}
 			}
 		}
-		if ge := c.edge(e.Name); ge != nil {
+		if ge := c.g.Edge(e.Name); ge != nil {
 			for _, in := range lost {
 				p, n := c.lostEdge(in, ge)
 				me.Produced += p
@@ -830,15 +830,6 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 		out.Draining = out.Draining || s.Draining
 	}
 	return out
-}
-
-func (c *Coordinator) edge(name string) *graph.Edge {
-	for _, e := range c.g.Edges {
-		if e.Name == name {
-			return e
-		}
-	}
-	return nil
 }
 
 // lostReplica is what replica i of s did in the lost share in, as the
@@ -890,10 +881,10 @@ func (c *Coordinator) lostEdge(in *instance, e *graph.Edge) (produced, consumed 
 	return produced, consumed
 }
 
-// commit applies a share's commit (ledger.go): its counts go into the
-// share's ledger, then its items' messages are acked, then it is
-// answered. A lost share's commit is refused: its items come back to the
-// shares that took over.
+// commit applies a share's commit (ledger.go): its items' messages are
+// acked, then its counts go into the share's ledger, each item's once
+// (countOnce), then it is answered. A commit from a share already counted
+// lost is refused: its items come back to the shares that took over.
 func (c *Coordinator) commit(m *nats.Msg) {
 	var cm commit
 	if err := json.Unmarshal(m.Data, &cm); err != nil {
@@ -915,7 +906,11 @@ func (c *Coordinator) commit(m *nats.Msg) {
 		// Counted already: its answer was lost. Acks are idempotent: they
 		// go again.
 		c.mu.Unlock()
-		respond(m, c.ack(cm.acks()))
+		if err := c.ack(cm.acks()); err != nil {
+			respondRetry(m, err)
+			return
+		}
+		respond(m, nil)
 		return
 	}
 	// Acked, then counted once the server has the acks (if it has not, the
@@ -925,7 +920,7 @@ func (c *Coordinator) commit(m *nats.Msg) {
 	// the same, in the ledger by which a lost share is counted.
 	c.mu.Unlock()
 	if err := c.ack(cm.acks()); err != nil {
-		respond(m, err)
+		respondRetry(m, err)
 		return
 	}
 	c.mu.Lock()
@@ -979,11 +974,11 @@ func (c *Coordinator) ack(subjects []string) error {
 			continue
 		}
 		if err := c.o.Conn.Publish(subj, []byte("+ACK")); err != nil {
-			return fmt.Errorf("ack: %v", err)
+			return err
 		}
 	}
 	if err := c.o.Conn.FlushTimeout(2 * time.Second); err != nil {
-		return fmt.Errorf("ack: %v", err)
+		return err
 	}
 	return nil
 }
@@ -1131,14 +1126,7 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 		}
 		rep.Edges[e.Name] = re
 	}
-	var stages, edges []string
-	for _, s := range c.g.Stages {
-		stages = append(stages, s.Name)
-	}
-	for _, e := range c.g.Edges {
-		edges = append(edges, e.Name)
-	}
-	rep.SetOrder(stages, edges)
+	rep.SetOrder(c.g.Names())
 	switch {
 	case err != nil:
 		rep.Status = report.Failed

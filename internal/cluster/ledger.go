@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,15 +34,19 @@ import (
 //     and out of its replica) are kept with it until it is finished, then
 //     the item joins the worker's next commit: its counts and the reply
 //     subject of its message;
-//   - the coordinator applies a commit to that share's ledger and acks the
-//     messages, in one handler, then answers; until then the worker keeps
-//     the messages from redelivery. A commit that reached the coordinator
-//     is counted and acked, one that did not is neither and its items come
-//     back: a worker killed at any point leaves nothing counted twice and
+//   - the coordinator acks the messages of a commit, then counts the
+//     commit's items in that share's ledger, each item once by its queue
+//     and id, then answers; until then the worker keeps the messages from
+//     redelivery. A commit that reached the coordinator is acked and
+//     counted, one that did not is neither and its items come back; an
+//     item done twice (its message came back after a late commit) counts
+//     once: a worker killed at any point leaves nothing counted twice and
 //     nothing lost;
-//   - the report counts a lost share by its ledger (the restartable stages)
-//     and its last snapshot (stages that do not restart, whose replicas
-//     must have finished for the run to go on).
+//   - a round_robin rotation over several queues records where each item
+//     goes (route), so an item sent again goes where it went first;
+//   - a completed run counts the restartable stages by every share's
+//     ledger; a lost share's other stages by its last snapshot (their
+//     replicas must have finished for the run to go on).
 
 // counts are a share's figures by key: "p" and "c" with an edge (produced,
 // consumed), "i" and "o" with a stage and a replica (items in and out).
@@ -198,7 +201,7 @@ func (lg *ledger) commitSome() (more bool, err error) {
 			if r.Err == "" {
 				break
 			}
-			if strings.HasPrefix(r.Err, "ack: ") {
+			if r.Retry {
 				if time.Now().Before(deadline) {
 					time.Sleep(wait) // its acks did not reach the server: again
 					continue
@@ -388,9 +391,7 @@ func (r *originRouter) Route(item any) (int, error) {
 	if !ok {
 		return r.rotation.Route(item)
 	}
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s#%d", o.id, o.k)
-	key := "e" + strconv.Itoa(r.edge) + "." + strconv.FormatUint(h.Sum64(), 36)
+	key := "e" + strconv.Itoa(r.edge) + "." + o.hash("")
 	ctx, cancel := context.WithTimeout(r.l.runCtx(), publishWait)
 	defer cancel()
 	name := r.l.g.Edges[r.edge].Name
@@ -441,6 +442,15 @@ type origin struct {
 	id    string
 	k     int
 	again bool
+}
+
+// hash is what derives from the origin at a place (a queue): the same
+// for the same item in hand, the same count before it and the same place,
+// whichever share sends it.
+func (o origin) hash(at string) string {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s#%d>%s", o.id, o.k, at)
+	return strconv.FormatUint(h.Sum64(), 36)
 }
 
 func (l *links) setOrigin(item any, o origin) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"reflect"
 	"strconv"
 	"strings"
@@ -316,9 +315,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		// another queue: its id here follows from that one's, so a replica
 		// restarted after a loss that sends it again publishes a duplicate
 		// JetStream drops.
-		h := fnv.New64a()
-		fmt.Fprintf(h, "%s#%d>%d.%d", o.id, o.k, q.ei, q.qi)
-		id = "f" + strconv.FormatUint(h.Sum64(), 36)
+		id = "f" + o.hash(q.key())
 	}
 	// Once begun, a publish runs to its answer whatever ctx does: a publish
 	// cut short may still have stored the item, and the engine counts an
