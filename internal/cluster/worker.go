@@ -226,12 +226,14 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
 	var aborted atomic.Bool
 	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
-	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { l.released.Store(true); aborted.Store(true); abort() })
+	// Counted lost: the share ends, and its items are for the share that
+	// took over. Said by an abort of its own and by every heartbeat after
+	// (the abort may have been missed).
+	lost := func() { l.released.Store(true); aborted.Store(true); abort() }
+	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { lost() })
 	sub(subjHB(job.Run), func(m *nats.Msg) {
 		if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
-			l.released.Store(true) // counted lost: the abort may have been missed
-			aborted.Store(true)
-			abort()
+			lost()
 			return
 		}
 		lastHB.Store(time.Now().UnixNano())
@@ -243,11 +245,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}()
 	nc.Flush()
 	respond(m, nil)
-	took := ""
+	share := "" // a share taking over a lost worker's replicas is named
 	if job.Restart {
-		took = " (taking over, as " + inst + ")"
+		share = " (the share " + inst + ", taking over)"
 	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, took, placed(g, job, inst))
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, placed(g, job, inst))
 
 	var orphaned atomic.Bool
 	watchDone := make(chan struct{})
@@ -300,10 +302,6 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		if ctx.Err() != nil {
 			break
 		}
-	}
-	share := ""
-	if job.Restart {
-		share = " (the share " + inst + " took over)"
 	}
 	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, rep.Status)
 }
