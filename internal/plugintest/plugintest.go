@@ -217,3 +217,31 @@ edge "trained" {
   to   = done.in
 }
 `
+
+// Sink is a node kind for tests: one input port "in" of type portType
+// (graph.Any takes all), whose replicas call each on every item until the
+// end of input; an error from each fails the replica.
+func Sink(name, portType string, each func(item any) error) nodes.Spec {
+	return nodes.Spec{
+		Kind: graph.Kind{Name: name, Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: portType}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				in := r.In("in")
+				for {
+					item, err := in.Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					if err := each(item); err != nil {
+						return err
+					}
+				}
+			}), nil
+		},
+	}
+}

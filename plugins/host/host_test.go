@@ -288,31 +288,16 @@ func newFixture(t testing.TB) *fixture {
 	f := &fixture{t: t, dir: t.TempDir(), stderr: &syncBuf{}, reg: nodes.NewRegistry(), got: &sinkLog{sizes: map[string]int{}}}
 	f.h = New(f.stderr)
 	synthetic.Register(f.reg)
-	f.reg.Register(nodes.Spec{
-		Kind: graph.Kind{Name: "check_sink", Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
-		}},
-		New: func(*graph.Config) (nodes.Node, error) {
-			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				for {
-					item, err := r.In("in").Recv(ctx)
-					if err == io.EOF {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					b := item.(*synthetic.Blob)
-					f.got.mu.Lock()
-					f.got.sizes[fmt.Sprintf("%d/%d", b.Replica, b.Seq)] = len(b.Data)
-					if f.got.last = time.Now(); f.got.first.IsZero() {
-						f.got.first = f.got.last
-					}
-					f.got.mu.Unlock()
-				}
-			}), nil
-		},
-	})
+	f.reg.Register(plugintest.Sink("check_sink", graph.Any, func(item any) error {
+		b := item.(*synthetic.Blob)
+		f.got.mu.Lock()
+		defer f.got.mu.Unlock()
+		f.got.sizes[fmt.Sprintf("%d/%d", b.Replica, b.Seq)] = len(b.Data)
+		if f.got.last = time.Now(); f.got.first.IsZero() {
+			f.got.first = f.got.last
+		}
+		return nil
+	}))
 	t.Cleanup(func() {
 		f.h.Close()
 		f.noProcessesLeft()

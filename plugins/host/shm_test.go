@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/plugins/sdk"
@@ -116,30 +117,15 @@ func TestSharedMemory(t *testing.T) {
 	f := newFixture(t)
 	var mu sync.Mutex
 	bad := 0
-	f.reg.Register(nodes.Spec{
-		Kind: graph.Kind{Name: "seq_sink", Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "blob"}}
-		}},
-		New: func(*graph.Config) (nodes.Node, error) {
-			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				for {
-					item, err := r.In("in").Recv(ctx)
-					if err == io.EOF {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					b := item.(*synthetic.Blob)
-					if len(b.Data) != 1<<20 || slices.ContainsFunc(b.Data, func(c byte) bool { return c != byte(b.Seq) }) {
-						mu.Lock()
-						bad++
-						mu.Unlock()
-					}
-				}
-			}), nil
-		},
-	})
+	f.reg.Register(plugintest.Sink("seq_sink", "blob", func(item any) error {
+		b := item.(*synthetic.Blob)
+		if len(b.Data) != 1<<20 || slices.ContainsFunc(b.Data, func(c byte) bool { return c != byte(b.Seq) }) {
+			mu.Lock()
+			bad++
+			mu.Unlock()
+		}
+		return nil
+	}))
 	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
 		t.Fatal(err)
 	}

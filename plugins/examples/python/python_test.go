@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -138,41 +137,25 @@ func newFixture(t testing.TB) *fixture {
 	synthetic.Register(f.reg)
 	text.Register(f.reg)
 	dflash.Register(f.reg)
-	f.reg.Register(nodes.Spec{
-		Kind: graph.Kind{Name: "rms_sink", Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
-		}},
-		New: func(*graph.Config) (nodes.Node, error) {
-			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				for {
-					item, err := r.In("in").Recv(ctx)
-					if err == io.EOF {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					f.mu.Lock()
-					f.items++
-					if f.last = time.Now(); f.first.IsZero() {
-						f.first = f.last
-					}
-					if h, ok := item.(*dflash.HiddenStates); ok {
-						if len(h.Hidden) != h.B*h.T*h.K*h.D || len(h.Tokens) != h.B*h.T {
-							f.mu.Unlock()
-							return fmt.Errorf("hidden states of %dx%dx%dx%d with %d values", h.B, h.T, h.K, h.D, len(h.Hidden))
-						}
-						var sum float64
-						for _, x := range h.Hidden {
-							sum += float64(x) * float64(x)
-						}
-						f.rms = append(f.rms, math.Sqrt(sum/float64(len(h.Hidden))))
-					}
-					f.mu.Unlock()
-				}
-			}), nil
-		},
-	})
+	f.reg.Register(plugintest.Sink("rms_sink", graph.Any, func(item any) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.items++
+		if f.last = time.Now(); f.first.IsZero() {
+			f.first = f.last
+		}
+		if h, ok := item.(*dflash.HiddenStates); ok {
+			if len(h.Hidden) != h.B*h.T*h.K*h.D || len(h.Tokens) != h.B*h.T {
+				return fmt.Errorf("hidden states of %dx%dx%dx%d with %d values", h.B, h.T, h.K, h.D, len(h.Hidden))
+			}
+			var sum float64
+			for _, x := range h.Hidden {
+				sum += float64(x) * float64(x)
+			}
+			f.rms = append(f.rms, math.Sqrt(sum/float64(len(h.Hidden))))
+		}
+		return nil
+	}))
 	f.h = host.New(&f.stderr)
 	path, err := filepath.Abs("dflow-plugin-pystats")
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
@@ -119,32 +119,16 @@ func TestParity(t *testing.T) {
 	got := map[string]map[int64]*dflash.HiddenStates{}
 	var mu sync.Mutex
 	sink := ""
-	reg.Register(nodes.Spec{
-		Kind: graph.Kind{Name: "hidden_sink", Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
-		}},
-		New: func(*graph.Config) (nodes.Node, error) {
-			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-				for {
-					item, err := r.In("in").Recv(ctx)
-					if err == io.EOF {
-						return nil
-					}
-					if err != nil {
-						return err
-					}
-					h := item.(*dflash.HiddenStates)
-					mu.Lock()
-					if got[sink][h.Seq] != nil {
-						mu.Unlock()
-						return fmt.Errorf("batch %d twice", h.Seq)
-					}
-					got[sink][h.Seq] = h
-					mu.Unlock()
-				}
-			}), nil
-		},
-	})
+	reg.Register(plugintest.Sink("hidden_sink", graph.Any, func(item any) error {
+		h := item.(*dflash.HiddenStates)
+		mu.Lock()
+		defer mu.Unlock()
+		if got[sink][h.Seq] != nil {
+			return fmt.Errorf("batch %d twice", h.Seq)
+		}
+		got[sink][h.Seq] = h
+		return nil
+	}))
 	for _, node := range []string{"target_forward", "torch/target_forward"} {
 		sink = node
 		got[node] = map[int64]*dflash.HiddenStates{}
