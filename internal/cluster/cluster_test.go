@@ -401,12 +401,13 @@ edge "a" {
 	}
 }
 
-// TestRouteRecorded: a restartable replica's rotation records where each
-// item went; the same replica restarted, its rotation fresh, sends an item
-// derived from an input delivered again to the queue the record names,
-// not where its own rotation would (TestCrashAfterSend runs it end to
-// end, where the rotations may happen to agree).
-func TestRouteRecorded(t *testing.T) {
+// TestPlacedOnce: an item derived from one input, sent on an edge of
+// three queues by two shares (a replica restarted, whose rotation starts
+// afresh, or another replica of a shared input feeding another queue,
+// which took the input over after a loss), goes where the first sent it,
+// with the same id, and JetStream keeps it once: one message on the edge,
+// not two.
+func TestPlacedOnce(t *testing.T) {
 	nc := serverConn(t)
 	js, _ := newJS(nc)
 	g, err := loader(nodes.Default)(&Job{Filename: "rr.hcl", Src: []byte(`
@@ -417,7 +418,8 @@ stage "src" {
   }
 }
 stage "work" {
-  node = "synthetic_work"
+  node     = "synthetic_work"
+  replicas = 3
 }
 stage "sink" {
   node     = "sink"
@@ -436,48 +438,47 @@ edge "b" {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := &Job{Run: "rr", Remote: map[string][]bool{}}
-	for _, e := range g.Edges {
-		job.Remote[e.Name] = make([]bool, len(e.Queues)) // none needed: the routes bucket is what is tested
-	}
+	job := &Job{Run: "rr", Remote: map[string][]bool{"a": {false}, "b": {true, true, true}},
+		Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w2"}, "sink": {"w3", "w3", "w3"}}}
 	ctx := context.Background()
 	if err := setupRun(ctx, js, job.Run, g, job.Remote); err != nil {
 		t.Fatal(err)
 	}
 	defer teardownRun(js, job.Run, g, job.Remote)
-	l, err := newLinks(ctx, nc, js, job, g, "w")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.restartable = func(s *graph.Stage) bool { return s.Name == "work" }
-	e := g.Edges[1]
-	router := func() graph.Router { return l.route(e, 0, e.Policy.Router(e, 0)) }
-	first, item := router(), &items.Blob{}
-	var went []int
-	for k := range 5 { // five items of one input: queues 0 1 2 0 1
-		l.setOrigin(item, origin{id: "in-1", k: k})
-		i, err := first.Route(item)
+	share := func(name string) *links {
+		l, err := newLinks(ctx, nc, js, job, g, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		went = append(went, i)
+		return l
 	}
-	again := router() // restarted: its rotation starts over
-	for _, k := range []int{4, 2} {
-		l.setOrigin(item, origin{id: "in-1", k: k, again: true})
-		if i, err := again.Route(item); err != nil || i != went[k] {
-			t.Errorf("item %d sent again went to queue %d (%v), first to %d", k, i, err, went[k])
+	first, second := share("w1"), share("w2")
+	e := g.Edges[1]
+	send := func(l *links, qi, k int) {
+		t.Helper()
+		item := &items.Blob{Data: []byte{byte(k)}}
+		l.setOrigin(item, origin{id: "in-1", k: k})
+		defer l.clearOrigin(item)
+		if err := l.For(e, qi).Send(ctx, item); err != nil {
+			t.Fatal(err)
 		}
 	}
-	// a share that first sends an item another share recorded (a lost one
-	// waking late) goes where the record says too
-	late := router()
-	l.setOrigin(item, origin{id: "in-1", k: 4}) // its own rotation would say 0
-	if i, err := late.Route(item); err != nil || i != went[4] {
-		t.Errorf("item 4 sent late went to queue %d (%v), first to %d", i, err, went[4])
+	send(first, 0, 0)  // the first share sends the input's item 0 to queue 0
+	send(second, 2, 0) // and another, taking the input over, to queue 2
+	send(second, 1, 1) // the input's item 1, first sent by the second share
+	msgs := func(qi int) uint64 {
+		s, err := js.Stream(ctx, streamQueue(job.Run, 1, qi))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
 	}
-	if went[0] == went[1] || went[1] == went[2] {
-		t.Errorf("the rotation did not rotate: %v", went)
+	if got := []uint64{msgs(0), msgs(1), msgs(2)}; got[0] != 1 || got[1] != 1 || got[2] != 0 {
+		t.Errorf("messages on the three queues: %v, want [1 1 0] (item 0 once, where it went first)", got)
 	}
 }
 

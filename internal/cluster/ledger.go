@@ -42,8 +42,9 @@ import (
 //     item done twice (its message came back after a late commit) counts
 //     once: a worker killed at any point leaves nothing counted twice and
 //     nothing lost;
-//   - a round_robin rotation over several queues records where each item
-//     goes (route), so an item sent again goes where it went first;
+//   - on an edge of several queues, where each item goes is recorded
+//     (placed), so an item sent again, by whichever replica, goes where it
+//     went first;
 //   - a completed run counts the restartable stages by every share's
 //     ledger; a lost share's other stages by its last snapshot (their
 //     replicas must have finished for the run to go on).
@@ -348,7 +349,7 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	t.sent++
 	t.mu.Unlock()
 	if cur != nil && followable(item) {
-		t.l.setOrigin(item, origin{id: cur.id, k: k, again: cur.again})
+		t.l.setOrigin(item, origin{id: cur.id, k: k})
 		defer t.l.clearOrigin(item)
 	}
 	if err := o.Output.Send(ctx, item); err != nil {
@@ -365,83 +366,37 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	return nil
 }
 
-// route is the engine's Options.Route: a restartable replica that rotates
-// over several queues (round_robin with fewer producers than consumers)
-// keeps its rotation, which spreads items evenly, and records where each
-// item goes, in the run's route bucket, before it sends it. The first
-// record of an item stands (a create, not a put): a replica that finds
-// one, a restart sending again what a lost share sent (or a lost share
-// waking late), sends the item where the record says, and JetStream
-// drops the duplicate there. The records expire with the duplicate window.
-func (l *links) route(e *graph.Edge, p int, r graph.Router) graph.Router {
-	if l.restartable == nil || !l.restartable(e.From.Stage) || e.Policy == graph.KeyHash {
-		return r
-	}
-	return &originRouter{l: l, edge: edgeIndex(l.g, e), rotation: r}
-}
-
-type originRouter struct {
-	l        *links
-	edge     int
-	rotation graph.Router
-}
-
-func (r *originRouter) Route(item any) (int, error) {
-	o, ok := r.l.originOf(item)
-	if !ok {
-		return r.rotation.Route(item)
-	}
-	key := "e" + strconv.Itoa(r.edge) + "." + o.hash("")
-	ctx, cancel := context.WithTimeout(r.l.runCtx(), publishWait)
+// placed says which queue of edge ei an item derived from o goes to: the
+// queue of the first share to send it, recorded in the run's route bucket
+// (a create: the first record stands). An item is sent again after a loss
+// by whichever replica takes its input over: the restarted one, whose
+// rotation starts afresh, or another replica of a shared queue, which
+// feeds other queues. Sent where the record says, it has the id it had
+// there, and JetStream drops it. The records expire with the duplicate
+// window.
+func (l *links) placed(ctx context.Context, ei int, o origin, qi int) (int, error) {
+	key := "e" + strconv.Itoa(ei) + "." + o.hash("")
+	ctx, cancel := context.WithTimeout(ctx, publishWait)
 	defer cancel()
-	name := r.l.g.Edges[r.edge].Name
-	if o.again { // sent before, maybe: the record says where
-		if i, ok, err := r.recorded(ctx, key); err != nil || ok {
-			if err != nil {
-				return 0, fmt.Errorf("edge %q: where an item sent before went: %w", name, err)
-			}
-			return i, nil
-		}
+	_, err := l.routes.Create(ctx, key, []byte(strconv.Itoa(qi)))
+	if err == nil {
+		return qi, nil
 	}
-	i, err := r.rotation.Route(item)
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, fmt.Errorf("edge %q: recording where an item goes: %w", l.g.Edges[ei].Name, err)
+	}
+	v, err := l.routes.Get(ctx, key)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("edge %q: where an item sent before went: %w", l.g.Edges[ei].Name, err)
 	}
-	if _, err := r.l.routes.Create(ctx, key, []byte(strconv.Itoa(i))); err != nil {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, fmt.Errorf("edge %q: recording where an item goes: %w", name, err)
-		}
-		// another share recorded it first: its choice stands
-		j, ok, err := r.recorded(ctx, key)
-		if err != nil || !ok {
-			return 0, fmt.Errorf("edge %q: where an item sent before went: %v", name, err)
-		}
-		return j, nil
-	}
-	return i, nil
-}
-
-// recorded reads the route record key.
-func (r *originRouter) recorded(ctx context.Context, key string) (int, bool, error) {
-	v, err := r.l.routes.Get(ctx, key)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	i, err := strconv.Atoi(string(v.Value()))
-	return i, err == nil, err
+	return strconv.Atoi(string(v.Value()))
 }
 
 // origin is what an item sent by a restartable replica derives from: the
-// id of the item in hand, how many it had sent before this one, and
-// whether the item in hand had been delivered before (to a share since
-// lost, maybe).
+// id of the item in hand and how many it had sent before this one.
 type origin struct {
-	id    string
-	k     int
-	again bool
+	id string
+	k  int
 }
 
 // hash is what derives from the origin at a place (a queue): the same

@@ -310,12 +310,22 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		size += len(p)
 	}
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
+	subject, to := q.subject, q.qi
 	if o, ok := q.l.originOf(item); ok {
 		// A restartable replica sends it while it holds an item from
-		// another queue: its id here follows from that one's, so a replica
-		// restarted after a loss that sends it again publishes a duplicate
-		// JetStream drops.
-		id = "f" + o.hash(q.key())
+		// another queue: its id follows from that one's, and it goes to the
+		// queue it went to first (placed), so that sent again after a loss
+		// it is a duplicate JetStream drops.
+		if len(q.edge.Queues) > 1 {
+			j, err := q.l.placed(ctx, q.ei, o, q.qi)
+			if err != nil {
+				return err
+			}
+			if j != q.qi && j >= 0 && j < len(q.edge.Queues) && q.l.job.Remote[q.edge.Name][j] {
+				subject, to = subjQueue(q.l.job.Run, q.ei, j), j
+			}
+		}
+		id = "f" + o.hash(strconv.Itoa(q.ei)+"."+strconv.Itoa(to))
 	}
 	// Once begun, a publish runs to its answer whatever ctx does: a publish
 	// cut short may still have stored the item, and the engine counts an
@@ -329,7 +339,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		_, err := q.l.js.PublishMsg(pctx, m)
 		return err
 	}
-	m := nats.NewMsg(q.subject)
+	m := nats.NewMsg(subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Header.Set(hdrWire, wire)
 	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
@@ -369,7 +379,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		// consumer is left anywhere to make it.
 		if time.Since(lastLook) > 250*time.Millisecond {
 			lastLook = time.Now()
-			if q.consumersGone(ctx) {
+			if q.consumersGone(ctx, to) {
 				return fmt.Errorf("edge %q: %w: every replica of stage %q has returned, on every worker", q.edge.Name, nodes.ErrNoConsumers, q.edge.To.Stage.Name)
 			}
 		}
@@ -597,11 +607,7 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
 	q.seen[id] = true
-	again := false
-	if md, err := m.Metadata(); err == nil {
-		again = md.NumDelivered > 1
-	}
-	q.take(item, id, chunked, again)
+	q.take(item, id, chunked)
 	return item, false, nil
 }
 
@@ -619,7 +625,6 @@ type taken struct {
 	q       *jsQueue
 	id      string
 	chunked bool // its payload is in the blob stream
-	again   bool // delivered before: a lost share may have sent what derives from it
 	counts  counts
 }
 
@@ -627,7 +632,7 @@ type taken struct {
 // loss and the item can be followed (a pointer): then the replica that
 // receives it follows it (ledger.go) and the coordinator acks it once it
 // is finished and counted.
-func (q *jsQueue) take(item any, id string, chunked, again bool) {
+func (q *jsQueue) take(item any, id string, chunked bool) {
 	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
 	if !follow {
 		q.ack(id)
@@ -644,7 +649,7 @@ func (q *jsQueue) take(item any, id string, chunked, again bool) {
 	q.following[id] = true
 	q.hmu.Unlock()
 	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, again: again, counts: counts{}}
+	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, counts: counts{}}
 	q.l.pmu.Unlock()
 }
 
@@ -764,9 +769,9 @@ func (q *jsQueue) ConsumersGone() {
 
 // consumersGone reports whether every consumer replica the graph wires to
 // the queue has returned, wherever it ran.
-func (q *jsQueue) consumersGone(ctx context.Context) bool {
-	for _, c := range q.edge.Queues[q.qi].Consumers {
-		if _, err := q.l.ends.Get(ctx, keyGone(q.ei, q.qi, c)); err != nil {
+func (q *jsQueue) consumersGone(ctx context.Context, qi int) bool {
+	for _, c := range q.edge.Queues[qi].Consumers {
+		if _, err := q.l.ends.Get(ctx, keyGone(q.ei, qi, c)); err != nil {
 			return false
 		}
 	}

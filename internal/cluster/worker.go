@@ -206,7 +206,6 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		Transport: l.For,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
 		Wrap:      l.track,
-		Route:     l.route,
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))

@@ -47,9 +47,6 @@ type Options struct {
 	// the node to run (a cluster's worker follows what a restartable
 	// stage's replicas take and send this way).
 	Wrap func(s *graph.Stage, n nodes.Node) nodes.Node
-	// Route, when set, is given the router of producer replica p on edge e
-	// (when it has one) and returns the router to use.
-	Route func(e *graph.Edge, p int, r graph.Router) graph.Router
 }
 
 // Run is one execution of a graph.
@@ -204,9 +201,6 @@ func (r *run) build() error {
 		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
 		for i, rep := range from.replicas {
 			oe := &outEdge{route: ge.Policy.Router(ge, i)}
-			if oe.route != nil && r.opts.Route != nil {
-				oe.route = r.opts.Route(ge, i, oe.route)
-			}
 			for _, qi := range ge.ProducerQueues(i) {
 				oq := newOutQueue(e.queues[qi])
 				oq.q.senders = append(oq.q.senders, oq)
