@@ -67,12 +67,13 @@ func TestPluginsDieWithKilledDflow(t *testing.T) {
 		want    int // processes naming the plugin's folder: catalog + 2 replicas
 	}{
 		{"exec", "", 3},
-		{"child", "#!/bin/sh\n\"${DFLOW_PYTHON:-python3}\" \"$(dirname \"$0\")/stats.py\"\n", 6}, // and 3 shells
+		{"child", "#!/bin/sh\n\"$(dirname \"$0\")/../../python/dflow-python\" \"$(dirname \"$0\")/stats.py\"\n", 6}, // and 3 shells
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			// A copy of the plugin, so that pgrep sees this test's processes only.
+			// A copy of the plugin and the SDK, laid out as in the
+			// clone, so that pgrep sees this test's processes only.
 			dir := t.TempDir()
-			for _, name := range []string{"dflow-plugin-pystats", "stats.py", "dflowplugin.py", "dflow_pb2.py"} {
+			for _, name := range []string{"dflow-plugin-pystats", "stats.py", "../../python/dflow-python", "../../python/dflowplugin.py", "../../python/dflow_pb2.py"} {
 				b, err := os.ReadFile(name)
 				if err != nil {
 					t.Fatal(err)
@@ -80,12 +81,16 @@ func TestPluginsDieWithKilledDflow(t *testing.T) {
 				if name == "dflow-plugin-pystats" && tc.wrapper != "" {
 					b = []byte(tc.wrapper)
 				}
-				if err := os.WriteFile(filepath.Join(dir, name), b, 0o755); err != nil {
+				dst := filepath.Join(dir, "plugins", "examples", "python", name)
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(dst, b, 0o755); err != nil {
 					t.Fatal(err)
 				}
 			}
 			dflow := exec.Command(os.Args[0], "-test.run=^$")
-			dflow.Env = append(os.Environ(), "DFLOW_TEST_AS_DFLOW="+filepath.Join(dir, "dflow-plugin-pystats"))
+			dflow.Env = append(os.Environ(), "DFLOW_TEST_AS_DFLOW="+filepath.Join(dir, "plugins", "examples", "python", "dflow-plugin-pystats"))
 			plugintest.KillDflow(t, dflow, dir, tc.want)
 		})
 	}

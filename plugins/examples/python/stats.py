@@ -15,11 +15,9 @@ import sys
 import time
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dflowplugin import Blob, Field, Hidden, Node, Port, serve  # noqa: E402
+from dflowplugin import Blob, Field, Hidden, Node, Port, serve  # on PYTHONPATH: plugins/python (dflow-python puts it there)
 
 
 class Stats(Node):

@@ -12,18 +12,13 @@ out of the forward pass and none on the way.
 """
 
 import json
-import os
 import struct
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))  # dflowplugin
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from dflowplugin import Field, Node, Port, serve  # noqa: E402
+from dflowplugin import Field, Node, Port, serve  # on PYTHONPATH: plugins/python (dflow-python puts it there)
 
 
 def read_header(path):
