@@ -3,7 +3,11 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -29,7 +33,11 @@ func (b *Builder) check() {
 				referenced = append(referenced, name)
 			}
 		}
-		pd := b.plugins(b.g.Plugins, referenced)
+		declared, missing := b.findPlugins()
+		referenced = slices.DeleteFunc(referenced, func(name string) bool {
+			return slices.ContainsFunc(missing, func(d *hcl.Diagnostic) bool { return d.Extra == FailedPlugin(name) })
+		})
+		pd := append(b.plugins(declared, referenced), missing...)
 		for _, d := range pd {
 			if name, ok := d.Extra.(FailedPlugin); ok {
 				if b.failedPlugins == nil {
@@ -55,6 +63,51 @@ func (b *Builder) check() {
 		}
 	}
 	b.checkUnconnected()
+}
+
+// findPlugins returns the declared plugins whose executables are there,
+// and a diagnostic for each one that is not at the path it names, with
+// the full path tried (a FailedPlugin: its stages then report nothing of
+// their own).
+func (b *Builder) findPlugins() (found []*Plugin, missing hcl.Diagnostics) {
+	for _, p := range b.g.Plugins {
+		if p.Path == "" { // no path attribute, already reported
+			found = append(found, p)
+			continue
+		}
+		problem := ""
+		switch fi, err := os.Stat(p.Path); {
+		case errors.Is(err, fs.ErrNotExist):
+			problem = "no file"
+		case err != nil:
+			problem = err.Error()
+		case fi.IsDir():
+			problem = "a folder, not an executable,"
+		case runtime.GOOS != "windows" && fi.Mode()&0o111 == 0:
+			problem = "a file that is not executable (chmod +x it)"
+		}
+		if problem == "" {
+			found = append(found, p)
+			continue
+		}
+		detail := fmt.Sprintf("Plugin %q: %s at %s", p.Name, problem, p.Path)
+		if !filepath.IsAbs(p.Written) {
+			dir := PluginPath(p.DeclRange.Filename, ".")
+			detail += fmt.Sprintf(" (the path %q, read from the folder of the spec file that declares it, %s)", p.Written, dir)
+			if here, err := filepath.Abs(p.Written); err == nil && problem == "no file" {
+				// What the path meant when it was read from the folder
+				// dflow runs in.
+				if fi, err := os.Stat(here); err == nil && !fi.IsDir() {
+					if rel, err := filepath.Rel(dir, here); err == nil {
+						detail += fmt.Sprintf(". The folder dflow runs in has %s: from the spec's folder that is %q", p.Written, rel)
+					}
+				}
+			}
+		}
+		missing = append(missing, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start",
+			Detail: detail + ".", Subject: p.PathRange.Ptr(), Extra: FailedPlugin(p.Name)})
+	}
+	return found, missing
 }
 
 func (b *Builder) resolveStage(s *Stage) {

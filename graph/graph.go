@@ -32,9 +32,17 @@ func (g *Graph) Edge(name string) *Edge { return g.edges[name] }
 // Plugin is a `plugin "NAME" { path = "..." }` block, kept for the plugin
 // loader.
 type Plugin struct {
-	Name      string
-	Path      string
+	Name string
+	// Path is the plugin's executable: the path as written where it is
+	// absolute, otherwise that path in the folder of the spec file that
+	// declares it (as Terraform reads a module's source), made absolute,
+	// so that a spec means the same plugin from whatever folder dflow
+	// runs in.
+	Path string
+	// Written is the path as the spec writes it.
+	Written   string
 	DeclRange hcl.Range
+	PathRange hcl.Range // the path attribute's value
 }
 
 // Stage is one `stage` block: a node kind run by Replicas concurrent

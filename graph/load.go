@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -235,9 +236,25 @@ func (d *decoder) decodePlugin(b *hcl.Block) {
 	d.diags = append(d.diags, diags...)
 	p := &Plugin{Name: b.Labels[0], DeclRange: b.DefRange}
 	if a, ok := content.Attributes["path"]; ok {
-		p.Path, _ = d.stringAttr(a)
+		p.Written, _ = d.stringAttr(a)
+		p.Path = PluginPath(d.filename, p.Written)
+		p.PathRange = a.Expr.Range()
 	}
 	d.g.Plugins = append(d.g.Plugins, p)
+}
+
+// PluginPath is where a plugin block's path, as written in the spec file
+// specFile, leads: an absolute path as it is, a relative one from the
+// folder of specFile (not the folder dflow runs in), made absolute.
+func PluginPath(specFile, path string) string {
+	if path == "" || filepath.IsAbs(path) {
+		return path
+	}
+	p := filepath.Join(filepath.Dir(specFile), path)
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return p
 }
 
 var stageSchema = &hcl.BodySchema{
