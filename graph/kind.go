@@ -154,6 +154,57 @@ type Kind struct {
 	// Check, if set, validates a decoded config beyond its types. Errors
 	// of type *FieldError are reported at that attribute.
 	Check func(cfg *Config) []error
+	// Metrics declares the node metrics the kind publishes and how each
+	// is merged over the stage's replicas; one it does not declare is
+	// merged by MergeLast (a gauge) or MergeSum (a counter).
+	Metrics []Metric
+}
+
+// Metric declares a node metric: its name, what it measures, and how the
+// stage's figure is formed from its replicas' values.
+type Metric struct {
+	Name  string
+	Doc   string
+	Merge Merge
+}
+
+// Merge is how a metric's values on a stage's replicas make the stage's
+// one figure, in one process or across hosts alike. Only replicas that
+// published the metric take part: a replica that never set it does not
+// pull a mean towards zero.
+type Merge string
+
+const (
+	// MergeLast takes the value published most recently, by any replica:
+	// a figure of the group as a whole, whichever member measured it (an
+	// evaluation by the lead, then by the last member at the end). The
+	// default for gauges (Metrics().Set).
+	MergeLast Merge = "last"
+	// MergeMean averages over the replicas (each one's latest value): a
+	// per-replica figure such as a loss on the replica's own batch.
+	MergeMean Merge = "mean"
+	// MergeMax takes the largest: a count the replicas share, such as the
+	// step of a data-parallel group, where some members left early.
+	MergeMax Merge = "max"
+	// MergeSum adds the replicas' values: the default for counters
+	// (Metrics().Add).
+	MergeSum Merge = "sum"
+)
+
+// MetricMerge is the rule for a metric of k: as declared, or the default
+// for a gauge or a counter.
+func (k *Kind) MetricMerge(name string, counter bool) Merge {
+	if k != nil {
+		for _, m := range k.Metrics {
+			if m.Name == name && m.Merge != "" {
+				return m.Merge
+			}
+		}
+	}
+	if counter {
+		return MergeSum
+	}
+	return MergeLast
 }
 
 // FieldError is an error about one config attribute.

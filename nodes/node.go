@@ -105,6 +105,14 @@ type Group interface {
 	AllReduceSum(ctx context.Context, buf []float32) (int, error)
 	// Leave removes the replica from the group. It is idempotent.
 	Leave()
+	// Finish leaves the group, as Leave does, and reports whether this
+	// replica was its last member: every other member had left before.
+	// Exactly one member of a group gets true, wherever the members run
+	// (in one process or on several hosts), so that member does what the
+	// group does once per run: write the final checkpoint, run the final
+	// evaluation. A member that had already left gets false; a member
+	// lost with its host counts as having left.
+	Finish(ctx context.Context) (last bool, err error)
 }
 
 // Reducible is a vector of float32 values that a replica group can sum

@@ -40,6 +40,9 @@ type ReplicaSnapshot struct {
 	ItemsIn, ItemsOut   int64
 	Busy, Idle, Blocked time.Duration
 	Done                bool
+	// Metrics are the node metrics this replica published; the stage's
+	// Metrics merge them (MergeMetrics).
+	Metrics map[string]Metric `json:",omitempty"`
 }
 
 // EdgeSnapshot is one edge's state.
@@ -60,6 +63,20 @@ type QueueSnapshot struct {
 	Producers []int
 	Consumers []int
 	Open      []int
+}
+
+// Stage returns the stage of that name; nil when there is none (or s is
+// nil).
+func (s *Snapshot) Stage(name string) *StageSnapshot {
+	if s == nil {
+		return nil
+	}
+	for i := range s.Stages {
+		if s.Stages[i].Name == name {
+			return &s.Stages[i]
+		}
+	}
+	return nil
 }
 
 // Utilization returns each replica's busy share between prev and s (since

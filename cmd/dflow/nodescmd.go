@@ -30,6 +30,24 @@ type kindDoc struct {
 	Doc    string     `json:"doc"`
 	Ports  []portDoc  `json:"ports"`
 	Config []fieldDoc `json:"config"`
+	// Metrics are the node metrics the kind declares, with how the
+	// stage's figure merges its replicas' (graph.Merge).
+	Metrics []metricDoc `json:"metrics,omitempty"`
+}
+
+// mergeWords say how a stage's figure comes from its replicas'.
+var mergeWords = map[string]string{
+	string(graph.MergeLast): "the latest any replica set",
+	string(graph.MergeMean): "the mean over replicas",
+	string(graph.MergeMax):  "the largest of the replicas'",
+	string(graph.MergeSum):  "summed over replicas",
+}
+
+// metricDoc is one declared node metric.
+type metricDoc struct {
+	Name  string `json:"name"`
+	Merge string `json:"merge"`
+	Doc   string `json:"doc"`
 }
 
 // portDoc is one port, for the kind's default config (a port's type may
@@ -56,7 +74,11 @@ type fieldDoc struct {
 // describeKind builds the description of a registered kind, with the
 // ports its default config has.
 func describeKind(k *graph.Kind) kindDoc {
-	return newKindDoc(k.Name, k.Doc, k.Config, k.Ports(defaultConfig(k.Config)))
+	d := newKindDoc(k.Name, k.Doc, k.Config, k.Ports(defaultConfig(k.Config)))
+	for _, m := range k.Metrics {
+		d.Metrics = append(d.Metrics, metricDoc{Name: m.Name, Merge: string(k.MetricMerge(m.Name, false)), Doc: m.Doc})
+	}
+	return d
 }
 
 // pluginKindDoc builds the description of a kind a plugin reported.
@@ -132,6 +154,9 @@ func writeKind(w io.Writer, k kindDoc, indent string, withSource bool) {
 	}
 	for _, f := range k.Config {
 		fmt.Fprintf(w, "%sconfig %s\n", in, f.summary())
+	}
+	for _, m := range k.Metrics {
+		fmt.Fprintf(w, "%smetric %s (%s): %s\n", in, m.Name, mergeWords[m.Merge], m.Doc)
 	}
 }
 
@@ -353,6 +378,12 @@ func writeMarkdown(w io.Writer, kinds []kindDoc) {
 				def = "`" + string(f.Default) + "`"
 			}
 			fmt.Fprintf(bw, "| `%s` | %s | %s | %s |\n", f.Name, f.Type, strings.ReplaceAll(def, "|", `\|`), mdCell(f.Doc))
+		}
+		if len(k.Metrics) > 0 {
+			fmt.Fprint(bw, "\n| metric | over replicas | meaning |\n| --- | --- | --- |\n")
+			for _, m := range k.Metrics {
+				fmt.Fprintf(bw, "| `%s` | %s | %s |\n", m.Name, mergeWords[m.Merge], mdCell(m.Doc))
+			}
 		}
 	}
 }

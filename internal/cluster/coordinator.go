@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -293,7 +294,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	}()
 	for _, s := range c.g.Stages {
 		if spread(c.place[s.Name]) {
-			h := newGroupHost(s.Name, s.Replicas)
+			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload())
 			sub, err := nc.Subscribe(subjGroup(c.run, s.Name), h.handle)
 			if err != nil {
 				return c.failed(err), err
@@ -376,6 +377,9 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			counted := false
 			if in := c.instances[d.Instance]; in != nil && !in.lost {
 				in.done, in.rep, counted = true, rep, true
+				if snap := (&report.Snapshot{}); json.Unmarshal(d.Snapshot, snap) == nil {
+					in.last = snap // its figures as it ended, node metrics included
+				}
 			}
 			c.mu.Unlock()
 			// A share counted lost has been replaced: what it says now
@@ -497,6 +501,7 @@ func (c *Coordinator) allDone() bool {
 func (c *Coordinator) startInstance(worker, inst string) error {
 	job := c.o.Job
 	job.Run, job.Instance, job.Grace, job.Restart = c.run, inst, c.o.Grace, inst != worker
+	job.Provenance = nn.CurrentRun()
 	c.mu.Lock()
 	job.Place = map[string][]string{}
 	for k, v := range c.place {
@@ -749,27 +754,10 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	}
 	for si, st := range tmpl.Stages {
 		gs := c.g.Stage(st.Name)
-		ms := report.StageSnapshot{Name: st.Name, Node: st.Node, Source: st.Source, Total: st.Total,
-			Metrics: map[string]float64{}, Counters: map[string]bool{}}
-		gauges := map[string]int{}
-		for _, s := range snaps {
-			if si >= len(s.Stages) {
-				continue
-			}
-			for k, v := range s.Stages[si].Metrics {
-				if s.Stages[si].Counters[k] {
-					ms.Counters[k] = true
-					ms.Metrics[k] += v
-				} else {
-					ms.Metrics[k] += v
-					gauges[k]++
-				}
-			}
-		}
-		for k, n := range gauges {
-			if !ms.Counters[k] && n > 1 {
-				ms.Metrics[k] /= float64(n)
-			}
+		ms := report.StageSnapshot{Name: st.Name, Node: st.Node, Source: st.Source, Total: st.Total}
+		var repMetrics []map[string]report.Metric
+		if gs != nil {
+			ms.Metrics, ms.Counters, repMetrics = c.stageMetrics(gs)
 		}
 		for i := range st.Replicas {
 			r := st.Replicas[i]
@@ -777,6 +765,9 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 				r = s.Stages[si].Replicas[i]
 			} else {
 				r.ItemsIn, r.ItemsOut = 0, 0
+			}
+			if i < len(repMetrics) {
+				r.Metrics = repMetrics[i]
 			}
 			for _, in := range lost {
 				if gs != nil {
@@ -830,6 +821,26 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 		out.Draining = out.Draining || s.Draining
 	}
 	return out
+}
+
+// stageMetrics merges stage s's node metrics from every share's latest
+// snapshot (c.mu held): each replica's as the shares that ran it saw
+// them (a lost share, then the one that took over), then over the
+// replicas by each metric's rule, as one process merges them.
+func (c *Coordinator) stageMetrics(s *graph.Stage) (values map[string]float64, counters map[string]bool, replicas []map[string]report.Metric) {
+	kind, _ := c.o.Registry.Kind(s.Node)
+	replicas = make([]map[string]report.Metric, s.Replicas)
+	for i := range replicas {
+		var seen []map[string]report.Metric
+		for _, in := range c.sortedInstances() {
+			if ss := in.last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
+				seen = append(seen, ss.Replicas[i].Metrics) // none where it did not run
+			}
+		}
+		replicas[i] = report.Latest(seen...)
+	}
+	values, counters = report.MergeMetrics(kind, replicas)
+	return values, counters, replicas
 }
 
 // lostReplica is what replica i of s did in the lost share in, as the
@@ -1027,38 +1038,8 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 		return inst
 	}
 	for _, s := range c.g.Stages {
-		st := report.Stage{Node: s.Node, Metrics: map[string]float64{}}
-		counters := map[string]bool{}
-		if c.snap != nil {
-			for _, ss := range c.snap.Stages {
-				if ss.Name == s.Name {
-					counters = ss.Counters
-				}
-			}
-		}
-		hosts := 0
-		for _, r := range reps {
-			rs, ok := r.Stages[s.Name]
-			if !ok {
-				continue
-			}
-			here := false
-			for i := range rs.Replicas {
-				here = here || (i < len(c.place[s.Name]) && byName[c.place[s.Name][i]] == r)
-			}
-			if !here && len(rs.Metrics) == 0 {
-				continue
-			}
-			hosts++
-			for k, v := range rs.Metrics {
-				st.Metrics[k] += v
-			}
-		}
-		for k := range st.Metrics {
-			if !counters[k] && hosts > 1 {
-				st.Metrics[k] /= float64(hosts)
-			}
-		}
+		st := report.Stage{Node: s.Node}
+		st.Metrics, _, _ = c.stageMetrics(s)
 		for i := range s.Replicas {
 			inst := c.place[s.Name][i]
 			r := report.Replica{Index: i, Device: s.Device(i)}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"time"
 
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -17,14 +16,24 @@ import (
 // collective is a request on dflow.r.RUN.grp.STAGE, answered when every
 // member still present has arrived; a leave is a request too, and can
 // itself complete the round the others wait in (the uneven-ends rule, as
-// in process). A request is one op byte, the replica as a uint32, then for
-// an all-reduce the vector as little-endian float32s. An answer is a
-// status byte (0 ok, 1 error), then the contributors as a uint32 and the
-// sum, or the error's text.
+// in process).
+//
+// A request is one op byte and the replica as a uint32. An all-reduce
+// sends its vector in parts that each fit in a message (a model's
+// gradients are megabytes; a NATS message is 1 MiB by default): each part
+// adds the vector's total length and the part's offset as uint32s, then
+// its values as little-endian float32s; the last part (offset + values =
+// total) is the member's arrival. An answer is a status byte (0 ok, 1
+// error), then the error's text, or: for a part before the last, nothing
+// more; for an arrival, the contributors and the round as uint32s, then
+// the sum when it fits in the answer (or nothing: the member then fetches
+// it in parts, opFetch with the round, an offset and a count); for a
+// leave, 1 as a uint32 when the member was the group's last.
 const (
 	opBarrier byte = iota
 	opReduce
 	opLeave
+	opFetch
 )
 
 // groupHost is the coordinator's side of one stage's group.
@@ -33,15 +42,30 @@ type groupHost struct {
 	stage   string
 	members int
 	left    []bool
+	// the round in progress: open once a member has sent anything for it
+	open    bool
 	waiting []*nats.Msg
 	reduce  bool
 	sum     []float64
 	n       int
 	err     string
+	round   uint32
+	// last is the sum of the round completed last, as float32s, kept for
+	// members fetching it in parts until the next round completes (which
+	// needs every member present, so none is still fetching this one)
+	last []float32
+	// maxAnswer is the largest sum answered inline, in values
+	maxAnswer int
 }
 
-func newGroupHost(stage string, replicas int) *groupHost {
-	return &groupHost{stage: stage, members: replicas, left: make([]bool, replicas)}
+func newGroupHost(stage string, replicas int, maxPayload int64) *groupHost {
+	return &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), maxAnswer: partValues(maxPayload)}
+}
+
+// partValues is how many float32s a message of maxPayload bytes carries
+// besides a group request's or answer's header.
+func partValues(maxPayload int64) int {
+	return max(int(maxPayload-256)/4, 1)
 }
 
 func (h *groupHost) handle(m *nats.Msg) {
@@ -56,47 +80,102 @@ func (h *groupHost) handle(m *nats.Msg) {
 		m.Respond(errAnswer(fmt.Sprintf("replica %d: no such member", replica)))
 		return
 	}
-	if op == opLeave {
-		h.leaveLocked(replica)
-		m.Respond([]byte{0, 0, 0, 0, 0})
+	switch op {
+	case opLeave:
+		ans := []byte{0, 0, 0, 0, 0}
+		if h.leaveLocked(replica) {
+			ans[1] = 1 // the last member: the group's once-per-run work is its
+		}
+		m.Respond(ans)
+		return
+	case opFetch:
+		h.fetchLocked(m)
 		return
 	}
 	if h.left[replica] {
 		m.Respond(errAnswer("replica has left its group"))
 		return
 	}
-	vec := m.Data[5:]
-	if len(h.waiting) == 0 {
-		h.reduce, h.n, h.err, h.sum = op == opReduce, 0, "", nil
-		if h.reduce {
-			h.sum = make([]float64, len(vec)/4)
-		}
+	if !h.open {
+		h.open, h.reduce, h.n, h.err, h.sum = true, op == opReduce, 0, "", nil
 	}
-	switch {
-	case (op == opReduce) != h.reduce:
-		h.err = "replicas mixed Barrier and AllReduceSum in one step"
-	case h.reduce && len(vec)/4 != len(h.sum):
-		h.err = fmt.Sprintf("AllReduceSum buffers differ in length: %d and %d", len(vec)/4, len(h.sum))
-	case h.reduce:
-		for i := range h.sum {
-			h.sum[i] += float64(math.Float32frombits(binary.LittleEndian.Uint32(vec[4*i:])))
+	if op == opReduce {
+		if !h.addPartLocked(m.Data[5:]) {
+			m.Respond([]byte{0}) // a part before the last: the member sends the next
+			return
 		}
-		h.n++
+	} else if h.reduce {
+		h.err = "replicas mixed Barrier and AllReduceSum in one step"
 	}
 	h.waiting = append(h.waiting, m)
 	h.completeLocked()
 }
 
-func (h *groupHost) leaveLocked(replica int) {
-	if h.left[replica] {
+// addPartLocked adds one part of a member's vector to the round's sum and
+// reports whether it was the member's last.
+func (h *groupHost) addPartLocked(b []byte) (last bool) {
+	if len(b) < 8 {
+		h.err = "malformed all-reduce part"
+		return true
+	}
+	total, off := int(binary.LittleEndian.Uint32(b)), int(binary.LittleEndian.Uint32(b[4:]))
+	vec := b[8:]
+	switch {
+	case !h.reduce:
+		h.err = "replicas mixed Barrier and AllReduceSum in one step"
+	case h.sum == nil:
+		h.sum = make([]float64, total)
+	case total != len(h.sum):
+		h.err = fmt.Sprintf("AllReduceSum buffers differ in length: %d and %d", total, len(h.sum))
+	}
+	if off+len(vec)/4 > total {
+		h.err = "malformed all-reduce part: past the vector's end"
+	}
+	if h.err != "" {
+		return off+len(vec)/4 >= total
+	}
+	for i := range len(vec) / 4 {
+		h.sum[off+i] += float64(math.Float32frombits(binary.LittleEndian.Uint32(vec[4*i:])))
+	}
+	if off+len(vec)/4 < total {
+		return false
+	}
+	h.n++
+	return true
+}
+
+// fetchLocked answers a part of the last round's sum.
+func (h *groupHost) fetchLocked(m *nats.Msg) {
+	if len(m.Data) < 17 {
+		m.Respond(errAnswer("malformed fetch"))
 		return
+	}
+	round := binary.LittleEndian.Uint32(m.Data[5:])
+	off, n := int(binary.LittleEndian.Uint32(m.Data[9:])), int(binary.LittleEndian.Uint32(m.Data[13:]))
+	if round != h.round || off+n > len(h.last) {
+		m.Respond(errAnswer(fmt.Sprintf("no sum of round %d at %d+%d (the last round is %d, of %d values)", round, off, n, h.round, len(h.last))))
+		return
+	}
+	ans := make([]byte, 1+4*n)
+	for i, v := range h.last[off : off+n] {
+		binary.LittleEndian.PutUint32(ans[1+4*i:], math.Float32bits(v))
+	}
+	m.Respond(ans)
+}
+
+// leaveLocked takes replica out and reports whether it was the last
+// member present (false when it had left already).
+func (h *groupHost) leaveLocked(replica int) (last bool) {
+	if h.left[replica] {
+		return false
 	}
 	h.left[replica] = true
 	h.members--
 	h.completeLocked()
+	return h.members == 0
 }
 
-// leaveAll takes the replicas of a lost worker out.
+// leave takes a replica of a lost worker out.
 func (h *groupHost) leave(replica int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -111,16 +190,26 @@ func (h *groupHost) completeLocked() {
 	if h.err != "" {
 		ans = errAnswer(h.err)
 	} else {
-		ans = make([]byte, 5+4*len(h.sum))
-		binary.LittleEndian.PutUint32(ans[1:], uint32(h.n))
+		h.round++
+		h.last = make([]float32, len(h.sum))
 		for i, v := range h.sum {
-			binary.LittleEndian.PutUint32(ans[5+4*i:], math.Float32bits(float32(v)))
+			h.last[i] = float32(v)
+		}
+		inline := len(h.last) <= h.maxAnswer
+		ans = make([]byte, 9, 9+4*len(h.last))
+		binary.LittleEndian.PutUint32(ans[1:], uint32(h.n))
+		binary.LittleEndian.PutUint32(ans[5:], h.round)
+		if inline {
+			ans = ans[:9+4*len(h.last)]
+			for i, v := range h.last {
+				binary.LittleEndian.PutUint32(ans[9+4*i:], math.Float32bits(v))
+			}
 		}
 	}
 	for _, w := range h.waiting {
 		w.Respond(ans)
 	}
-	h.waiting = nil
+	h.waiting, h.open, h.sum = nil, false, nil
 }
 
 func errAnswer(s string) []byte { return append([]byte{1}, s...) }
@@ -131,13 +220,17 @@ type remoteGroup struct {
 	subject string
 }
 
-func (g *remoteGroup) call(ctx context.Context, op byte, replica int, vec []float32) ([]byte, error) {
-	req := make([]byte, 5+4*len(vec))
+func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
+	req := make([]byte, 5+4*len(args))
 	req[0] = op
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
-	for i, v := range vec {
-		binary.LittleEndian.PutUint32(req[5+4*i:], math.Float32bits(v))
+	for i, a := range args {
+		binary.LittleEndian.PutUint32(req[5+4*i:], a)
 	}
+	return g.request(ctx, req)
+}
+
+func (g *remoteGroup) request(ctx context.Context, req []byte) ([]byte, error) {
 	m, err := g.nc.RequestWithContext(ctx, g.subject, req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -154,8 +247,61 @@ func (g *remoteGroup) call(ctx context.Context, op byte, replica int, vec []floa
 	return m.Data, nil
 }
 
+// reduce sends f in parts, the last of which waits for the round, and
+// stores the round's sum into f: from the answer, or fetched in parts.
+func (g *remoteGroup) reduce(ctx context.Context, replica int, f []float32) (int, error) {
+	per := partValues(g.nc.MaxPayload())
+	var ans []byte
+	for off := 0; ; off += per {
+		part := f[off:min(off+per, len(f))]
+		req := make([]byte, 13+4*len(part))
+		req[0] = opReduce
+		binary.LittleEndian.PutUint32(req[1:], uint32(replica))
+		binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
+		binary.LittleEndian.PutUint32(req[9:], uint32(off))
+		for i, v := range part {
+			binary.LittleEndian.PutUint32(req[13+4*i:], math.Float32bits(v))
+		}
+		a, err := g.request(ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		if off+len(part) >= len(f) {
+			ans = a
+			break
+		}
+	}
+	if len(ans) < 9 {
+		return 0, fmt.Errorf("AllReduceSum across workers: an answer of %d bytes", len(ans))
+	}
+	n, round := int(binary.LittleEndian.Uint32(ans[1:])), binary.LittleEndian.Uint32(ans[5:])
+	if len(ans) == 9+4*len(f) {
+		decode(f, ans[9:])
+		return n, nil
+	}
+	for off := 0; off < len(f); off += per {
+		k := min(per, len(f)-off)
+		a, err := g.call(ctx, opFetch, replica, round, uint32(off), uint32(k))
+		if err != nil {
+			return 0, err
+		}
+		if len(a) != 1+4*k {
+			return 0, fmt.Errorf("AllReduceSum across workers: a part of %d bytes for %d values", len(a)-1, k)
+		}
+		decode(f[off:off+k], a[1:])
+	}
+	return n, nil
+}
+
+// decode reads little-endian float32s into f.
+func decode(f []float32, b []byte) {
+	for i := range f {
+		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+}
+
 func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
-	_, err := g.call(ctx, opBarrier, replica, nil)
+	_, err := g.call(ctx, opBarrier, replica)
 	return err
 }
 
@@ -173,24 +319,20 @@ func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reduci
 		hc.CopyToHost(f)
 		back = func() { hc.CopyFromHost(f) }
 	}
-	ans, err := g.call(ctx, opReduce, replica, f)
+	n, err := g.reduce(ctx, replica, f)
 	if err != nil {
 		return 0, err
-	}
-	if len(ans) != 5+4*len(f) {
-		return 0, fmt.Errorf("AllReduceSum across workers: answer of %d bytes for %d values", len(ans), len(f))
-	}
-	for i := range f {
-		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(ans[5+4*i:]))
 	}
 	if back != nil {
 		back()
 	}
-	return int(binary.LittleEndian.Uint32(ans[1:])), nil
+	return n, nil
 }
 
-func (g *remoteGroup) Leave(replica int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	g.call(ctx, opLeave, replica, nil)
+func (g *remoteGroup) Leave(ctx context.Context, replica int) (bool, error) {
+	ans, err := g.call(ctx, opLeave, replica)
+	if err != nil {
+		return false, err
+	}
+	return len(ans) >= 5 && binary.LittleEndian.Uint32(ans[1:]) == 1, nil
 }

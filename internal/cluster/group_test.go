@@ -2,12 +2,12 @@ package cluster
 
 import (
 	"context"
-	"github.com/dflow-dev/dflow/internal/nn"
-	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/nn"
+	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/nodes"
 )
 
@@ -22,7 +22,7 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	defer srv.Shutdown()
 	host, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
 	defer host.Close()
-	h := newGroupHost("s", 3)
+	h := newGroupHost("s", 3, host.MaxPayload())
 	sub, err := host.Subscribe(subjGroup("r", "s"), h.handle)
 	if err != nil {
 		t.Fatal(err)
@@ -71,15 +71,52 @@ func TestGroupAcrossWorkers(t *testing.T) {
 		wg.Wait()
 	}
 	reduce(0, 1, 2)
-	members[2].Leave(2)
+	// A vector past the message limit (a model's gradients) crosses in
+	// parts, and its sum comes back in parts.
+	big := int(host.MaxPayload()/4)*2 + 3
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := make(nodes.Floats, big)
+			for j := range v {
+				v[j] = float32(i + j%7)
+			}
+			n, err := members[i].AllReduce(ctx, i, v)
+			if err != nil || n != 3 {
+				t.Errorf("member %d, %d values: n %d, err %v", i, big, n, err)
+				return
+			}
+			for j, x := range v {
+				if want := float32(3 + 3*(j%7)); x != want {
+					t.Errorf("member %d: value %d is %v, want %v", i, j, x, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	leave := func(i int, want bool) {
+		t.Helper()
+		if last, err := members[i].Leave(ctx, i); err != nil || last != want {
+			t.Errorf("member %d's leave: last %v, err %v; want last %v", i, last, err, want)
+		}
+	}
+	leave(2, false)
+	leave(2, false) // again: idempotent, and never the last
 	reduce(0, 1)
 	done := make(chan error, 1)
 	go func() { done <- members[1].Barrier(ctx, 1) }()
-	members[0].Leave(0)
+	leave(0, false)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	if _, err := members[0].AllReduce(ctx, 0, nodes.Floats{1}); err == nil {
 		t.Error("a member that left took part in a collective")
 	}
+	// The last member to leave is told so, once: it is the one that does
+	// what the group does once per run, whichever worker it runs on.
+	leave(1, true)
+	leave(1, false)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"time"
+
+	"github.com/dflow-dev/dflow/internal/nn"
 )
 
 // Job is what the coordinator sends a worker: the spec as the coordinator
@@ -27,6 +29,10 @@ type Job struct {
 	Instance string `json:"instance"`
 	// Restart says the share takes over replicas of a lost worker.
 	Restart bool `json:"restart,omitempty"`
+	// Provenance is the run that files written by the job's stages
+	// record (the coordinator's): the replicas of a stage on several
+	// workers write and overwrite one run's checkpoint.
+	Provenance nn.Run `json:"provenance"`
 }
 
 // hello is a worker's announcement.
@@ -39,6 +45,10 @@ type hello struct {
 type done struct {
 	Instance string `json:"instance"`
 	Report   []byte `json:"report"`
+	// Snapshot is the share's last snapshot, taken as it ended: the
+	// replicas' node metrics, which the coordinator merges by each
+	// metric's rule.
+	Snapshot []byte `json:"snapshot,omitempty"`
 	Err      string `json:"err,omitempty"`
 	Failed   bool   `json:"failed"`
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -159,6 +160,7 @@ func (w *worker) announce(ctx context.Context) {
 func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	nc := w.o.Conn
 	inst := job.Instance
+	nn.SetRun(job.Provenance) // before the stages are built: they claim their files for it
 	g, err := w.o.Load(job)
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -289,7 +291,8 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		err = *lerr
 	}
 	b, _ := json.Marshal(rep)
-	d := done{Instance: inst, Report: b, Failed: rep.Status == report.Failed}
+	sb, _ := json.Marshal(p.Snapshot())
+	d := done{Instance: inst, Report: b, Snapshot: sb, Failed: rep.Status == report.Failed}
 	if err != nil && !aborted.Load() {
 		d.Err = fmt.Sprintf("worker %s: %v", inst, err)
 	}

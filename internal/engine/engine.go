@@ -81,8 +81,8 @@ type stage struct {
 	replicas []*replica
 	group    *group
 	remote   RemoteGroup // the stage's group across engines, if any (placement.go)
-	metrics  *metrics
-	total    int64 // items the stage will emit in all, 0 when unknown
+	kind     *graph.Kind // for its metrics' merge rules
+	total    int64       // items the stage will emit in all, 0 when unknown
 }
 
 type edge struct {
@@ -161,14 +161,14 @@ func (r *run) build() error {
 		if r.opts.Wrap != nil {
 			n = r.opts.Wrap(gs, n)
 		}
-		s := &stage{g: gs, index: len(r.stages), run: r, node: n, group: newGroup(gs.Replicas), metrics: newMetrics()}
+		s := &stage{g: gs, index: len(r.stages), run: r, node: n, group: newGroup(gs.Replicas), kind: &spec.Kind}
 		if spec.Total != nil {
 			s.total = spec.Total(gs.Config)
 		}
 		for i := 0; i < gs.Replicas; i++ {
 			_, quiescer := n.(nodes.Quiescer)
 			s.replicas = append(s.replicas, &replica{
-				stage: s, index: i, device: gs.Device(i), countSites: quiescer,
+				stage: s, index: i, device: gs.Device(i), countSites: quiescer, metrics: newMetrics(),
 				inputs: map[string]*input{}, outputs: map[string]*output{},
 			})
 		}

@@ -90,15 +90,18 @@ func (g *group) completeLocked() {
 	}
 }
 
-func (g *group) leave(replica int) {
+// leave takes replica out of the group and reports whether it was the
+// last member present (false when it had left already).
+func (g *group) leave(replica int) (last bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.left[replica] {
-		return
+		return false
 	}
 	g.left[replica] = true
 	g.members--
 	g.completeLocked()
+	return g.members == 0
 }
 
 // member is one replica's handle on its group; it implements nodes.Group
@@ -156,3 +159,6 @@ func (m *member) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) 
 }
 
 func (m *member) Leave() { m.g.leave(m.r.index) }
+
+// Finish implements nodes.Group.Finish.
+func (m *member) Finish(context.Context) (bool, error) { return m.g.leave(m.r.index), nil }

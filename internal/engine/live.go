@@ -37,7 +37,7 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 	s.Elapsed = now.Sub(start)
 	for _, st := range r.stages {
 		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total}
-		ss.Metrics, ss.Counters = st.metrics.read()
+		ss.Metrics, ss.Counters = st.merged()
 		for _, rp := range st.replicas {
 			ss.Replicas = append(ss.Replicas, rp.snapshot(start))
 		}
@@ -66,7 +66,8 @@ func (rp *replica) snapshot(start time.Time) report.ReplicaSnapshot {
 		ItemsIn:  rp.itemsIn(),
 		ItemsOut: rp.itemsOut(),
 		Busy:     f.busy, Idle: f.idle, Blocked: f.blocked,
-		Done: f.done,
+		Done:    f.done,
+		Metrics: rp.metrics.read(),
 	}
 }
 
@@ -141,20 +142,4 @@ func markOf(rp *replica) *mark {
 		runtime.AddCleanup(rp, func(k weak.Pointer[replica]) { marks.Delete(k) }, k)
 	}
 	return v.(*mark)
-}
-
-// read returns every metric's current value and which of them are
-// counters (published with Add).
-func (m *metrics) read() (values map[string]float64, counters map[string]bool) {
-	values = m.snapshot()
-	m.m.Range(func(k, v any) bool {
-		if v.(*metric).counter {
-			if counters == nil {
-				counters = map[string]bool{}
-			}
-			counters[k.(string)] = true
-		}
-		return true
-	})
-	return values, counters
 }

@@ -44,8 +44,9 @@ type RemoteGroup interface {
 	// AllReduce sums x over the members present, stores the sum into x and
 	// returns how many contributed.
 	AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error)
-	// Leave removes the replica; idempotent.
-	Leave(replica int)
+	// Leave removes the replica and reports whether it was the last
+	// member present; idempotent (false once it has left).
+	Leave(ctx context.Context, replica int) (last bool, err error)
 }
 
 // place applies Options.Here and Options.Group once the queues are wired.
@@ -103,7 +104,9 @@ func (rep *replica) markAway(now time.Time) {
 func (s *stage) leave(i int) {
 	s.group.leave(i)
 	if s.remote != nil {
-		s.remote.Leave(i)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s.remote.Leave(ctx, i)
 	}
 }
 
@@ -127,4 +130,18 @@ func (m *remoteMember) AllReduceSum(ctx context.Context, buf []float32) (int, er
 	return m.AllReduce(ctx, nodes.Floats(buf))
 }
 
-func (m *remoteMember) Leave() { m.g.Leave(m.r.index) }
+func (m *remoteMember) Leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m.g.Leave(ctx, m.r.index)
+}
+
+// Finish implements nodes.Group.Finish: the group across hosts says
+// whether this replica was its last member. It is asked even when ctx is
+// done (a replica saving on its way out of a cancelled run), for a few
+// seconds.
+func (m *remoteMember) Finish(ctx context.Context) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return m.g.Leave(ctx, m.r.index)
+}

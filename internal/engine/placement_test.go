@@ -57,7 +57,7 @@ func (s sharedGroup) AllReduce(ctx context.Context, i int, x nodes.Reducible) (i
 	return rd.n, rd.sum.Store(x)
 }
 
-func (s sharedGroup) Leave(i int) { s.g.leave(i) }
+func (s sharedGroup) Leave(_ context.Context, i int) (bool, error) { return s.g.leave(i), nil }
 
 // TestPlacementAcrossEngines: a graph split over three engines (edges b
 // and c under each policy; a stays shared, as round_robin from 2 sources

@@ -25,7 +25,8 @@ type replica struct {
 	device  string
 	inputs  map[string]*input
 	outputs map[string]*output
-	away    bool // runs in another engine (placement.go)
+	away    bool     // runs in another engine (placement.go)
+	metrics *metrics // the node's own figures, published by this replica
 
 	// ctx is the context the replica's Run is given, done its Done channel.
 	ctx    context.Context
@@ -57,7 +58,7 @@ func (r *replica) Group() nodes.Group {
 	}
 	return &member{g: r.stage.group, r: r}
 }
-func (r *replica) Metrics() nodes.Metrics    { return r.stage.metrics }
+func (r *replica) Metrics() nodes.Metrics    { return r.metrics }
 func (r *replica) Draining() <-chan struct{} { return r.stage.run.draining }
 func (r *replica) isSource() bool            { return len(r.inputs) == 0 }
 

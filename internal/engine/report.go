@@ -27,7 +27,8 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		rep.Error = err.Error()
 	}
 	for _, s := range r.stages {
-		st := report.Stage{Node: s.g.Node, Metrics: s.metrics.snapshot()}
+		st := report.Stage{Node: s.g.Node}
+		st.Metrics, _ = s.merged()
 		for _, rp := range s.replicas {
 			st.Replicas = append(st.Replicas, rp.figures(r.start))
 		}

@@ -11,23 +11,46 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
 // Provenance. Every model and checkpoint dflow writes records, in its
 // __metadata__, the run that wrote it: run_id (random), run_started
 // (RFC 3339) and spec (the spec file, when known). A run is one dflow
-// process: `dflow run`, or every run of one `dflow compare`. A stage that
+// process (`dflow run`, or every run of one `dflow compare`), or one run
+// across hosts: each worker takes the coordinator's run for the job it
+// serves (SetRun), so that the replicas of one stage on several workers
+// write one run's file. A stage that
 // writes a file claims it when the stage is built, before any work
 // (ClaimOutput), and refuses a file another run wrote unless told to
 // replace it; before each write it checks that no other run wrote the file
 // meanwhile (Output.Check). The run's own periodic checkpoints overwrite
 // one another freely.
 
-var (
-	runID      = newRunID()
-	runStarted = time.Now().UTC().Truncate(time.Second)
-)
+// Run is the run files are written by.
+type Run struct {
+	ID      string    `json:"id"`
+	Started time.Time `json:"started"`
+}
+
+var current atomic.Pointer[Run]
+
+func init() {
+	current.Store(&Run{ID: newRunID(), Started: time.Now().UTC().Truncate(time.Second)})
+}
+
+// CurrentRun is the run this process writes files for.
+func CurrentRun() Run { return *current.Load() }
+
+// SetRun makes files written from now on this run's: a worker serving a
+// job across hosts sets the coordinator's run before it builds the
+// stages. A zero Run leaves the process's own.
+func SetRun(r Run) {
+	if r.ID != "" {
+		current.Store(&r)
+	}
+}
 
 func newRunID() string {
 	var b [8]byte
@@ -38,12 +61,13 @@ func newRunID() string {
 }
 
 // RunID is this run's id, as files it writes record it.
-func RunID() string { return runID }
+func RunID() string { return current.Load().ID }
 
 // RunMetadata is the metadata that marks a file as written by this run;
 // spec may be "".
 func RunMetadata(spec string) map[string]string {
-	m := map[string]string{"run_id": runID, "run_started": runStarted.Format(time.RFC3339)}
+	r := current.Load()
+	m := map[string]string{"run_id": r.ID, "run_started": r.Started.Format(time.RFC3339)}
 	if spec != "" {
 		m["spec"] = spec
 	}
@@ -70,7 +94,7 @@ func ClaimOutput(path string, replace bool, waysOut string) (*Output, error) {
 		return &Output{Path: path}, nil
 	}
 	o := &Output{Path: path, existed: true, prior: meta["run_id"]}
-	if replace || (err == nil && meta["run_id"] == runID) {
+	if replace || (err == nil && meta["run_id"] == RunID()) {
 		return o, nil
 	}
 	return nil, fmt.Errorf("%s already exists: %s; refusing to overwrite it. %s", path, DescribeFile(meta, err), waysOut)
@@ -83,7 +107,7 @@ func (o *Output) Check() error {
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if id := meta["run_id"]; (id == runID && err == nil) || (o.existed && id == o.prior) {
+	if id := meta["run_id"]; (id == RunID() && err == nil) || (o.existed && id == o.prior) {
 		return nil
 	}
 	return fmt.Errorf("%s was written by another run while this one ran (%s); not overwriting it", o.Path, DescribeFile(meta, err))
@@ -110,7 +134,7 @@ func DescribeFile(meta map[string]string, err error) string {
 		parts = append(parts, s+" steps")
 	}
 	switch {
-	case meta["run_id"] == runID:
+	case meta["run_id"] == RunID():
 		return what + " written by this run"
 	case meta["run_id"] == "" && meta["format"] != "":
 		parts = append(parts, "written by a dflow that did not record its runs")

@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -51,6 +49,14 @@ var drafterKind = graph.Kind{
 		{Name: "eval_every", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "also measure acceptance every N steps (0: at the start and the end)"},
 		{Name: "eval_prompts", Type: graph.Int, Default: cty.NumberIntVal(8), Doc: "held-out prompts per evaluation"},
 	},
+	Metrics: []graph.Metric{
+		{Name: "loss", Merge: graph.MergeMean, Doc: "weighted cross-entropy of the drafted tokens on the replica's latest batch"},
+		{Name: "step", Merge: graph.MergeMax, Doc: "optimizer steps the group has taken"},
+		{Name: "tokens_per_s", Merge: graph.MergeLast, Doc: "training tokens a second, the group's, measured by the lead"},
+		{Name: "acceptance_length", Merge: graph.MergeLast, Doc: "tokens accepted per drafting cycle on held-out text: the lead's latest evaluation, then the last member's at the end"},
+		{Name: "acceptance_length_initial", Merge: graph.MergeLast, Doc: "acceptance length before training"},
+		{Name: "acceptance_length_ngram", Merge: graph.MergeLast, Doc: "acceptance length of an order-3 byte n-gram drafter, a baseline"},
+	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		t := "hidden_states"
 		if c, err := nn.ReadConfig(cfg.String("target")); err == nil {
@@ -86,14 +92,11 @@ var drafterKind = graph.Kind{
 	},
 }
 
+// drafterNode is the stage; what it does once per run (the final
+// checkpoint and evaluation, the save on the way out of a cancelled run)
+// is done by the group's last member (nodes.Group.Finish), wherever the
+// replicas run.
 type drafterNode struct {
-	// finished counts replicas done; the last one holds every update and
-	// writes the final checkpoint and evaluation.
-	finished atomic.Int32
-	// mu guards savedStep: the latest step a replica cut short by the
-	// run's cancellation has saved.
-	mu         sync.Mutex
-	savedStep  int
 	cfg        *graph.Config
 	target     *nn.Model
 	targetHash string // SHA-256 of the target file, recorded in checkpoints
@@ -164,6 +167,9 @@ type state struct {
 	mask nn.Buffer
 	step int
 	rng  *rand.Rand
+	// group is the stage's replica group, which names the member that
+	// saves on the way out
+	group nodes.Group
 }
 
 func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
@@ -173,6 +179,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 	}
 	in, group, metrics := r.In("hidden"), r.Group(), r.Metrics()
 	defer group.Leave()
+	st.group = group
 	lead := r.Index() == 0
 	if lead && n.held != nil {
 		tau, err := n.tau(st.d)
@@ -222,9 +229,10 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			}
 		}
 	}
-	group.Leave()
-	if n.finished.Add(1) != int32(r.Replicas()) {
-		return nil // not the last: a later replica has newer weights
+	// The last member to leave holds every update: the others left the
+	// group once their input ended, and it trained on without them.
+	if last, err := group.Finish(ctx); err != nil || !last {
+		return err
 	}
 	if err := n.save(st); err != nil {
 		return err
@@ -358,24 +366,22 @@ func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r 
 }
 
 // saveOnCancel returns err, the error that ends a replica; when the run
-// was cancelled (a failure elsewhere, a deadlock, an abort) it first
-// writes the replica's weights as of its last completed step, unless
-// another replica has saved that step or a later one. A step cut short in
-// its all-reduce applies no update, so every replica still in the group
-// holds the same weights.
+// was cancelled (a failure elsewhere, a deadlock, an abort) the group's
+// last member first writes its weights as of its last completed step.
+// A step applies its update only once its all-reduce has answered, so
+// the members still in the group hold the same weights (or, where the
+// cancellation cut one member's wait for an answer the others got, one
+// step less).
 func (n *drafterNode) saveOnCancel(ctx context.Context, st *state, err error) error {
-	if ctx.Err() == nil || st.step == 0 {
+	if ctx.Err() == nil {
 		return err
 	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if st.step <= n.savedStep {
+	if last, _ := st.group.Finish(ctx); !last || st.step == 0 {
 		return err
 	}
 	if serr := n.save(st); serr != nil {
 		return fmt.Errorf("%w; and the checkpoint on the way out failed: %v", err, serr)
 	}
-	n.savedStep = st.step
 	return err
 }
 

@@ -7,8 +7,6 @@ import (
 	"io"
 	"math"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -46,6 +44,14 @@ var trainKind = graph.Kind{
 		graph.Field{Name: "eval_batches", Type: graph.Int, Default: cty.NumberIntVal(16), Doc: "held-out sequences (of the batch's length) to evaluate on at the end"},
 		graph.Field{Name: "init_seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "seed of the weights' initialization"},
 	),
+	Metrics: []graph.Metric{
+		{Name: "loss", Merge: graph.MergeMean, Doc: "next-byte cross-entropy (nats) on the replica's latest batch"},
+		{Name: "loss_initial", Merge: graph.MergeLast, Doc: "the lead's loss on its first batch"},
+		{Name: "step", Merge: graph.MergeMax, Doc: "optimizer steps the group has taken"},
+		{Name: "tokens_per_s", Merge: graph.MergeLast, Doc: "training tokens a second, the group's, measured by the lead"},
+		{Name: "eval_bpb", Merge: graph.MergeLast, Doc: "held-out bits per byte of the final model"},
+		{Name: "ngram_bpb", Merge: graph.MergeLast, Doc: "held-out bits per byte of an order-3 byte n-gram, a baseline"},
+	},
 	Ports: func(*graph.Config) []graph.PortSpec {
 		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: text.TokensType, Doc: "token batches from text_reader"}}
 	},
@@ -67,16 +73,14 @@ func modelConfig(cfg *graph.Config) nn.Config {
 		Hidden: cfg.Int("hidden"), MaxSeq: cfg.Int("max_seq")}
 }
 
+// trainer is the stage; the group's last member (nodes.Group.Finish)
+// saves the final model and evaluates it, or saves it on the way out of
+// a cancelled run, wherever the replicas run.
 type trainer struct {
-	finished atomic.Int32 // the last replica to finish saves and evaluates
-	// mu guards savedStep: the latest step a replica cut short by the
-	// run's cancellation has saved.
-	mu        sync.Mutex
-	savedStep int
-	cfg       *graph.Config
-	model     nn.Config
-	corpus    *text.Corpus
-	out       *nn.Output
+	cfg    *graph.Config
+	model  nn.Config
+	corpus *text.Corpus
+	out    *nn.Output
 }
 
 func newTrainer(cfg *graph.Config) (nodes.Node, error) {
@@ -125,7 +129,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 			break
 		}
 		if err != nil {
-			return t.saveOnCancel(ctx, st, step, err)
+			return t.saveOnCancel(ctx, group, st, step, err)
 		}
 		b, ok := item.(*text.Batch)
 		if !ok {
@@ -133,7 +137,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		}
 		loss, err := t.step(ctx, st, b, step, r)
 		if err != nil {
-			return t.saveOnCancel(ctx, st, step, err)
+			return t.saveOnCancel(ctx, group, st, step, err)
 		}
 		step++
 		tokens += b.B * b.T
@@ -151,9 +155,10 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 			}
 		}
 	}
-	group.Leave()
-	if t.finished.Add(1) != int32(r.Replicas()) || st.w == nil {
-		return nil // not the last: a later replica has newer weights
+	// The last member to leave holds every update: the others left the
+	// group once their input ended, and it trained on without them.
+	if last, err := group.Finish(ctx); err != nil || !last || st.w == nil {
+		return err
 	}
 	if err := t.save(st.m, step); err != nil {
 		return err
@@ -199,24 +204,20 @@ func (t *trainer) lr(step int) float64 {
 }
 
 // saveOnCancel returns err, the error that ends a replica; when the run
-// was cancelled (a failure elsewhere, a deadlock, an abort) it first
-// writes the replica's model as of its last completed step, unless
-// another replica has saved that step or a later one (every replica still
-// in the group holds the same weights: a step cut short in its all-reduce
-// applies no update).
-func (t *trainer) saveOnCancel(ctx context.Context, st *replicaState, step int, err error) error {
-	if ctx.Err() == nil || step == 0 {
+// was cancelled (a failure elsewhere, a deadlock, an abort) the group's
+// last member first writes its model as of its last completed step (the
+// members still in the group hold the same weights: a step applies its
+// update only once its all-reduce has answered).
+func (t *trainer) saveOnCancel(ctx context.Context, group nodes.Group, st *replicaState, step int, err error) error {
+	if ctx.Err() == nil {
 		return err
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if step <= t.savedStep {
+	if last, _ := group.Finish(ctx); !last || step == 0 {
 		return err
 	}
 	if serr := t.save(st.m, step); serr != nil {
 		return fmt.Errorf("%w; and saving the model on the way out failed: %v", err, serr)
 	}
-	t.savedStep = step
 	return err
 }
 

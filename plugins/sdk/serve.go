@@ -787,3 +787,4 @@ func (noGroup) Barrier(context.Context) error                           { return
 func (noGroup) AllReduceSum(context.Context, []float32) (int, error)    { return 0, errNoGroup }
 func (noGroup) AllReduce(context.Context, nodes.Reducible) (int, error) { return 0, errNoGroup }
 func (noGroup) Leave()                                                  {}
+func (noGroup) Finish(context.Context) (bool, error)                    { return false, errNoGroup }

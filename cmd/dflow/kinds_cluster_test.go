@@ -1,0 +1,168 @@
+package main
+
+import (
+	"math"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+)
+
+// kindCase is a spec run in one process and over two workers, and what
+// must come out of both alike.
+type kindCase struct {
+	name string
+	args []string // after "run SPEC"
+	// outputs are the files the run writes, by stage and format
+	// ("drafter" or "lm"): each must exist, load, and record the step the
+	// report's step metric says
+	outputs map[string]string // stage -> format
+	file    map[string]string // stage -> path, filled in per run
+}
+
+// TestKindsAcrossWorkers: every built-in node kind, through the specs
+// that use it, run with --local-cluster 2 and in one process: the same
+// counts, the same node metrics (within a tolerance where batches reach
+// other replicas in another order), and the same outputs written, which
+// load (the drafter through dflow eval). A group whose members sit on two
+// workers does what it does once (the final checkpoint and evaluation)
+// once: no counter in a node value decides it.
+func TestKindsAcrossWorkers(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker processes
+	t.Chdir("../..")               // the specs name the model relative to the repository
+	cases := []kindCase{
+		{name: "seed", args: []string{"specs/seed.hcl", "--var", "items=120",
+			"--set", "stage.target.config.service_time=2ms", "--set", "stage.drafter.config.service_time=1ms"}},
+		{name: "fan", args: []string{"specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
+		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=internal",
+			"--set", "stage.drafter.config.eval_prompts=4"},
+			outputs: map[string]string{"drafter": "drafter"}},
+		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=internal", "--var", "seq_len=32",
+			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
+			outputs: map[string]string{"train": "lm"}},
+	}
+	covered := map[string]bool{}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			local := runKindCase(t, c, false)
+			across := runKindCase(t, c, true)
+			for name, st := range local.Stages {
+				covered[st.Node] = true
+				compareStage(t, name, st, across.Stages[name])
+			}
+			for name, e := range local.Edges {
+				a := across.Edges[name]
+				if a.Produced != e.Produced || a.Consumed != e.Consumed || a.Produced != a.Consumed {
+					t.Errorf("edge %s: produced/consumed %d/%d over two workers, %d/%d in one process", name, a.Produced, a.Consumed, e.Produced, e.Consumed)
+				}
+			}
+		})
+	}
+	for _, k := range nodes.Default.KindNames() {
+		if !covered[k] && !t.Failed() {
+			t.Errorf("built-in kind %s is run by no case: add a spec that uses it", k)
+		}
+	}
+}
+
+// runKindCase runs c in one process or over two workers and checks what
+// the run wrote.
+func runKindCase(t *testing.T, c kindCase, cluster bool) *report.Report {
+	t.Helper()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "r.json")
+	args := append([]string{"run"}, c.args...)
+	args = append(args, "--report", out)
+	files := map[string]string{}
+	for stage, format := range c.outputs {
+		files[stage] = filepath.Join(dir, stage+".safetensors")
+		attr := "checkpoint"
+		if format == "lm" {
+			attr = "out"
+		}
+		args = append(args, "--set", "stage."+stage+".config."+attr+"="+files[stage])
+	}
+	where := "in one process"
+	if cluster {
+		args = append(args, "--local-cluster", "2")
+		where = "over two workers"
+	}
+	code, _, stderr := dflow(t, args...)
+	if code != exitOK {
+		t.Fatalf("%s: code %d\n%s", where, code, stderr)
+	}
+	if strings.Contains(stderr, "wrote nothing") {
+		t.Errorf("%s: an output was not written:\n%s", where, stderr)
+	}
+	rep := readReport(t, out)
+	for stage, format := range c.outputs {
+		meta, err := nn.ReadSafetensorsMetadata(files[stage])
+		if err != nil {
+			t.Fatalf("%s: stage %s's output: %v", where, stage, err)
+		}
+		key := "step"
+		if format == "lm" {
+			key = "steps"
+			if _, _, err := nn.LoadModel(files[stage]); err != nil {
+				t.Errorf("%s: the model does not load: %v", where, err)
+			}
+		} else if code, _, stderr := dflow(t, "eval", files[stage], "--corpus", "internal", "--prompts", "2"); code != exitOK {
+			t.Errorf("%s: dflow eval of the checkpoint: code %d\n%s", where, code, stderr)
+		}
+		if step := rep.Stages[stage].Metrics["step"]; meta[key] != strconv.Itoa(int(step)) {
+			t.Errorf("%s: stage %s wrote step %s, its last step is %v", where, stage, meta[key], step)
+		}
+		if meta["run_id"] != nn.RunID() {
+			t.Errorf("%s: stage %s's file records run %s, the run is %s", where, stage, meta["run_id"], nn.RunID())
+		}
+	}
+	return rep
+}
+
+// compareStage compares a stage's figures over two workers with one
+// process's: its items in and out, and its node metrics (the same names;
+// values within a tolerance where they depend on which replica got which
+// batch, exactly where they do not).
+func compareStage(t *testing.T, name string, local, across report.Stage) {
+	t.Helper()
+	sum := func(st report.Stage) (in, out int64) {
+		for _, r := range st.Replicas {
+			in, out = in+r.ItemsIn, out+r.ItemsOut
+		}
+		return
+	}
+	li, lo := sum(local)
+	ai, ao := sum(across)
+	if li != ai || lo != ao {
+		t.Errorf("stage %s: in/out %d/%d over two workers, %d/%d in one process", name, ai, ao, li, lo)
+	}
+	names := func(m map[string]float64) []string {
+		var out []string
+		for k := range m {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if l, a := names(local.Metrics), names(across.Metrics); !slices.Equal(l, a) {
+		t.Errorf("stage %s: metrics %v over two workers, %v in one process", name, a, l)
+	}
+	for k, lv := range local.Metrics {
+		av := across.Metrics[k]
+		tol := 0.25 // the batches reach the replicas in another order
+		switch {
+		case strings.HasSuffix(k, "_per_s"):
+			continue // a rate: the machine's, not the run's
+		case k == "acceptance_length_initial" || k == "acceptance_length_ngram" || k == "ngram_bpb":
+			tol = 1e-9 // measured on held-out text before any training, or a baseline's
+		}
+		if math.Abs(av-lv) > tol*math.Max(math.Abs(lv), 1e-9) {
+			t.Errorf("stage %s: metric %s = %v over two workers, %v in one process", name, k, av, lv)
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package report
+
+import (
+	"slices"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+)
+
+// Metric is one replica's value of a node metric: a gauge's latest value
+// and when it was set, or a counter's total.
+type Metric struct {
+	Value   float64   `json:"value"`
+	Set     time.Time `json:"set,omitzero"` // a gauge's last Set (wall clock, to order hosts)
+	Counter bool      `json:"counter,omitempty"`
+}
+
+// MergeMetrics forms a stage's node metrics from its replicas' (one map
+// per replica; nil for a replica that published none), each by its rule
+// in kind (graph.Kind.MetricMerge): the one place where replicas' metrics
+// become the stage's, whether the replicas ran in one process or on
+// several hosts. Only replicas that published a metric count in it.
+// counters names the metrics published as counters.
+func MergeMetrics(kind *graph.Kind, replicas []map[string]Metric) (values map[string]float64, counters map[string]bool) {
+	type acc struct {
+		sum, max, last float64
+		at             time.Time
+		n              int
+		counter        bool
+	}
+	accs := map[string]*acc{}
+	for _, ms := range replicas {
+		for name, m := range ms {
+			a := accs[name]
+			if a == nil {
+				a = &acc{max: m.Value, last: m.Value, at: m.Set}
+				accs[name] = a
+			}
+			a.sum += m.Value
+			a.max = max(a.max, m.Value)
+			if m.Set.After(a.at) {
+				a.last, a.at = m.Value, m.Set
+			}
+			a.n++
+			a.counter = a.counter || m.Counter
+		}
+	}
+	values = make(map[string]float64, len(accs))
+	for name, a := range accs {
+		if a.counter {
+			if counters == nil {
+				counters = map[string]bool{}
+			}
+			counters[name] = true
+		}
+		switch kind.MetricMerge(name, a.counter) {
+		case graph.MergeSum:
+			values[name] = a.sum
+		case graph.MergeMean:
+			values[name] = a.sum / float64(a.n)
+		case graph.MergeMax:
+			values[name] = a.max
+		default:
+			values[name] = a.last
+		}
+	}
+	return values, counters
+}
+
+// Latest merges what several shares saw of one replica (a lost worker's
+// last snapshot and the share that took over): each gauge as set last,
+// counters added.
+func Latest(seen ...map[string]Metric) map[string]Metric {
+	seen = slices.DeleteFunc(seen, func(m map[string]Metric) bool { return len(m) == 0 })
+	if len(seen) <= 1 {
+		if len(seen) == 0 {
+			return nil
+		}
+		return seen[0]
+	}
+	out := map[string]Metric{}
+	for _, ms := range seen {
+		for name, m := range ms {
+			o, ok := out[name]
+			switch {
+			case !ok:
+				out[name] = m
+			case m.Counter:
+				o.Value += m.Value
+				out[name] = o
+			case m.Set.After(o.Set):
+				out[name] = m
+			}
+		}
+	}
+	return out
+}
