@@ -178,6 +178,12 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	}
 	rpc, err := client.Client()
 	if err != nil {
+		if strings.Contains(err.Error(), "Failed to read any lines from plugin's stdout") {
+			// go-plugin's words for a plugin that ended (or closed its
+			// stdout) before its handshake line: what it said on
+			// stderr, which follows, is why.
+			err = errors.New("the plugin ended before its handshake (it wrote nothing on stdout)")
+		}
 		return fail(err)
 	}
 	raw, err := rpc.Dispense(sdk.PluginName)
