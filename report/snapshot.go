@@ -43,6 +43,38 @@ type ReplicaSnapshot struct {
 	// Metrics are the node metrics this replica published; the stage's
 	// Metrics merge them (MergeMetrics).
 	Metrics map[string]Metric `json:",omitempty"`
+	// Waits are the replica's blocking waits that its engine cannot see
+	// end, for a deadlock detector that sees the whole run (the
+	// coordinator of a run across hosts): none while it works, or is in a
+	// wait that may end (an item at hand, room on the queue, a wait its
+	// engine cannot read); several only for a node that says it is
+	// quiescent (nodes.Quiescer), which is stuck when all of them are.
+	Waits []Wait `json:",omitempty"`
+}
+
+// Wait is one blocking wait of a replica, as its engine sees it.
+type Wait struct {
+	// Kind is "recv" (an item on one of Queues), "send" (room on the one
+	// full queue in Queues) or "group" (the rest of the stage's group at
+	// a collective).
+	Kind   string
+	Queues []QueueRef `json:",omitempty"`
+	// For, of a group wait its engine judged (an in-process group), lists
+	// the members it waits for; the coordinator judges a group across
+	// hosts itself.
+	For []int `json:",omitempty"`
+}
+
+// QueueRef names a queue a wait is on.
+type QueueRef struct {
+	Edge  string
+	Queue int
+	// Remote: a transport carries it, and the engine cannot tell whether
+	// it is empty or full. Otherwise the engine saw it empty (recv) or
+	// full (send), and For lists the replicas that could change that:
+	// its live producers or consumers.
+	Remote bool  `json:",omitempty"`
+	For    []int `json:",omitempty"`
 }
 
 // EdgeSnapshot is one edge's state.

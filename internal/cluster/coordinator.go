@@ -72,6 +72,12 @@ type Coordinator struct {
 	dups      int
 	snap      *report.Snapshot
 	series    []report.Sample
+	// groups are the groups across workers it hosts, by stage
+	groups map[string]*groupHost
+	// deadlock is the detector's state; lastLoss when a worker was last
+	// counted lost (the detector waits for its restart)
+	deadlock deadlockWatch
+	lastLoss time.Time
 }
 
 // instance is one share of the run: a worker's, or a restart's.
@@ -292,9 +298,11 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			s.Unsubscribe()
 		}
 	}()
+	c.groups = map[string]*groupHost{}
 	for _, s := range c.g.Stages {
 		if spread(c.place[s.Name]) {
 			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload())
+			c.groups[s.Name] = h
 			sub, err := nc.Subscribe(subjGroup(c.run, s.Name), h.handle)
 			if err != nil {
 				return c.failed(err), err
@@ -361,6 +369,19 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	ticks := 0
 	abort := func() { nc.Publish(subjAbort(c.run), nil); nc.Flush() }
 	var abortedAt time.Time
+	// judge looks for a deadlock across the workers in the snapshots just
+	// taken (deadlock.go): the run then fails as in process, or, when a
+	// drain cannot complete, ends aborted.
+	drainStuck := false
+	judge := func() {
+		if firstErr != nil || !abortedAt.IsZero() {
+			return
+		}
+		if d := c.watchDeadlock(ctx, status == report.Interrupted); d != nil {
+			firstErr, drainStuck = d, d.Draining
+			abort()
+		}
+	}
 	for !c.allDone() {
 		select {
 		case m := <-dones:
@@ -413,11 +434,13 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			if c.o.Observe != nil {
 				c.o.Observe(s)
 			}
+			judge()
 		case <-live.C:
 			// Every share's figures at least every second, monitoring or
 			// not: what a lost share had finished is judged by its last.
 			if ticks++; ticks%4 == 0 && (prev == nil || time.Since(prev.Time) > time.Second) {
 				c.Snapshot()
+				judge()
 			}
 			if err := c.checkLive(ctx); err != nil && firstErr == nil {
 				firstErr = err
@@ -438,6 +461,9 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		c.mu.Unlock()
 	}
 	rep := c.merged(status, firstErr)
+	if drainStuck {
+		rep.Status = report.Aborted // as in process: a drain that cannot complete
+	}
 	return rep, firstErr
 }
 
@@ -553,6 +579,7 @@ func (c *Coordinator) recover(in *instance) error {
 	// its items from redelivery (a worker that was only slow, say).
 	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
 	c.mu.Lock()
+	c.lastLoss = time.Now()
 	c.markRan(in)
 	type rep struct {
 		s *graph.Stage

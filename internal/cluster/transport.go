@@ -816,15 +816,15 @@ func (q *jsQueue) Close() {
 	}
 }
 
-// Depth is the stream's depth as last read.
-// Items taken here and not yet acked (restartable stages) are still in the
-// stream's count, and the engine adds the one at hand itself: they are
-// left out.
+// Depth is the stream's depth as last read: the messages it stores, at
+// most the edge's capacity (MaxMsgs), those delivered to a consumer's
+// worker and not yet acked included. An item at hand in a consumer
+// worker's engine (acked, one per consumer worker) is not counted.
 func (q *jsQueue) Depth() int {
 	if q.finished.Load() {
 		return 0
 	}
-	return max(0, int(q.depth.Load()-q.out.Load()))
+	return int(min(q.depth.Load(), int64(q.edge.Capacity)))
 }
 
 func (q *jsQueue) readDepth() {

@@ -117,6 +117,10 @@ const (
 	waitSend                   // room on a full queue
 	waitBytes                  // room in a queue's capacity_bytes budget
 	waitGroup                  // the rest of the group at a collective
+	// waitRemoteGroup: the rest of a group across hosts, which the
+	// coordinator hosts and judges (waits.go); the engine's own detector
+	// counts it as able to end
+	waitRemoteGroup
 )
 
 // waitSite is what a blocking wait needs to end. Ports and groups hold
@@ -302,7 +306,9 @@ func (rep *replica) sites() []*waitSite {
 	for _, name := range slices.Sorted(maps.Keys(rep.inputs)) {
 		sites = append(sites, &rep.inputs[name].site)
 	}
-	if g := rep.stage.group; g != nil {
+	if rep.stage.remote != nil {
+		sites = append(sites, &rep.remoteSite)
+	} else if g := rep.stage.group; g != nil {
 		sites = append(sites, &g.sites[rep.index])
 	}
 	return sites
@@ -461,10 +467,6 @@ func (d *Deadlock) Error() string {
 
 // newDeadlock names a cycle of the stuck waits.
 func newDeadlock(stuck map[*replica]*stuckWait, draining bool) *Deadlock {
-	d := &Deadlock{Draining: draining}
-	// Start from the first replica in stage order, follow the first
-	// replica each waits for until one repeats: every stuck replica waits
-	// for another stuck one, so this closes a cycle.
 	var order []*replica
 	for rep := range stuck {
 		order = append(order, rep)
@@ -473,33 +475,78 @@ func newDeadlock(stuck map[*replica]*stuckWait, draining bool) *Deadlock {
 		return cmp.Or(cmp.Compare(a.stage.index, b.stage.index), cmp.Compare(a.index, b.index))
 	})
 	pos := map[*replica]int{}
-	var path []*replica
-	for rep := order[0]; ; rep = stuck[rep].waitsFor[0] {
-		if i, seen := pos[rep]; seen {
-			path = path[i:]
+	for i, rep := range order {
+		pos[rep] = i
+	}
+	waits := make([]StuckWait, len(order))
+	for i, rep := range order {
+		w := stuck[rep]
+		sw := StuckWait{Name: rep.name(), What: w.what}
+		for _, o := range w.waitsFor {
+			sw.WaitsFor = append(sw.WaitsFor, pos[o])
+		}
+		for _, w := range append([]*stuckWait{w}, w.also...) {
+			if w.edge != nil {
+				sw.Edges = append(sw.Edges, w.edge)
+				if w.full {
+					sw.Full = append(sw.Full, w.edge)
+				}
+			}
+		}
+		waits[i] = sw
+	}
+	return NewDeadlock(waits, draining)
+}
+
+// StuckWait is one replica's wait that cannot end, as a deadlock names
+// it: in one engine, or across hosts (internal/cluster).
+type StuckWait struct {
+	Name string // "drafter[0]", or "drafter[0] on worker2"
+	What string // "waits to send on hs[0] (full, 8 of 8), read by drafter[0]"
+	// WaitsFor are the waits (indices in the slice given to NewDeadlock)
+	// of the replicas that could end this one.
+	WaitsFor []int
+	// Edges are the edges the wait is on; Full those it waits for room on.
+	Edges, Full []*graph.Edge
+}
+
+// NewDeadlock names a cycle of waits, each waiting for others of them,
+// given in stage order, and the fix that would break it.
+func NewDeadlock(waits []StuckWait, draining bool) *Deadlock {
+	d := &Deadlock{Draining: draining}
+	// Start from the first replica in stage order, follow the first
+	// replica each waits for until one repeats: every stuck replica waits
+	// for another stuck one, so this closes a cycle.
+	pos := map[int]int{}
+	var path []int
+	for i := 0; ; i = waits[i].WaitsFor[0] {
+		if at, seen := pos[i]; seen {
+			path = path[at:]
 			break
 		}
-		pos[rep] = len(path)
-		path = append(path, rep)
+		pos[i] = len(path)
+		path = append(path, i)
 	}
-	inCycle := map[*replica]bool{}
+	inCycle := map[int]bool{}
 	var rr, full []string
-	for _, rep := range path {
-		inCycle[rep] = true
-		w := stuck[rep]
-		d.Cycle = append(d.Cycle, rep.name()+" "+w.what)
-		for _, w := range append([]*stuckWait{w}, w.also...) {
-			if w.edge != nil && w.edge.Policy == graph.RoundRobin && !slices.Contains(rr, w.edge.Name) {
-				rr = append(rr, w.edge.Name)
+	for _, i := range path {
+		inCycle[i] = true
+		w := waits[i]
+		d.Cycle = append(d.Cycle, w.Name+" "+w.What)
+		for _, e := range w.Edges {
+			if e.Policy == graph.RoundRobin && !slices.Contains(rr, e.Name) {
+				rr = append(rr, e.Name)
 			}
-			if w.full && !slices.Contains(full, w.edge.Name) {
-				full = append(full, w.edge.Name)
+		}
+		for _, e := range w.Full {
+			if !slices.Contains(full, e.Name) {
+				full = append(full, e.Name)
 			}
 		}
 	}
-	for _, rep := range order {
-		if !inCycle[rep] {
-			d.Others = append(d.Others, rep.name()+" "+stuck[rep].what)
+	for i, w := range waits {
+		if !inCycle[i] {
+			d.Others = append(d.Others, w.Name+" "+w.What)
 		}
 	}
 	switch {

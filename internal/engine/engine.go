@@ -169,7 +169,8 @@ func (r *run) build() error {
 			_, quiescer := n.(nodes.Quiescer)
 			s.replicas = append(s.replicas, &replica{
 				stage: s, index: i, device: gs.Device(i), countSites: quiescer, metrics: newMetrics(),
-				inputs: map[string]*input{}, outputs: map[string]*output{},
+				remoteSite: waitSite{kind: waitRemoteGroup},
+				inputs:     map[string]*input{}, outputs: map[string]*output{},
 			})
 		}
 		for _, rep := range s.replicas {

@@ -68,6 +68,7 @@ func (rp *replica) snapshot(start time.Time) report.ReplicaSnapshot {
 		Busy:     f.busy, Idle: f.idle, Blocked: f.blocked,
 		Done:    f.done,
 		Metrics: rp.metrics.read(),
+		Waits:   rp.exportWaits(),
 	}
 }
 

@@ -116,13 +116,19 @@ type remoteMember struct {
 	r *replica
 }
 
+// begin begins a collective's wait, on the replica's remote-group site
+// (the coordinator judges it) when ctx is the replica's own.
+func (m *remoteMember) begin(ctx context.Context) wait {
+	return m.r.beginWaitOn(&m.r.blocked, &m.r.remoteSite, ctx == m.r.ctx)
+}
+
 func (m *remoteMember) Barrier(ctx context.Context) error {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked, opaqueWait))
+	defer m.r.endWait(m.begin(ctx))
 	return m.g.Barrier(ctx, m.r.index)
 }
 
 func (m *remoteMember) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
-	defer m.r.endWait(m.r.beginWait(&m.r.blocked, opaqueWait))
+	defer m.r.endWait(m.begin(ctx))
 	return m.g.AllReduce(ctx, m.r.index, x)
 }
 

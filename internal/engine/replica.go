@@ -27,6 +27,8 @@ type replica struct {
 	outputs map[string]*output
 	away    bool     // runs in another engine (placement.go)
 	metrics *metrics // the node's own figures, published by this replica
+	// remoteSite is the replica's wait at a group across hosts
+	remoteSite waitSite
 
 	// ctx is the context the replica's Run is given, done its Done channel.
 	ctx    context.Context

@@ -32,9 +32,10 @@ import (
 //     once, as in process.
 //
 // Node code and monitoring do not change: a node sees the same ports, and
-// a snapshot's queue depth is the transport's depth plus the local item.
-// The deadlock detector does not judge waits on a transport (what is in
-// flight there is not the engine's to see).
+// a snapshot's queue depth is the transport's depth. The deadlock
+// detector does not judge waits on a transport (what is in flight there
+// is not the engine's to see); the engine's snapshots say what they wait
+// on, for a detector that sees every host (waits.go).
 type Transport interface {
 	// Send delivers item, blocking while the queue is full (its capacity
 	// bounds what is in flight), until ctx is done (its error then).
@@ -45,7 +46,8 @@ type Transport interface {
 	Recv(ctx context.Context) (item any, ok bool, err error)
 	// Close ends the queue; called once, after the last Send.
 	Close()
-	// Depth is how many items are in flight, for monitoring.
+	// Depth is how many items the transport holds, for monitoring; at
+	// most the queue's capacity.
 	Depth() int
 }
 
@@ -115,11 +117,12 @@ func (q *queue) closeLocal() {
 	}
 }
 
-// depth is how many items the queue holds: its channel's, and what its
-// transport has in flight.
+// depth is how many items the queue holds: its channel's, or, for a
+// queue on a transport, what the transport says it holds (within the
+// capacity: an item at hand in the consumers' channel is not counted).
 func (q *queue) depth() int {
 	if q.t != nil {
-		return len(q.ch) + q.t.Depth()
+		return q.t.Depth()
 	}
 	return len(q.ch)
 }
