@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
@@ -596,5 +598,32 @@ func TestPlacementAttribute(t *testing.T) {
 	}
 	if code, _, stderr := dflow(t, "validate", spec); code != exitOK {
 		t.Errorf("validate: code %d\n%s", code, stderr)
+	}
+}
+
+// TestDeadlockThroughPluginAcrossWorkers: the rotate-into-sync deadlock
+// with its targets a plugin's stage, on --local-cluster 2: each worker
+// runs the plugin for its replicas, and the coordinator names the cycle
+// through them, each with its worker, and the fix; exit 1, not a hang.
+func TestDeadlockThroughPluginAcrossWorkers(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1")
+	bin, err := buildChecksum()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := writeSpec(t, fmt.Sprintf("plugin \"checksum\" {\n  path = %q\n}\n", bin)+plugintest.DeadlockSpec("checksum/crc"))
+	code, _, stderr := dflow(t, "run", spec, "--local-cluster", "2")
+	if code != exitFailed {
+		t.Fatalf("code %d, want %d\n%s", code, exitFailed, stderr)
+	}
+	for _, re := range []string{
+		`deadlock: no replica can move`,
+		`target\[2\] on local\d waits for input on tokens\[2\] \(empty\), fed by reader\[0\]`,
+		`waits at stage drafter's group step for drafter\[2\] \(2 of 3 there\)`,
+		`--set edge\.(hs|tokens)\.policy=shared`,
+	} {
+		if !regexp.MustCompile(re).MatchString(stderr) {
+			t.Errorf("stderr does not match %s:\n%s", re, stderr)
+		}
 	}
 }

@@ -121,6 +121,12 @@ func (tc *testCluster) startWorkers(t *testing.T, n int) {
 
 func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...string) (*report.Report, *Coordinator, error) {
 	t.Helper()
+	return tc.runWith(t, file, workers, nil, sets...)
+}
+
+// runWith is run with the coordinator's options set by opt.
+func (tc *testCluster) runWith(t *testing.T, file string, workers int, opt func(*CoordOptions), sets ...string) (*report.Report, *Coordinator, error) {
+	t.Helper()
 	src, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +140,11 @@ func (tc *testCluster) run(t *testing.T, file string, workers int, sets ...strin
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: workers, Interval: 200 * time.Millisecond, Registry: tc.reg})
+	o := CoordOptions{Conn: nc, Graph: g, Job: job, Workers: workers, Interval: 200 * time.Millisecond, Registry: tc.reg}
+	if opt != nil {
+		opt(&o)
+	}
+	c, err := NewCoordinator(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -111,5 +112,110 @@ func TestDeadlockAcrossWorkers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNoDeadlockWhileSlow: a synchronized stage whose step takes seconds,
+// which every other replica waits on (the source on a full queue, the
+// sink on an empty one), over two workers, is no deadlock: the group's
+// members are working, not waiting.
+func TestNoDeadlockWhileSlow(t *testing.T) {
+	spec := writeSpec(t, "slow.hcl", `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 4
+  }
+}
+stage "step" {
+  node     = "synthetic_work"
+  replicas = 2
+  config {
+    service_time = "4s"
+    sync         = true
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "a" {
+  from     = src.out
+  to       = step.in
+  policy   = "round_robin"
+  capacity = 1
+}
+edge "b" {
+  from = step.out
+  to   = done.in
+}
+`)
+	tc := startCluster(t, 2)
+	rep, c, err := tc.run(t, spec, 2)
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("status %s, err %v (placement %s)", rep.Status, err, c.Placement())
+	}
+	if e := rep.Edges["b"]; e.Produced != 4 || e.Consumed != 4 {
+		t.Errorf("edge b: produced %d, consumed %d, want 4", e.Produced, e.Consumed)
+	}
+}
+
+// oneKey deadlocks whatever the source does: mid sends every item to
+// step[0]'s queue (one key), step[1] starves, and the two step together,
+// so mid waits for room on a full queue for ever; a drain, which stops
+// only the source, cannot complete.
+const oneKey = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 100000
+    keys  = 1
+  }
+}
+stage "mid" {
+  node = "synthetic_work"
+}
+stage "step" {
+  node     = "synthetic_work"
+  replicas = 2
+  config {
+    sync = true
+  }
+}
+edge "a" {
+  from     = src.out
+  to       = mid.in
+  capacity = 2
+}
+edge "b" {
+  from     = mid.out
+  to       = step.in
+  policy   = "key_hash"
+  capacity = 2
+}
+`
+
+// TestDeadlockStopsDrainAcrossWorkers: a drain of a run deadlocked
+// across workers, begun once the replicas wait, cannot complete; it ends
+// on its own as an abort that says so, as in process.
+func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
+	spec := writeSpec(t, "onekey.hcl", oneKey)
+	tc := startCluster(t, 2)
+	drain := make(chan struct{})
+	var once sync.Once
+	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) {
+		o.Drain = drain
+		o.Observe = func(s *report.Snapshot) {
+			if st := s.Stage("mid"); st != nil && len(st.Replicas[0].Waits) > 0 {
+				once.Do(func() { close(drain) }) // mid waits: the deadlock has formed
+			}
+		}
+	})
+	var d *engine.Deadlock
+	if !errors.As(err, &d) || !d.Draining {
+		t.Fatalf("err = %v, want a drain's *engine.Deadlock (placement %s)", err, c.Placement())
+	}
+	t.Log(err)
+	if rep.Status != report.Aborted || !strings.HasPrefix(rep.Error, "drain cannot complete: deadlock") {
+		t.Errorf("status %s, error %q", rep.Status, rep.Error)
 	}
 }
