@@ -39,7 +39,7 @@ type WireType struct {
 	Name   string // the port type; "hidden_states" also covers "hidden_states(d=...,layers=...)"
 	Wire   string // the codec's name for the encoding
 	Go     string // what a node, in process or in a Go plugin, receives and sends
-	Python string // what a plugin on plugins/examples/python's module receives and sends
+	Python string // what a plugin on the Python SDK (plugins/python) receives and sends
 	Doc    string // who emits it
 }
 
