@@ -2,7 +2,10 @@
 # push hidden states to 3 drafter replicas that train one block drafter
 # data-parallel. round_robin wires 5 on 3 as 2-2-1; the one-line fix is
 #
-#   dflow run specs/dflash.hcl --set edge.hs.policy=shared
+#   dflow run specs/dflash.hcl --set edge.hs.policy=shared --var checkpoint=drafter-shared.safetensors
+#
+# (--var checkpoint: the drafter an earlier run trained, drafter.safetensors,
+# is not replaced unasked, so this run writes its own beside it.)
 
 pipeline "dflash" {
   description = "5 target replicas feed 3 drafter replicas"

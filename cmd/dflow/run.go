@@ -85,6 +85,7 @@ func cmdRun(e *env, args []string) int {
 	} else {
 		p, err = run.New(g, opts)
 	}
+	built := err == nil // a pipeline whose stages failed to build runs nothing
 	if err == nil && *metricsAddr != "" {
 		url, shutdown, merr := monitor.Serve(*metricsAddr, monitor.NewCollector(p.Snapshot))
 		if merr != nil {
@@ -106,6 +107,17 @@ func cmdRun(e *env, args []string) int {
 	rep, err := p.Run(ctx) // a failed construction: its report and error at once
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
+	if !built || !began(rep) {
+		// Its stages failed to build (here, or on a worker): nothing ran,
+		// so there is no summary, diagnosis or plot, only the error (and
+		// the failed report, when asked for, so that a script reading it
+		// does not find an earlier run's).
+		fmt.Fprintf(e.stderr, "dflow run: %s: %v\n", files[0], err)
+		if werr := e.writeOutputs(rep, *reportPath, ""); werr != nil {
+			fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
+		}
+		return exitFailed
+	}
 	rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, sim.Options{Registry: e.registry, From: rep}))
 	rep.Summarize(e.stderr)
 	outputsWritten()
@@ -124,6 +136,23 @@ func cmdRun(e *env, args []string) int {
 		return exitFailed
 	}
 	return exitOK
+}
+
+// began reports whether any replica of a run began: a failed run whose
+// replicas all have no lifetime and no items never started (its stages
+// failed to build on a worker), and its figures are all zero.
+func began(rep *report.Report) bool {
+	if rep.Status != report.Failed {
+		return true
+	}
+	for _, st := range rep.Stages {
+		for _, r := range st.Replicas {
+			if r.BusySeconds+r.IdleSeconds+r.BlockedSeconds > 0 || r.ItemsIn > 0 || r.ItemsOut > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // watchSignals turns the first interrupt into a drain and the second into

@@ -446,3 +446,45 @@ func TestPluginSignals(t *testing.T) {
 		}
 	}
 }
+
+// TestRunNeverStarted: a run whose stages fail to build (a corpus too
+// short for one batch: valid, but text_reader's constructor refuses it)
+// prints the error once and no summary of the run that never started,
+// in one process and on a cluster, where the stage is built on a worker;
+// the report, when asked for, says failed with the error.
+func TestRunNeverStarted(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker process
+	dir := t.TempDir()
+	corpus := filepath.Join(dir, "short.txt")
+	os.WriteFile(corpus, []byte("too short for a batch\n"), 0o644)
+	spec := writeSpec(t, fmt.Sprintf(`
+stage "reader" {
+  node = "text_reader"
+  config {
+    path = %q
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from = reader.out
+  to   = done.in
+}
+`, corpus))
+	for _, where := range [][]string{nil, {"--local-cluster", "1"}} {
+		out := filepath.Join(dir, "r.json")
+		code, _, stderr := dflow(t, append([]string{"run", spec, "--report", out}, where...)...)
+		if code != exitFailed || strings.Count(stderr, "do not fill one batch") != 1 {
+			t.Errorf("%v: code %d, want %d and the error once:\n%s", where, code, exitFailed, stderr)
+		}
+		for _, summary := range []string{"run failed in", "stage reader", "edge  tokens", "diagnosis:"} {
+			if strings.Contains(stderr, summary) {
+				t.Errorf("%v: a run that never started printed %q:\n%s", where, summary, stderr)
+			}
+		}
+		if rep := readReport(t, out); rep.Status != report.Failed || !strings.Contains(rep.Error, "do not fill one batch") {
+			t.Errorf("%v: report status %s, error %q", where, rep.Status, rep.Error)
+		}
+	}
+}
