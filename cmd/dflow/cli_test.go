@@ -122,6 +122,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"sim", spec, "--set", "pipeline.x.y=1"}, "want edge.NAME.ATTR=VALUE"},
 		{[]string{"compare", spec, "--edge", "nope", "--sim"}, `--edge "nope": ` + spec + ` has no edge of that name; its edges are e`},
 		{[]string{"compare", spec, "--edge", "e", "--sim", "--policies", "round_robin,fair"}, `--policies: "fair" is not a policy; the policies are round_robin, shared`},
+		// a cluster of no workers would run in this process, in silence
+		{[]string{"run", spec, "--local-cluster", "0"}, "--local-cluster 0: wants a number of worker processes to start, at least 1"},
+		{[]string{"run", spec, "--local-cluster", "-2"}, "at least 1"},
+		// a web server's URL for a NATS server's
+		{[]string{"run", spec, "--cluster", "http://10.0.0.5:4222"}, `--cluster "http://10.0.0.5:4222": http:// is not the scheme of a NATS server; write nats://10.0.0.5:4222`},
+		{[]string{"run", spec, "--cluster", "nats://a:4222,https://b:4222"}, `https:// is not the scheme of a NATS server; write tls://b:4222`},
+		{[]string{"worker", "--join", "http://10.0.0.5:4222"}, `--join "http://10.0.0.5:4222": http:// is not the scheme of a NATS server; write nats://10.0.0.5:4222`},
 	} {
 		code, stdout, stderr := dflow(t, c.args...)
 		if code != exitUsage || !strings.Contains(stderr, c.want) {

@@ -329,7 +329,7 @@ func coordinatePlaced(t *testing.T, srv *cluster.Server, n int, place map[string
 	if g == nil {
 		t.Fatal("spec")
 	}
-	r, stop, err := e.coordinator(cf, sf, "../../specs/seed.hcl", g, run.Options{Registry: e.registry, Interval: 200 * time.Millisecond})
+	r, stop, err := e.coordinator(context.Background(), cf, sf, "../../specs/seed.hcl", g, run.Options{Registry: e.registry, Interval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,5 +625,25 @@ func TestDeadlockThroughPluginAcrossWorkers(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(stderr) {
 			t.Errorf("stderr does not match %s:\n%s", re, stderr)
 		}
+	}
+}
+
+// TestInterruptWhileWaiting: a Ctrl-C while the coordinator waits for
+// --workers N (none come) ends it at once, exit 130, with nothing to
+// drain or abort; not after the 30s wait, exit 1.
+func TestInterruptWhileWaiting(t *testing.T) {
+	srv := startServer(t)
+	coord := startDflow(t, nil, "run", "../../specs/seed.hcl", "--cluster", srv.URL, "--token", srv.Token, "--workers", "2")
+	coord.waitFor(t, "dflow: running", 20*time.Second)
+	coord.cmd.Process.Signal(os.Interrupt)
+	start := time.Now()
+	code := coord.wait(t, 20*time.Second)
+	if took := time.Since(start); code != exitInterrupted || took > 5*time.Second {
+		t.Errorf("exit %d after %v, want %d at once:\n%s", code, took.Round(time.Millisecond), exitInterrupted, coord.output())
+	}
+	out := coord.output()
+	if !strings.Contains(out, "interrupted while waiting for workers") || strings.Contains(out, "draining") ||
+		strings.Contains(out, "aborting") || strings.Contains(out, "idle worker") {
+		t.Errorf("output:\n%s", out)
 	}
 }

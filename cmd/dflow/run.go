@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/monitor"
@@ -41,6 +42,7 @@ func cmdRun(e *env, args []string) int {
 	if err := checkInterval(*interval); err != nil {
 		return usageErr(e, "run", "%v", err)
 	}
+	cf.visited(fs)
 	if err := cf.check(); err != nil {
 		return usageErr(e, "run", "%v", err)
 	}
@@ -58,7 +60,8 @@ func cmdRun(e *env, args []string) int {
 	ctx, abort := context.WithCancel(context.Background())
 	defer abort()
 	drain := make(chan struct{})
-	stopSignals := sync.OnceFunc(e.watchSignals(drain, abort))
+	var waiting atomic.Bool // for a cluster's workers: a Ctrl-C ends the wait
+	stopSignals := sync.OnceFunc(e.watchSignals(drain, abort, &waiting))
 	defer stopSignals()
 
 	replicas := 0
@@ -76,8 +79,13 @@ func cmdRun(e *env, args []string) int {
 	var err error
 	if cf.on() { // across hosts (workercmd.go)
 		var stop func()
-		p, stop, err = e.coordinator(&cf, &sf, files[0], g, opts)
+		waiting.Store(true)
+		p, stop, err = e.coordinator(ctx, &cf, &sf, files[0], g, opts)
+		waiting.Store(false)
 		defer stop()
+		if ctx.Err() != nil {
+			return exitInterrupted // while waiting for workers; said by watchSignals
+		}
 		if err != nil {
 			fmt.Fprintf(e.stderr, "dflow run: cluster: %v\n", err)
 			return exitFailed
@@ -156,8 +164,10 @@ func began(rep *report.Report) bool {
 }
 
 // watchSignals turns the first interrupt into a drain and the second into
-// an abort.
-func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop func()) {
+// an abort. While a coordinator waits for its workers (waiting) nothing
+// has started and there is nothing to drain: the first interrupt ends the
+// wait at once.
+func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc, waiting *atomic.Bool) (stop func()) {
 	if e.signals == nil {
 		return func() {}
 	}
@@ -165,6 +175,11 @@ func (e *env) watchSignals(drain chan struct{}, abort context.CancelFunc) (stop 
 	go func() {
 		select {
 		case <-e.signals:
+			if waiting.Load() {
+				fmt.Fprintln(e.stderr, "dflow: interrupted while waiting for workers, before the run started; nothing ran")
+				abort()
+				return
+			}
 			fmt.Fprintln(e.stderr, "dflow: draining: sources stopped, finishing items in flight (Ctrl-C again to abort)")
 			close(drain)
 		case <-done:

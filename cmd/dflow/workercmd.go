@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -49,6 +50,9 @@ func cmdWorker(e *env, args []string) int {
 	}
 	if *join == "" {
 		return usageErr(e, "worker", "--join URL is required: the cluster's server")
+	}
+	if err := checkServerURL("--join", *join); err != nil {
+		return usageErr(e, "worker", "%v", err)
 	}
 	if *tok == "" && *creds == "" { // the environment only when no flag says
 		*creds = os.Getenv(credsEnv)
@@ -139,11 +143,39 @@ func defaultWorkerName(host string) string {
 	return nameChars.ReplaceAllString(host, "-") + "-" + strconv.Itoa(os.Getpid())
 }
 
+// serverSchemes are the URL schemes of a NATS server, as nats.go takes
+// them.
+var serverSchemes = []string{"nats", "tls", "ws", "wss"}
+
+// checkServerURL checks the scheme of each of a flag's server URLs
+// (nats.go takes a comma-separated list; HOST:PORT alone is nats://): a
+// URL for a web server, http:// say, is a mistake worth naming before
+// the connection fails with words about something else.
+func checkServerURL(flagName, urls string) error {
+	for _, u := range strings.Split(urls, ",") {
+		u = strings.TrimSpace(u)
+		scheme, rest, ok := strings.Cut(u, "://")
+		if !ok || slices.Contains(serverSchemes, strings.ToLower(scheme)) {
+			continue
+		}
+		want := "nats"
+		if strings.EqualFold(scheme, "https") {
+			want = "tls"
+		}
+		return fmt.Errorf("%s %q: %s:// is not the scheme of a NATS server; write %s://%s "+
+			"(nats:// for a plain server, tls:// for one that speaks TLS, ws:// or wss:// through a websocket port)",
+			flagName, u, scheme, want, rest)
+	}
+	return nil
+}
+
 // clusterFlags are dflow run's cluster flags.
 type clusterFlags struct {
 	url, token, creds, ca, serve, cert, key string
 	local, workers                          int
 	place                                   map[string][]string
+	// localSet: --local-cluster was given (0 included)
+	localSet bool
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
@@ -171,6 +203,15 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 
 func (f *clusterFlags) on() bool { return f.url != "" || f.local > 0 || f.serve != "" }
 
+// visited records which of the flags were given, after fs is parsed.
+func (f *clusterFlags) visited(fs *flag.FlagSet) {
+	fs.Visit(func(fl *flag.Flag) {
+		if fl.Name == "local-cluster" {
+			f.localSet = true
+		}
+	})
+}
+
 func (f *clusterFlags) check() error {
 	n := 0
 	for _, set := range []bool{f.url != "", f.local > 0, f.serve != ""} {
@@ -181,8 +222,9 @@ func (f *clusterFlags) check() error {
 	switch {
 	case n > 1:
 		return errors.New("give one of --cluster, --local-cluster and --serve")
-	case f.local < 0:
-		return errors.New("--local-cluster wants a number of workers, at least 1")
+	case f.local < 0 || (f.localSet && f.local == 0):
+		return fmt.Errorf("--local-cluster %d: wants a number of worker processes to start, at least 1 "+
+			"(%d starts none; leave the flag out to run in this process)", f.local, f.local)
 	case len(f.place) > 0 && n == 0:
 		return errors.New("--place places replicas on a cluster's workers: give --cluster, --local-cluster or --serve")
 	case (f.cert == "") != (f.key == ""):
@@ -193,6 +235,9 @@ func (f *clusterFlags) check() error {
 		return errors.New("--creds is for a server of your own (--cluster URL); the embedded server of --serve and --local-cluster takes a token")
 	case f.creds != "" && f.token != "":
 		return errors.New("give --token or --creds, not both")
+	}
+	if f.url != "" {
+		return checkServerURL("--cluster", f.url)
 	}
 	return nil
 }
@@ -207,7 +252,9 @@ type runner interface {
 // coordinator makes the cluster runner: it starts the embedded server and
 // the local workers when asked, waits for the workers and places the
 // replicas. cleanup stops what it started.
-func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph.Graph, opts run.Options) (r runner, cleanup func(), err error) {
+//
+// ctx ends the wait for workers (a Ctrl-C before the run starts).
+func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, file string, g *graph.Graph, opts run.Options) (r runner, cleanup func(), err error) {
 	var stops []func()
 	cleanup = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -242,7 +289,7 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 	}
 	// A local worker that exits before the run has started ends the wait
 	// for workers at once, with its name (its output is above).
-	joinCtx, joinFailed := context.WithCancelCause(context.Background())
+	joinCtx, joinFailed := context.WithCancelCause(ctx)
 	defer joinFailed(nil)
 	if cf.local > 0 {
 		workers = cf.local
@@ -309,7 +356,7 @@ func (e *env) coordinator(cf *clusterFlags, sf *specFlags, file string, g *graph
 		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr, Pin: cf.place,
 	})
 	if err != nil {
-		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil {
+		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil && ctx.Err() == nil {
 			err = cause
 		}
 		return nil, cleanup, err
