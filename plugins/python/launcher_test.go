@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/dflow-dev/dflow/nodes"
@@ -49,6 +50,16 @@ func fakePython(t testing.TB, dir string) string {
 	return path
 }
 
+// syncBuf is a buffer that the plugin host's stderr forwarding may write
+// to while the test reads it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
 // unsetenv unsets key for the test, restoring it after.
 func unsetenv(t *testing.T, key string) {
 	t.Setenv(key, "")
@@ -72,7 +83,7 @@ func TestFirstPython3LacksGRPC(t *testing.T) {
 			fake := fakePython(t, t.TempDir())
 			t.Setenv("PATH", filepath.Dir(fake)+string(os.PathListSeparator)+os.Getenv("PATH"))
 			unsetenv(t, "DFLOW_PYTHON")
-			var stderr bytes.Buffer
+			var stderr syncBuf
 			h := host.New(&stderr)
 			defer h.Close()
 			reg := nodes.NewRegistry()
@@ -83,8 +94,9 @@ func TestFirstPython3LacksGRPC(t *testing.T) {
 			if _, ok := reg.Kind(tc.kind); !ok || len(kinds) == 0 {
 				t.Errorf("kinds %v lack %s", kinds, tc.kind)
 			}
-			if stderr.Len() > 0 {
-				t.Errorf("stderr: %s", stderr.String())
+			h.Close() // and its stderr forwarded
+			if s := stderr.String(); s != "" {
+				t.Errorf("stderr: %s", s)
 			}
 		})
 	}
@@ -148,12 +160,13 @@ func TestExplicitPythonPassedOver(t *testing.T) {
 	needModules(t, "grpc", "google.protobuf", "numpy")
 	explicit := fakePython(t, t.TempDir())
 	t.Setenv("DFLOW_PYTHON", explicit)
-	var stderr bytes.Buffer
+	var stderr syncBuf
 	h := host.New(&stderr)
 	defer h.Close()
 	if _, err := h.Load("pystats", "../examples/python/dflow-plugin-pystats", nodes.NewRegistry()); err != nil {
 		t.Fatal(err)
 	}
+	h.Close() // and its stderr forwarded
 	if want := "dflow-python: DFLOW_PYTHON=" + explicit + ": no module named grpc, so "; !strings.Contains(stderr.String(), want) {
 		t.Errorf("stderr %q lacks %q", stderr.String(), want)
 	}
