@@ -8,65 +8,18 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/report"
 )
 
-// seedDeadlock is the engine's deadlock test's wiring (engine's
-// deadlock_test.go): the source rotates over the five targets' queues,
-// targets 0 and 3 feed drafter 0's queue, target 2 alone feeds drafter
-// 2's, and the drafters step together. Once drafter 0's queue is full,
-// target 0 blocks, then the source, so target 2 starves, drafter 2 with
-// it, and the group step holds drafters 0 and 1: nothing can move.
-const seedDeadlock = `
-stage "reader" {
-  node = "synthetic_source"
-  config {
-    count = 100000
-  }
-}
-stage "target" {
-  node     = "synthetic_work"
-  replicas = 5
-  config {
-    service_time = "100us"
-  }
-}
-stage "drafter" {
-  node     = "synthetic_work"
-  replicas = 3
-  config {
-    service_time = "100us"
-    sync         = true
-  }
-}
-stage "done" {
-  node = "sink"
-}
-edge "tokens" {
-  from     = reader.out
-  to       = target.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "hs" {
-  from     = target.out
-  to       = drafter.in
-  policy   = "round_robin"
-  capacity = 4
-}
-edge "trained" {
-  from = drafter.out
-  to   = done.in
-}
-`
-
-// TestDeadlockAcrossWorkers: the wiring that deadlocks in one process
-// deadlocks over two and three workers too, with the replicas of the
-// cycle on different workers, and fails as in process: the cycle named,
+// TestDeadlockAcrossWorkers: the engine's deadlock wiring (the source
+// rotates over five targets' queues, target 2 alone feeds drafter 2, the
+// drafters step together) deadlocks over two and three workers as in
+// one process, with the replicas of the cycle on different workers, and fails as in process: the cycle named,
 // each replica with its worker, and the fix. Before the detector across
 // workers the run hung (every replica blocked, no engine seeing it).
 func TestDeadlockAcrossWorkers(t *testing.T) {
-	spec := writeSpec(t, "deadlock.hcl", seedDeadlock)
+	spec := writeSpec(t, "deadlock.hcl", plugintest.DeadlockSpec("synthetic_work"))
 	for _, workers := range []int{2, 3} {
 		t.Run(strings.Repeat("w", workers), func(t *testing.T) {
 			tc := startCluster(t, workers)

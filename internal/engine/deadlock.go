@@ -256,19 +256,12 @@ func (r *run) stuckWaits() map[*replica]*stuckWait {
 // quiescent node: nil unless there is one, each cannot end, and they are
 // all the waits in progress of the replica.
 func (rep *replica) stuckSites() *stuckWait {
-	_, _, _, inIdle, inBlocked := rep.waitTotals()
-	waits := inIdle + inBlocked
-	if waits == 0 {
+	sites, ok := rep.waitingSites()
+	if !ok {
 		return nil
 	}
 	var all *stuckWait
-	seen := 0
-	for _, site := range rep.sites() {
-		n := int(site.active.Load())
-		if n == 0 {
-			continue
-		}
-		seen += n
+	for _, site := range sites {
 		w := rep.stuckWait(site)
 		if w == nil {
 			return nil
@@ -285,10 +278,27 @@ func (rep *replica) stuckSites() *stuckWait {
 		}
 		all.also = append(all.also, w)
 	}
-	if seen != waits {
-		return nil // a wait on something the engine cannot read, or one just begun or ended
-	}
 	return all
+}
+
+// waitingSites are the replica's sites with waits in progress; ok is
+// false unless there is one and they hold all the replica's waits in
+// progress (not so for a wait on something the engine cannot read, or one
+// just begun or ended).
+func (rep *replica) waitingSites() (sites []*waitSite, ok bool) {
+	_, _, _, inIdle, inBlocked := rep.waitTotals()
+	waits := inIdle + inBlocked
+	if waits == 0 {
+		return nil, false
+	}
+	seen := 0
+	for _, site := range rep.sites() {
+		if n := int(site.active.Load()); n > 0 {
+			seen += n
+			sites = append(sites, site)
+		}
+	}
+	return sites, seen == waits
 }
 
 // sites are the replica's wait sites, sends before receives (a stuck

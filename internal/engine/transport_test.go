@@ -230,20 +230,21 @@ func TestTransportDepthAndAbort(t *testing.T) {
 		defer close(done)
 		rep, _ = p.Execute(ctx)
 	}()
-	// Each queue's transport fills to the capacity, and the consumers'
-	// side holds one more item.
+	// Each queue's transport fills to the capacity (the consumers' side
+	// holds one more item, which the depth does not count: it stays
+	// within the capacity).
 	eventually(t, 20*time.Second, func() bool {
 		s := p.Snapshot()
 		if len(s.Edges) == 0 {
 			return false
 		}
 		for _, q := range s.Edges[0].Queues {
-			if q.Depth != capacity+1 {
+			if q.Depth != capacity {
 				return false
 			}
 		}
 		return true
-	}, "every queue to show its transport full and one item at hand")
+	}, "every queue to show its transport full")
 	cancel()
 	select {
 	case <-done:

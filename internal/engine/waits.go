@@ -24,32 +24,22 @@ func (rep *replica) exportWaits() []report.Wait {
 	if rep.away || rep.ended.Load() != 0 {
 		return nil
 	}
-	_, _, _, inIdle, inBlocked := rep.waitTotals()
-	waits := inIdle + inBlocked
 	if q, ok := rep.stage.node.(nodes.Quiescer); ok && q.Quiescent(rep.index) {
-		if waits == 0 {
+		sites, ok := rep.waitingSites()
+		if !ok {
 			return nil
 		}
 		var out []report.Wait
-		seen := 0
-		for _, site := range rep.sites() {
-			n := int(site.active.Load())
-			if n == 0 {
-				continue
-			}
-			seen += n
+		for _, site := range sites {
 			w, ok := rep.exportWait(site)
 			if !ok {
 				return nil
 			}
 			out = append(out, w)
 		}
-		if seen != waits {
-			return nil
-		}
 		return out
 	}
-	if waits != 1 {
+	if _, _, _, inIdle, inBlocked := rep.waitTotals(); inIdle+inBlocked != 1 {
 		return nil
 	}
 	w, ok := rep.exportWait(rep.waitOn.Load())
