@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -645,5 +646,51 @@ func TestInterruptWhileWaiting(t *testing.T) {
 	if !strings.Contains(out, "interrupted while waiting for workers") || strings.Contains(out, "draining") ||
 		strings.Contains(out, "aborting") || strings.Contains(out, "idle worker") {
 		t.Errorf("output:\n%s", out)
+	}
+}
+
+// TestJoinURLs: --serve on every interface (0.0.0.0, ::) tells the other
+// hosts this host's addresses to join at, not loopback; a server bound to
+// one address (loopback included) is joined there.
+func TestJoinURLs(t *testing.T) {
+	addrs := []net.Addr{
+		&net.IPNet{IP: net.ParseIP("127.0.0.1"), Mask: net.CIDRMask(8, 32)},
+		&net.IPNet{IP: net.ParseIP("::1"), Mask: net.CIDRMask(128, 128)},
+		&net.IPNet{IP: net.ParseIP("2001:db8::5"), Mask: net.CIDRMask(64, 128)},
+		&net.IPNet{IP: net.ParseIP("fe80::1"), Mask: net.CIDRMask(64, 128)},
+		&net.IPNet{IP: net.ParseIP("10.0.0.5"), Mask: net.CIDRMask(24, 32)},
+		&net.IPNet{IP: net.ParseIP("169.254.3.4"), Mask: net.CIDRMask(16, 32)},
+	}
+	host := "gpu-box"
+	defer func(a func() ([]net.Addr, error), h func() (string, error)) { interfaceAddrs, hostname = a, h }(interfaceAddrs, hostname)
+	interfaceAddrs = func() ([]net.Addr, error) { return addrs, nil }
+	hostname = func() (string, error) { return host, nil }
+	everywhere := []string{"nats://10.0.0.5:4222", "nats://[2001:db8::5]:4222", "nats://gpu-box:4222"}
+	for _, c := range []struct {
+		serve, url string
+		want       []string
+	}{
+		{"0.0.0.0:4222", "nats://127.0.0.1:4222", everywhere},
+		{"[::]:4222", "nats://127.0.0.1:4222", everywhere},
+		{"0.0.0.0:0", "tls://127.0.0.1:38211", []string{"tls://10.0.0.5:38211", "tls://[2001:db8::5]:38211", "tls://gpu-box:38211"}},
+		{"127.0.0.1:4222", "nats://127.0.0.1:4222", []string{"nats://127.0.0.1:4222"}},
+		{":4222", "nats://127.0.0.1:4222", []string{"nats://127.0.0.1:4222"}},
+		{"10.0.0.5:4222", "nats://10.0.0.5:4222", []string{"nats://10.0.0.5:4222"}},
+	} {
+		if got := joinURLs(c.serve, c.url); !slices.Equal(got, c.want) {
+			t.Errorf("--serve %s: join at %q, want %q", c.serve, got, c.want)
+		}
+	}
+	var out bytes.Buffer
+	(&env{stderr: &out}).printJoin("0.0.0.0:4222", "nats://127.0.0.1:4222", "s3cret")
+	if line := out.String(); !strings.Contains(line, "cluster server at nats://0.0.0.0:4222 (every interface of this host)") ||
+		!strings.Contains(line, "DFLOW_CLUSTER_TOKEN=s3cret dflow worker --join nats://10.0.0.5:4222 (this host's other addresses: nats://[2001:db8::5]:4222, nats://gpu-box:4222)") ||
+		strings.Contains(line, "127.0.0.1") {
+		t.Errorf("the join line: %s", line)
+	}
+	// a host with no address but loopback, and no name: loopback it is
+	addrs, host = addrs[:2], ""
+	if got := joinURLs("0.0.0.0:4222", "nats://127.0.0.1:4222"); !slices.Equal(got, []string{"nats://127.0.0.1:4222"}) {
+		t.Errorf("loopback only: join at %q", got)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"regexp"
@@ -284,7 +286,7 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 		stops = append(stops, srv.Shutdown)
 		url, token = srv.URL, srv.Token
 		if cf.serve != "" {
-			fmt.Fprintf(e.stderr, "dflow: cluster server at %s; on each host: %s=%s dflow worker --join %s\n", url, tokenEnv, token, url)
+			e.printJoin(cf.serve, url, token)
 		}
 	}
 	// A local worker that exits before the run has started ends the wait
@@ -362,4 +364,76 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 		return nil, cleanup, err
 	}
 	return c, cleanup, nil
+}
+
+// The host's addresses and name, for the join line of --serve; tests
+// replace them.
+var (
+	interfaceAddrs = net.InterfaceAddrs
+	hostname       = os.Hostname
+)
+
+// printJoin says where the embedded server of --serve ADDR listens and
+// how a worker on another host joins it.
+func (e *env) printJoin(serve, url, token string) {
+	join := joinURLs(serve, url)
+	at, others := url, ""
+	if len(join) > 1 || join[0] != url {
+		// every interface: the address it was given, with its port
+		if u, err := neturl.Parse(url); err == nil {
+			host, _, _ := net.SplitHostPort(serve)
+			at = u.Scheme + "://" + net.JoinHostPort(host, u.Port()) + " (every interface of this host)"
+		}
+	}
+	if len(join) > 1 {
+		others = " (this host's other addresses: " + strings.Join(join[1:], ", ") + ")"
+	}
+	fmt.Fprintf(e.stderr, "dflow: cluster server at %s; on each host: %s=%s dflow worker --join %s%s\n", at, tokenEnv, token, join[0], others)
+}
+
+// joinURLs are the URLs at which other hosts reach the embedded server
+// that listens on serve (--serve's HOST:PORT) and that this process
+// reaches at url. A server bound to one address is reached there
+// (loopback stays loopback: nothing beyond this machine can join). One
+// bound to every interface (0.0.0.0 or ::, which Go binds for IPv4 and
+// IPv6 alike) is reached at this host's addresses other than loopback
+// and link-local, IPv4 first, then at its hostname; url when it has none.
+func joinURLs(serve, url string) []string {
+	host, _, err := net.SplitHostPort(serve)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil || !ip.IsUnspecified() {
+		return []string{url}
+	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return []string{url}
+	}
+	var v4, v6 []string
+	addrs, _ := interfaceAddrs()
+	for _, a := range addrs {
+		var ip net.IP
+		switch a := a.(type) {
+		case *net.IPNet:
+			ip = a.IP
+		case *net.IPAddr:
+			ip = a.IP
+		}
+		if ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsUnspecified() || ip.IsMulticast() {
+			continue
+		}
+		join := u.Scheme + "://" + net.JoinHostPort(ip.String(), u.Port())
+		if ip.To4() != nil {
+			v4 = append(v4, join)
+		} else {
+			v6 = append(v6, join)
+		}
+	}
+	join := append(v4, v6...)
+	if name, err := hostname(); err == nil && name != "" && name != "localhost" {
+		join = append(join, u.Scheme+"://"+net.JoinHostPort(name, u.Port()))
+	}
+	if len(join) == 0 {
+		return []string{url}
+	}
+	return join
 }
