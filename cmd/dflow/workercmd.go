@@ -310,6 +310,7 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 			}
 		}
 		env = append(env, tokenEnv+"="+token, localWorkerEnv+"=1")
+		var procs []string // "local1 (pid 4101)": what to kill to try a fault
 		for i := range cf.local {
 			name := fmt.Sprintf("local%d", i+1)
 			cmd := exec.Command(exe, "worker", "--join", url, "--name", name, "--once")
@@ -318,6 +319,7 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 			if err := cmd.Start(); err != nil {
 				return nil, cleanup, fmt.Errorf("starting local worker %d: %v", i+1, err)
 			}
+			procs = append(procs, fmt.Sprintf("%s (pid %d)", name, cmd.Process.Pid))
 			waited := make(chan struct{})
 			go func() {
 				err := cmd.Wait()
@@ -333,7 +335,7 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 				}
 			})
 		}
-		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes\n", url, cf.local)
+		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes: %s\n", url, cf.local, strings.Join(procs, ", "))
 	}
 	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Creds: creds, CA: cf.ca, Name: "dflow run " + file})
 	if err != nil {

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/report"
+)
+
+// shBlocks returns the sh code blocks of a markdown file, in order, each
+// as its lines.
+func shBlocks(t *testing.T, path string) [][]string {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks [][]string
+	var cur []string
+	in := false
+	for _, line := range strings.Split(string(src), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```sh"):
+			in, cur = true, nil
+		case in && strings.HasPrefix(line, "```"):
+			in = false
+			blocks = append(blocks, cur)
+		case in:
+			cur = append(cur, line)
+		}
+	}
+	return blocks
+}
+
+// TestTryItKill follows docs/cluster.md's "Kill a worker mid-run": the
+// dflow run line of the block before the one that kills, as written,
+// scaled down by flags added at the end (fewer items, shorter service
+// times, a report), and a SIGKILL, mid-run, to the worker the kill line
+// names, found by the pid the coordinator prints for it. The run must end
+// ok with every item counted once, the killed worker's replicas restarted
+// elsewhere.
+func TestTryItKill(t *testing.T) {
+	blocks := shBlocks(t, "../../docs/cluster.md")
+	var run []string
+	victim := ""
+	for i, b := range blocks {
+		for _, line := range b {
+			if strings.HasPrefix(line, "kill -9 ") && i > 0 {
+				victim = regexp.MustCompile(`local\d+`).FindString(line)
+				for _, l := range blocks[i-1] {
+					if f := strings.Fields(l); len(f) > 2 && f[0] == "dflow" && f[1] == "run" {
+						run = f[1:]
+					}
+				}
+			}
+		}
+	}
+	if run == nil || victim == "" {
+		t.Fatalf("docs/cluster.md shows no dflow run followed by a kill -9 of a local worker (run %q, worker %q)", run, victim)
+	}
+	out := filepath.Join(t.TempDir(), "r.json")
+	args := append(run, "--var", "items=1000", "--set", "stage.target.config.service_time=20ms", "--set", "stage.drafter.config.service_time=5ms",
+		"--interval", "200ms", "--report", out)
+	cmd := dflowCmd(nil, args...)
+	cmd.Dir = "../.." // the doc's paths are the repository's
+	coord := startProc(t, cmd)
+	pidLine := regexp.MustCompile(victim + ` \(pid (\d+)\)`)
+	progress := regexp.MustCompile(`\]\s+(\d+)% ETA`)
+	deadline := time.Now().Add(60 * time.Second)
+	pid := 0
+	for pid == 0 {
+		o := coord.output()
+		m := pidLine.FindStringSubmatch(o)
+		p := progress.FindAllStringSubmatch(o, -1)
+		if m != nil && len(p) > 0 {
+			if done, _ := strconv.Atoi(p[len(p)-1][1]); done >= 10 {
+				if done > 60 {
+					t.Fatalf("the run was %d%% done before the kill: too late to test a loss\n%s", done, o)
+				}
+				pid, _ = strconv.Atoi(m[1])
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run did not get going:\n%s", o)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // our child's child, by the pid it printed
+		t.Fatal(err)
+	}
+	if code := coord.wait(t, 90*time.Second); code != exitOK {
+		t.Fatalf("dflow %s: exit %d after %s was killed\n%s", strings.Join(args, " "), code, victim, coord.output())
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.OK {
+		t.Fatalf("status %s: %s", rep.Status, rep.Error)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != 1000 || e.Consumed != 1000 {
+			t.Errorf("edge %s: produced %d, consumed %d, want 1000 each", name, e.Produced, e.Consumed)
+		}
+	}
+	restarted := 0
+	for name, st := range rep.Stages {
+		var in int64
+		for _, r := range st.Replicas {
+			in += r.ItemsIn
+			if strings.HasPrefix(r.Worker, victim+">") {
+				restarted++
+			} else if r.Worker == victim {
+				t.Errorf("%s[%d] ran on %s, killed, and did not restart", name, r.Index, victim)
+			}
+		}
+		if name != "reader" && in != 1000 {
+			t.Errorf("stage %s took %d items, want 1000", name, in)
+		}
+	}
+	if restarted == 0 || !strings.Contains(coord.output(), "worker "+victim+" lost") {
+		t.Errorf("no replica restarted after %s was lost:\n%s", victim, coord.output())
+	}
+}
