@@ -113,9 +113,17 @@ func cmdRun(e *env, args []string) int {
 		finishUI = f
 	}
 	rep, err := p.Run(ctx) // a failed construction: its report and error at once
+	ran := built && began(rep)
+	if ran && *interval > 0 && rep.Status != report.Aborted {
+		// A last status line with the run's final figures: what a node
+		// measured at its end, after the last interval (drafter_train's
+		// final evaluation), is then the status line's last word as it is
+		// the summary's. (An abort may have left replicas running.)
+		status.Observe(p.Snapshot())
+	}
 	status.Finish()
 	rep.Version, rep.Overrides = dflowVersion(), sf.overrides()
-	if !built || !began(rep) {
+	if !ran {
 		// Its stages failed to build (here, or on a worker): nothing ran,
 		// so there is no summary, diagnosis or plot, only the error (and
 		// the failed report, when asked for, so that a script reading it

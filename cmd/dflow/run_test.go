@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -487,4 +490,71 @@ edge "tokens" {
 			t.Errorf("%v: report status %s, error %q", where, rep.Status, rep.Error)
 		}
 	}
+}
+
+// TestLastStatusLineIsFinal: a figure a node sets as it ends, after the
+// last interval (drafter_train's final evaluation), is in the last status
+// line as in the summary: one figure, not the last periodic one above the
+// final one.
+func TestLastStatusLineIsFinal(t *testing.T) {
+	reg := nodes.Default.Clone()
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "final_metric", Doc: "sets m=1 per item and m=2 at its end",
+			Ports: func(*graph.Config) []graph.PortSpec {
+				return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+			}},
+		New: func(*graph.Config) (nodes.Node, error) { return finalMetric{}, nil },
+	})
+	spec := writeSpec(t, `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count        = 30
+    service_time = "10ms"
+  }
+}
+stage "end" {
+  node = "final_metric"
+}
+edge "e" {
+  from = src.out
+  to   = end.in
+}
+`)
+	var stderr bytes.Buffer
+	e := &env{stdout: &bytes.Buffer{}, stderr: &stderr, registry: reg}
+	if code := e.main([]string{"run", spec, "--interval", "50ms"}); code != exitOK {
+		t.Fatalf("code %d\n%s", code, stderr.String())
+	}
+	var status []string
+	summary := ""
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.HasPrefix(line, "[") {
+			status = append(status, line)
+		}
+		if strings.HasPrefix(line, "  stage end") {
+			summary = line
+		}
+	}
+	if len(status) < 3 || !strings.Contains(status[0], "m=1") {
+		t.Fatalf("want periodic status lines with m=1 first:\n%s", stderr.String())
+	}
+	if last := status[len(status)-1]; !strings.Contains(last, "m=2") || !strings.Contains(summary, "m=2") {
+		t.Errorf("the last status line and the summary disagree on m, or miss the final m=2:\n%s\n%s", last, summary)
+	}
+}
+
+type finalMetric struct{}
+
+func (finalMetric) Run(ctx context.Context, r nodes.Replica) error {
+	for {
+		if _, err := r.In("in").Recv(ctx); err == io.EOF {
+			break
+		} else if err != nil {
+			return err
+		}
+		r.Metrics().Set("m", 1)
+	}
+	r.Metrics().Set("m", 2)
+	return nil
 }
