@@ -116,6 +116,10 @@ type Sample struct {
 	// (gauges their latest value, counters their sum so far): the loss
 	// and acceptance length curves of a training run.
 	Metrics map[string]map[string]float64 `json:"metrics,omitempty"`
+	// Items is each stage's items so far, summed over its replicas:
+	// received, or emitted by a source (a stage with no inputs). Two
+	// successive samples give the stage's throughput in items/s.
+	Items map[string]int64 `json:"items,omitempty"`
 }
 
 // Write saves the report as indented JSON.

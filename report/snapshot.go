@@ -150,6 +150,7 @@ func (s *Snapshot) Sample(prev *Snapshot) Sample {
 		Queues:      map[string][]int{},
 		Utilization: map[string][]float64{},
 		Idle:        map[string][]float64{},
+		Items:       map[string]int64{},
 	}
 	for _, e := range s.Edges {
 		depths := make([]int, len(e.Queues))
@@ -161,6 +162,7 @@ func (s *Snapshot) Sample(prev *Snapshot) Sample {
 	for i, st := range s.Stages {
 		p.Utilization[st.Name] = s.Utilization(prev, i)
 		p.Idle[st.Name] = s.IdleShare(prev, i)
+		p.Items[st.Name] = st.Items()
 		if len(st.Metrics) > 0 {
 			if p.Metrics == nil {
 				p.Metrics = map[string]map[string]float64{}
@@ -169,4 +171,18 @@ func (s *Snapshot) Sample(prev *Snapshot) Sample {
 		}
 	}
 	return p
+}
+
+// Items is the stage's items so far, summed over its replicas: received,
+// or emitted when the stage is a source.
+func (st *StageSnapshot) Items() int64 {
+	var n int64
+	for _, r := range st.Replicas {
+		if st.Source {
+			n += r.ItemsOut
+		} else {
+			n += r.ItemsIn
+		}
+	}
+	return n
 }
