@@ -129,7 +129,7 @@ func (b *Builder) resolveStage(s *Stage) {
 		return
 	}
 	for _, ps := range k.Ports(s.Config) {
-		p := &Port{Stage: s, Name: ps.Name, Dir: ps.Dir, Type: ps.Type}
+		p := &Port{Stage: s, Name: ps.Name, Dir: ps.Dir, Type: ps.Type, noKeys: ps.NoKeys, noKeysField: ps.NoKeysField}
 		if ps.Dir == In {
 			s.Inputs = append(s.Inputs, p)
 		} else {
@@ -437,6 +437,40 @@ func (b *Builder) checkTypes(e *Edge) {
 		Subject: subject(e.ToRange),
 		Context: subject(hcl.RangeBetween(e.FromRange, e.ToRange)),
 	})
+}
+
+// CheckKeys reports, as errors at the edge's policy, each key_hash edge
+// from a port whose node says its items carry no key (PortSpec.NoKeys,
+// synthetic_source with keys = 0): the edge routes every item by its key,
+// so the run would fail at its first item (nodes.ErrNoKey). dflow
+// validate and every dflow command that loads a spec run it on the
+// loaded graph, as they run the deadlock check. The Loader and the
+// Builder do not: a graph with such an edge still builds, and its run
+// fails as it always has, which the runtime's own tests of that failure
+// rely on.
+func CheckKeys(g *Graph) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	for _, e := range g.Edges {
+		if e.Policy != KeyHash || e.From == nil || e.From.noKeys == "" {
+			continue
+		}
+		s := e.From.Stage
+		where := ""
+		if f := e.From.noKeysField; f != "" && s.Config != nil {
+			if r, ok := s.Config.ranges[f]; ok && !isZero(r) { // written in the spec
+				where = fmt.Sprintf(" Stage %q sets %s at %s:%d.", s.Name, f, r.Filename, r.Start.Line)
+			}
+		}
+		diags = append(diags, &hcl.Diagnostic{
+			Severity: hcl.DiagError,
+			Summary:  "key_hash edge without keys",
+			Detail: fmt.Sprintf("edge %q: policy key_hash sends each item to the consumer replica its key picks, but %s (%s) emits items without keys: %s.%s "+
+				"Give its items keys, or choose another policy: %q or %q.",
+				e.Name, e.From, s.Node, e.From.noKeys, where, Shared, RoundRobin),
+			Subject: subject(e.PolicyRange),
+		})
+	}
+	return diags
 }
 
 func (b *Builder) checkUnconnected() {

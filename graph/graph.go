@@ -110,6 +110,8 @@ type Port struct {
 	Dir   Direction
 	Type  string // resolved: SameAs ports carry their source's type
 	Edges []*Edge
+
+	noKeys, noKeysField string // PortSpec.NoKeys and NoKeysField
 }
 
 func (p *Port) String() string { return p.Stage.Name + "." + p.Name }

@@ -91,6 +91,16 @@ type PortSpec struct {
 	// the output carries (synthetic_work's out is the type of its in).
 	SameAs string
 	Doc    string
+	// NoKeys, on an output port, says in words why its items carry no key
+	// for this config (synthetic_source's "keys = 0: its items carry no
+	// key"); "" where they may carry keys or the kind cannot tell. An edge
+	// from such a port with policy key_hash, which routes every item by
+	// its key, fails validation at the edge's policy, instead of the run
+	// at its first item.
+	NoKeys string
+	// NoKeysField is the config attribute that decides NoKeys, if one
+	// does ("keys"): the error says where the spec sets it.
+	NoKeysField string
 }
 
 // FieldType is the type of one config attribute.

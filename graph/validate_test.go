@@ -27,7 +27,10 @@ func TestValidateSuite(t *testing.T) {
 		}
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			l := &graph.Loader{Catalog: testRegistry()}
-			_, diags := l.LoadFile(filepath.ToSlash(file))
+			g, diags := l.LoadFile(filepath.ToSlash(file))
+			if g != nil && !diags.HasErrors() {
+				diags = append(diags, graph.CheckKeys(g)...) // as dflow validate runs it
+			}
 			var buf bytes.Buffer
 			graph.WriteDiagnostics(&buf, diags, l.Sources())
 			golden := strings.TrimSuffix(file, ".json")

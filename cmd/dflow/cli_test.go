@@ -273,3 +273,26 @@ func TestFmtNotText(t *testing.T) {
 		t.Error("fmt changed the file")
 	}
 }
+
+// TestKeyHashWithoutKeys: a key_hash edge fed by a source whose items
+// carry no key (synthetic_source, keys = 0) is an error of validate at the
+// edge's policy, with the line where the spec sets keys; run refuses the
+// spec before it starts, instead of failing at the first item.
+func TestKeyHashWithoutKeys(t *testing.T) {
+	spec := "../../graph/testdata/validate/key_hash_no_keys.hcl"
+	code, stdout, stderr := dflow(t, "validate", spec)
+	if code != exitFailed || !strings.Contains(stdout, "0 of 1 spec valid") ||
+		!strings.Contains(stderr, "key_hash_no_keys.hcl:35:12: error: key_hash edge without keys") ||
+		!strings.Contains(stderr, `but events.out (synthetic_source) emits items without keys: keys = 0`) ||
+		!strings.Contains(stderr, `Stage "events" sets keys at ../../graph/testdata/validate/key_hash_no_keys.hcl:8.`) ||
+		!strings.Contains(stderr, "key_hash_no_keys.hcl:41:12: error: key_hash edge without keys") {
+		t.Errorf("validate: code %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := dflow(t, "run", spec); code != exitFailed || strings.Contains(stderr, "dflow: running") || !strings.Contains(stderr, "key_hash edge without keys") {
+		t.Errorf("run: code %d\n%s", code, stderr)
+	}
+	// keys given: valid
+	if code, _, stderr := dflow(t, "validate", spec, "--set", "stage.events.config.keys=4", "--set", "stage.unset.config.keys=4"); code != exitOK {
+		t.Errorf("with keys: code %d\n%s", code, stderr)
+	}
+}

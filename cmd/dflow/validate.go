@@ -29,9 +29,7 @@ func cmdValidate(e *env, args []string) int {
 	valid := 0
 	for _, f := range files {
 		g, diags := l.LoadFile(f)
-		if g != nil && !diags.HasErrors() {
-			diags = append(diags, sim.DeadlockWarnings(g, sim.Options{Registry: e.registry})...)
-		}
+		diags = append(diags, e.checkLoaded(g, diags)...)
 		all = append(all, diags...)
 		if !diags.HasErrors() {
 			valid++
@@ -61,9 +59,24 @@ func (e *env) load(sf *specFlags, file string) *graph.Graph {
 		return nil
 	}
 	g, diags := l.LoadFile(file)
-	if g != nil && !diags.HasErrors() {
-		diags = append(diags, sim.DeadlockWarnings(g, sim.Options{Registry: e.registry})...)
-	}
+	diags = append(diags, e.checkLoaded(g, diags)...)
 	graph.WriteDiagnostics(e.stderr, diags, l.Sources())
+	if diags.HasErrors() {
+		return nil
+	}
 	return g
+}
+
+// checkLoaded is what every command checks in a spec the loader accepted
+// (diags, its diagnostics, have no error), beyond the loader's own rules:
+// key_hash edges fed without keys (an error) and wiring that can
+// deadlock (a warning).
+func (e *env) checkLoaded(g *graph.Graph, diags hcl.Diagnostics) hcl.Diagnostics {
+	if g == nil || diags.HasErrors() {
+		return nil
+	}
+	if keys := graph.CheckKeys(g); keys.HasErrors() {
+		return keys
+	}
+	return sim.DeadlockWarnings(g, sim.Options{Registry: e.registry})
 }

@@ -42,7 +42,14 @@ var sourceKind = graph.Kind{
 		fieldServiceTime, fieldSpeed, fieldSeed,
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
-		return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: cfg.String("type"), Doc: "the generated items"}}
+		out := graph.PortSpec{Name: "out", Dir: graph.Out, Type: cfg.String("type"), Doc: "the generated items"}
+		switch t := cfg.String("type"); {
+		case t == "bytes" || t == "tokens": // only blobs carry keys
+			out.NoKeys, out.NoKeysField = fmt.Sprintf("type %q items carry none (keyed items are blobs: type \"blob\" with keys = N)", t), "type"
+		case cfg.Int("keys") == 0:
+			out.NoKeys, out.NoKeysField = "keys = 0 gives them none (keys = N gives N distinct keys)", "keys"
+		}
+		return []graph.PortSpec{out}
 	},
 	Check: func(cfg *graph.Config) []error {
 		errs := checkTiming(cfg)
