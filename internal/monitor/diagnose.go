@@ -25,7 +25,9 @@ const (
 // than their siblings, queues always full or always empty, for a
 // round_robin edge with uneven wiring the change that balances it, and
 // for a key_hash edge whose keys are skewed the replica they overload. Each
-// sentence cites the measured figures it rests on. predict, when not nil,
+// sentence cites the measured figures it rests on. A failed run gets none
+// of these, only a deadlock's account where it deadlocked: what ended it
+// was its error. predict, when not nil,
 // estimates what switching an edge to "shared" would gain (the simulator,
 // replaying this run's service times); its figure joins the suggestion.
 func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
@@ -33,7 +35,10 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 	if d := deadlocked(rep); d != "" {
 		out = append(out, d)
 	}
-	if rep.WallSeconds < minRunSeconds {
+	// A failed run was cut short by its error (a deadlock above, a replica
+	// that failed, a worker lost): its figures stop there and say nothing
+	// of what limits the pipeline's throughput, so no advice on it.
+	if rep.WallSeconds < minRunSeconds || rep.Status == report.Failed {
 		return out
 	}
 	out = append(out, bottleneck(g, rep)...)

@@ -157,6 +157,13 @@ func TestDiagnoseRules(t *testing.T) {
 	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}, nil); len(got) != 0 {
 		t.Errorf("too short a run to judge: %v", got)
 	}
+
+	// The same figures in a failed run: its error ended it, and they say
+	// nothing of what limits throughput, so there is no advice.
+	rep.Status, rep.Error = report.Failed, `stage "drafter" replica 1: injected failure after 3 items`
+	if got := Diagnose(g, rep, nil); len(got) != 0 {
+		t.Errorf("a failed run got throughput advice: %q", got)
+	}
 }
 
 func TestIndexList(t *testing.T) {
