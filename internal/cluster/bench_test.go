@@ -154,20 +154,20 @@ edge "e" {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	job := &Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}}
+	job := &Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: NewToken()}
 	pjs, _ := newJS(pc)
 	cjs, _ := newJS(cc)
 	if err := setupRun(ctx, pjs, job.Run, g, job.Remote); err != nil {
 		tb.Fatal(err)
 	}
-	pl, err := newLinks(ctx, pc, pjs, job, g, "p")
+	pl, err := newLinks(ctx, pc, pjs, job, g, "p", "")
 	if err == nil {
 		pl.start()
 	}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cl, err := newLinks(ctx, cc, cjs, job, g, "c")
+	cl, err := newLinks(ctx, cc, cjs, job, g, "c", "")
 	if err == nil {
 		cl.start()
 	}

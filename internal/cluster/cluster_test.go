@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -290,16 +292,18 @@ edge "b" {
 	}
 }
 
-// TestChunksIntact: a 5 MiB item and a small one cross a remote edge in
-// order, byte for byte, and the chunks are purged after.
-func TestChunksIntact(t *testing.T) {
+// TestLargeItemsIntact: a 5 MiB item and a small one cross a remote edge
+// in order, byte for byte, the large one's bytes over the data plane: held
+// by the producer's share until the consumer has acked it, released then.
+func TestLargeItemsIntact(t *testing.T) {
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	send, recv, js, cleanup := edgePair(t, srv, "chunks")
+	send, recv, _, cleanup := edgePair(t, srv, "large")
 	defer cleanup()
+	dp := send.(*jsQueue).l.dp
 	ctx := context.Background()
 	big := &items.Blob{Data: make([]byte, 5<<20+123)}
 	for i := range big.Data {
@@ -312,6 +316,9 @@ func TestChunksIntact(t *testing.T) {
 		}
 	}
 	send.Close()
+	if n, size := dp.holding(); n != 1 || size < int64(len(big.Data)) {
+		t.Errorf("the producer holds %d items (%d bytes) before the consumer has them; want the large one", n, size)
+	}
 	for _, want := range []*items.Blob{big, small} {
 		got, ok, err := recv.Recv(ctx)
 		if err != nil || !ok {
@@ -324,12 +331,84 @@ func TestChunksIntact(t *testing.T) {
 	if _, ok, err := recv.Recv(ctx); ok || err != nil {
 		t.Fatalf("after the last: %v %v", ok, err)
 	}
-	s, err := js.Stream(ctx, streamBlob("chunks"))
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := dp.drained(dctx); err != nil {
+		n, _ := dp.holding()
+		t.Errorf("the producer still holds %d items' bytes after the consumer acked them", n)
+	}
+}
+
+// TestDataPlaneRefusesStrangers: a share's data plane gives nothing to a
+// request without the run's data key, or with another.
+func TestDataPlaneRefusesStrangers(t *testing.T) {
+	dp, err := newDataPlane("run1", NewToken(), "127.0.0.1", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 0 {
-		t.Errorf("blob stream after: %+v %v", info.State, err)
+	defer dp.close()
+	dp.put("x", [][]byte{[]byte("secret bytes")})
+	for _, auth := range []string{"", "Bearer " + NewToken(), "Bearer "} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+dp.addr+"/v1/run1/x", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || bytes.Contains(body, []byte("secret")) {
+			t.Errorf("authorization %q: %s %q", auth, resp.Status, body)
+		}
+	}
+	// With the key: the bytes, then released.
+	got, err := dp.fetch(context.Background(), ref{addr: dp.addr, size: 12}, "x")
+	if err != nil || string(got) != "secret bytes" {
+		t.Fatalf("with the key: %q, %v", got, err)
+	}
+	dp.release(ref{addr: dp.addr}, "x")
+	if n, _ := dp.holding(); n != 0 {
+		t.Errorf("%d items held after their release", n)
+	}
+	// A share speaking TLS: a client pinning another certificate is refused.
+	tdp, err := newDataPlane("run1", dp.key, "127.0.0.1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tdp.close()
+	tdp.put("y", [][]byte{[]byte("tls bytes")})
+	if got, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: tdp.pin, size: 9}, "y"); err != nil || string(got) != "tls bytes" {
+		t.Errorf("over TLS, pinned: %q, %v", got, err)
+	}
+	if _, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: strings.Repeat("0", 64), size: 9}, "y"); err == nil {
+		t.Error("over TLS, a certificate other than the pinned one was accepted")
+	}
+}
+
+// TestHolderGone: when the share holding a large item's bytes is gone
+// before its consumer has them, the consumer fails at once, naming the
+// worker, instead of waiting for bytes that are nowhere else.
+func TestHolderGone(t *testing.T) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	send, recv, _, cleanup := edgePair(t, srv, "gone")
+	defer cleanup()
+	pl := send.(*jsQueue).l
+	pl.worker = "gpu3"
+	if err := send.Send(context.Background(), &items.Blob{Data: make([]byte, 1<<20)}); err != nil {
+		t.Fatal(err)
+	}
+	pl.dp.close() // the holder's host dies
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _, err = recv.Recv(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "held by worker gpu3") {
+		t.Errorf("err = %v, want one naming worker gpu3 before the deadline", err)
 	}
 }
 
@@ -456,10 +535,11 @@ edge "b" {
 	}
 	defer teardownRun(js, job.Run, g, job.Remote)
 	share := func(name string) *links {
-		l, err := newLinks(ctx, nc, js, job, g, name)
+		l, err := newLinks(ctx, nc, js, job, g, name, "")
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(l.dp.close)
 		return l
 	}
 	first, second := share("w1"), share("w2")

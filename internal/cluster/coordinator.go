@@ -78,6 +78,8 @@ type Coordinator struct {
 	// counted lost (the detector waits for its restart)
 	deadlock deadlockWatch
 	lastLoss time.Time
+	// dataKey opens the workers' data planes for this run (Job.DataKey)
+	dataKey string
 }
 
 // instance is one share of the run: a worker's, or a restart's.
@@ -116,6 +118,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	b := make([]byte, 4)
 	rand.Read(b)
 	c.run = hex.EncodeToString(b)
+	c.dataKey = NewToken()
 	sub, err := o.Conn.Subscribe("dflow.hello.*", c.hello)
 	if err != nil {
 		return nil, err
@@ -528,6 +531,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job := c.o.Job
 	job.Run, job.Instance, job.Grace, job.Restart = c.run, inst, c.o.Grace, inst != worker
 	job.Provenance = nn.CurrentRun()
+	job.DataKey = c.dataKey
 	c.mu.Lock()
 	job.Place = map[string][]string{}
 	for k, v := range c.place {

@@ -216,21 +216,9 @@ func (lg *ledger) commitSome() (more bool, err error) {
 		}
 		time.Sleep(wait)
 	}
-	var chunked []*taken
 	for _, t := range batch {
 		t.q.committed(t)
-		if t.chunked {
-			chunked = append(chunked, t)
-		}
-	}
-	if len(chunked) > 0 {
-		lg.l.wg.Add(1)
-		go func() { // not in the way of the next commit
-			defer lg.l.wg.Done()
-			for _, t := range chunked {
-				t.q.purgeChunks(t.id)
-			}
-		}()
+		t.q.release(t.id, t.ref) // acked: its bytes' holder may drop them
 	}
 	return more, nil
 }

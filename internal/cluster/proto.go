@@ -33,6 +33,12 @@ type Job struct {
 	// record (the coordinator's): the replicas of a stage on several
 	// workers write and overwrite one run's checkpoint.
 	Provenance nn.Run `json:"provenance"`
+	// DataKey is the run's key to the workers' data planes (dataplane.go),
+	// made up by the coordinator: only a holder of the job has it.
+	DataKey string `json:"data_key"`
+	// DataThreshold is the size past which an item's bytes go over the
+	// data plane (0: 256 KiB).
+	DataThreshold int `json:"data_threshold,omitempty"`
 }
 
 // hello is a worker's announcement.
@@ -74,10 +80,6 @@ func subjGroup(run, stage string) string     { return "dflow.r." + run + ".grp."
 func subjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
 func streamQueue(run string, e, q int) string {
 	return fmt.Sprintf("DFQ_%s_%d_%d", run, e, q)
-}
-func streamBlob(run string) string { return "DFB_" + run }
-func subjBlob(run, id string, k int) string {
-	return fmt.Sprintf("dflow.b.%s.%s.%d", run, id, k)
 }
 func bucketEnds(run string) string   { return "DFE_" + run }
 func bucketRoutes(run string) string { return "DFR_" + run }

@@ -23,8 +23,8 @@ import (
 // Headers of a queue's messages.
 const (
 	hdrWire   = "Dflow-Wire"   // the item's wire encoding (items.Encode)
-	hdrChunks = "Dflow-Chunks" // the payload is in that many blob chunks
-	hdrSize   = "Dflow-Size"   // of that many bytes in all
+	hdrSize   = "Dflow-Size"   // the item's bytes, on the data plane (dataplane.go)
+	hdrHolder = "Dflow-Holder" // the worker whose data plane holds them
 	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
@@ -66,12 +66,6 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 			}
 		}
 	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: streamBlob(run), Subjects: []string{"dflow.b." + run + ".>"},
-		Storage: jetstream.MemoryStorage, AllowDirect: true,
-	}); err != nil {
-		return fmt.Errorf("blob stream: %w", err)
-	}
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
 		return fmt.Errorf("end bucket: %w", err)
 	}
@@ -94,7 +88,6 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 			}
 		}
 	}
-	js.DeleteStream(ctx, streamBlob(run))
 	js.DeleteKeyValue(ctx, bucketEnds(run))
 	js.DeleteKeyValue(ctx, bucketRoutes(run))
 }
@@ -109,10 +102,13 @@ type links struct {
 	g        *graph.Graph
 	instance string
 	worker   string // the worker's name (instance is the share's)
-	blobs    jetstream.Stream
 	ends     jetstream.KeyValue
 	routes   jetstream.KeyValue
-	chunk    int
+	// dp holds the bytes of the large items this share sends, for their
+	// consumers to fetch, and fetches those it receives (dataplane.go);
+	// threshold is the size past which an item's bytes take it
+	dp        *dataPlane
+	threshold int
 
 	// restartable says whether a stage's replicas restart elsewhere when
 	// their worker is lost: the items they take are then followed until
@@ -145,25 +141,35 @@ type links struct {
 	wg     sync.WaitGroup
 }
 
-func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance string) (*links, error) {
+// newLinks sets up a share's transports; dataAddr is the address its data
+// plane listens on and other hosts reach it by ("": the host's address on
+// the route to the broker, any free port).
+func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
 		pending: map[any]*taken{}, origins: map[any]origin{}}
 	l.ledger = newLedger(l)
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
-	if l.blobs, err = js.Stream(ctx, streamBlob(job.Run)); err != nil {
-		return nil, fmt.Errorf("blob stream: %w", err)
-	}
 	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
 		return nil, fmt.Errorf("end bucket: %w", err)
 	}
 	if l.routes, err = js.KeyValue(ctx, bucketRoutes(job.Run)); err != nil {
 		return nil, fmt.Errorf("route bucket: %w", err)
 	}
-	// Chunks fill a message up to the server's payload limit, less room
-	// for the headers.
-	l.chunk = int(min(nc.MaxPayload(), 1<<20)) - 4096
+	l.threshold = job.DataThreshold
+	if l.threshold <= 0 {
+		l.threshold = dataThreshold
+	}
+	// A message must hold what stays on the broker: past the payload
+	// limit, the data plane, whatever the threshold.
+	l.threshold = min(l.threshold, int(nc.MaxPayload())-4096)
+	if dataAddr == "" {
+		dataAddr = dataHost(nc)
+	}
+	if l.dp, err = newDataPlane(job.Run, job.DataKey, dataAddr, nc.TLSRequired()); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -216,10 +222,11 @@ func (l *links) aborting() bool {
 	return l.released.Load() || (l.ctx != nil && l.ctx.Err() != nil)
 }
 
-// close stops the background work.
+// close stops the background work and the data plane.
 func (l *links) close() {
 	close(l.stop)
 	l.wg.Wait()
+	l.dp.close()
 }
 
 // keepAlive reads every queue's depth every 250ms, and keeps the items
@@ -289,6 +296,11 @@ type jsQueue struct {
 	seen     map[string]bool // ids handed on, to drop redeliveries
 	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
 
+	// ahead are the large items' bytes being fetched before their turn
+	// (at most aheadMax at once), by id
+	ahead      map[string]*fetching
+	aheadSlots chan struct{}
+
 	hmu       sync.Mutex
 	held      map[string]jetstream.Msg // fetched and not yet acked, by id: the latest delivery
 	following map[string]bool          // ids followed by a restartable replica, until committed
@@ -333,11 +345,10 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	// mid-send). Only the wait for room honours ctx, and it has no bound:
 	// a slow consumer holds a producer back as long as it takes, as in
 	// process.
-	publish := func(m *nats.Msg) error {
+	publish := func(m *nats.Msg) (*jetstream.PubAck, error) {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishWait)
 		defer cancel()
-		_, err := q.l.js.PublishMsg(pctx, m)
-		return err
+		return q.l.js.PublishMsg(pctx, m)
 	}
 	m := nats.NewMsg(subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
@@ -345,18 +356,28 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
 		m.Header.Set(hdrKey, k.Key()) // a key outside the wire encoding (items.Blob's)
 	}
-	if size > q.l.chunk {
-		n, err := q.publishChunks(id, parts)
-		if err != nil {
-			return err
-		}
-		m.Header.Set(hdrChunks, strconv.Itoa(n))
+	onPlane := size > q.l.threshold
+	if onPlane {
+		// The bytes stay here, for the consumer to fetch; the message
+		// says where (dataplane.go).
+		q.l.dp.put(id, parts)
+		m.Header.Set(hdrRef, q.l.dp.addr)
+		m.Header.Set(hdrHolder, q.l.worker)
 		m.Header.Set(hdrSize, strconv.Itoa(size))
+		if q.l.dp.pin != "" {
+			m.Header.Set(hdrPin, q.l.dp.pin)
+		}
 	} else if len(parts) == 1 {
 		m.Data = parts[0]
 	} else {
 		m.Data = bytes.Join(parts, nil)
 	}
+	sent := false
+	defer func() {
+		if onPlane && !sent {
+			q.l.dp.drop(id) // not sent, or a duplicate: another share holds them
+		}
+	}()
 	wait := 100 * time.Microsecond
 	lastLook := time.Now()
 	for {
@@ -368,8 +389,9 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 			// share that took over's to send
 			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.name(), q.l.worker, context.Canceled)
 		}
-		err := publish(m)
+		ack, err := publish(m)
 		if err == nil {
+			sent = !ack.Duplicate
 			return nil
 		}
 		if !isFull(err) {
@@ -390,69 +412,6 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		}
 		wait = min(2*wait, 5*time.Millisecond)
 	}
-}
-
-// publishChunks stores an encoding's parts in the blob stream as chunks
-// of at most the queue's chunk size, cut from each part in place (no copy
-// of the whole), all in flight at once (their order is in their
-// subjects), and returns how many once the server has stored every one.
-func (q *jsQueue) publishChunks(id string, parts [][]byte) (int, error) {
-	var futs []jetstream.PubAckFuture
-	for _, p := range parts {
-		for off := 0; off < len(p); off += q.l.chunk {
-			chunk := p[off:min(off+q.l.chunk, len(p))]
-			cm := &nats.Msg{Subject: subjBlob(q.l.job.Run, id, len(futs)), Data: chunk, Header: nats.Header{}}
-			cm.Header.Set(jetstream.MsgIDHeader, id+"."+strconv.Itoa(len(futs))) // a restart's chunks again are dropped
-			f, err := q.l.js.PublishMsgAsync(cm)
-			if err != nil {
-				return 0, fmt.Errorf("%s: chunk: %w", q.name(), err)
-			}
-			futs = append(futs, f)
-		}
-	}
-	timeout := time.NewTimer(publishWait)
-	defer timeout.Stop()
-	for k, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return 0, fmt.Errorf("%s: chunk %d: %w", q.name(), k, err)
-		case <-timeout.C:
-			return 0, fmt.Errorf("%s: chunk %d: no answer from the server within %v", q.name(), k, publishWait)
-		}
-	}
-	return len(futs), nil
-}
-
-// getChunks gathers the n chunks of item id, size bytes in all, from the
-// blob stream, up to 8 fetched at once.
-func (q *jsQueue) getChunks(ctx context.Context, id string, n, size int) ([]byte, error) {
-	parts := make([][]byte, n)
-	errs := make([]error, n)
-	sem := make(chan struct{}, 8)
-	var wg sync.WaitGroup
-	for k := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			rm, err := q.l.blobs.GetLastMsgForSubject(ctx, subjBlob(q.l.job.Run, id, k))
-			if err != nil {
-				errs[k] = fmt.Errorf("%s: chunk %d of %s: %w", q.name(), k, id, err)
-				return
-			}
-			parts[k] = rm.Data
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	data := bytes.Join(parts, nil)
-	if len(data) != size {
-		return nil, fmt.Errorf("%s: the chunks of %s hold %d bytes, want %d", q.name(), id, len(data), size)
-	}
-	return data, nil
 }
 
 func isFull(err error) bool {
@@ -478,6 +437,7 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 		}
 		q.stream, q.cons, q.ended = s, c, map[int]bool{}
 		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}), make(chan error, 1)
+		q.ahead, q.aheadSlots = map[string]*fetching{}, make(chan struct{}, aheadMax)
 		q.resume = make(chan struct{}, 1)
 		q.room = make(chan struct{}, 1)
 		q.l.wg.Add(1)
@@ -556,6 +516,7 @@ func (q *jsQueue) fetch() {
 		for m := range b.Messages() {
 			got = true
 			q.hold(m)
+			q.fetchAhead(m)
 			select {
 			case q.inbox <- m:
 			case <-q.l.stop:
@@ -582,6 +543,7 @@ func (q *jsQueue) fetch() {
 func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	if q.seen[id] {
+		q.claim(id) // its bytes, if fetched again, are not needed
 		// A redelivery of an item handed on here: acked if it was done
 		// with, else the one in hand stays followed (its latest delivery
 		// is what is kept alive and acked).
@@ -590,12 +552,15 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		}
 		return nil, true, nil
 	}
-	data, chunked := m.Data(), false
-	if n, _ := strconv.Atoi(m.Headers().Get(hdrChunks)); n > 0 {
-		chunked = true
-		size, _ := strconv.Atoi(m.Headers().Get(hdrSize))
-		if data, err = q.getChunks(ctx, id, n, size); err != nil {
-			return nil, false, err
+	data := m.Data()
+	r, onPlane := refOf(m.Headers())
+	if onPlane {
+		if data, err = q.bytesOf(ctx, r, id); err != nil {
+			if ctx.Err() != nil {
+				return nil, false, ctx.Err()
+			}
+			return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else",
+				q.name(), id, m.Headers().Get(hdrHolder), r.addr, err)
 		}
 	}
 	item, err = items.Decode(m.Headers().Get(hdrWire), data)
@@ -607,38 +572,115 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
 	q.seen[id] = true
-	q.take(item, id, chunked)
+	var held *ref
+	if onPlane {
+		held = &r
+	}
+	q.take(item, id, held)
 	return item, false, nil
 }
 
-// purgeChunks drops an item's chunks from the blob stream, once its
-// message is acked (until then a redelivery needs them).
-func (q *jsQueue) purgeChunks(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	q.l.blobs.Purge(ctx, jetstream.WithPurgeSubject("dflow.b."+q.l.job.Run+"."+id+".>"))
+// aheadMax is how many large items' bytes a queue's consumer side fetches
+// before their turn: the transfer of the next overlaps the wait for its
+// message and the work on the one before.
+const aheadMax = 2
+
+// fetching is a fetch of an item's bytes begun before its turn.
+type fetching struct {
+	done chan struct{}
+	data []byte
+	err  error
+}
+
+// fetchAhead begins fetching the bytes of m's item when they are on a
+// data plane, waiting while aheadMax fetches are under way or unclaimed
+// (the pull loop then waits too: a bounded pipeline).
+func (q *jsQueue) fetchAhead(m jetstream.Msg) {
+	r, ok := refOf(m.Headers())
+	if !ok {
+		return
+	}
+	id := m.Headers().Get(jetstream.MsgIDHeader)
+	select {
+	case q.aheadSlots <- struct{}{}:
+	case <-q.l.stop:
+		return
+	}
+	f := &fetching{done: make(chan struct{})}
+	q.hmu.Lock()
+	if q.ahead[id] != nil {
+		q.hmu.Unlock()
+		<-q.aheadSlots
+		return
+	}
+	q.ahead[id] = f
+	q.hmu.Unlock()
+	q.l.wg.Add(1)
+	go func() {
+		defer q.l.wg.Done()
+		defer close(f.done)
+		f.data, f.err = q.l.dp.fetch(q.l.runCtx(), r, id)
+	}()
+}
+
+// claim takes id's fetch begun ahead, if any, freeing its slot.
+func (q *jsQueue) claim(id string) *fetching {
+	q.hmu.Lock()
+	f := q.ahead[id]
+	delete(q.ahead, id)
+	q.hmu.Unlock()
+	if f != nil {
+		<-q.aheadSlots
+	}
+	return f
+}
+
+// bytesOf returns an item's bytes: fetched ahead, or now.
+func (q *jsQueue) bytesOf(ctx context.Context, r ref, id string) ([]byte, error) {
+	if f := q.claim(id); f != nil {
+		select {
+		case <-f.done:
+			if f.err == nil {
+				return f.data, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return q.l.dp.fetch(ctx, r, id) // not fetched ahead, or that fetch failed: once more
+}
+
+// release tells the holder of an item's bytes that its message is acked:
+// it may drop them (off the caller's path).
+func (q *jsQueue) release(id string, r *ref) {
+	if r == nil {
+		return
+	}
+	q.l.wg.Add(1)
+	go func() {
+		defer q.l.wg.Done()
+		q.l.dp.release(*r, id)
+	}()
 }
 
 // taken is an item taken from a queue for a restartable stage and not
 // yet acked, with the counts of its work so far.
 type taken struct {
-	q       *jsQueue
-	id      string
-	chunked bool // its payload is in the blob stream
-	counts  counts
+	q      *jsQueue
+	id     string
+	ref    *ref // its bytes are on a data plane, released once acked
+	counts counts
 }
 
 // take acks m now, unless the consuming stage restarts elsewhere on a
 // loss and the item can be followed (a pointer): then the replica that
 // receives it follows it (ledger.go) and the coordinator acks it once it
 // is finished and counted.
-func (q *jsQueue) take(item any, id string, chunked bool) {
+func (q *jsQueue) take(item any, id string, r *ref) {
 	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
 	if !follow {
 		q.ack(id)
-		if chunked {
-			q.purgeChunks(id)
-		}
+		q.release(id, r)
 		if q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) {
 			q.l.ledger.count(edgeKey("c", q.edge.Name))
 		}
@@ -649,7 +691,7 @@ func (q *jsQueue) take(item any, id string, chunked bool) {
 	q.following[id] = true
 	q.hmu.Unlock()
 	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, id: id, chunked: chunked, counts: counts{}}
+	q.l.pending[item] = &taken{q: q, id: id, ref: r, counts: counts{}}
 	q.l.pmu.Unlock()
 }
 

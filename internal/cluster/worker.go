@@ -36,6 +36,11 @@ type WorkerOptions struct {
 	// Once makes the worker return after one job, and when the
 	// coordinator that gave it is gone.
 	Once bool
+	// DataAddr is the address (host, or host:port) the worker's data
+	// plane listens on and other workers reach it by: large items' bytes
+	// go from the worker that holds them to the one that consumes them
+	// there. "": the host's address on its route to the broker, any port.
+	DataAddr string
 	// AfterSend, if set, is called after every item a restartable replica
 	// has sent, before the item it came from is committed: tests crash a
 	// worker there.
@@ -168,7 +173,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}
 	runCtx, abort := context.WithCancel(ctx)
 	defer abort()
-	l, err := newLinks(runCtx, nc, w.js, job, g, inst)
+	l, err := newLinks(runCtx, nc, w.js, job, g, inst, w.o.DataAddr)
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
 		return
@@ -286,6 +291,13 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	// What the replicas finished last is committed before the report goes.
 	if cerr := l.ledger.commit(); cerr != nil && err == nil {
 		err = cerr
+	}
+	// The bytes of large items sent and not yet acked by their consumers
+	// stay until they are (or the run is aborted): the share's end would
+	// take them away.
+	if n, size := l.dp.holding(); n > 0 {
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: keeping %d items' bytes (%d MiB) until their consumers have them\n", w.o.Name, job.Run, share, n, size>>20)
+		l.dp.drained(runCtx)
 	}
 	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
 		err = *lerr
