@@ -3,6 +3,7 @@ package main
 import (
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -90,7 +91,7 @@ func TestReadmeDflashCommands(t *testing.T) {
 		"run":  {"--var", "batches=16", "--var", "corpus=corpus.txt", "--set", "stage.drafter.config.eval_prompts=2", "--interval", "0"},
 		"eval": {"--corpus", "corpus.txt", "--prompts", "2", "--cycles", "2"},
 	}
-	exec := func(args []string) (int, string) {
+	dflowRun := func(args []string) (int, string) {
 		t.Helper()
 		cmd := dflowCmd(nil, append(append([]string{}, args...), quick[args[0]]...)...)
 		cmd.Dir = dir
@@ -103,7 +104,7 @@ func TestReadmeDflashCommands(t *testing.T) {
 			continue // other specs, the tests
 		}
 		ran = append(ran, strings.Join(args, " "))
-		if code, out := exec(args); code != exitOK {
+		if code, out := dflowRun(args); code != exitOK {
 			t.Fatalf("dflow %s (after %q): exit %d\n%s", strings.Join(args, " "), ran[:len(ran)-1], code, out)
 		}
 	}
@@ -124,7 +125,7 @@ func TestReadmeDflashCommands(t *testing.T) {
 
 	// Again as written: the trained drafter is kept, and a run that
 	// never started prints its error, not an all-zero summary.
-	code, out := exec(strings.Fields(ran[0]))
+	code, out := dflowRun(strings.Fields(ran[0]))
 	if code != exitFailed || !strings.Contains(out, "refusing to overwrite it") {
 		t.Fatalf("the main job again: exit %d, want %d and the refusal\n%s", code, exitFailed, out)
 	}
@@ -138,5 +139,47 @@ func TestReadmeDflashCommands(t *testing.T) {
 	}
 	if n := strings.Count(out, "dflow run: specs/dflash.hcl:"); n != 1 {
 		t.Errorf("the error printed %d times, want once:\n%s", n, out)
+	}
+}
+
+// TestReadmeInstall: the README says how to get the dflow command the
+// docs type, and where it lands: its `go install` line, run as written
+// from the clone with GOBIN set to a folder of the test's, makes a dflow
+// there that answers --version.
+func TestReadmeInstall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds dflow")
+	}
+	src, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"$GOBIN", "$(go env GOPATH)/bin", "PATH"} {
+		if !strings.Contains(string(src), want) {
+			t.Errorf("the README does not say where dflow lands: no %q", want)
+		}
+	}
+	var install []string
+	for _, b := range shBlocks(t, "../../README.md") {
+		for _, line := range b {
+			line, _, _ = strings.Cut(line, "#")
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "go" && f[1] == "install" && strings.HasSuffix(f[len(f)-1], "cmd/dflow") {
+				install = f
+			}
+		}
+	}
+	if install == nil {
+		t.Fatal("the README's commands have no go install of ./cmd/dflow")
+	}
+	bin := t.TempDir()
+	cmd := exec.Command(install[0], install[1:]...)
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "GOBIN="+bin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%q: %v\n%s", install, err, out)
+	}
+	out, err := exec.Command(filepath.Join(bin, "dflow"), "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "dflow ") {
+		t.Errorf("%s --version: %v %q", filepath.Join(bin, "dflow"), err, out)
 	}
 }
