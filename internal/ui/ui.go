@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -43,6 +44,10 @@ type Stage struct {
 	Node     string `json:"node"`
 	Replicas int    `json:"replicas"`
 	Source   bool   `json:"source"`
+	// Workers are the cluster workers the replicas ran on, from a
+	// cluster run's report ("a>b" when a replica restarted on b); nil
+	// for a run on one host.
+	Workers []string `json:"workers,omitempty"`
 }
 
 // Edge is one edge; From and To are empty when unknown (a saved report
@@ -62,8 +67,9 @@ type Queue struct {
 	Consumers []int `json:"consumers"`
 }
 
-// Frame is the state of a run at one instant. Shares are over the time
-// since the previous frame.
+// Frame is the state of a run at one instant. Shares and rates are over
+// the time since the previous frame, except in the summary frame (a
+// run's last, Summary true), where they are the whole run's.
 type Frame struct {
 	T        float64                       `json:"t"`
 	Status   string                        `json:"status"`              // "running", or the report's status at the end
@@ -74,6 +80,18 @@ type Frame struct {
 	Stages   map[string]StageFrame         `json:"stages"`              // stage -> replicas
 	Metrics  map[string]map[string]float64 `json:"metrics,omitempty"`   // stage -> name -> value
 	Diagnose []string                      `json:"diagnosis,omitempty"` // plain words
+	// Rate is each stage's throughput in items/s (received, or emitted
+	// by a source); absent for a stage when it is not known (the first
+	// frame of a saved report, a report without item counts).
+	Rate map[string]float64 `json:"rate,omitempty"`
+	// Summary marks the run's last frame: the report's whole-run
+	// figures (each replica's busy, idle and blocked share of its
+	// lifetime, each queue's mean and max depth, each stage's items over
+	// the run's wall time), not a sample.
+	Summary    bool                 `json:"summary,omitempty"`
+	MeanQueues map[string][]float64 `json:"mean_queues,omitempty"` // edge -> mean depth per queue (summary)
+	MaxQueues  map[string][]int64   `json:"max_queues,omitempty"`  // edge -> max depth per queue (summary)
+	Error      string               `json:"error,omitempty"`       // the report's error (summary of a failed run)
 }
 
 // StageFrame is each replica's figures in a frame.
@@ -84,6 +102,7 @@ type StageFrame struct {
 	In      []int64   `json:"in,omitempty"`
 	Out     []int64   `json:"out,omitempty"`
 	Done    []bool    `json:"done,omitempty"`
+	Workers []string  `json:"workers,omitempty"` // cluster worker per replica (summary of a cluster run)
 }
 
 // Run is one run the page shows: its graph and its frames so far. A live
@@ -201,7 +220,8 @@ func (r *Run) Finish(rep *report.Report) {
 // frameOf turns a snapshot into a frame, shares since prev.
 func frameOf(s, prev *report.Snapshot) Frame {
 	f := Frame{T: s.Elapsed.Seconds(), Status: "running", Progress: -1, ETA: -1,
-		Queues: map[string][]int{}, Items: map[string][2]int64{}, Stages: map[string]StageFrame{}, Metrics: map[string]map[string]float64{}}
+		Queues: map[string][]int{}, Items: map[string][2]int64{}, Stages: map[string]StageFrame{}, Metrics: map[string]map[string]float64{},
+		Rate: map[string]float64{}}
 	for _, e := range s.Edges {
 		d := make([]int, len(e.Queues))
 		for i, q := range e.Queues {
@@ -242,6 +262,13 @@ func frameOf(s, prev *report.Snapshot) Frame {
 			total += st.Total
 		}
 		f.Stages[st.Name] = sf
+		if span > 0 {
+			n := st.Items()
+			if prev != nil && i < len(prev.Stages) {
+				n -= prev.Stages[i].Items()
+			}
+			f.Rate[st.Name] = float64(n) / span.Seconds()
+		}
 		if len(st.Metrics) > 0 {
 			f.Metrics[st.Name] = st.Metrics
 		}
@@ -286,53 +313,64 @@ func reportOf(s *report.Snapshot, depth map[string][]float64, n int) *report.Rep
 	return rep
 }
 
-// finalFrame is the last frame of a run: last's shares and queues (a
-// saved report's last series point), the report's totals, status and
-// diagnosis.
+// finalFrame is the last frame of a run, its summary: the report's
+// whole-run figures (each replica's busy, idle and blocked seconds as
+// shares of its lifetime, each queue's mean and max depth, each stage's
+// items over the wall time), its status, error and diagnosis, and the
+// node metrics as the report has them. Only the progress comes from last.
 func finalFrame(rep *report.Report, last Frame) Frame {
-	f := last
-	f.T, f.Status, f.Diagnose = rep.WallSeconds, rep.Status, rep.Diagnosis
+	f := Frame{T: rep.WallSeconds, Status: rep.Status, Error: rep.Error, Diagnose: rep.Diagnosis,
+		Progress: last.Progress, ETA: -1, Summary: true, Queues: map[string][]int{},
+		Items: map[string][2]int64{}, Stages: map[string]StageFrame{}, Rate: map[string]float64{},
+		MeanQueues: map[string][]float64{}, MaxQueues: map[string][]int64{}}
 	if f.Progress >= 0 && rep.Status == report.OK {
 		f.Progress = 1
 	}
-	f.ETA = -1
-	f.Items = map[string][2]int64{}
+	if f.Progress == 0 && len(last.Stages) == 0 {
+		f.Progress = -1
+	}
 	for name, e := range rep.Edges {
 		f.Items[name] = [2]int64{e.Produced, e.Consumed}
+		for _, q := range e.Queues {
+			f.MeanQueues[name] = append(f.MeanQueues[name], q.MeanDepth)
+			f.MaxQueues[name] = append(f.MaxQueues[name], q.MaxDepth)
+		}
 	}
-	stages := map[string]StageFrame{}
 	for name, st := range rep.Stages {
-		sf := last.Stages[name]
-		sf.In, sf.Out, sf.Done = nil, nil, nil
+		var sf StageFrame
+		var in, out int64
 		for _, r := range st.Replicas {
+			life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
+			if life <= 0 {
+				life = 1
+			}
+			sf.Busy = append(sf.Busy, r.BusySeconds/life)
+			sf.Idle = append(sf.Idle, r.IdleSeconds/life)
+			sf.Blocked = append(sf.Blocked, r.BlockedSeconds/life)
 			sf.In = append(sf.In, r.ItemsIn)
 			sf.Out = append(sf.Out, r.ItemsOut)
 			sf.Done = append(sf.Done, true)
+			sf.Workers = append(sf.Workers, r.Worker)
+			in += r.ItemsIn
+			out += r.ItemsOut
 		}
-		if sf.Busy == nil { // no series: the whole run's shares
-			for _, r := range st.Replicas {
-				life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
-				if life <= 0 {
-					life = 1
-				}
-				sf.Busy = append(sf.Busy, r.BusySeconds/life)
-				sf.Idle = append(sf.Idle, r.IdleSeconds/life)
-				sf.Blocked = append(sf.Blocked, r.BlockedSeconds/life)
+		if !slices.ContainsFunc(sf.Workers, func(w string) bool { return w != "" }) {
+			sf.Workers = nil
+		}
+		if rep.WallSeconds > 0 {
+			n := in
+			if in == 0 { // a source
+				n = out
 			}
+			f.Rate[name] = float64(n) / rep.WallSeconds
 		}
-		stages[name] = sf
-	}
-	f.Stages = stages
-	if len(rep.Stages) > 0 {
-		f.Metrics = map[string]map[string]float64{}
-		for name, st := range rep.Stages {
-			if len(st.Metrics) > 0 {
-				f.Metrics[name] = st.Metrics
+		f.Stages[name] = sf
+		if len(st.Metrics) > 0 {
+			if f.Metrics == nil {
+				f.Metrics = map[string]map[string]float64{}
 			}
+			f.Metrics[name] = st.Metrics
 		}
-	}
-	if f.Queues == nil {
-		f.Queues = map[string][]int{}
 	}
 	return f
 }
@@ -361,10 +399,33 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 			gr.Edges = append(gr.Edges, oe)
 		}
 	}
+	for i, s := range gr.Stages {
+		for _, rr := range rep.Stages[s.Name].Replicas {
+			if rr.Worker != "" {
+				gr.Stages[i].Workers = make([]string, s.Replicas)
+				break
+			}
+		}
+		if gr.Stages[i].Workers != nil {
+			for _, rr := range rep.Stages[s.Name].Replicas {
+				if rr.Index >= 0 && rr.Index < s.Replicas {
+					gr.Stages[i].Workers[rr.Index] = rr.Worker
+				}
+			}
+		}
+	}
 	r := newRun(gr)
 	var last Frame
 	for i, p := range rep.Series {
-		f := Frame{T: p.T, Status: "running", Progress: -1, ETA: -1, Queues: p.Queues, Stages: map[string]StageFrame{}, Metrics: p.Metrics}
+		f := Frame{T: p.T, Status: "running", Progress: -1, ETA: -1, Queues: p.Queues, Stages: map[string]StageFrame{}, Metrics: p.Metrics,
+			Rate: map[string]float64{}}
+		if i > 0 && p.T > rep.Series[i-1].T {
+			for name, n := range p.Items {
+				if n0, ok := rep.Series[i-1].Items[name]; ok {
+					f.Rate[name] = float64(n-n0) / (p.T - rep.Series[i-1].T)
+				}
+			}
+		}
 		for name, busy := range p.Utilization {
 			idle := p.Idle[name]
 			sf := StageFrame{Busy: busy, Idle: idle}
@@ -380,11 +441,8 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 			}
 			f.Stages[name] = sf
 		}
-		if i == len(rep.Series)-1 {
-			last = f
-			break
-		}
 		r.frames = append(r.frames, f)
+		last = f
 	}
 	r.frames = append(r.frames, finalFrame(rep, last))
 	r.ended = true

@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"strings"
@@ -46,10 +47,11 @@ func browser(t *testing.T) string {
 	return ""
 }
 
-func browse(t *testing.T, exe string) (context.Context, context.CancelFunc) {
+func browse(t *testing.T, exe string, extra ...chromedp.ExecAllocatorOption) (context.Context, context.CancelFunc) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe),
 		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1500, 900),
 		chromedp.Flag("proxy-server", "direct://"), chromedp.Flag("proxy-bypass-list", "*"))
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	ctx, cancelC := context.WithTimeout(ctx, 60*time.Second)
@@ -138,6 +140,12 @@ func TestPageInBrowser(t *testing.T) {
 	}
 	seen, _ := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...window.seen]`))
 	t.Logf("hs showed %q", seen)
+	// items/s per stage while it runs, and the charts follow the run
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](`/^[0-9.]+ items\/s$/.test(document.querySelector('[data-rate="target"]').textContent) &&
+		document.querySelectorAll('[data-chart="stage/target/rate"] polyline.series').length === 1`,
+		chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+		t.Fatalf("no live items/s on the page: %v", err)
+	}
 
 	stop()
 	rep := wait()
@@ -151,6 +159,18 @@ func TestPageInBrowser(t *testing.T) {
 	}
 	if len(rep.Diagnosis) == 0 || !strings.Contains(diagnosis, rep.Diagnosis[0]) {
 		t.Errorf("diagnosis on the page %q, want %q", diagnosis, rep.Diagnosis)
+	}
+	// The final frame is the run's summary, as the diagnosis beside it:
+	// each replica's busy share of its lifetime.
+	for _, name := range []string{"target", "drafter"} {
+		for i, rr := range rep.Stages[name].Replicas {
+			life := rr.BusySeconds + rr.IdleSeconds + rr.BlockedSeconds
+			want := fmt.Sprintf("busy %d%%", int(math.Round(100*rr.BusySeconds/life)))
+			got, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.querySelector('[data-replica="%s/%d"] .rep-text').textContent`, name, i)))
+			if err != nil || !strings.HasPrefix(got, want) {
+				t.Errorf("%s[%d] shows %q after the run (%v), the report's whole run %q", name, i, got, err, want)
+			}
+		}
 	}
 }
 

@@ -2,7 +2,8 @@
 // server-sent events (/api/events?run=N). Plain DOM and SVG, no library.
 "use strict";
 const NS = "http://www.w3.org/2000/svg";
-const BOX_W = 190, GAP = 190, ROW = 20, HEAD = 34, VGAP = 28;
+const GAP = 180, ROW = 20, HEAD = 34, VGAP = 28, BAR = 80, BAR_X = 22, QW = 50;
+const COLOURS = ["#4a78c2", "#3a9a4d", "#c8413b", "#e0a020", "#8a5cc2", "#2aa0a0", "#c25c9a", "#777"];
 
 function el(tag, attrs, parent, text) {
   const e = tag.startsWith("svg:") ? document.createElementNS(NS, tag.slice(4)) : document.createElement(tag);
@@ -13,10 +14,13 @@ function el(tag, attrs, parent, text) {
 }
 const pct = (x) => Math.round(100 * (x || 0)) + "%";
 const fmtNum = (v) => Math.abs(v) >= 1000 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(3);
+const fmtRate = (v) => (v >= 100 ? v.toFixed(0) : v.toFixed(1)) + " items/s";
 const fmtSecs = (s) => s >= 60 ? Math.floor(s / 60) + "m" + Math.round(s % 60) + "s" : s.toFixed(1) + "s";
 
-// layout places stages in columns by their longest path from a source.
+// layout places stages in columns by their longest path from a source;
+// boxes are wider when they name each replica's cluster worker.
 function layout(g) {
+  const BOX_W = g.stages.some((s) => s.workers) ? 290 : 220;
   const layer = {};
   g.stages.forEach((s) => (layer[s.name] = 0));
   for (let pass = 0; pass < g.stages.length; pass++)
@@ -35,7 +39,8 @@ function layout(g) {
     height = Math.max(height, y);
   }
   const ncols = Object.keys(cols).length;
-  return { pos, width: 20 + ncols * BOX_W + (ncols - 1) * GAP, height: height + 10 };
+  const order = g.stages.slice().sort((a, b) => layer[a.name] - layer[b.name]);
+  return { pos, order, BOX_W, width: 20 + ncols * BOX_W + (ncols - 1) * GAP, height: height + 10 };
 }
 
 function panel(g, index, root) {
@@ -47,11 +52,15 @@ function panel(g, index, root) {
   const bar = el("span", { class: "progress" }, top);
   const fill = el("div", { style: "width:0" }, bar);
   const eta = el("span", { class: "eta" }, top);
-  const slider = el("input", { type: "range", min: 0, max: 0, value: 0, title: "time" }, div);
+  const error = el("div", { class: "error", role: "alert", hidden: "" }, div);
+  const replay = el("label", { class: "replay" }, div);
+  el("span", { class: "replay-name" }, replay, "replay");
+  const slider = el("input", { type: "range", min: 0, max: 0, value: 0, "aria-label": "replay: pick a frame of the run" }, replay);
+  const showing = el("span", { class: "showing" }, replay);
 
-  const L = layout(g);
+  const L = layout(g), BOX_W = L.BOX_W;
   const svg = el("svg:svg", { class: "graph", viewBox: `0 0 ${L.width} ${L.height}` }, div);
-  const view = { reps: {}, queues: {}, edgeLabels: {} };
+  const view = { reps: {}, queues: {}, edgeLabels: {}, rates: {} };
   // edges first, under the boxes
   const incoming = {};
   for (const e of g.edges) {
@@ -62,18 +71,19 @@ function panel(g, index, root) {
     const mx = (x1 + x2) / 2;
     el("svg:path", { class: "edge", d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }, svg);
     // the queues: one gauge per queue, beside the consumers it feeds
-    const qx = x2 - 150 - k * 0;
+    const qx = x2 - GAP + 10;
     const label = el("svg:text", { class: "edge-label", x: qx, y: b.y + 12 + k * 12, "data-edge": e.name }, svg);
     view.edgeLabels[e.name] = label;
     e.queues.forEach((q, i) => {
       const rows = q.consumers.map((c) => b.y + HEAD + c * ROW);
       const y = q.consumers.length === 1 ? rows[0] : (rows[0] + rows[rows.length - 1]) / 2;
       const gq = el("svg:g", { transform: `translate(${qx},${y})` }, svg);
-      el("svg:rect", { class: "q-bg", x: 0, y: 1, width: 70, height: ROW - 6 }, gq);
+      el("svg:rect", { class: "q-bg", x: 0, y: 1, width: QW, height: ROW - 6 }, gq);
       const qf = el("svg:rect", { class: "q-fill", x: 0, y: 1, width: 0, height: ROW - 6 }, gq);
-      const qt = el("svg:text", { x: 76, y: ROW - 7, "data-queue": `${e.name}/${i}` }, gq, `0/${e.capacity}`);
-      el("svg:title", {}, gq, `edge ${e.name} queue ${i}: producers ${q.producers.join(",")} -> consumers ${q.consumers.join(",")}`);
-      view.queues[`${e.name}/${i}`] = { fill: qf, text: qt, cap: e.capacity };
+      const qt = el("svg:text", { x: QW + 5, y: ROW - 7, "data-queue": `${e.name}/${i}` }, gq, `0/${e.capacity}`);
+      const wiring = `producers ${q.producers.join(",")} -> consumers ${q.consumers.join(",")}`;
+      const qtip = el("svg:title", {}, gq, `edge ${e.name} queue ${i}: ${wiring}`);
+      view.queues[`${e.name}/${i}`] = { fill: qf, text: qt, tip: qtip, cap: e.capacity, e, i, wiring };
     });
   }
   for (const s of g.stages) {
@@ -82,15 +92,32 @@ function panel(g, index, root) {
     el("svg:rect", { class: "stage-box", width: BOX_W, height: p.h, rx: 5 }, gs);
     el("svg:text", { class: "stage-name", x: 8, y: 15 }, gs, s.name);
     el("svg:text", { class: "node", x: 8, y: 28 }, gs, `${s.node} ×${s.replicas}`);
+    const rate = el("svg:text", { class: "rate", x: BOX_W - 8, y: 15, "text-anchor": "end", "data-rate": s.name }, gs);
+    view.rates[s.name] = rate;
     for (let i = 0; i < s.replicas; i++) {
       const gr = el("svg:g", { class: "rep", transform: `translate(8,${HEAD + i * ROW})`, "data-replica": `${s.name}/${i}` }, gs);
-      el("svg:rect", { class: "rep-bg", width: 110, height: ROW - 5 }, gr);
+      el("svg:text", { class: "rep-index", x: 0, y: ROW - 8 }, gr, `${i}`);
+      el("svg:rect", { class: "rep-bg", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
       const seg = ["busy", "idle", "blocked"].map((c) => el("svg:rect", { height: ROW - 5, width: 0, fill: `var(--${c})` }, gr));
-      el("svg:rect", { class: "rep-frame", width: 110, height: ROW - 5 }, gr);
-      const t = el("svg:text", { x: 116, y: ROW - 8 }, gr, `${i}`);
+      el("svg:rect", { class: "rep-frame", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
+      const t = el("svg:text", { class: "rep-text", x: BAR_X + BAR + 6, y: ROW - 8 }, gr, "");
+      const w = s.workers ? el("svg:text", { class: "worker", x: BOX_W - 16, y: ROW - 8, "text-anchor": "end", "data-worker": `${s.name}/${i}` }, gr, s.workers[i] || "") : null;
       const tip = el("svg:title", {}, gr);
-      view.reps[`${s.name}/${i}`] = { g: gr, seg, text: t, tip };
+      view.reps[`${s.name}/${i}`] = { g: gr, seg, text: t, tip, worker: w };
     }
+  }
+  el("h3", {}, div, "over the run");
+  const chartsDiv = el("div", { class: "charts" }, div);
+  const charts = [];
+  for (const s of L.order) {
+    charts.push(chart(chartsDiv, `stage/${s.name}/rate`, `${s.name} · throughput`, "items/s", null, (v) => v.toFixed(1) + "/s",
+      () => [{ name: s.name, pts: series((f) => (f.rate || {})[s.name]) }]));
+    charts.push(chart(chartsDiv, `stage/${s.name}/busy`, `${s.name} · busy share per replica`, "% of time busy", 100, (v) => Math.round(v) + "%",
+      () => Array.from({ length: s.replicas }, (_, i) => ({ name: `${i}`, pts: series((f) => { const sf = (f.stages || {})[s.name]; return sf && sf.busy[i] !== undefined ? 100 * sf.busy[i] : undefined; }) }))));
+    for (const e of g.edges.filter((e) => e.from === s.name || (!e.from && s === L.order[L.order.length - 1])))
+      charts.push(chart(chartsDiv, `edge/${e.name}/depth`, `${e.name} · queue depth (${e.policy})`, "items queued", e.capacity, (v) => `${v}/${e.capacity}`,
+        () => e.queues.map((q, i) => ({ name: e.queues.length > 1 ? `q${i}→${q.consumers.join(",")}` : "queue", pts: series((f) => ((f.queues || {})[e.name] || [])[i]) })),
+        e.capacity));
   }
   const mh = el("h3", {}, div, "node metrics");
   const metrics = el("div", { class: "metrics" }, div);
@@ -103,12 +130,27 @@ function panel(g, index, root) {
     follow = +slider.value === frames.length - 1;
     draw(frames[+slider.value]);
   });
+  // series: [t, value] of every sampled frame (not the summary) where
+  // the value is known
+  function series(of) {
+    const pts = [];
+    for (const f of frames) {
+      if (f.summary) continue;
+      const v = of(f);
+      if (v !== undefined && v !== null && isFinite(v)) pts.push([f.t, v]);
+    }
+    return pts;
+  }
   const sparks = {};
 
   function draw(f) {
     if (!f) return;
     status.textContent = f.status;
     clock.textContent = fmtSecs(f.t);
+    const n = frames.indexOf(f);
+    showing.textContent = f.summary
+      ? `whole run, ${fmtSecs(f.t)}: the report's summary (frame ${n + 1} of ${frames.length})`
+      : `t = ${fmtSecs(f.t)}: the last ${fmtSecs(n > 0 ? f.t - frames[n - 1].t : f.t)} (frame ${n + 1} of ${frames.length})`;
     if (f.progress >= 0) {
       fill.style.width = pct(f.progress);
       eta.textContent = pct(f.progress) + (f.eta >= 0 ? " · ETA " + fmtSecs(f.eta) : "");
@@ -116,20 +158,40 @@ function panel(g, index, root) {
       bar.style.display = "none";
       eta.textContent = "";
     }
-    for (const [name, depths] of Object.entries(f.queues || {}))
-      depths.forEach((d, i) => {
-        const q = view.queues[`${name}/${i}`];
-        if (!q) return;
-        const r = q.cap > 0 ? Math.min(d / q.cap, 1) : 0;
-        q.fill.setAttribute("width", 70 * r);
-        q.fill.setAttribute("class", "q-fill" + (r >= 0.9 ? " full" : d === 0 ? " empty" : ""));
-        q.text.textContent = `${d}/${q.cap}`;
-      });
+    for (const q of Object.values(view.queues)) {
+      const name = q.e.name, i = q.i;
+      let d, text, tip;
+      if (f.summary) {
+        d = ((f.mean_queues || {})[name] || [])[i];
+        const mx = ((f.max_queues || {})[name] || [])[i];
+        if (d === undefined) continue;
+        text = `mean ${d.toFixed(1)}/${q.cap}`;
+        tip = `edge ${name} queue ${i} over the whole run: mean depth ${d.toFixed(2)}, max ${mx}, capacity ${q.cap} items`;
+      } else {
+        d = ((f.queues || {})[name] || [])[i];
+        if (d === undefined) continue;
+        text = `${d}/${q.cap}`;
+        tip = `edge ${name} queue ${i}: ${d} items queued, capacity ${q.cap}`;
+      }
+      const r = q.cap > 0 ? d / q.cap : 0;
+      const over = q.cap > 0 && d > q.cap;
+      if (over) {
+        // never drawn as if within capacity: the figure says what it counts
+        text += " over capacity";
+        tip += ". The depth exceeds the capacity: this report's dflow counted a remote queue's items in transit as well as those queued";
+      }
+      q.fill.setAttribute("width", QW * Math.min(r, 1));
+      q.fill.setAttribute("class", "q-fill" + (over ? " over" : r >= 0.9 ? " full" : d < 0.05 ? " empty" : ""));
+      q.text.textContent = text;
+      q.tip.textContent = `${tip} (${q.wiring})`;
+    }
     for (const e of g.edges) {
       const it = (f.items || {})[e.name], label = view.edgeLabels[e.name];
       if (label) label.textContent = `${e.name} · ${e.policy}` + (it ? ` · ${it[0]}→${it[1]}` : "");
     }
     for (const s of g.stages) {
+      const rate = (f.rate || {})[s.name];
+      view.rates[s.name].textContent = rate === undefined ? "" : fmtRate(rate) + (f.summary ? " (run)" : "");
       const sf = (f.stages || {})[s.name];
       if (!sf) continue;
       const idles = (sf.idle || []).slice().sort((a, b) => a - b);
@@ -137,11 +199,11 @@ function panel(g, index, root) {
       for (let i = 0; i < s.replicas; i++) {
         const v = view.reps[`${s.name}/${i}`];
         const b = sf.busy[i] || 0, id = (sf.idle || [])[i] || 0, bl = (sf.blocked || [])[i] || 0;
-        let x = 0;
+        let x = BAR_X;
         [b, id, bl].forEach((share, k) => {
           v.seg[k].setAttribute("x", x);
-          v.seg[k].setAttribute("width", 110 * share);
-          x += 110 * share;
+          v.seg[k].setAttribute("width", BAR * share);
+          x += BAR * share;
         });
         const done = sf.done && sf.done[i] && f.status === "running";
         // starved: idle well above its siblings' median (the diagnosis' rule)
@@ -149,11 +211,16 @@ function panel(g, index, root) {
         const blocked = !done && bl >= 0.5;
         v.g.setAttribute("class", "rep" + (starved ? " starved" : blocked ? " blocked" : ""));
         const items = sf.in && sf.in[i] !== undefined ? ` · in ${sf.in[i]} out ${sf.out[i]}` : "";
-        v.text.textContent = `${i} ${pct(b)}` + (starved ? " starved" : blocked ? " blocked" : "") + (done ? " done" : "");
-        v.tip.textContent = `${s.name}[${i}]: busy ${pct(b)}, idle ${pct(id)}, blocked ${pct(bl)}${items}`;
+        v.text.textContent = `busy ${pct(b)}` + (starved ? " starved" : blocked ? " blocked" : "") + (done ? " done" : "");
+        const worker = (sf.workers && sf.workers[i]) || (s.workers && s.workers[i]) || "";
+        if (v.worker) v.worker.textContent = worker;
+        v.tip.textContent = `${s.name}[${i}]${worker ? " on worker " + worker : ""}: busy ${pct(b)}, idle ${pct(id)}, blocked ${pct(bl)} ` +
+          (f.summary ? "of its lifetime (whole run)" : "of the last interval") + items;
       }
     }
     drawMetrics(f);
+    const tEnd = frames.length ? frames[frames.length - 1].t : f.t;
+    for (const c of charts) c.draw(tEnd, f.t);
     diag.replaceChildren();
     for (const d of f.diagnosis || []) el("li", {}, diag, d);
     if (!(f.diagnosis || []).length) el("li", {}, diag, f.status === "running" ? "nothing to say yet" : "nothing limited the run");
@@ -191,7 +258,12 @@ function panel(g, index, root) {
 
   const es = new EventSource(`api/events?run=${index}`);
   es.onmessage = (ev) => {
-    frames.push(JSON.parse(ev.data));
+    const fr = JSON.parse(ev.data);
+    frames.push(fr);
+    if (fr.error) {
+      error.hidden = false;
+      error.textContent = `run ${fr.status}: ${fr.error}`;
+    }
     slider.max = frames.length - 1;
     if (follow) {
       slider.value = frames.length - 1;
@@ -200,6 +272,77 @@ function panel(g, index, root) {
   };
   es.addEventListener("end", () => es.close());
   es.onerror = () => { if (frames.length && frames[frames.length - 1].status !== "running") es.close(); };
+}
+
+// nice ticks from 0 to hi
+function ticks(hi) {
+  const raw = hi / 5, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((st) => st >= raw);
+  const out = [];
+  for (let k = 0; ; k++) {
+    const v = +(k * step).toPrecision(6);
+    out.push(v);
+    if (v >= hi * (1 - 1e-9)) return out;
+  }
+}
+
+// chart is one time series panel: time in seconds along x, the unit
+// along y from 0 (to fixed when given, else to the data's top), a line
+// per series, the capacity (cap) as a dashed line, and the replay
+// position as a vertical marker with each series' value there.
+function chart(parent, key, title, unit, fixed, fmt, data, cap) {
+  const W = 330, H = 150, ML = 46, MR = 10, MT = 10, MB = 32;
+  const box = el("figure", { class: "chart", "data-chart": key }, parent);
+  el("figcaption", {}, box, title);
+  const svg = el("svg:svg", { viewBox: `0 0 ${W} ${H}` }, box);
+  const legend = el("div", { class: "chart-legend" }, box);
+  const plot = el("svg:g", {}, svg);
+  const xa = el("svg:g", { class: "axis x-axis" }, svg), ya = el("svg:g", { class: "axis y-axis" }, svg);
+  el("svg:text", { class: "axis-label", x: ML + (W - ML - MR) / 2, y: H - 2, "text-anchor": "middle" }, svg, "time (s)");
+  el("svg:text", { class: "axis-label", transform: `translate(10,${MT + (H - MT - MB) / 2}) rotate(-90)`, "text-anchor": "middle" }, svg, unit);
+  return {
+    draw(tEnd, tAt) {
+      const ss = data();
+      let hi = fixed || 0;
+      for (const s of ss) for (const p of s.pts) hi = Math.max(hi, p[1]);
+      if (!(hi > 0)) hi = 1;
+      const yt = ticks(hi);
+      hi = yt[yt.length - 1];
+      const xt = ticks(Math.max(tEnd, 1e-3));
+      const t1 = xt[xt.length - 1];
+      const X = (t) => ML + ((W - ML - MR) * t) / t1, Y = (v) => H - MB - ((H - MT - MB) * v) / hi;
+      xa.replaceChildren();
+      ya.replaceChildren();
+      el("svg:line", { x1: ML, x2: W - MR, y1: H - MB, y2: H - MB }, xa);
+      el("svg:line", { x1: ML, x2: ML, y1: MT, y2: H - MB }, ya);
+      for (const t of xt) {
+        el("svg:line", { x1: X(t), x2: X(t), y1: H - MB, y2: H - MB + 4 }, xa);
+        el("svg:text", { x: X(t), y: H - MB + 14, "text-anchor": "middle" }, xa, `${t}`);
+      }
+      for (const v of yt) {
+        el("svg:line", { class: "grid", x1: ML, x2: W - MR, y1: Y(v), y2: Y(v) }, ya);
+        el("svg:text", { x: ML - 4, y: Y(v) + 3, "text-anchor": "end" }, ya, `${v}`);
+      }
+      plot.replaceChildren();
+      if (cap) {
+        el("svg:line", { class: "capacity", x1: ML, x2: W - MR, y1: Y(cap), y2: Y(cap) }, plot);
+        el("svg:text", { class: "capacity-label", x: W - MR - 2, y: Y(cap) + 11, "text-anchor": "end" }, plot, `capacity ${cap}`);
+      }
+      legend.replaceChildren();
+      ss.forEach((s, k) => {
+        const c = COLOURS[k % COLOURS.length];
+        // earlier lines wider: lines that coincide (replicas in lockstep) show as bands
+        if (s.pts.length) el("svg:polyline", { class: "series", stroke: c, "stroke-width": 1.5 + 1.5 * (ss.length - 1 - k), points: s.pts.map(([t, v]) => `${X(t).toFixed(1)},${Y(v).toFixed(1)}`).join(" ") }, plot);
+        // the value at the replay position: the last sample at or before it
+        let at;
+        for (const p of s.pts) if (p[0] <= tAt + 1e-9) at = p[1];
+        const item = el("span", {}, legend);
+        el("i", { style: `background:${c}` }, item);
+        item.append(`${s.name}${at !== undefined ? " " + fmt(at) : ""}`);
+      });
+      el("svg:line", { class: "marker", x1: X(tAt), x2: X(tAt), y1: MT, y2: H - MB, "data-t": tAt }, plot);
+    },
+  };
 }
 
 fetch("api/runs").then((r) => r.json()).then((runs) => {
