@@ -180,7 +180,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	}
 	ei := edgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
-		producers: e.Queues[qi].Producers, seen: map[string]bool{},
+		producers: e.Queues[qi].Producers,
 		held: map[string]jetstream.Msg{}, following: map[string]bool{}}
 	for _, p := range q.producers {
 		if l.job.Place[e.From.Stage.Name][p] == l.instance {
@@ -293,7 +293,7 @@ type jsQueue struct {
 	fetchErr chan error
 	ended    map[int]bool
 	endErrs  int             // ends' failed reads in a row
-	seen     map[string]bool // ids handed on, to drop redeliveries
+	seen     seenIDs         // ids handed on lately, to drop redeliveries
 	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
 
 	// ahead are the large items' bytes being fetched before their turn
@@ -538,11 +538,34 @@ func (q *jsQueue) fetch() {
 	}
 }
 
+// seenIDs are the ids of the items a queue's consumer side has handed
+// on, for as long as a redelivery of one can still come: a message is
+// redelivered only while unacked (ackWait after it was last kept), so an
+// id is kept from when it is handed on for between seenFor and twice that
+// (two generations, the older dropped as a new one begins), and a followed
+// item, in hand for longer, is known by q.following. So the ids stay a
+// window's worth, not one per item of the run.
+type seenIDs struct {
+	cur, old map[string]bool
+	since    time.Time
+}
+
+const seenFor = 4 * ackWait
+
+func (s *seenIDs) has(id string) bool { return s.cur[id] || s.old[id] }
+
+func (s *seenIDs) add(id string) {
+	if s.cur == nil || time.Since(s.since) > seenFor {
+		s.old, s.cur, s.since = s.cur, map[string]bool{}, time.Now()
+	}
+	s.cur[id] = true
+}
+
 // decode rebuilds m's item, gathering its chunks, and acks m. dup is true
 // for a redelivery of an item already handed on.
 func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
-	if q.seen[id] {
+	if q.seen.has(id) || q.isFollowed(id) {
 		q.claim(id) // its bytes, if fetched again, are not needed
 		// A redelivery of an item handed on here: acked if it was done
 		// with, else the one in hand stays followed (its latest delivery
@@ -571,7 +594,7 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
-	q.seen[id] = true
+	q.seen.add(id)
 	var held *ref
 	if onPlane {
 		held = &r
