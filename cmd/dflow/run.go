@@ -127,7 +127,8 @@ func cmdRun(e *env, args []string) int {
 		// Its stages failed to build (here, or on a worker): nothing ran,
 		// so there is no summary, diagnosis or plot, only the error (and
 		// the failed report, when asked for, so that a script reading it
-		// does not find an earlier run's).
+		// does not find an earlier run's), after the outputs it left alone.
+		outputsWritten()
 		fmt.Fprintf(e.stderr, "dflow run: %s: %v\n", files[0], err)
 		if werr := e.writeOutputs(rep, *reportPath, ""); werr != nil {
 			fmt.Fprintf(e.stderr, "dflow run: %v\n", werr)
