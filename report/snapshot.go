@@ -40,6 +40,9 @@ type ReplicaSnapshot struct {
 	ItemsIn, ItemsOut   int64
 	Busy, Idle, Blocked time.Duration
 	Done                bool
+	// Worker is the cluster worker the replica runs on ("a>b" once it
+	// has restarted on b); empty in one process.
+	Worker string `json:",omitempty"`
 	// Metrics are the node metrics this replica published; the stage's
 	// Metrics merge them (MergeMetrics).
 	Metrics map[string]Metric `json:",omitempty"`

@@ -800,6 +800,9 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 			if i < len(repMetrics) {
 				r.Metrics = repMetrics[i]
 			}
+			if in := c.instances[c.place[st.Name][i]]; in != nil {
+				r.Worker = in.worker
+			}
 			for _, in := range lost {
 				if gs != nil {
 					if lr, ok := c.lostReplica(in, gs, i); ok {
@@ -808,6 +811,9 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 						r.Busy += lr.Busy
 						r.Idle += lr.Idle
 						r.Blocked += lr.Blocked
+						if in.name != c.place[st.Name][i] {
+							r.Worker = in.worker + ">" + r.Worker
+						}
 					}
 				}
 			}

@@ -57,6 +57,13 @@ func TestDeadlockAcrossWorkers(t *testing.T) {
 			if len(on) < 2 {
 				t.Errorf("the cycle's replicas sit on %v: want several workers (placement %s)", on, c.Placement())
 			}
+			for _, st := range c.Snapshot().Stages {
+				for i, r := range st.Replicas {
+					if !strings.HasPrefix(r.Worker, "w") {
+						t.Errorf("snapshot: %s[%d] names worker %q", st.Name, i, r.Worker)
+					}
+				}
+			}
 			for name, q := range rep.Edges {
 				for i, rq := range q.Queues {
 					if rq.MaxDepth > int64(q.Capacity) {

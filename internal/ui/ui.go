@@ -144,9 +144,19 @@ func (r *Run) since(i int) ([]Frame, bool, <-chan struct{}) {
 
 // GraphOf describes g for the page.
 func GraphOf(g *graph.Graph, title string) Graph {
+	return GraphOn(g, title, nil)
+}
+
+// GraphOn is GraphOf for a run across hosts: where[stage] names the
+// worker of each replica (nil: one process).
+func GraphOn(g *graph.Graph, title string, where map[string][]string) Graph {
 	out := Graph{Title: title}
 	for _, s := range g.Stages {
-		out.Stages = append(out.Stages, Stage{Name: s.Name, Node: s.Node, Replicas: s.Replicas, Source: len(s.Inputs) == 0})
+		st := Stage{Name: s.Name, Node: s.Node, Replicas: s.Replicas, Source: len(s.Inputs) == 0}
+		if w := where[s.Name]; len(w) == s.Replicas {
+			st.Workers = slices.Clone(w)
+		}
+		out.Stages = append(out.Stages, st)
 	}
 	for _, e := range g.Edges {
 		oe := Edge{Name: e.Name, Policy: fmt.Sprint(e.Policy), Capacity: e.Capacity, From: e.From.Stage.Name, To: e.To.Stage.Name}
@@ -162,7 +172,14 @@ func GraphOf(g *graph.Graph, title string) Graph {
 // a frame, with the diagnosis so far (monitor.Diagnose on the figures to
 // date). Finish ends it with the run's report.
 func Live(g *graph.Graph, title string, snap func() *report.Snapshot, interval time.Duration) *Run {
-	gr := GraphOf(g, title)
+	return LiveOn(g, title, nil, snap, interval)
+}
+
+// LiveOn is Live for a run across hosts: where[stage] names the worker
+// of each replica as placed, and each frame names them as they run (a
+// restart's "a>b").
+func LiveOn(g *graph.Graph, title string, where map[string][]string, snap func() *report.Snapshot, interval time.Duration) *Run {
+	gr := GraphOn(g, title, where)
 	gr.Live = true
 	r := newRun(gr)
 	r.stop, r.stopped = make(chan struct{}), make(chan struct{})
@@ -251,6 +268,7 @@ func frameOf(s, prev *report.Snapshot) Frame {
 			sf.In = append(sf.In, r.ItemsIn)
 			sf.Out = append(sf.Out, r.ItemsOut)
 			sf.Done = append(sf.Done, r.Done)
+			sf.Workers = append(sf.Workers, r.Worker)
 			if st.Source {
 				emitted += r.ItemsOut
 			}
@@ -260,6 +278,9 @@ func frameOf(s, prev *report.Snapshot) Frame {
 				known = false
 			}
 			total += st.Total
+		}
+		if !slices.ContainsFunc(sf.Workers, func(w string) bool { return w != "" }) {
+			sf.Workers = nil // one process
 		}
 		f.Stages[st.Name] = sf
 		if span > 0 {

@@ -247,3 +247,34 @@ func TestScreenshot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLiveWorkers: a live run across hosts names each replica's worker:
+// in the graph as placed, and in every frame as its snapshot says (a
+// restart's "a>b"); a run in one process names none.
+func TestLiveWorkers(t *testing.T) {
+	g := loadSpec(t, "../../specs/seed.hcl")
+	where := map[string][]string{}
+	for _, s := range g.Stages {
+		for i := range s.Replicas {
+			where[s.Name] = append(where[s.Name], fmt.Sprintf("w%d", i%2))
+		}
+	}
+	gr := GraphOn(g, "seed", where)
+	if w := gr.Stages[1].Workers; len(w) != g.Stages[1].Replicas || w[1] != "w1" {
+		t.Errorf("graph workers %v", w)
+	}
+	if GraphOf(g, "seed").Stages[1].Workers != nil {
+		t.Error("a run in one process names workers")
+	}
+	snap := &report.Snapshot{Elapsed: time.Second, Stages: []report.StageSnapshot{
+		{Name: "drafter", Replicas: []report.ReplicaSnapshot{{Worker: "w0"}, {Worker: "w1>w0"}}},
+		{Name: "done", Replicas: []report.ReplicaSnapshot{{}}},
+	}}
+	f := frameOf(snap, nil)
+	if w := f.Stages["drafter"].Workers; len(w) != 2 || w[1] != "w1>w0" {
+		t.Errorf("frame workers %v", w)
+	}
+	if f.Stages["done"].Workers != nil {
+		t.Errorf("a replica in one process: workers %v", f.Stages["done"].Workers)
+	}
+}
