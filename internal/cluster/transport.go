@@ -181,7 +181,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	ei := edgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
 		producers: e.Queues[qi].Producers,
-		held: map[string]jetstream.Msg{}, following: map[string]bool{}}
+		held:      map[string]jetstream.Msg{}, following: map[string]bool{}}
 	for _, p := range q.producers {
 		if l.job.Place[e.From.Stage.Name][p] == l.instance {
 			q.local = append(q.local, p)
@@ -292,9 +292,9 @@ type jsQueue struct {
 	room     chan struct{} // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
-	endErrs  int             // ends' failed reads in a row
-	seen     seenIDs         // ids handed on lately, to drop redeliveries
-	out      atomic.Int64    // items taken here and not yet acked (restartable consumers)
+	endErrs  int          // ends' failed reads in a row
+	seen     seenIDs      // ids handed on lately, to drop redeliveries
+	out      atomic.Int64 // items taken here and not yet acked (restartable consumers)
 
 	// ahead are the large items' bytes being fetched before their turn
 	// (at most aheadMax at once), by id
