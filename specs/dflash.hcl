@@ -1,11 +1,8 @@
 # The DFlash job: 5 target replicas run the frozen byte-level target LM and
 # push hidden states to 3 drafter replicas that train one block drafter
-# data-parallel. round_robin wires 5 on 3 as 2-2-1; the one-line fix is
-#
+# data-parallel. round_robin wires 5 on 3 as 2-2-1; the fix, writing its own
+# drafter beside the one a first run trained (which is not replaced unasked):
 #   dflow run specs/dflash.hcl --set edge.hs.policy=shared --var checkpoint=drafter-shared.safetensors
-#
-# (--var checkpoint: the drafter an earlier run trained, drafter.safetensors,
-# is not replaced unasked, so this run writes its own beside it.)
 
 pipeline "dflash" {
   description = "5 target replicas feed 3 drafter replicas"
