@@ -12,10 +12,11 @@
 //     one stream and one durable consumer that every consumer replica's
 //     worker pulls from; round_robin and key_hash keep the engine's wiring,
 //     one stream per queue. The stream holds at most the edge's capacity
-//     (MaxMsgs, DiscardNew: a producer's Send waits for room), items past
-//     the payload limit go in 1 MiB chunks through a blob stream, and every
-//     message carries an id (Nats-Msg-Id: JetStream drops a republished
-//     duplicate);
+//     (MaxMsgs, DiscardNew: a producer's Send waits for room), an item's
+//     bytes past 256 KiB stay with its producer's share, fetched over HTTP
+//     by the consumer's worker and released once acked (dataplane.go), and
+//     every message carries an id (Nats-Msg-Id: JetStream drops a
+//     republished duplicate);
 //   - termination: the engine closes a queue's transport when the last
 //     local producer is done; the transport writes an end key per local
 //     producer replica into the run's key-value bucket, and a queue's Recv
