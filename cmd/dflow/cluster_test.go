@@ -694,3 +694,54 @@ func TestJoinURLs(t *testing.T) {
 		t.Errorf("loopback only: join at %q", got)
 	}
 }
+
+// TestDataAddrFlag: dflow worker --data-addr says where the worker's
+// data plane listens: large items' bytes reach the consumer's worker from
+// there, and an address the worker cannot listen on fails its share,
+// saying so.
+func TestDataAddrFlag(t *testing.T) {
+	t.Setenv("DFLOW_AS_MAIN", "1")
+	srv := startServer(t)
+	spec := writeSpec(t, `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 6
+    size_bytes = 1048576
+  }
+}
+stage "dst" {
+  node = "sink"
+}
+edge "e" {
+  from = src.out
+  to   = dst.in
+}
+`)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	ws := workers(t, srv.URL, srv.Token, 1, "--data-addr", addr)
+	ws = append(ws, startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}, "worker", "--join", srv.URL, "--name", "w2"))
+	run := func() (int, string) {
+		code, _, stderr := dflow(t, "run", spec, "--cluster", srv.URL, "--token", srv.Token, "--workers", "2", "--place", "src=w1", "--place", "dst=w2")
+		return code, stderr
+	}
+	if code, stderr := run(); code != exitOK || !strings.Contains(stderr, "edge  e") {
+		t.Fatalf("code %d\n%s\nw1:\n%s", code, stderr, ws[0].output())
+	}
+	for _, w := range ws {
+		w.cmd.Process.Signal(os.Interrupt)
+		w.wait(t, 10*time.Second)
+	}
+	// 192.0.2.1 (TEST-NET-1) is no address of this host: nothing can
+	// listen there, and nothing is sent anywhere.
+	workers(t, srv.URL, srv.Token, 1, "--data-addr", "192.0.2.1")
+	startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}, "worker", "--join", srv.URL, "--name", "w2")
+	if code, stderr := run(); code != exitFailed || !strings.Contains(stderr, "data plane") || !strings.Contains(stderr, "192.0.2.1") {
+		t.Errorf("an unusable --data-addr: code %d\n%s", code, stderr)
+	}
+}

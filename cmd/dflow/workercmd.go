@@ -43,7 +43,8 @@ func cmdWorker(e *env, args []string) int {
 	creds := fs.String("creds", "", "a NATS credentials `FILE` (a user's JWT and seed), for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	ca := fs.String("tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
 	once := fs.Bool("once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
-	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE]")
+	dataAddr := fs.String("data-addr", "", "where this worker's data plane listens, `HOST[:PORT]`: the other workers fetch large items' bytes there (default: this host's address on its route to the server, any free port)")
+	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE] [--data-addr HOST[:PORT]]")
 	if !ok {
 		return code
 	}
@@ -89,7 +90,7 @@ func cmdWorker(e *env, args []string) int {
 			}
 		}()
 	}
-	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once,
+	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once, DataAddr: *dataAddr,
 		AfterSend: crashAfterSends(os.Getenv(crashEnv)),
 		Load: func(job *cluster.Job) (*graph.Graph, error) {
 			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets, Plugins: e.loadPlugins}
