@@ -105,7 +105,11 @@ func cmdRun(e *env, args []string) int {
 	}
 	finishUI := func(*report.Report) {}
 	if err == nil && *uiAddr != "" {
-		f, uerr := e.startUI(*uiAddr, g, files[0], p.Snapshot, *uiLinger, stopSignals)
+		var where map[string][]string
+		if c, ok := p.(interface{ Where() map[string][]string }); ok {
+			where = c.Where() // across hosts: each replica's worker
+		}
+		f, uerr := e.startUI(*uiAddr, g, files[0], where, p.Snapshot, *uiLinger, stopSignals)
 		if uerr != nil {
 			fmt.Fprintf(e.stderr, "dflow run: %v\n", uerr)
 			return exitFailed

@@ -15,8 +15,11 @@ import (
 // returned finish hands it the report, keeps it up for linger or until
 // Ctrl-C, and closes it. stopSignals ends run's own signal handling, so
 // that the Ctrl-C here only closes the page.
-func (e *env) startUI(addr string, g *graph.Graph, title string, snap func() *report.Snapshot, linger time.Duration, stopSignals func()) (finish func(*report.Report), err error) {
-	r := ui.Live(g, title, snap, 500*time.Millisecond)
+//
+// where, for a run across hosts, names each replica's worker (nil in one
+// process).
+func (e *env) startUI(addr string, g *graph.Graph, title string, where map[string][]string, snap func() *report.Snapshot, linger time.Duration, stopSignals func()) (finish func(*report.Report), err error) {
+	r := ui.LiveOn(g, title, where, snap, 500*time.Millisecond)
 	url, shutdown, err := ui.Serve(addr, r)
 	if err != nil {
 		return nil, err
