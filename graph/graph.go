@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 )
@@ -15,9 +16,12 @@ type Graph struct {
 	Filename    string
 	Name        string // the pipeline block's label, or "" when absent
 	Description string
-	Plugins     []*Plugin
-	Stages      []*Stage
-	Edges       []*Edge
+	// Lease is the pipeline block's lease: on a cluster, how long a
+	// worker may stay silent before it is counted lost (0: the default).
+	Lease   time.Duration
+	Plugins []*Plugin
+	Stages  []*Stage
+	Edges   []*Edge
 
 	stages map[string]*Stage
 	edges  map[string]*Edge

@@ -365,3 +365,25 @@ func TestSpecsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineLease: the pipeline block's lease is a duration, read into
+// the graph; anything else is an error at the attribute.
+func TestPipelineLease(t *testing.T) {
+	load := func(lease string) (*graph.Graph, hcl.Diagnostics) {
+		src := "pipeline \"p\" {\n  lease = " + lease + "\n}\nstage \"src\" {\n  node = \"synthetic_source\"\n  config {\n    count = 1\n  }\n}\nstage \"dst\" {\n  node = \"sink\"\n}\nedge \"e\" {\n  from = src.out\n  to   = dst.in\n}\n"
+		return (&graph.Loader{Catalog: testRegistry()}).Load("lease.hcl", []byte(src))
+	}
+	g, diags := load(`"12s"`)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	if g.Lease != 12*time.Second {
+		t.Errorf("lease %v, want 12s", g.Lease)
+	}
+	for _, bad := range []string{`"soon"`, `"-1s"`, `"0s"`} {
+		_, diags := load(bad)
+		if !diags.HasErrors() || !strings.Contains(diags.Error(), "lease.hcl:2") || !strings.Contains(diags.Error(), "invalid lease") {
+			t.Errorf("lease = %s: %v", bad, diags)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
@@ -218,11 +219,22 @@ func (d *decoder) decodePipeline(b *hcl.Block) {
 	d.declared["pipeline"] = b.DefRange
 	d.g.Name = b.Labels[0]
 	content, diags := b.Body.Content(&hcl.BodySchema{
-		Attributes: []hcl.AttributeSchema{{Name: "description"}},
+		Attributes: []hcl.AttributeSchema{{Name: "description"}, {Name: "lease"}},
 	})
 	d.diags = append(d.diags, diags...)
 	if a, ok := content.Attributes["description"]; ok {
 		d.g.Description, _ = d.stringAttr(a)
+	}
+	if a, ok := content.Attributes["lease"]; ok {
+		if s, ok := d.stringAttr(a); ok {
+			lease, err := time.ParseDuration(s)
+			if err != nil || lease <= 0 {
+				d.errorf(a.Expr.Range(), "invalid lease",
+					"lease is how long a worker may stay silent before it is counted lost, a duration such as \"10s\"; got %q.", s)
+			} else {
+				d.g.Lease = lease
+			}
+		}
 	}
 }
 

@@ -324,7 +324,9 @@ func coordinatePlaced(t *testing.T, srv *cluster.Server, n int, place map[string
 		args = append(args, "--set", s)
 	}
 	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
-	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n, place: place}
+	// The lease and ack wait of the faults tests: short, so that a loss
+	// is found and its items come back within a few seconds.
+	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n, place: place, timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second}}
 	sf := &specFlags{sets: sets}
 	g := e.load(sf, "../../specs/seed.hcl")
 	if g == nil {

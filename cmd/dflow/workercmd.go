@@ -179,6 +179,18 @@ type clusterFlags struct {
 	place                                   map[string][]string
 	// localSet: --local-cluster was given (0 included)
 	localSet bool
+	// timings: --lease, over the spec's pipeline lease; tests set the ack
+	// wait too
+	timings cluster.Timings
+}
+
+// runTimings are the run's lease and ack wait: --lease over the spec's.
+func (f *clusterFlags) runTimings(g *graph.Graph) cluster.Timings {
+	t := f.timings
+	if t.Lease == 0 {
+		t.Lease = g.Lease
+	}
+	return t
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
@@ -188,6 +200,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait up to 30s for `N` idle workers (default: those that joined within 2s)")
 	fs.StringVar(&f.creds, "creds", "", "with --cluster, a NATS credentials `FILE` (a user's JWT and seed) for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
+	fs.DurationVar(&f.timings.Lease, "lease", 0, "on a cluster, how long a worker may stay silent before it is counted lost and its replicas restart elsewhere, a `DURATION` (default: the spec's pipeline lease, else 5s)")
 	fs.Func("place", "on a cluster, put a stage's replicas on the workers named, `STAGE=W1,W2,...` (replica i on the i-th, round the list); the other stages spread evenly (repeatable)", func(v string) error {
 		stage, ws, ok := strings.Cut(v, "=")
 		if !ok || stage == "" || ws == "" {
@@ -359,6 +372,7 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 		Conn: nc, Graph: g, Workers: workers, Registry: e.registry,
 		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, VarFiles: sf.varFiles, Sets: sf.sets},
 		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr, Pin: cf.place,
+		Timings: cf.runTimings(g),
 	})
 	if err != nil {
 		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil && ctx.Err() == nil {

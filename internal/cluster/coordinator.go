@@ -46,6 +46,10 @@ type CoordOptions struct {
 	// Pin[stage][i mod len], over the spec's placement attributes; the
 	// other stages spread evenly.
 	Pin map[string][]string
+	// Timings are the run's lease and ack wait; unset ones take the
+	// defaults (the spec's lease, when it has one, comes in through the
+	// caller).
+	Timings Timings
 }
 
 // Coordinator runs one pipeline over a cluster's workers.
@@ -110,6 +114,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if o.Grace == 0 {
 		o.Grace = 5 * time.Second
 	}
+	o.Timings = o.Timings.withDefaults()
 	c := &Coordinator{o: o, g: o.Graph, seen: map[string]time.Time{}, instances: map[string]*instance{}}
 	var err error
 	if c.js, err = jetstream.New(o.Conn); err != nil {
@@ -189,7 +194,7 @@ func (c *Coordinator) idle() []string {
 	defer c.mu.Unlock()
 	var ws []string
 	for w, t := range c.seen {
-		if time.Since(t) < lostAfter {
+		if time.Since(t) < c.o.Timings.Lease {
 			ws = append(ws, w)
 		}
 	}
@@ -289,7 +294,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	c.start = time.Now()
 	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote)
+	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.o.Timings.AckWait)
 	cancel()
 	defer teardownRun(c.js, c.run, c.g, c.remote)
 	if err != nil {
@@ -420,7 +425,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			if abortedAt.IsZero() {
 				status, abortedAt = report.Aborted, time.Now()
 				abort()
-			} else if time.Since(abortedAt) > c.o.Grace+lostAfter {
+			} else if time.Since(abortedAt) > c.o.Grace+c.o.Timings.Lease {
 				c.giveUp()
 			}
 			select {
@@ -449,7 +454,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 				firstErr = err
 				abort()
 			}
-			if !abortedAt.IsZero() && time.Since(abortedAt) > c.o.Grace+lostAfter {
+			if !abortedAt.IsZero() && time.Since(abortedAt) > c.o.Grace+c.o.Timings.Lease {
 				c.giveUp()
 			}
 		}
@@ -531,6 +536,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job := c.o.Job
 	job.Run, job.Instance, job.Grace, job.Restart = c.run, inst, c.o.Grace, inst != worker
 	job.Provenance = nn.CurrentRun()
+	job.Timings = c.o.Timings
 	job.DataKey = c.dataKey
 	c.mu.Lock()
 	job.Place = map[string][]string{}
@@ -561,7 +567,7 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 	c.mu.Lock()
 	var lost []*instance
 	for _, in := range c.instances {
-		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > lostAfter {
+		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > c.o.Timings.Lease {
 			in.lost = true
 			c.markRan(in) // now, whatever recover makes of it
 			lost = append(lost, in)
@@ -607,7 +613,7 @@ func (c *Coordinator) recover(in *instance) error {
 				stay = append(stay, rep{s, i}) // finished: not run again
 			case stateful == nil:
 				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-					in.worker, lostAfter, s.Name, i, s.Node)
+					in.worker, c.o.Timings.Lease, s.Name, i, s.Node)
 			}
 		}
 	}
@@ -625,7 +631,7 @@ func (c *Coordinator) recover(in *instance) error {
 		}
 	}
 	if len(move) == 0 {
-		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, lostAfter)
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, c.o.Timings.Lease)
 		return nil
 	}
 	target := c.leastLoaded(in.worker)
@@ -641,7 +647,7 @@ func (c *Coordinator) recover(in *instance) error {
 	c.instances[inst] = &instance{name: inst, worker: target, ledger: counts{}}
 	c.mu.Unlock()
 	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
-		in.worker, lostAfter, strings.Join(moved, ", "), target)
+		in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)
 	return c.startInstance(target, inst)
 }
 
@@ -689,7 +695,7 @@ func (c *Coordinator) leastLoaded(not string) string {
 	defer c.mu.Unlock()
 	load := map[string]int{}
 	for _, w := range c.workers {
-		if w != not && time.Since(c.seen[w]) < lostAfter {
+		if w != not && time.Since(c.seen[w]) < c.o.Timings.Lease {
 			load[w] = 0
 		}
 	}

@@ -33,7 +33,7 @@ import (
 // and nothing moved (no item produced or consumed anywhere, no group step,
 // no replica ended, no stream's count changed) over the confirmation
 // window, on at least three looks a second or more apart. A share with no
-// snapshot yet, a worker lost within the last restartQuiet, and a replica
+// snapshot yet, a worker lost lately (restartQuiet), and a replica
 // working or in a wait its engine can see end all count as able to move.
 
 // deadlockConfirm is how long a stuck state across workers must hold,
@@ -41,9 +41,6 @@ import (
 const (
 	deadlockConfirm = 2 * time.Second
 	deadlockLooks   = 3
-	// restartQuiet: after a worker is lost, its replicas' restart and the
-	// redelivery of what it held take this long at most
-	restartQuiet = 2*ackWait + 2*lostAfter
 )
 
 // deadlockWatch is the coordinator's detector state.
@@ -164,7 +161,7 @@ func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark
 func (c *Coordinator) waitView() (view map[replicaRef]report.ReplicaSnapshot, worker map[replicaRef]string, mark int64, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lastLoss.IsZero() && time.Since(c.lastLoss) < restartQuiet {
+	if !c.lastLoss.IsZero() && time.Since(c.lastLoss) < c.restartQuiet() {
 		return nil, nil, 0, false
 	}
 	view, worker = map[replicaRef]report.ReplicaSnapshot{}, map[replicaRef]string{}
@@ -329,4 +326,10 @@ func refNames(rs []replicaRef) string {
 		names[i] = fmt.Sprintf("%s[%d]", r.stage, r.i)
 	}
 	return strings.Join(names, ", ")
+}
+
+// restartQuiet is how long, after a worker is lost, its replicas' restart
+// and the redelivery of what it held may take.
+func (c *Coordinator) restartQuiet() time.Duration {
+	return 2*c.o.Timings.AckWait + 2*c.o.Timings.Lease
 }

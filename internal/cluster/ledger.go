@@ -191,9 +191,9 @@ func (lg *ledger) commitSome() (more bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	// Until the coordinator counts this share lost (lostAfter), and then
+	// Until the coordinator counts this share lost (the lease), and then
 	// some: the items stay held meanwhile.
-	deadline := time.Now().Add(lostAfter + ackWait)
+	deadline := time.Now().Add(lg.l.job.Timings.Lease + lg.l.job.Timings.AckWait)
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
 		m, err := lg.l.nc.Request(subjCommit(lg.l.job.Run), b, time.Second)
 		if err == nil {
@@ -207,7 +207,7 @@ func (lg *ledger) commitSome() (more bool, err error) {
 					time.Sleep(wait) // its acks did not reach the server: again
 					continue
 				}
-				return false, fmt.Errorf("the coordinator could not ack this share's finished items for %v: %s", lostAfter+ackWait, r.Err)
+				return false, fmt.Errorf("the coordinator could not ack this share's finished items for %v: %s", lg.l.job.Timings.Lease+lg.l.job.Timings.AckWait, r.Err)
 			}
 			return false, fmt.Errorf("the coordinator refused this share's commit: %s", r.Err)
 		}

@@ -33,6 +33,8 @@ type Job struct {
 	// record (the coordinator's): the replicas of a stage on several
 	// workers write and overwrite one run's checkpoint.
 	Provenance nn.Run `json:"provenance"`
+	// Timings are the run's lease and ack wait (the coordinator's).
+	Timings Timings `json:"timings"`
 	// DataKey is the run's key to the workers' data planes (dataplane.go),
 	// made up by the coordinator: only a holder of the job has it.
 	DataKey string `json:"data_key"`
@@ -103,9 +105,46 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // Intervals of the control plane.
 const (
 	helloEvery = 250 * time.Millisecond
-	// lostAfter is how long a worker may stay silent before the
-	// coordinator counts it lost, and the coordinator before a worker
-	// aborts its share.
-	lostAfter = 2 * time.Second
-	hbEvery   = 250 * time.Millisecond
+	hbEvery    = 250 * time.Millisecond
 )
+
+// Timings are a run's lease and ack wait across hosts. The coordinator
+// sends them in the job, so that every share of a run keeps the same.
+type Timings struct {
+	// Lease is how long a worker may stay silent before the coordinator
+	// counts it lost (and its replicas restart elsewhere), and the
+	// coordinator before a worker aborts its share. Heartbeats go every
+	// 250ms, on goroutines of their own, so only a pause of the whole
+	// process (a GC pause, a host too loaded to schedule it) or a cut
+	// network is that long. Default DefaultLease.
+	Lease time.Duration `json:"lease"`
+	// AckWait is how long an item delivered to a worker may stay unacked
+	// before JetStream redelivers it; the worker renews what it holds
+	// every AckWait/4, so after a loss the lost worker's items come back
+	// within it. Default DefaultAckWait.
+	AckWait time.Duration `json:"ack_wait"`
+}
+
+// The defaults: long enough that a GC pause or a loaded host does not
+// count a working worker lost, short enough that a lost one's work moves
+// within seconds.
+const (
+	DefaultLease   = 5 * time.Second
+	DefaultAckWait = 5 * time.Second
+)
+
+// withDefaults fills what is unset.
+func (t Timings) withDefaults() Timings {
+	if t.Lease <= 0 {
+		t.Lease = DefaultLease
+	}
+	if t.AckWait <= 0 {
+		t.AckWait = DefaultAckWait
+	}
+	return t
+}
+
+// restartGuard is how long a share taking over a lost one's replicas
+// waits before it may end a queue: the lost one's items are redelivered
+// within AckWait of when it stopped keeping them.
+func (t Timings) restartGuard() time.Duration { return t.AckWait + 2*time.Second }

@@ -28,12 +28,6 @@ const (
 	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
-// ackWait is how long an item delivered to a worker may stay unacked
-// before JetStream redelivers it (held items are kept alive with
-// InProgress meanwhile): after a worker is lost, its items come back
-// within this.
-const ackWait = 3 * time.Second
-
 // publishWait bounds one publish's wait for the server's answer (not the
 // wait for room in a full queue, which has no bound).
 var publishWait = 30 * time.Second
@@ -42,7 +36,7 @@ var publishWait = 30 * time.Second
 // stream per remote queue, bounded to the edge's capacity, with one durable
 // consumer its consumer replicas' workers all pull from; the blob stream
 // for chunks; the end-key bucket.
-func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool) error {
+func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration) error {
 	for ei, e := range g.Edges {
 		for qi := range e.Queues {
 			if !remote[e.Name][qi] {
@@ -147,6 +141,7 @@ type links struct {
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
 		pending: map[any]*taken{}, origins: map[any]origin{}}
+	job.Timings = job.Timings.withDefaults()
 	l.ledger = newLedger(l)
 	l.started = time.Now()
 	l.ctx = ctx
@@ -180,8 +175,8 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	}
 	ei := edgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
-		producers: e.Queues[qi].Producers,
-		held:      map[string]jetstream.Msg{}, following: map[string]bool{}}
+		producers: e.Queues[qi].Producers, seen: seenIDs{window: 4 * l.job.Timings.AckWait},
+		held: map[string]jetstream.Msg{}, following: map[string]bool{}}
 	for _, p := range q.producers {
 		if l.job.Place[e.From.Stage.Name][p] == l.instance {
 			q.local = append(q.local, p)
@@ -254,7 +249,7 @@ func (l *links) keepAlive() {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		every(ackWait/4, (*jsQueue).touch)
+		every(l.job.Timings.AckWait/4, (*jsQueue).touch)
 	}()
 	every(250*time.Millisecond, (*jsQueue).readDepth)
 }
@@ -541,21 +536,20 @@ func (q *jsQueue) fetch() {
 // seenIDs are the ids of the items a queue's consumer side has handed
 // on, for as long as a redelivery of one can still come: a message is
 // redelivered only while unacked (ackWait after it was last kept), so an
-// id is kept from when it is handed on for between seenFor and twice that
+// id is kept from when it is handed on for between window and twice that
 // (two generations, the older dropped as a new one begins), and a followed
 // item, in hand for longer, is known by q.following. So the ids stay a
 // window's worth, not one per item of the run.
 type seenIDs struct {
 	cur, old map[string]bool
 	since    time.Time
+	window   time.Duration // 4 x the run's ack wait
 }
-
-const seenFor = 4 * ackWait
 
 func (s *seenIDs) has(id string) bool { return s.cur[id] || s.old[id] }
 
 func (s *seenIDs) add(id string) {
-	if s.cur == nil || time.Since(s.since) > seenFor {
+	if s.cur == nil || time.Since(s.since) > s.window {
 		s.old, s.cur, s.since = s.cur, map[string]bool{}, time.Now()
 	}
 	s.cur[id] = true
@@ -791,7 +785,7 @@ func (q *jsQueue) touch() {
 // (ackWait after the lost share last kept them, which it stops doing when
 // told it is lost, before the restart starts).
 func (q *jsQueue) ends(ctx context.Context) (bool, error) {
-	if q.l.job.Restart && time.Since(q.l.started) < ackWait+2*time.Second {
+	if q.l.job.Restart && time.Since(q.l.started) < q.l.job.Timings.restartGuard() {
 		return false, nil
 	}
 	for _, p := range q.producers {

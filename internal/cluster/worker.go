@@ -166,6 +166,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	nc := w.o.Conn
 	inst := job.Instance
 	nn.SetRun(job.Provenance) // before the stages are built: they claim their files for it
+	job.Timings = job.Timings.withDefaults()
 	g, err := w.o.Load(job)
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -191,12 +192,12 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	var lastHB atomic.Int64 // the coordinator's heartbeat, last heard
 	lastHB.Store(time.Now().UnixNano())
 	// Items are kept from redelivery only while the coordinator is heard
-	// and the connection is up: a worker paused or cut off past lostAfter
+	// and the connection is up: a worker paused or cut off past job.Timings.Lease
 	// has been counted lost, and renewals it sent late (buffered while
 	// reconnecting, or on waking) would hold back the items of the share
 	// that took over.
 	l.renew = func() bool {
-		return nc.IsConnected() && time.Since(time.Unix(0, lastHB.Load())) < lostAfter
+		return nc.IsConnected() && time.Since(time.Unix(0, lastHB.Load())) < job.Timings.Lease
 	}
 	l.start()
 	drain := make(chan struct{})
@@ -267,7 +268,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			case <-watchDone:
 				return
 			case <-t.C:
-				if time.Since(time.Unix(0, lastHB.Load())) > lostAfter {
+				if time.Since(time.Unix(0, lastHB.Load())) > job.Timings.Lease {
 					orphaned.Store(true)
 					l.released.Store(true) // its items are for others now
 					abort()
@@ -281,9 +282,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if orphaned.Load() {
 		// Say so, in case the coordinator lives and only its heartbeat was
 		// late: the run then fails instead of waiting for this share.
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, lostAfter)
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, job.Timings.Lease)
 		d := done{Instance: inst, Failed: true,
-			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v, so its share aborted", w.o.Name, lostAfter)}
+			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v, so its share aborted", w.o.Name, job.Timings.Lease)}
 		db, _ := json.Marshal(d)
 		nc.Request(subjDone(job.Run), db, time.Second)
 		return
