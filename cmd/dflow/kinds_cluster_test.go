@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -35,22 +36,36 @@ type kindCase struct {
 func TestKindsAcrossWorkers(t *testing.T) {
 	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker processes
 	t.Chdir("../..")               // the specs name the model relative to the repository
+	// One corpus for both runs of a case, as it was when the test began
+	// (the tree's own text changes while people work in it).
+	corpus := filepath.Join(t.TempDir(), "corpus.txt")
+	var text []byte
+	for _, f := range []string{"internal/engine/engine.go", "internal/engine/deadlock.go", "internal/cluster/transport.go", "internal/nn/model.go", "README.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text = append(text, b...)
+	}
+	if err := os.WriteFile(corpus, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []kindCase{
 		{name: "seed", args: []string{"specs/seed.hcl", "--var", "items=120",
 			"--set", "stage.target.config.service_time=2ms", "--set", "stage.drafter.config.service_time=1ms"}},
 		{name: "fan", args: []string{"specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
-		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=internal",
+		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus="+corpus,
 			"--set", "stage.drafter.config.eval_prompts=4"},
 			outputs: map[string]string{"drafter": "drafter"}},
-		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=internal", "--var", "seq_len=32",
+		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus="+corpus, "--var", "seq_len=32",
 			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
 			outputs: map[string]string{"train": "lm"}},
 	}
 	covered := map[string]bool{}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			local := runKindCase(t, c, false)
-			across := runKindCase(t, c, true)
+			local := runKindCase(t, c, corpus, false)
+			across := runKindCase(t, c, corpus, true)
 			for name, st := range local.Stages {
 				covered[st.Node] = true
 				compareStage(t, name, st, across.Stages[name])
@@ -72,7 +87,7 @@ func TestKindsAcrossWorkers(t *testing.T) {
 
 // runKindCase runs c in one process or over two workers and checks what
 // the run wrote.
-func runKindCase(t *testing.T, c kindCase, cluster bool) *report.Report {
+func runKindCase(t *testing.T, c kindCase, corpus string, cluster bool) *report.Report {
 	t.Helper()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "r.json")
@@ -111,7 +126,7 @@ func runKindCase(t *testing.T, c kindCase, cluster bool) *report.Report {
 			if _, _, err := nn.LoadModel(files[stage]); err != nil {
 				t.Errorf("%s: the model does not load: %v", where, err)
 			}
-		} else if code, _, stderr := dflow(t, "eval", files[stage], "--corpus", "internal", "--prompts", "2"); code != exitOK {
+		} else if code, _, stderr := dflow(t, "eval", files[stage], "--corpus", corpus, "--prompts", "2"); code != exitOK {
 			t.Errorf("%s: dflow eval of the checkpoint: code %d\n%s", where, code, stderr)
 		}
 		if step := rep.Stages[stage].Metrics["step"]; meta[key] != strconv.Itoa(int(step)) {
