@@ -75,6 +75,24 @@ type replicaRef struct {
 	i     int
 }
 
+// look is one judgement of the run: every replica's latest figures and
+// worker, and the streams' counts as read for it.
+type look struct {
+	c      *Coordinator
+	ctx    context.Context
+	view   map[replicaRef]report.ReplicaSnapshot
+	worker map[replicaRef]string
+	msgs   map[string]int
+}
+
+// judged is one wait that cannot end: in words, the edges it is on (and
+// those it waits for room on), and the replicas that could end it.
+type judged struct {
+	what        string
+	edges, full []*graph.Edge
+	on          []replicaRef
+}
+
 // stuck reads every replica's wait; ok is false as soon as one may move.
 // mark adds up what moves when anything does.
 func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark int64, ok bool) {
@@ -82,31 +100,12 @@ func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark
 	if !ok {
 		return nil, 0, false
 	}
-	msgs := map[string]int{} // stream counts read for this look
-	streamMsgs := func(e *graph.Edge, q int) (int, bool) {
-		key := fmt.Sprintf("%s/%d", e.Name, q)
-		if n, ok := msgs[key]; ok {
-			return n, true
-		}
-		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		s, err := c.js.Stream(sctx, streamQueue(c.run, edgeIndex(c.g, e), q))
-		if err != nil {
-			return 0, false
-		}
-		info, err := s.Info(sctx)
-		if err != nil {
-			return 0, false
-		}
-		msgs[key] = int(info.State.Msgs)
-		return msgs[key], true
-	}
+	lk := &look{c: c, ctx: ctx, view: view, worker: worker, msgs: map[string]int{}}
 	index := map[replicaRef]int{}
 	var order []replicaRef
 	for _, s := range c.g.Stages {
 		for i := range s.Replicas {
-			r := replicaRef{s.Name, i}
-			if !view[r].Done {
+			if r := (replicaRef{s.Name, i}); !view[r].Done {
 				index[r] = len(order)
 				order = append(order, r)
 			}
@@ -115,43 +114,183 @@ func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark
 	if len(order) == 0 {
 		return nil, 0, false
 	}
-	waitsFor := make([][]replicaRef, len(order))
-	for k, r := range order {
-		rs := view[r]
-		if len(rs.Waits) == 0 {
-			return nil, 0, false // working, or in a wait that may end
+	for _, r := range order {
+		sw, on, ok := lk.replica(r)
+		if !ok {
+			return nil, 0, false
 		}
-		sw := engine.StuckWait{Name: fmt.Sprintf("%s[%d] on %s", r.stage, r.i, worker[r])}
-		var whats []string
-		for _, w := range rs.Waits {
-			what, edges, full, on, ok := c.judgeWait(r, w, view, streamMsgs)
-			if !ok {
-				return nil, 0, false
-			}
-			whats = append(whats, what)
-			sw.Edges, sw.Full = append(sw.Edges, edges...), append(sw.Full, full...)
-			for _, o := range on {
-				if !slices.Contains(waitsFor[k], o) {
-					waitsFor[k] = append(waitsFor[k], o)
-				}
-			}
-		}
-		sw.What = strings.Join(whats, "; and ")
-		waits = append(waits, sw)
-	}
-	for k := range order {
-		for _, o := range waitsFor[k] {
+		for _, o := range on {
 			j, stuck := index[o]
 			if !stuck {
 				return nil, 0, false // one it waits for has ended
 			}
-			waits[k].WaitsFor = append(waits[k].WaitsFor, j)
+			sw.WaitsFor = append(sw.WaitsFor, j)
 		}
+		waits = append(waits, sw)
 	}
-	for _, n := range msgs {
+	for _, n := range lk.msgs {
 		mark += int64(n)
 	}
 	return waits, mark, true
+}
+
+// replica judges replica r's waits (several for a quiescent node, all of
+// which must be stuck): its wait as the deadlock names it, and the
+// replicas that could end it.
+func (lk *look) replica(r replicaRef) (sw engine.StuckWait, on []replicaRef, ok bool) {
+	rs := lk.view[r]
+	if len(rs.Waits) == 0 {
+		return sw, nil, false // working, or in a wait that may end
+	}
+	sw.Name = fmt.Sprintf("%s[%d] on %s", r.stage, r.i, lk.worker[r])
+	var whats []string
+	for _, w := range rs.Waits {
+		j, ok := lk.wait(r, w)
+		if !ok {
+			return sw, nil, false
+		}
+		whats = append(whats, j.what)
+		sw.Edges, sw.Full = append(sw.Edges, j.edges...), append(sw.Full, j.full...)
+		for _, o := range j.on {
+			if !slices.Contains(on, o) {
+				on = append(on, o)
+			}
+		}
+	}
+	sw.What = strings.Join(whats, "; and ")
+	return sw, on, true
+}
+
+// wait judges one wait of replica r; ok is false when it may end.
+func (lk *look) wait(r replicaRef, w report.Wait) (judged, bool) {
+	switch w.Kind {
+	case "recv":
+		return lk.recv(w)
+	case "send":
+		return lk.send(w)
+	case "group":
+		return lk.group(r, w)
+	}
+	return judged{}, false
+}
+
+// recv: every queue waited on is empty (its stream holds nothing, or its
+// engine saw it empty) and has producers running.
+func (lk *look) recv(w report.Wait) (j judged, ok bool) {
+	var names []string
+	for _, ref := range w.Queues {
+		e := lk.c.g.Edge(ref.Edge)
+		if e == nil || ref.Queue >= len(e.Queues) {
+			return j, false
+		}
+		from := e.From.Stage.Name
+		by := lk.live(from, ref.For)
+		if ref.Remote {
+			if n, ok := lk.streamMsgs(e, ref.Queue); !ok || n > 0 {
+				return j, false // an item on its way, or unknown
+			}
+			by = lk.live(from, e.Queues[ref.Queue].Producers)
+		}
+		if len(by) == 0 {
+			continue // its producers have all ended: it ends
+		}
+		names = append(names, queueName(e, ref.Queue))
+		j.edges = append(j.edges, e)
+		j.on = append(j.on, by...)
+	}
+	if len(names) == 0 {
+		return j, false
+	}
+	j.what = fmt.Sprintf("waits for input on %s (empty), fed by %s", strings.Join(names, ", "), refNames(j.on))
+	return j, true
+}
+
+// send: the queue is full (its stream holds its capacity, or its engine
+// saw it full) and has consumers running.
+func (lk *look) send(w report.Wait) (j judged, ok bool) {
+	if len(w.Queues) != 1 {
+		return j, false
+	}
+	ref := w.Queues[0]
+	e := lk.c.g.Edge(ref.Edge)
+	if e == nil || ref.Queue >= len(e.Queues) {
+		return j, false
+	}
+	depth := e.Capacity
+	j.on = lk.live(e.To.Stage.Name, ref.For)
+	if ref.Remote {
+		n, ok := lk.streamMsgs(e, ref.Queue)
+		if !ok || n < e.Capacity {
+			return j, false // room, or unknown
+		}
+		depth = n
+		j.on = lk.live(e.To.Stage.Name, e.Queues[ref.Queue].Consumers)
+	}
+	if len(j.on) == 0 {
+		return j, false
+	}
+	j.edges, j.full = []*graph.Edge{e}, []*graph.Edge{e}
+	j.what = fmt.Sprintf("waits to send on %s (full, %d of %d), read by %s", queueName(e, ref.Queue), depth, e.Capacity, refNames(j.on))
+	return j, true
+}
+
+// group: the replica has arrived at its group's step (an in-process
+// group as its engine saw it, or the coordinator's host of a group across
+// workers) and members still present have not.
+func (lk *look) group(r replicaRef, w report.Wait) (j judged, ok bool) {
+	arrived, members := 0, 0
+	if w.For != nil {
+		j.on = lk.live(r.stage, w.For)
+	} else {
+		h := lk.c.groups[r.stage]
+		if h == nil {
+			return j, false
+		}
+		var in bool
+		if j.on, arrived, members, in = h.waitingFor(r.i); !in {
+			return j, false // not arrived, or released
+		}
+	}
+	if len(j.on) == 0 {
+		return j, false
+	}
+	j.what = fmt.Sprintf("waits at stage %s's group step for %s", r.stage, refNames(j.on))
+	if members > 0 {
+		j.what += fmt.Sprintf(" (%d of %d there)", arrived, members)
+	}
+	return j, true
+}
+
+// live are the replicas of stage at idx that have not ended.
+func (lk *look) live(stage string, idx []int) []replicaRef {
+	var out []replicaRef
+	for _, i := range idx {
+		if o := (replicaRef{stage, i}); !lk.view[o].Done {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// streamMsgs is how many messages queue q of e's stream holds, read once
+// a look.
+func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
+	key := fmt.Sprintf("%s/%d", e.Name, q)
+	if n, ok := lk.msgs[key]; ok {
+		return n, true
+	}
+	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
+	defer cancel()
+	s, err := lk.c.js.Stream(ctx, streamQueue(lk.c.run, edgeIndex(lk.c.g, e), q))
+	if err != nil {
+		return 0, false
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, false
+	}
+	lk.msgs[key] = int(info.State.Msgs)
+	return lk.msgs[key], true
 }
 
 // waitView is every replica's latest figures, from the share that runs it
@@ -189,103 +328,6 @@ func (c *Coordinator) waitView() (view map[replicaRef]report.ReplicaSnapshot, wo
 		h.mu.Unlock()
 	}
 	return view, worker, mark, true
-}
-
-// judgeWait judges one wait of replica r: what it waits for in words, the
-// edges it is on (and those it waits for room on), the replicas that
-// could end it; ok is false when it may end.
-func (c *Coordinator) judgeWait(r replicaRef, w report.Wait, view map[replicaRef]report.ReplicaSnapshot,
-	streamMsgs func(*graph.Edge, int) (int, bool)) (what string, edges, full []*graph.Edge, on []replicaRef, ok bool) {
-	live := func(stage string, idx []int) []replicaRef {
-		var out []replicaRef
-		for _, i := range idx {
-			if o := (replicaRef{stage, i}); !view[o].Done {
-				out = append(out, o)
-			}
-		}
-		return out
-	}
-	switch w.Kind {
-	case "recv":
-		var names []string
-		for _, ref := range w.Queues {
-			e := c.g.Edge(ref.Edge)
-			if e == nil || ref.Queue >= len(e.Queues) {
-				return "", nil, nil, nil, false
-			}
-			from := e.From.Stage.Name
-			var by []replicaRef
-			if ref.Remote {
-				n, ok := streamMsgs(e, ref.Queue)
-				if !ok || n > 0 {
-					return "", nil, nil, nil, false // an item on its way, or unknown
-				}
-				by = live(from, e.Queues[ref.Queue].Producers)
-			} else {
-				by = live(from, ref.For)
-			}
-			if len(by) == 0 {
-				continue // its producers have all ended: it ends
-			}
-			names = append(names, queueName(e, ref.Queue))
-			edges = append(edges, e)
-			on = append(on, by...)
-		}
-		if len(names) == 0 {
-			return "", nil, nil, nil, false
-		}
-		what = fmt.Sprintf("waits for input on %s (empty), fed by %s", strings.Join(names, ", "), refNames(on))
-	case "send":
-		if len(w.Queues) != 1 {
-			return "", nil, nil, nil, false
-		}
-		ref := w.Queues[0]
-		e := c.g.Edge(ref.Edge)
-		if e == nil || ref.Queue >= len(e.Queues) {
-			return "", nil, nil, nil, false
-		}
-		depth := e.Capacity
-		if ref.Remote {
-			n, ok := streamMsgs(e, ref.Queue)
-			if !ok || n < e.Capacity {
-				return "", nil, nil, nil, false // room, or unknown
-			}
-			depth = n
-			on = live(e.To.Stage.Name, e.Queues[ref.Queue].Consumers)
-		} else {
-			on = live(e.To.Stage.Name, ref.For)
-		}
-		if len(on) == 0 {
-			return "", nil, nil, nil, false
-		}
-		edges, full = []*graph.Edge{e}, []*graph.Edge{e}
-		what = fmt.Sprintf("waits to send on %s (full, %d of %d), read by %s", queueName(e, ref.Queue), depth, e.Capacity, refNames(on))
-	case "group":
-		arrived, members := 0, 0
-		if w.For != nil {
-			on = live(r.stage, w.For)
-		} else {
-			h := c.groups[r.stage]
-			if h == nil {
-				return "", nil, nil, nil, false
-			}
-			var in bool
-			on, arrived, members, in = h.waitingFor(r.i)
-			if !in {
-				return "", nil, nil, nil, false // not arrived, or released
-			}
-		}
-		if len(on) == 0 {
-			return "", nil, nil, nil, false
-		}
-		what = fmt.Sprintf("waits at stage %s's group step for %s", r.stage, refNames(on))
-		if members > 0 {
-			what += fmt.Sprintf(" (%d of %d there)", arrived, members)
-		}
-	default:
-		return "", nil, nil, nil, false
-	}
-	return what, edges, full, on, true
 }
 
 // waitingFor says, of a round in progress, whether replica i has arrived
