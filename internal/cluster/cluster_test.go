@@ -347,7 +347,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.close()
-	dp.put("x", [][]byte{[]byte("secret bytes")})
+	dp.put("x", [][]byte{[]byte("secret bytes")}, nil)
 	for _, auth := range []string{"", "Bearer " + NewToken(), "Bearer "} {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+dp.addr+"/v1/run1/x", nil)
 		if auth != "" {
@@ -368,7 +368,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 	if err != nil || string(got) != "secret bytes" {
 		t.Fatalf("with the key: %q, %v", got, err)
 	}
-	dp.release(ref{addr: dp.addr}, "x")
+	dp.release(context.Background(), ref{addr: dp.addr}, "x")
 	if n, _ := dp.holding(); n != 0 {
 		t.Errorf("%d items held after their release", n)
 	}
@@ -378,7 +378,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tdp.close()
-	tdp.put("y", [][]byte{[]byte("tls bytes")})
+	tdp.put("y", [][]byte{[]byte("tls bytes")}, nil)
 	if got, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: tdp.pin, size: 9}, "y"); err != nil || string(got) != "tls bytes" {
 		t.Errorf("over TLS, pinned: %q, %v", got, err)
 	}
@@ -593,5 +593,68 @@ func TestCountedOnce(t *testing.T) {
 	send("b", 1, "x", "y") // the same commit again
 	if got := c.ledgerSum(edgeKey("c", "e")); got != 2 || c.dups != 1 {
 		t.Errorf("counted %d items (want 2: x once, y), %d done twice (want 1)", got, c.dups)
+	}
+}
+
+// TestLargeItemsNobodyReads: a consumer that returns before reading all
+// its input, across workers, with the items' bytes on the producer's data
+// plane: the run ends (it fails, saying a consumer must read its input to
+// the end, as in one process), and the producer's share does not wait for
+// ever for releases that will not come.
+func TestLargeItemsNobodyReads(t *testing.T) {
+	reg := nodes.Default.Clone()
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "take_one", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				_, err := r.In("in").Recv(ctx)
+				return err
+			}), nil
+		},
+	})
+	tc := startClusterWith(t, 2, reg)
+	spec := writeSpec(t, "one.hcl", `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 3
+    size_bytes = 1048576
+  }
+}
+stage "one" {
+  node = "take_one"
+}
+edge "e" {
+  from     = src.out
+  to       = one.in
+  capacity = 8
+}
+`)
+	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) { o.Pin = map[string][]string{"src": {"w1"}, "one": {"w2"}} })
+	if err == nil || rep.Status != report.Failed || !strings.Contains(err.Error(), "must read its input to the end") {
+		t.Errorf("status %s, err %v (placement %s)", rep.Status, err, c.Placement())
+	}
+}
+
+// TestDataPlaneAddresses: a worker that reaches the broker on loopback
+// listens on every interface and gives each of its addresses, loopback
+// first; a consumer takes the first address that answers.
+func TestDataPlaneAddresses(t *testing.T) {
+	dp, err := newDataPlane("run1", NewToken(), "", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.close()
+	addrs := strings.Split(dp.addr, ",")
+	if !strings.HasPrefix(addrs[0], "127.0.0.1:") {
+		t.Errorf("addresses %v: loopback first", addrs)
+	}
+	dp.put("x", [][]byte{[]byte("bytes")}, nil)
+	// An address where nothing listens first (loopback port 1): the next.
+	r := ref{addr: "127.0.0.1:1," + addrs[0], size: 5}
+	if got, err := dp.fetch(context.Background(), r, "x"); err != nil || string(got) != "bytes" {
+		t.Errorf("fetch past an address that does not answer: %q, %v", got, err)
 	}
 }

@@ -462,6 +462,9 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 			abortedAt = time.Now()
 		}
 	}
+	if firstErr == nil && status == "" {
+		firstErr = c.unread(ctx) // every share done: what is still in a stream was never read
+	}
 	if c.o.Interval > 0 && (prev == nil || time.Since(prev.Time) >= c.o.Interval/2) {
 		s := c.merge(time.Now())
 		c.mu.Lock()
@@ -473,6 +476,38 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		rep.Status = report.Aborted // as in process: a drain that cannot complete
 	}
 	return rep, firstErr
+}
+
+// unread fails a run whose shares have all ended while a remote queue's
+// stream still holds items never delivered to any consumer: their
+// consumers returned before reading their input to the end, as a local
+// run fails (no one engine sees it: each worker's consumers ended with
+// producers elsewhere). Items delivered and not acked are left alone: an
+// ack sent just before a share's end may still be on its way (a worker
+// whose consumers returned with items in hand fails itself).
+func (c *Coordinator) unread(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for ei, e := range c.g.Edges {
+		for qi := range e.Queues {
+			if !c.remote[e.Name][qi] {
+				continue
+			}
+			s, err := c.js.Stream(ctx, streamQueue(c.run, ei, qi))
+			if err != nil {
+				continue
+			}
+			cons, err := s.Consumer(ctx, "c")
+			if err != nil {
+				continue
+			}
+			if info, err := cons.Info(ctx); err == nil && info.NumPending > 0 {
+				return fmt.Errorf("edge %q queue %d: stage %q returned with %d items of stage %q unread; a consumer must read its input to the end",
+					e.Name, qi, e.To.Stage.Name, info.NumPending, e.From.Stage.Name)
+			}
+		}
+	}
+	return nil
 }
 
 // lostShares is the heartbeat's payload: the shares counted lost, one
@@ -612,6 +647,9 @@ func (c *Coordinator) recover(in *instance) error {
 			case in.last != nil && replicaDone(in.last, s.Name, i):
 				stay = append(stay, rep{s, i}) // finished: not run again
 			case stateful == nil:
+				if h := c.groups[s.Name]; h != nil {
+					h.leave(i) // lost with its host: it has left its group
+				}
 				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 					in.worker, c.o.Timings.Lease, s.Name, i, s.Node)
 			}

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,14 +73,28 @@ type dataPlane struct {
 	client   *http.Client
 
 	mu    sync.Mutex
-	held  map[string][][]byte // item id -> its encoding's parts
+	held  map[string]*heldItem // by item id
 	bytes int64
 	empty chan struct{} // closed (and renewed) whenever held empties
+	// pinned are the clients that reach holders speaking TLS, one per
+	// pinned certificate
+	pinned map[string]*http.Client
+	// reach is, by a holder's address list, which of them answered
+	reach map[string]int
+}
+
+// heldItem is one item's bytes, until released, with what tells, at a
+// share's end, whether its message is still waiting for a consumer.
+type heldItem struct {
+	parts [][]byte
+	q     *jsQueue // nil in tests of the plane alone
+	seq   uint64   // its message's stream sequence, once stored
 }
 
 // newDataPlane starts a share's data plane on host (an address other
-// hosts reach this one by), port 0 unless host names one; withTLS makes it
-// speak TLS only.
+// hosts reach this one by; "": every interface, advertised at each of this
+// host's addresses, loopback first), port 0 unless host names one;
+// withTLS makes it speak TLS only.
 func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		host = net.JoinHostPort(host, "0") // a host without a port: any
@@ -88,14 +103,21 @@ func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("data plane: %w", err)
 	}
-	d := &dataPlane{run: run, key: key, addr: ln.Addr().String(), ln: ln,
-		held: map[string][][]byte{}, empty: make(chan struct{})}
+	addr := ln.Addr().String()
+	if h, port, _ := net.SplitHostPort(host); h == "" {
+		if _, port, _ = net.SplitHostPort(addr); port != "" {
+			addr = strings.Join(hostAddrs(port), ",")
+		}
+	}
+	d := &dataPlane{run: run, key: key, addr: addr, ln: ln,
+		held: map[string]*heldItem{}, empty: make(chan struct{}), pinned: map[string]*http.Client{}, reach: map[string]int{}}
 	close(d.empty)
 	// A refused handshake (a client pinning another certificate) is the
 	// client's error to report, not a line on this worker's log.
 	d.srv = &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 30 * time.Second,
-		DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
+		ResponseHeaderTimeout: 30 * time.Second,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
 	if withTLS {
 		cert, pin, err := ephemeralCert()
 		if err != nil {
@@ -110,19 +132,30 @@ func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 	return d, nil
 }
 
-// put keeps an item's bytes until release.
-func (d *dataPlane) put(id string, parts [][]byte) {
+// put keeps an item's bytes until release; false when it held them
+// already (the same id sent again).
+func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.held[id]; ok {
-		return // sent again (a restart): the same bytes
+		return false
 	}
 	if len(d.held) == 0 {
 		d.empty = make(chan struct{})
 	}
-	d.held[id] = parts
+	d.held[id] = &heldItem{parts: parts, q: q}
 	for _, p := range parts {
 		d.bytes += int64(len(p))
+	}
+	return true
+}
+
+// stored notes the stream sequence of an item's message.
+func (d *dataPlane) stored(id string, seq uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h := d.held[id]; h != nil {
+		h.seq = seq
 	}
 }
 
@@ -130,12 +163,12 @@ func (d *dataPlane) put(id string, parts [][]byte) {
 func (d *dataPlane) drop(id string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	parts, ok := d.held[id]
+	h, ok := d.held[id]
 	if !ok {
 		return
 	}
 	delete(d.held, id)
-	for _, p := range parts {
+	for _, p := range h.parts {
 		d.bytes -= int64(len(p))
 	}
 	if len(d.held) == 0 {
@@ -150,24 +183,68 @@ func (d *dataPlane) holding() (int, int64) {
 	return len(d.held), d.bytes
 }
 
-// drained waits until nothing is held, or ctx is done.
+// drained waits until nothing is held, or ctx is done. Every 250ms it
+// drops what no consumer will release (sweep).
 func (d *dataPlane) drained(ctx context.Context) error {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		empty := d.empty
+		d.mu.Unlock()
+		select {
+		case <-empty:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			d.sweep(ctx)
+		}
+	}
+}
+
+// sweep drops the bytes of items whose message the stream no longer
+// stores (acked: a release that did not arrive, a consumer lost between
+// its ack and its release) and of items whose queue has no consumer left
+// anywhere (nobody will fetch them).
+func (d *dataPlane) sweep(ctx context.Context) {
 	d.mu.Lock()
-	empty := d.empty
+	type one struct {
+		id string
+		h  heldItem
+	}
+	var all []one
+	for id, h := range d.held {
+		all = append(all, one{id, *h})
+	}
 	d.mu.Unlock()
-	select {
-	case <-empty:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	gone := map[*jsQueue]bool{}
+	for _, o := range all {
+		q := o.h.q
+		if q == nil || o.h.seq == 0 {
+			continue
+		}
+		if _, ok := gone[q]; !ok {
+			gone[q] = q.consumersGone(ctx, q.qi)
+		}
+		if gone[q] || !q.stores(ctx, o.h.seq) {
+			d.drop(o.id)
+		}
 	}
 }
 
 func (d *dataPlane) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	d.srv.Shutdown(ctx)
+	if d.srv.Shutdown(ctx) != nil {
+		d.srv.Close()
+	}
 	d.client.CloseIdleConnections()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.pinned {
+		c.CloseIdleConnections()
+	}
 }
 
 // ServeHTTP serves /v1/RUN/ID: GET the bytes, DELETE to release them.
@@ -188,12 +265,13 @@ func (d *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	case http.MethodGet:
 		d.mu.Lock()
-		parts, ok := d.held[id]
+		h, ok := d.held[id]
 		d.mu.Unlock()
 		if !ok {
 			http.Error(w, "dflow data plane: no such item (released, or never held here)", http.StatusNotFound)
 			return
 		}
+		parts := h.parts
 		n := 0
 		for _, p := range parts {
 			n += len(p)
@@ -224,19 +302,57 @@ func refOf(h nats.Header) (ref, bool) {
 	return ref{addr: addr, pin: h.Get(hdrPin), size: size}, true
 }
 
-func (d *dataPlane) url(r ref, id string) string {
+// url is item id's address at one of r's holder's addresses.
+func (d *dataPlane) url(r ref, addr, id string) string {
 	scheme := "http"
 	if r.pin != "" {
 		scheme = "https"
 	}
-	return scheme + "://" + r.addr + "/v1/" + url.PathEscape(d.run) + "/" + url.PathEscape(id)
+	return scheme + "://" + addr + "/v1/" + url.PathEscape(d.run) + "/" + url.PathEscape(id)
+}
+
+// do sends a request for item id to r's holder, at the first of its
+// addresses that takes a connection (the one that did last time first).
+func (d *dataPlane) do(ctx context.Context, method string, r ref, id string) (*http.Response, error) {
+	addrs := strings.Split(r.addr, ",")
+	d.mu.Lock()
+	if i, ok := d.reach[r.addr]; ok && i < len(addrs) {
+		addrs[0], addrs[i] = addrs[i], addrs[0]
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, a := range addrs {
+		req, err := http.NewRequestWithContext(ctx, method, d.url(r, a, id), nil)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+d.key)
+		resp, err := d.clientFor(r).Do(req)
+		if err == nil {
+			d.mu.Lock()
+			d.reach[r.addr] = slices.Index(strings.Split(r.addr, ","), a)
+			d.mu.Unlock()
+			return resp, nil
+		}
+		var op *net.OpError
+		if !errors.As(err, &op) || op.Op != "dial" || ctx.Err() != nil {
+			return nil, err
+		}
+		errs = append(errs, err) // not reachable there: the next address
+	}
+	return nil, errors.Join(errs...)
 }
 
 // clientFor is the client that reaches r's holder: with TLS, one that
-// accepts only the certificate r pins.
+// accepts only the certificate r pins (one client a pin, kept).
 func (d *dataPlane) clientFor(r ref) *http.Client {
 	if r.pin == "" {
 		return d.client
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.pinned[r.pin]; c != nil {
+		return c
 	}
 	tr := d.client.Transport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true, // the pin below is the check
@@ -249,17 +365,14 @@ func (d *dataPlane) clientFor(r ref) *http.Client {
 			}
 			return nil
 		}}
-	return &http.Client{Transport: tr}
+	c := &http.Client{Transport: tr}
+	d.pinned[r.pin] = c
+	return c
 }
 
 // fetch gets an item's bytes from its holder.
 func (d *dataPlane) fetch(ctx context.Context, r ref, id string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url(r, id), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+d.key)
-	resp, err := d.clientFor(r).Do(req)
+	resp, err := d.do(ctx, http.MethodGet, r, id)
 	if err != nil {
 		return nil, err
 	}
@@ -275,20 +388,33 @@ func (d *dataPlane) fetch(ctx context.Context, r ref, id string) ([]byte, error)
 	return data, nil
 }
 
-// release tells an item's holder it may drop the bytes; a holder gone
-// has dropped them already.
-func (d *dataPlane) release(r ref, id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// release tells an item's holder it may drop the bytes, trying three
+// times; a holder gone has dropped them already, and one that does not
+// hear finds at its end that the stream no longer stores the message
+// (sweep).
+func (d *dataPlane) release(ctx context.Context, r ref, id string) {
+	for try := range 3 {
+		if d.releaseOnce(ctx, r, id) || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-time.After(time.Duration(try+1) * 200 * time.Millisecond):
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (d *dataPlane) releaseOnce(ctx context.Context, r ref, id string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, d.url(r, id), nil)
+	resp, err := d.do(ctx, http.MethodDelete, r, id)
 	if err != nil {
-		return
+		return false
 	}
-	req.Header.Set("Authorization", "Bearer "+d.key)
-	if resp, err := d.clientFor(r).Do(req); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusNoContent
 }
 
 // ephemeralCert makes a share's TLS certificate and its fingerprint.
@@ -309,20 +435,34 @@ func ephemeralCert() (tls.Certificate, string, error) {
 }
 
 // dataHost is the address other hosts reach this one by: the local end
-// of a route to the broker (nothing is sent), loopback when the broker
-// is local.
+// of a route to the broker (nothing is sent). A worker that reaches the
+// broker on loopback may still serve workers on other hosts (which reach
+// the broker at this host's address): "" then, every interface.
 func dataHost(nc *nats.Conn) string {
 	u, err := url.Parse(nc.ConnectedUrl())
 	if err != nil || u.Hostname() == "" {
-		return "127.0.0.1"
+		return ""
 	}
 	if ip := net.ParseIP(u.Hostname()); ip != nil && ip.IsLoopback() || u.Hostname() == "localhost" {
-		return "127.0.0.1"
+		return ""
 	}
 	c, err := net.Dial("udp", net.JoinHostPort(u.Hostname(), cmp.Or(u.Port(), "4222")))
 	if err != nil {
-		return "127.0.0.1"
+		return ""
 	}
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).IP.String()
+}
+
+// hostAddrs are host:port at loopback, then at each of this host's
+// addresses other than loopback and link-local.
+func hostAddrs(port string) []string {
+	out := []string{net.JoinHostPort("127.0.0.1", port)}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() && !n.IP.IsLinkLocalMulticast() {
+			out = append(out, net.JoinHostPort(n.IP.String(), port))
+		}
+	}
+	return out
 }

@@ -50,6 +50,10 @@ type groupHost struct {
 	n       int
 	err     string
 	round   uint32
+	// partial holds, by member, the parts of a vector not yet whole: a
+	// member's vector joins the sum only with its last part, so that one
+	// that leaves (or is cancelled) mid-vector adds nothing
+	partial map[int][]float32
 	// last is the sum of the round completed last, as float32s, kept for
 	// members fetching it in parts until the next round completes (which
 	// needs every member present, so none is still fetching this one)
@@ -100,7 +104,7 @@ func (h *groupHost) handle(m *nats.Msg) {
 		h.open, h.reduce, h.n, h.err, h.sum = true, op == opReduce, 0, "", nil
 	}
 	if op == opReduce {
-		if !h.addPartLocked(m.Data[5:]) {
+		if !h.addPartLocked(replica, m.Data[5:]) {
 			m.Respond([]byte{0}) // a part before the last: the member sends the next
 			return
 		}
@@ -111,15 +115,16 @@ func (h *groupHost) handle(m *nats.Msg) {
 	h.completeLocked()
 }
 
-// addPartLocked adds one part of a member's vector to the round's sum and
-// reports whether it was the member's last.
-func (h *groupHost) addPartLocked(b []byte) (last bool) {
+// addPartLocked takes one part of a member's vector and reports whether
+// it was the member's last: then the whole vector joins the round's sum.
+func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 	if len(b) < 8 {
 		h.err = "malformed all-reduce part"
 		return true
 	}
 	total, off := int(binary.LittleEndian.Uint32(b)), int(binary.LittleEndian.Uint32(b[4:]))
 	vec := b[8:]
+	n := len(vec) / 4
 	switch {
 	case !h.reduce:
 		h.err = "replicas mixed Barrier and AllReduceSum in one step"
@@ -128,18 +133,29 @@ func (h *groupHost) addPartLocked(b []byte) (last bool) {
 	case total != len(h.sum):
 		h.err = fmt.Sprintf("AllReduceSum buffers differ in length: %d and %d", total, len(h.sum))
 	}
-	if off+len(vec)/4 > total {
+	if off+n > total {
 		h.err = "malformed all-reduce part: past the vector's end"
 	}
 	if h.err != "" {
-		return off+len(vec)/4 >= total
+		delete(h.partial, replica)
+		return off+n >= total
 	}
-	for i := range len(vec) / 4 {
-		h.sum[off+i] += float64(math.Float32frombits(binary.LittleEndian.Uint32(vec[4*i:])))
+	if h.partial == nil {
+		h.partial = map[int][]float32{}
 	}
-	if off+len(vec)/4 < total {
+	p := h.partial[replica]
+	if p == nil {
+		p = make([]float32, total)
+		h.partial[replica] = p
+	}
+	decode(p[off:off+n], vec)
+	if off+n < total {
 		return false
 	}
+	for i, v := range p {
+		h.sum[i] += float64(v)
+	}
+	delete(h.partial, replica)
 	h.n++
 	return true
 }
@@ -171,6 +187,10 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 	}
 	h.left[replica] = true
 	h.members--
+	delete(h.partial, replica) // a vector it did not finish adds nothing
+	if len(h.waiting) == 0 && len(h.partial) == 0 {
+		h.open, h.sum = false, nil // nothing of the round is left
+	}
 	h.completeLocked()
 	return h.members == 0
 }

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -119,4 +121,45 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	// what the group does once per run, whichever worker it runs on.
 	leave(1, true)
 	leave(1, false)
+}
+
+// TestGroupPartialVector: a member that leaves mid-vector (cancelled, or
+// returned) adds nothing to the round's sum, whether others wait or not.
+func TestGroupPartialVector(t *testing.T) {
+	h := newGroupHost("s", 2, 1<<20)
+	part := func(replica, total, off int, vals ...float32) []byte {
+		b := make([]byte, 13+4*len(vals))
+		b[0] = opReduce
+		binary.LittleEndian.PutUint32(b[1:], uint32(replica))
+		binary.LittleEndian.PutUint32(b[5:], uint32(total))
+		binary.LittleEndian.PutUint32(b[9:], uint32(off))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint32(b[13+4*i:], math.Float32bits(v))
+		}
+		return b
+	}
+	// Member 1 sends half its vector, then leaves; nobody waits yet.
+	h.mu.Lock()
+	h.open, h.reduce = true, true // as handle begins a round
+	if h.addPartLocked(1, part(1, 4, 0, 100, 100)[5:]) {
+		t.Fatal("a first part taken as the last")
+	}
+	h.mu.Unlock()
+	h.leave(1)
+	if h.open || h.sum != nil || len(h.partial) != 0 {
+		t.Fatalf("after the leave: open %v, sum %v, partial %v", h.open, h.sum, h.partial)
+	}
+	// The next round: member 0 alone, its own vector.
+	h.mu.Lock()
+	h.open, h.reduce, h.err = true, true, ""
+	if !h.addPartLocked(0, part(0, 4, 0, 1, 1, 1, 1)[5:]) {
+		t.Fatal("a whole vector not taken as the last part")
+	}
+	got := h.sum
+	h.mu.Unlock()
+	for i, v := range got {
+		if v != 1 {
+			t.Fatalf("sum %v: value %d has member 1's part in it", got, i)
+		}
+	}
 }

@@ -132,7 +132,11 @@ type links struct {
 	mu     sync.Mutex
 	queues []*jsQueue
 	stop   chan struct{}
-	wg     sync.WaitGroup
+	// stopCtx is done once close begins: fetches and releases under way
+	// end with it, so that close's wait for them ends
+	stopCtx    context.Context
+	stopCancel context.CancelFunc
+	wg         sync.WaitGroup
 }
 
 // newLinks sets up a share's transports; dataAddr is the address its data
@@ -141,7 +145,10 @@ type links struct {
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
 		pending: map[any]*taken{}, origins: map[any]origin{}}
-	job.Timings = job.Timings.withDefaults()
+	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
+	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
+	own.Timings = own.Timings.withDefaults()
+	l.job = &own
 	l.ledger = newLedger(l)
 	l.started = time.Now()
 	l.ctx = ctx
@@ -162,7 +169,8 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	if dataAddr == "" {
 		dataAddr = dataHost(nc)
 	}
-	if l.dp, err = newDataPlane(job.Run, job.DataKey, dataAddr, nc.TLSRequired()); err != nil {
+	_, tlsErr := nc.TLSConnectionState()
+	if l.dp, err = newDataPlane(job.Run, job.DataKey, dataAddr, tlsErr == nil); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -189,6 +197,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 		}
 	}
 	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
+	q.inbox = make(chan jetstream.Msg, q.batch()) // here, not at the first Recv: Held reads it
 	l.mu.Lock()
 	l.queues = append(l.queues, q)
 	l.mu.Unlock()
@@ -220,6 +229,7 @@ func (l *links) aborting() bool {
 // close stops the background work and the data plane.
 func (l *links) close() {
 	close(l.stop)
+	l.stopCancel()
 	l.wg.Wait()
 	l.dp.close()
 }
@@ -288,7 +298,6 @@ type jsQueue struct {
 	fetchErr chan error
 	ended    map[int]bool
 	endErrs  int          // ends' failed reads in a row
-	seen     seenIDs      // ids handed on lately, to drop redeliveries
 	out      atomic.Int64 // items taken here and not yet acked (restartable consumers)
 
 	// ahead are the large items' bytes being fetched before their turn
@@ -297,6 +306,7 @@ type jsQueue struct {
 	aheadSlots chan struct{}
 
 	hmu       sync.Mutex
+	seen      seenIDs                  // ids handed on lately, or committed lately: redeliveries are dropped
 	held      map[string]jetstream.Msg // fetched and not yet acked, by id: the latest delivery
 	following map[string]bool          // ids followed by a restartable replica, until committed
 }
@@ -351,11 +361,12 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
 		m.Header.Set(hdrKey, k.Key()) // a key outside the wire encoding (items.Blob's)
 	}
-	onPlane := size > q.l.threshold
+	onPlane, held := size > q.l.threshold, false
 	if onPlane {
 		// The bytes stay here, for the consumer to fetch; the message
-		// says where (dataplane.go).
-		q.l.dp.put(id, parts)
+		// says where (dataplane.go). Held already: for the message that
+		// stands, which this one duplicates.
+		held = q.l.dp.put(id, parts, q)
 		m.Header.Set(hdrRef, q.l.dp.addr)
 		m.Header.Set(hdrHolder, q.l.worker)
 		m.Header.Set(hdrSize, strconv.Itoa(size))
@@ -369,7 +380,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	}
 	sent := false
 	defer func() {
-		if onPlane && !sent {
+		if held && !sent {
 			q.l.dp.drop(id) // not sent, or a duplicate: another share holds them
 		}
 	}()
@@ -387,6 +398,9 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		ack, err := publish(m)
 		if err == nil {
 			sent = !ack.Duplicate
+			if held && sent {
+				q.l.dp.stored(id, ack.Sequence)
+			}
 			return nil
 		}
 		if !isFull(err) {
@@ -431,7 +445,7 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			return nil, false, err
 		}
 		q.stream, q.cons, q.ended = s, c, map[int]bool{}
-		q.inbox, q.idle, q.fetchErr = make(chan jetstream.Msg, q.batch()), make(chan struct{}), make(chan error, 1)
+		q.idle, q.fetchErr = make(chan struct{}), make(chan error, 1)
 		q.ahead, q.aheadSlots = map[string]*fetching{}, make(chan struct{}, aheadMax)
 		q.resume = make(chan struct{}, 1)
 		q.room = make(chan struct{}, 1)
@@ -559,7 +573,7 @@ func (s *seenIDs) add(id string) {
 // for a redelivery of an item already handed on.
 func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
-	if q.seen.has(id) || q.isFollowed(id) {
+	if q.handedOn(id) {
 		q.claim(id) // its bytes, if fetched again, are not needed
 		// A redelivery of an item handed on here: acked if it was done
 		// with, else the one in hand stays followed (its latest delivery
@@ -588,7 +602,9 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
 		b.ItemKey = m.Headers().Get(hdrKey)
 	}
+	q.hmu.Lock()
 	q.seen.add(id)
+	q.hmu.Unlock()
 	var held *ref
 	if onPlane {
 		held = &r
@@ -636,7 +652,10 @@ func (q *jsQueue) fetchAhead(m jetstream.Msg) {
 	go func() {
 		defer q.l.wg.Done()
 		defer close(f.done)
-		f.data, f.err = q.l.dp.fetch(q.l.runCtx(), r, id)
+		ctx, cancel := context.WithCancel(q.l.runCtx())
+		defer cancel()
+		defer context.AfterFunc(q.l.stopCtx, cancel)()
+		f.data, f.err = q.l.dp.fetch(ctx, r, id)
 	}()
 }
 
@@ -676,7 +695,7 @@ func (q *jsQueue) release(id string, r *ref) {
 	q.l.wg.Add(1)
 	go func() {
 		defer q.l.wg.Done()
-		q.l.dp.release(*r, id)
+		q.l.dp.release(q.l.stopCtx, *r, id)
 	}()
 }
 
@@ -696,7 +715,11 @@ type taken struct {
 func (q *jsQueue) take(item any, id string, r *ref) {
 	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
 	if !follow {
-		q.ack(id)
+		if r != nil {
+			q.ackSync(id) // the bytes go only once the ack is the server's
+		} else {
+			q.ack(id)
+		}
 		q.release(id, r)
 		if q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) {
 			q.l.ledger.count(edgeKey("c", q.edge.Name))
@@ -733,8 +756,16 @@ func (q *jsQueue) committed(t *taken) {
 	q.hmu.Lock()
 	delete(q.held, t.id)
 	delete(q.following, t.id)
+	q.seen.add(t.id) // a redelivery waiting in the inbox is still dropped
 	q.hmu.Unlock()
 	q.out.Add(-1)
+}
+
+// handedOn says whether id was handed on here lately, or is in hand.
+func (q *jsQueue) handedOn(id string) bool {
+	q.hmu.Lock()
+	defer q.hmu.Unlock()
+	return q.seen.has(id) || q.following[id]
 }
 
 func followable(item any) bool {
@@ -759,6 +790,39 @@ func (q *jsQueue) ack(id string) {
 	if m != nil {
 		m.Ack()
 	}
+}
+
+// ackSync acks the latest delivery of id and waits for the server to
+// confirm it (a few tries), for an item whose bytes are released after.
+func (q *jsQueue) ackSync(id string) {
+	q.hmu.Lock()
+	m := q.held[id]
+	delete(q.held, id)
+	q.hmu.Unlock()
+	if m == nil {
+		return
+	}
+	for range 3 {
+		ctx, cancel := context.WithTimeout(q.l.stopCtx, 5*time.Second)
+		err := m.DoubleAck(ctx)
+		cancel()
+		if err == nil || q.l.stopCtx.Err() != nil {
+			return
+		}
+	}
+}
+
+// stores says whether the queue's stream still stores the message of
+// that sequence (not yet acked); true when it cannot tell.
+func (q *jsQueue) stores(ctx context.Context, seq uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
+	if err != nil {
+		return true
+	}
+	_, err = s.GetMsg(ctx, seq)
+	return !errors.Is(err, jetstream.ErrMsgNotFound)
 }
 
 // touch keeps the held items from being redelivered.
@@ -812,6 +876,10 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 	q.finished.Store(true)
 	return true, nil
 }
+
+// Held implements engine.Holder: the messages fetched here and not yet
+// handed on (in the inbox), for the consumers that have all returned.
+func (q *jsQueue) Held() int { return len(q.inbox) }
 
 // ConsumersGone records that this instance's consumer replicas of the
 // queue have returned (engine.ConsumersGoner).

@@ -278,6 +278,14 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		}
 	}()
 	rep, err := p.Execute(runCtx)
+	// The bytes of large items sent and not yet acked by their consumers
+	// stay until they are, or no consumer is left for them, or the run is
+	// aborted (the coordinator's heartbeat still watched meanwhile): the
+	// share's end would take them away.
+	if n, size := l.dp.holding(); n > 0 && !orphaned.Load() {
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: keeping %d items' bytes (%d MiB) until their consumers have them\n", w.o.Name, job.Run, share, n, size>>20)
+		l.dp.drained(runCtx)
+	}
 	close(watchDone)
 	if orphaned.Load() {
 		// Say so, in case the coordinator lives and only its heartbeat was
@@ -292,13 +300,6 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	// What the replicas finished last is committed before the report goes.
 	if cerr := l.ledger.commit(); cerr != nil && err == nil {
 		err = cerr
-	}
-	// The bytes of large items sent and not yet acked by their consumers
-	// stay until they are (or the run is aborted): the share's end would
-	// take them away.
-	if n, size := l.dp.holding(); n > 0 {
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: keeping %d items' bytes (%d MiB) until their consumers have them\n", w.o.Name, job.Run, share, n, size>>20)
-		l.dp.drained(runCtx)
 	}
 	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
 		err = *lerr

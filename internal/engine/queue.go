@@ -212,7 +212,14 @@ func (q *queue) consumerDone() (unfinished bool, unread int) {
 	if g, ok := q.t.(ConsumersGoner); ok {
 		g.ConsumersGone()
 	}
-	return q.producersLeft.Load() > 0 || q.depth() > 0, q.depth()
+	unread = q.depth()
+	if q.t != nil {
+		unread = len(q.ch) // the item at hand: the transport's depth leaves it out
+		if h, ok := q.t.(Holder); ok {
+			unread += h.Held() // what it has taken for this engine's consumers
+		}
+	}
+	return q.producersLeft.Load() > 0 || unread > 0, unread
 }
 
 // Open reports the producer replicas still holding the queue open.

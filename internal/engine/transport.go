@@ -60,6 +60,13 @@ type ConsumersGoner interface {
 	ConsumersGone()
 }
 
+// Holder is a Transport that can say how many items it has taken for
+// this engine's consumers and not yet handed on: when they all return,
+// those are unread, as a local queue's items are.
+type Holder interface {
+	Held() int
+}
+
 // TransportFor, when set in Options, returns the transport of queue i of
 // edge e, or nil to keep it in process.
 type TransportFor func(e *graph.Edge, i int) Transport
