@@ -53,8 +53,8 @@ func (o inOrder[V]) MarshalJSON() ([]byte, error) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		kb, _ := json.Marshal(k)
-		vb, err := json.Marshal(o.m[k])
+		kb, _ := marshal(k)
+		vb, err := marshal(o.m[k])
 		if err != nil {
 			return nil, err
 		}
@@ -70,7 +70,7 @@ func (o inOrder[V]) MarshalJSON() ([]byte, error) {
 // order.
 func (r Report) MarshalJSON() ([]byte, error) {
 	type plain Report
-	return json.Marshal(struct {
+	return marshal(struct {
 		plain
 		Stages inOrder[Stage] `json:"stages"`
 		Edges  inOrder[Edge]  `json:"edges"`
@@ -115,4 +115,16 @@ func keysOf(obj json.RawMessage) []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// marshal is json.Marshal without HTML escapes: a report is not HTML, and
+// a restarted replica's worker reads "a>b".
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

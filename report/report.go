@@ -1,6 +1,7 @@
 package report
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -122,13 +123,17 @@ type Sample struct {
 	Items map[string]int64 `json:"items,omitempty"`
 }
 
-// Write saves the report as indented JSON.
+// Write saves the report as indented JSON, with no HTML escapes (a
+// restarted replica's worker reads "a>b", as the docs write it).
 func (r *Report) Write(path string) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
 		return err
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
 	return nil

@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -80,5 +81,18 @@ func TestOrder(t *testing.T) {
 	back.Stages["extra"] = Stage{}
 	if got := back.StageNames(); got[len(got)-1] != "extra" {
 		t.Errorf("stages %v", got)
+	}
+}
+
+// TestWriteNoHTMLEscapes: a saved report writes "a>b" as such.
+func TestWriteNoHTMLEscapes(t *testing.T) {
+	r := &Report{Status: OK, Stages: map[string]Stage{"s": {Replicas: []Replica{{Worker: "w1>w2"}}}}}
+	path := filepath.Join(t.TempDir(), "r.json")
+	if err := r.Write(path); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if !bytes.Contains(b, []byte(`"w1>w2"`)) {
+		t.Errorf("report: %s", b)
 	}
 }

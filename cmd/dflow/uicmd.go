@@ -49,7 +49,7 @@ func cmdUI(e *env, args []string) int {
 		return code
 	}
 	if len(files) < 1 || len(files) > 2 {
-		return usageErr(e, "ui", "want one report, or two to compare side by side, got %d", len(files))
+		return usageErr(e, "ui", "want one report, or two to compare, got %d", len(files))
 	}
 	var runs []*ui.Run
 	for _, f := range files {

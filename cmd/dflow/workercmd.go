@@ -352,7 +352,16 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes: %s\n", url, cf.local, strings.Join(procs, ", "))
 	}
 	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Creds: creds, CA: cf.ca, Name: "dflow run " + file})
+	for try := 1; err != nil && (cf.local > 0 || cf.serve != "") && try < 4; try++ {
+		// The server this run started itself: a connection cut while it
+		// was busy (a loaded host) is tried again.
+		time.Sleep(time.Duration(try) * 200 * time.Millisecond)
+		nc, err = cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Name: "dflow run " + file})
+	}
 	if err != nil {
+		if cf.local > 0 || cf.serve != "" {
+			err = fmt.Errorf("the embedded server this run started: %w", err)
+		}
 		return nil, cleanup, err
 	}
 	stops = append(stops, nc.Close)

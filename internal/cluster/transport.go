@@ -264,6 +264,16 @@ func (l *links) keepAlive() {
 	every(250*time.Millisecond, (*jsQueue).readDepth)
 }
 
+// readDepths reads every queue's depth now.
+func (l *links) readDepths() {
+	l.mu.Lock()
+	qs := append([]*jsQueue(nil), l.queues...)
+	l.mu.Unlock()
+	for _, q := range qs {
+		q.readDepth()
+	}
+}
+
 func edgeIndex(g *graph.Graph, e *graph.Edge) int {
 	for i, ge := range g.Edges {
 		if ge == e || ge.Name == e.Name {

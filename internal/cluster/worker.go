@@ -305,6 +305,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		err = *lerr
 	}
 	b, _ := json.Marshal(rep)
+	l.readDepths() // the share's last figures show the queues as they are now, not 250ms ago
 	sb, _ := json.Marshal(p.Snapshot())
 	d := done{Instance: inst, Report: b, Snapshot: sb, Failed: rep.Status == report.Failed}
 	if err != nil && !aborted.Load() {
