@@ -54,10 +54,10 @@ func TestKindsAcrossWorkers(t *testing.T) {
 		{name: "seed", args: []string{"specs/seed.hcl", "--var", "items=120",
 			"--set", "stage.target.config.service_time=2ms", "--set", "stage.drafter.config.service_time=1ms"}},
 		{name: "fan", args: []string{"specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
-		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus="+corpus,
+		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=" + corpus,
 			"--set", "stage.drafter.config.eval_prompts=4"},
 			outputs: map[string]string{"drafter": "drafter"}},
-		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus="+corpus, "--var", "seq_len=32",
+		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=32",
 			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
 			outputs: map[string]string{"train": "lm"}},
 	}
