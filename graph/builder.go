@@ -47,6 +47,8 @@ type Builder struct {
 	fromSet map[*Stage]map[string]bool
 	// plugins is the Loader's Plugins hook, called before kinds resolve.
 	plugins func(declared []*Plugin, referenced []string) hcl.Diagnostics
+	// findPlugin is the Loader's FindPlugin hook.
+	findPlugin func(p *Plugin) (string, error)
 	// eval evaluates an attribute of a spec's config block (the Loader's,
 	// with its variables).
 	eval func(a *hcl.Attribute, want cty.Type, what string) (cty.Value, bool)

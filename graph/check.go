@@ -71,6 +71,21 @@ func (b *Builder) check() {
 // their own).
 func (b *Builder) findPlugins() (found []*Plugin, missing hcl.Diagnostics) {
 	for _, p := range b.g.Plugins {
+		if b.findPlugin != nil {
+			path, err := b.findPlugin(p)
+			if err != nil {
+				subject := p.DeclRange.Ptr()
+				if p.PathRange.Filename != "" {
+					subject = p.PathRange.Ptr()
+				}
+				missing = append(missing, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin refused",
+					Detail: err.Error(), Subject: subject, Extra: FailedPlugin(p.Name)})
+				continue
+			}
+			p.Path = path
+			found = append(found, p)
+			continue
+		}
 		if p.Path == "" { // no path attribute, already reported
 			found = append(found, p)
 			continue

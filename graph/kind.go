@@ -149,6 +149,32 @@ type Field struct {
 	// attribute is simply unset (Config.Has reports false).
 	Default cty.Value
 	Doc     string
+	// Path says that the attribute (a String or StringList) names files
+	// the node reads (ReadPath) or writes (WritePath); NotPath for the
+	// others. A worker of a cluster resolves the paths of a job's
+	// declared fields under the folders it allows and refuses a job whose
+	// paths leave them (docs/cluster.md, Security). A path field's value
+	// may use $VAR and a glob, as a corpus's does.
+	Path PathUse
+}
+
+// PathUse says whether a config field names files, and which way they go.
+type PathUse int
+
+const (
+	NotPath   PathUse = iota
+	ReadPath          // the node reads the files the field names
+	WritePath         // the node writes (creates or replaces) the file the field names
+)
+
+func (u PathUse) String() string {
+	switch u {
+	case ReadPath:
+		return "read"
+	case WritePath:
+		return "write"
+	}
+	return "not a path"
 }
 
 // Kind describes a node kind to the loader: its config schema and its

@@ -37,6 +37,13 @@ type Loader struct {
 	// before node kinds are resolved, so it can start the plugins and add
 	// their kinds to the Catalog. Its diagnostics join the spec's.
 	Plugins func(declared []*Plugin, referenced []string) hcl.Diagnostics
+	// FindPlugin, if set, decides where each plugin block's executable is
+	// instead of the block's path: a worker of a cluster starts only the
+	// plugins of its own plugin folders, found by the block's name, never
+	// a path the coordinator sent. It returns the executable to start
+	// (Plugin.Path is set to it), or an error in words (which plugin,
+	// where it looked) that fails the load at the block.
+	FindPlugin func(p *Plugin) (string, error)
 
 	parser *hclparse.Parser
 }
@@ -94,6 +101,7 @@ func (l *Loader) Load(filename string, src []byte) (*Graph, hcl.Diagnostics) {
 	d := &decoder{loader: l, filename: filename, Builder: newBuilder(l.Catalog, filename)}
 	d.fromSpec = true
 	d.plugins = l.Plugins
+	d.findPlugin = l.FindPlugin
 	d.eval = d.value
 	d.decode(file.Body)
 	g, buildDiags := d.Build()

@@ -41,6 +41,11 @@ type WorkerOptions struct {
 	// go from the worker that holds them to the one that consumes them
 	// there. "": the host's address on its route to the broker, any port.
 	DataAddr string
+	// Roots are the folders under which a job's nodes may read and write
+	// files (the config fields their kinds declare paths): a job with a
+	// path outside them is refused, with words, before any of its
+	// replicas starts. nil: DefaultRoots.
+	Roots *Roots
 	// AfterSend, if set, is called after every item a restartable replica
 	// has sent, before the item it came from is committed: tests crash a
 	// worker there.
@@ -57,6 +62,10 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	if o.Log == nil {
 		o.Log = io.Discard
+	}
+	if o.Roots == nil {
+		r := DefaultRoots()
+		o.Roots = &r
 	}
 	w := &worker{o: o, jobs: make(chan *nats.Msg, 4)}
 	var err error
@@ -167,9 +176,20 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	inst := job.Instance
 	nn.SetRun(job.Provenance) // before the stages are built: they claim their files for it
 	job.Timings = job.Timings.withDefaults()
+	for _, f := range job.VarFiles { // read by Load
+		if err := w.o.Roots.CheckRead(f); err != nil {
+			respond(m, fmt.Errorf("worker %s refused the job: --var-file %s: %v", w.o.Name, f, err))
+			return
+		}
+	}
 	g, err := w.o.Load(job)
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
+		return
+	}
+	if err := w.o.Roots.Check(g); err != nil {
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: refused: %v\n", w.o.Name, job.Run, err)
+		respond(m, fmt.Errorf("worker %s refused the job: %v", w.o.Name, err))
 		return
 	}
 	runCtx, abort := context.WithCancel(ctx)

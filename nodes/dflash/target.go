@@ -46,7 +46,7 @@ var targetKind = graph.Kind{
 	Name: "target_forward",
 	Doc:  "Runs a frozen safetensors target LM on token batches; emits the hidden states of chosen layers and its greedy next tokens.",
 	Config: []graph.Field{
-		{Name: "model", Type: graph.String, Required: true, Doc: "the target model (safetensors, from lm_train)"},
+		{Name: "model", Type: graph.String, Required: true, Path: graph.ReadPath, Doc: "the target model (safetensors, from lm_train)"},
 		{Name: "layers", Type: graph.NumberList, Doc: "block indices to tap (0-based); default: 3 spread evenly from first to last"},
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {

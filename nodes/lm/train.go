@@ -29,7 +29,7 @@ var trainKind = graph.Kind{
 	Name: "lm_train",
 	Doc:  "Trains the byte-level target LM on token batches (replicas train one model data-parallel) and saves it as safetensors.",
 	Config: append(append([]graph.Field{}, text.CorpusFields...),
-		graph.Field{Name: "out", Type: graph.String, Required: true, Doc: "the safetensors file to write (checkpoints and the final model)"},
+		graph.Field{Name: "out", Type: graph.String, Required: true, Path: graph.WritePath, Doc: "the safetensors file to write (checkpoints and the final model)"},
 		graph.Field{Name: "overwrite", Type: graph.Bool, Default: cty.False, Doc: "replace out when another run wrote it (otherwise the run refuses to start)"},
 		graph.Field{Name: "d_model", Type: graph.Int, Default: cty.NumberIntVal(128), Doc: "model width"},
 		graph.Field{Name: "layers", Type: graph.Int, Default: cty.NumberIntVal(4), Doc: "transformer blocks"},

@@ -28,7 +28,7 @@ func Register(r *nodes.Registry) {
 // CorpusFields are the config attributes that name a corpus and its
 // held-out split; nodes that evaluate on the held-out text take the same.
 var CorpusFields = []graph.Field{
-	{Name: "path", Type: graph.String, Required: true, Doc: "a file, folder or glob of text; $GOROOT/src works everywhere Go does"},
+	{Name: "path", Type: graph.String, Required: true, Path: graph.ReadPath, Doc: "a file, folder or glob of text; $GOROOT/src works everywhere Go does"},
 	{Name: "holdout", Type: graph.Number, Default: cty.NumberFloatVal(0.05), Doc: "share of 4 KiB chunks kept out of training for evaluation"},
 	{Name: "max_bytes", Type: graph.Int, Default: cty.NumberIntVal(64 << 20), Doc: "read at most this many bytes of the corpus"},
 	{Name: "seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "seed of the split and the shuffling"},
