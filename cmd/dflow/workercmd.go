@@ -9,6 +9,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -18,8 +19,10 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/plugins/host"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
+	"github.com/hashicorp/hcl/v2"
 )
 
 // The cluster side of the CLI: dflow worker, and dflow run's --cluster,
@@ -44,7 +47,20 @@ func cmdWorker(e *env, args []string) int {
 	ca := fs.String("tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
 	once := fs.Bool("once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
 	dataAddr := fs.String("data-addr", "", "where this worker's data plane listens, `HOST[:PORT]`: the other workers fetch large items' bytes there (default: this host's address on its route to the server, any free port)")
-	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE] [--data-addr HOST[:PORT]]")
+	var pluginDirs, writeDirs, readDirs []string
+	fs.Func("plugins", "a `DIR` of plugins (executables dflow-plugin-NAME) this worker may start, before ./plugins and $DFLOW_PLUGIN_DIR; a job's plugin blocks are matched by name, never by their path (repeatable)", func(v string) error {
+		pluginDirs = append(pluginDirs, v)
+		return nil
+	})
+	fs.Func("write", "a `DIR` under which a job's nodes may write (and read) files: checkpoints, models (repeatable; default: the folder the worker runs in)", func(v string) error {
+		writeDirs = append(writeDirs, v)
+		return nil
+	})
+	fs.Func("read", "a `DIR` under which a job's nodes may read files, besides the --write folders, the folder the worker runs in and $GOROOT (repeatable)", func(v string) error {
+		readDirs = append(readDirs, v)
+		return nil
+	})
+	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE] [--data-addr HOST[:PORT]] [--plugins DIR] [--write DIR] [--read DIR]")
 	if !ok {
 		return code
 	}
@@ -62,6 +78,10 @@ func cmdWorker(e *env, args []string) int {
 		if *creds == "" {
 			*tok = os.Getenv(tokenEnv)
 		}
+	}
+	roots, dirs, err := workerRoots(pluginDirs, writeDirs, readDirs)
+	if err != nil {
+		return usageErr(e, "worker", "%v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -92,8 +112,13 @@ func cmdWorker(e *env, args []string) int {
 	}
 	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once, DataAddr: *dataAddr,
 		AfterSend: crashAfterSends(os.Getenv(crashEnv)),
+		Roots:     &roots,
 		Load: func(job *cluster.Job) (*graph.Graph, error) {
-			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets, Plugins: e.loadPlugins}
+			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets,
+				Plugins: func(declared []*graph.Plugin, referenced []string) hcl.Diagnostics {
+					return e.loadPluginsFrom(dirs, declared, referenced)
+				},
+				FindPlugin: workerPlugin(dirs)}
 			g, diags := l.Load(job.Filename, job.Src)
 			if diags.HasErrors() {
 				return nil, diags
@@ -113,6 +138,76 @@ func cmdWorker(e *env, args []string) int {
 		}
 	}
 	return exitOK
+}
+
+// localWorkerArgs are the flags of a worker --local-cluster starts: the
+// folder of each plugin the spec declares (--plugins) and the folders its
+// path fields lead to (--write, --read).
+func localWorkerArgs(g *graph.Graph) []string {
+	var args []string
+	seen := map[string]bool{}
+	add := func(flag, dir string) {
+		if !seen[flag+dir] {
+			seen[flag+dir] = true
+			args = append(args, flag, dir)
+		}
+	}
+	for _, p := range g.Plugins {
+		if p.Path != "" {
+			add("--plugins", filepath.Dir(p.Path))
+		}
+	}
+	write, read := cluster.SpecFolders(g)
+	if wd, err := os.Getwd(); err == nil {
+		add("--write", wd) // the default stays
+	}
+	for _, d := range write {
+		add("--write", d)
+	}
+	for _, d := range read {
+		add("--read", d)
+	}
+	return args
+}
+
+// workerRoots are a worker's plugin folders (--plugins, then ./plugins
+// and $DFLOW_PLUGIN_DIR), made absolute, and the folders a job may write
+// (--write, else the working folder) and read (--read, the working folder
+// and $GOROOT, besides the write folders). A folder that is not there is
+// an error: a typo would otherwise refuse every job.
+func workerRoots(pluginDirs, writeDirs, readDirs []string) (cluster.Roots, []string, error) {
+	var dirs []string
+	for _, d := range append(slices.Clone(pluginDirs), host.Dirs()...) {
+		if a, err := filepath.Abs(d); err == nil {
+			d = a
+		}
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	for i, d := range pluginDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return cluster.Roots{}, nil, fmt.Errorf("--plugins %s: not a folder", pluginDirs[i])
+		}
+	}
+	roots := cluster.DefaultRoots()
+	if len(writeDirs) > 0 {
+		roots.Read = append(roots.Read, roots.Write...) // the working folder stays readable
+		roots.Write = nil
+	}
+	for _, d := range writeDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return cluster.Roots{}, nil, fmt.Errorf("--write %s: not a folder", d)
+		}
+		roots.Write = append(roots.Write, d)
+	}
+	for _, d := range readDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return cluster.Roots{}, nil, fmt.Errorf("--read %s: not a folder", d)
+		}
+		roots.Read = append(roots.Read, d)
+	}
+	return roots, dirs, nil
 }
 
 // crashEnv is a test hook: a worker started with it set to STAGE:N kills
@@ -324,10 +419,14 @@ func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, 
 			}
 		}
 		env = append(env, tokenEnv+"="+token, localWorkerEnv+"=1")
+		// They run on this host for this user, as dflow run in one process
+		// does: they may start the spec's own plugins and touch the files
+		// its path fields name (a standing worker allows only its own).
+		localArgs := localWorkerArgs(g)
 		var procs []string // "local1 (pid 4101)": what to kill to try a fault
 		for i := range cf.local {
 			name := fmt.Sprintf("local%d", i+1)
-			cmd := exec.Command(exe, "worker", "--join", url, "--name", name, "--once")
+			cmd := exec.Command(exe, append([]string{"worker", "--join", url, "--name", name, "--once"}, localArgs...)...)
 			cmd.Env = env
 			cmd.Stderr = e.stderr
 			if err := cmd.Start(); err != nil {
