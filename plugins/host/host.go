@@ -23,8 +23,10 @@ import (
 // Prefix names plugin executables found by discovery: dflow-plugin-NAME.
 const Prefix = "dflow-plugin-"
 
-// StartTimeout bounds how long a plugin may take to start.
-var StartTimeout = 10 * time.Second
+// StartTimeout bounds how long a plugin may take to start: long enough
+// for a Python plugin that imports PyTorch on a loaded host (its import
+// alone took over 10s on two shared cores, and takes longer with CUDA).
+var StartTimeout = 60 * time.Second
 
 // Host owns the plugin processes dflow started. Close kills them all.
 type Host struct {

@@ -228,8 +228,11 @@ type Field struct {
 	Type     string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
 	Required bool   `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
 	// JSON of the default value; empty for none
-	DefaultJson   string `protobuf:"bytes,4,opt,name=default_json,json=defaultJson,proto3" json:"default_json,omitempty"`
-	Doc           string `protobuf:"bytes,5,opt,name=doc,proto3" json:"doc,omitempty"`
+	DefaultJson string `protobuf:"bytes,4,opt,name=default_json,json=defaultJson,proto3" json:"default_json,omitempty"`
+	Doc         string `protobuf:"bytes,5,opt,name=doc,proto3" json:"doc,omitempty"`
+	// "read" or "write" when the attribute names files the node reads or
+	// writes (a worker checks them against its roots); empty otherwise
+	Path          string `protobuf:"bytes,6,opt,name=path,proto3" json:"path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,6 +298,13 @@ func (x *Field) GetDefaultJson() string {
 func (x *Field) GetDoc() string {
 	if x != nil {
 		return x.Doc
+	}
+	return ""
+}
+
+func (x *Field) GetPath() string {
+	if x != nil {
+		return x.Path
 	}
 	return ""
 }
@@ -1539,13 +1549,14 @@ const file_dflow_proto_rawDesc = "" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
-	"\x06config\x18\x03 \x03(\v2\x16.dflow.plugin.v1.FieldR\x06config\"\x80\x01\n" +
+	"\x06config\x18\x03 \x03(\v2\x16.dflow.plugin.v1.FieldR\x06config\"\x94\x01\n" +
 	"\x05Field\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
 	"\brequired\x18\x03 \x01(\bR\brequired\x12!\n" +
 	"\fdefault_json\x18\x04 \x01(\tR\vdefaultJson\x12\x10\n" +
-	"\x03doc\x18\x05 \x01(\tR\x03doc\"q\n" +
+	"\x03doc\x18\x05 \x01(\tR\x03doc\x12\x12\n" +
+	"\x04path\x18\x06 \x01(\tR\x04path\"q\n" +
 	"\x04Port\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06output\x18\x02 \x01(\bR\x06output\x12\x12\n" +

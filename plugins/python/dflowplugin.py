@@ -163,9 +163,11 @@ class Field:
     """A config attribute: type is string, number, int, bool, list(string)
     or list(number)."""
 
-    def __init__(self, name, type, default=None, required=False, doc=""):
+    def __init__(self, name, type, default=None, required=False, doc="", path=""):
+        # path: "read" or "write" when the attribute names files the node
+        # reads or writes (a dflow worker checks them against its roots)
         self.name, self.type, self.default = name, type, default
-        self.required, self.doc = required, doc
+        self.required, self.doc, self.path = required, doc, path
 
 
 class Port:
@@ -541,7 +543,8 @@ class _Service:
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
                 kind.config.add(name=f.name, type=f.type, required=f.required, doc=f.doc,
-                                default_json="" if f.default is None else json.dumps(f.default))
+                                default_json="" if f.default is None else json.dumps(f.default),
+                                path=f.path)
         return resp
 
     def check(self, request, context):

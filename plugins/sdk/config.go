@@ -34,6 +34,9 @@ func FieldsToProto(fs []graph.Field) []*proto.Field {
 	out := make([]*proto.Field, len(fs))
 	for i, f := range fs {
 		p := &proto.Field{Name: f.Name, Type: f.Type.String(), Required: f.Required, Doc: f.Doc}
+		if f.Path != graph.NotPath {
+			p.Path = f.Path.String()
+		}
 		if f.Default != cty.NilVal {
 			b, _ := ctyjson.Marshal(f.Default, ctyType(f.Type))
 			p.DefaultJson = string(b)
@@ -52,6 +55,15 @@ func FieldsFromProto(ps []*proto.Field) ([]graph.Field, error) {
 			return nil, fmt.Errorf("config attribute %q has unknown type %q", p.Name, p.Type)
 		}
 		f := graph.Field{Name: p.Name, Type: t, Required: p.Required, Doc: p.Doc}
+		switch p.Path {
+		case "":
+		case "read":
+			f.Path = graph.ReadPath
+		case "write":
+			f.Path = graph.WritePath
+		default:
+			return nil, fmt.Errorf("config attribute %q: path %q: want read, write or nothing", p.Name, p.Path)
+		}
 		if p.DefaultJson != "" {
 			v, err := ctyjson.Unmarshal([]byte(p.DefaultJson), ctyType(t))
 			if err != nil {
