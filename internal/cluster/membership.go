@@ -1,0 +1,310 @@
+package cluster
+
+// The coordinator's membership and placement: which workers run the
+// run, where each replica runs, and what happens when a worker is lost.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/report"
+	"github.com/nats-io/nats.go"
+)
+
+func (c *Coordinator) hello(m *nats.Msg) {
+	var h hello
+	if json.Unmarshal(m.Data, &h) != nil || !validName.MatchString(h.Name) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.Busy && c.instances[h.Name] == nil {
+		delete(c.seen, h.Name) // busy with another run
+		return
+	}
+	c.seen[h.Name] = time.Now()
+}
+
+// idle lists the workers heard from lately, sorted.
+func (c *Coordinator) idle() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ws []string
+	for w, t := range c.seen {
+		if time.Since(t) < c.o.Timings.Lease {
+			ws = append(ws, w)
+		}
+	}
+	sort.Strings(ws)
+	return ws
+}
+
+// Place spreads every stage's replicas evenly over the workers, stage
+// after stage (replica i of the k-th replica in the spec's order goes to
+// worker k mod W), and says which queues ride JetStream (remoteQueues);
+// restartable says which stages restart elsewhere after a loss.
+func Place(g *graph.Graph, workers []string, restartable func(*graph.Stage) bool) (place map[string][]string, remote map[string][]bool) {
+	place, remote = map[string][]string{}, map[string][]bool{}
+	k := 0
+	for _, s := range g.Stages {
+		for range s.Replicas {
+			place[s.Name] = append(place[s.Name], workers[k%len(workers)])
+			k++
+		}
+	}
+	return place, remoteQueues(g, place, restartable)
+}
+
+// remoteQueues says which queues ride JetStream under a placement: those
+// whose producers and consumers are not all in one worker, and those that
+// feed a stage that restarts elsewhere after a loss, so that what it has
+// not finished outlives its worker (ledger.go).
+func remoteQueues(g *graph.Graph, place map[string][]string, restartable func(*graph.Stage) bool) (remote map[string][]bool) {
+	remote = map[string][]bool{}
+	for _, e := range g.Edges {
+		durable := restartable != nil && restartable(e.To.Stage)
+		for _, q := range e.Queues {
+			at := map[string]bool{}
+			for _, p := range q.Producers {
+				at[place[e.From.Stage.Name][p]] = true
+			}
+			for _, cr := range q.Consumers {
+				at[place[e.To.Stage.Name][cr]] = true
+			}
+			remote[e.Name] = append(remote[e.Name], len(at) > 1 || durable)
+		}
+	}
+	return remote
+}
+
+// pin applies CoordOptions.Pin and says again which queues are remote.
+func (c *Coordinator) pin(pins map[string][]string) error {
+	for stage, ws := range pins {
+		s := c.g.Stage(stage)
+		if s == nil {
+			return fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
+		}
+		for _, w := range ws {
+			if !slices.Contains(c.workers, w) {
+				return fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(c.workers, ", "))
+			}
+		}
+		for i := range s.Replicas {
+			c.place[stage][i] = ws[i%len(ws)]
+		}
+	}
+	c.remote = remoteQueues(c.g, c.place, c.stateless)
+	return nil
+}
+
+// Placement says where each replica runs, one line.
+func (c *Coordinator) Placement() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parts []string
+	for _, s := range c.g.Stages {
+		parts = append(parts, fmt.Sprintf("%s %s", s.Name, strings.Join(c.place[s.Name], ",")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Workers are the workers the run uses.
+func (c *Coordinator) Workers() []string { return slices.Clone(c.workers) }
+
+// Place returns where each replica runs: stage -> worker per replica.
+func (c *Coordinator) Where() map[string][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]string{}
+	for k, v := range c.place {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// markRan records which replicas a share lost ran, and adds it to the
+// heartbeat's list (c.mu held); once.
+func (c *Coordinator) markRan(in *instance) {
+	if in.ran != nil {
+		return
+	}
+	var b []byte
+	if old := c.lostList.Load(); old != nil {
+		b = append(b, *old...)
+	}
+	b = append(append(b, in.name...), '\n')
+	c.lostList.Store(&b)
+	in.ran = map[string][]int{}
+	for _, s := range c.g.Stages {
+		for i, p := range c.place[s.Name] {
+			if p == in.name {
+				in.ran[s.Name] = append(in.ran[s.Name], i)
+			}
+		}
+	}
+}
+
+// checkLive looks for workers gone silent: their stateless replicas
+// restart on a live worker; a stateful replica lost fails the run.
+func (c *Coordinator) checkLive(ctx context.Context) error {
+	c.mu.Lock()
+	var lost []*instance
+	for _, in := range c.instances {
+		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > c.o.Timings.Lease {
+			in.lost = true
+			c.markRan(in) // now, whatever recover makes of it
+			lost = append(lost, in)
+		}
+	}
+	c.mu.Unlock()
+	for _, in := range lost {
+		if err := c.recover(in); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recover restarts the replicas of a lost instance on the live worker
+// with the fewest, or says which stateful replica was lost.
+func (c *Coordinator) recover(in *instance) error {
+	// Whatever it still does, the share is over: told so, it stops keeping
+	// its items from redelivery (a worker that was only slow, say).
+	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
+	c.mu.Lock()
+	c.lastLoss = time.Now()
+	c.markRan(in)
+	type rep struct {
+		s *graph.Stage
+		i int
+	}
+	var move, stay []rep
+	var moved []string
+	var stateful error
+	for _, s := range c.g.Stages {
+		for i, p := range c.place[s.Name] {
+			if p != in.name {
+				continue
+			}
+			switch {
+			case c.stateless(s):
+				// done or not: a finished one may have left its last
+				// item uncommitted, which comes back to its restart
+				move = append(move, rep{s, i})
+				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
+			case in.last != nil && replicaDone(in.last, s.Name, i):
+				stay = append(stay, rep{s, i}) // finished: not run again
+			case stateful == nil:
+				if h := c.groups[s.Name]; h != nil {
+					h.leave(i) // lost with its host: it has left its group
+				}
+				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+					in.worker, c.o.Timings.Lease, s.Name, i, s.Node)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if stateful != nil {
+		fmt.Fprintf(c.o.Log, "dflow: %v\n", stateful)
+		return stateful
+	}
+	// A finished replica that stays where it was lost has sent all it
+	// will: its queues' end keys are written for it (its share wrote them
+	// only once all its producers there had returned).
+	for _, r := range stay {
+		if err := c.writeEnds(r.s, r.i); err != nil {
+			return fmt.Errorf("worker %s lost: stage %q replica %d had finished, but its end of input could not be recorded: %v", in.worker, r.s.Name, r.i, err)
+		}
+	}
+	if len(move) == 0 {
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, c.o.Timings.Lease)
+		return nil
+	}
+	target := c.leastLoaded(in.worker)
+	if target == "" {
+		return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
+	}
+	c.mu.Lock()
+	c.restarts++
+	inst := fmt.Sprintf("%s-r%d", target, c.restarts)
+	for _, r := range move {
+		c.place[r.s.Name][r.i] = inst
+	}
+	c.instances[inst] = &instance{name: inst, worker: target, ledger: counts{}}
+	c.mu.Unlock()
+	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
+		in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)
+	return c.startInstance(target, inst)
+}
+
+// writeEnds writes the end keys of replica i of s, a producer that has
+// finished, on every queue it feeds.
+func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	if err != nil {
+		return err
+	}
+	for ei, e := range c.g.Edges {
+		if e.From.Stage != s {
+			continue
+		}
+		for qi, q := range e.Queues {
+			if slices.Contains(q.Producers, i) {
+				if _, err := kv.Put(ctx, keyEnd(ei, qi, i), []byte("coordinator")); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func replicaDone(s *report.Snapshot, stage string, i int) bool {
+	for _, st := range s.Stages {
+		if st.Name == stage && i < len(st.Replicas) {
+			return st.Replicas[i].Done
+		}
+	}
+	return false
+}
+
+// stateless reports whether a stage's replicas may restart elsewhere: its
+// kind says so and its replicas do not step together.
+func (c *Coordinator) stateless(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+
+// leastLoaded is the live worker other than not running the fewest
+// replicas.
+func (c *Coordinator) leastLoaded(not string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	load := map[string]int{}
+	for _, w := range c.workers {
+		if w != not && time.Since(c.seen[w]) < c.o.Timings.Lease {
+			load[w] = 0
+		}
+	}
+	for _, s := range c.g.Stages {
+		for _, p := range c.place[s.Name] {
+			if in := c.instances[p]; in != nil {
+				if _, ok := load[in.worker]; ok {
+					load[in.worker]++
+				}
+			}
+		}
+	}
+	best := ""
+	for _, w := range c.workers {
+		if n, ok := load[w]; ok && (best == "" || n < load[best]) {
+			best = w
+		}
+	}
+	return best
+}
