@@ -60,36 +60,16 @@ func (r Roots) Check(g *graph.Graph) error {
 		return err
 	}
 	var errs []error
-	for _, s := range g.Stages {
-		if s.Kind == nil || s.Config == nil {
-			continue
+	pathFields(g, func(s *graph.Stage, f graph.Field, v string) {
+		allowed, which := read, "read"
+		if f.Path == graph.WritePath {
+			allowed, which = write, "write"
 		}
-		for _, f := range s.Kind.Config {
-			if f.Path == graph.NotPath || !s.Config.Has(f.Name) {
-				continue
-			}
-			var values []string
-			switch f.Type {
-			case graph.String:
-				values = []string{s.Config.String(f.Name)}
-			case graph.StringList:
-				values = s.Config.Strings(f.Name)
-			}
-			allowed, which := read, "read"
-			if f.Path == graph.WritePath {
-				allowed, which = write, "write"
-			}
-			for _, v := range values {
-				if v == "" {
-					continue // "": no file (drafter_train's checkpoint)
-				}
-				if err := within(v, allowed); err != nil {
-					errs = append(errs, fmt.Errorf("stage %q: %s = %q: %v; this worker lets a job %s only under %s (dflow worker --write DIR, --read DIR)",
-						s.Name, f.Name, v, err, which, strings.Join(allowed, ", ")))
-				}
-			}
+		if err := within(v, allowed); err != nil {
+			errs = append(errs, fmt.Errorf("stage %q: %s = %q: %v; this worker lets a job %s only under %s (dflow worker --write DIR, --read DIR)",
+				s.Name, f.Name, v, err, which, strings.Join(allowed, ", ")))
 		}
-	}
+	})
 	return errors.Join(errs...)
 }
 
@@ -116,46 +96,54 @@ func SpecFolders(g *graph.Graph) (write, read []string) {
 		}
 		return list
 	}
+	pathFields(g, func(_ *graph.Stage, f graph.Field, v string) {
+		for _, c := range []string{v, text.ExpandPath(v)} {
+			d := staticDir(c)
+			if rp, err := resolvePath(d); err == nil {
+				d = rp
+			}
+			for { // the folder that is there: one to be made is under it
+				if fi, err := os.Stat(d); (err == nil && fi.IsDir()) || filepath.Dir(d) == d {
+					break
+				}
+				d = filepath.Dir(d)
+			}
+			if f.Path == graph.WritePath {
+				write = add(write, d)
+			} else {
+				read = add(read, d)
+			}
+		}
+	})
+	return write, read
+}
+
+// pathFields calls f with every path a stage of g sets in a config field
+// its kind declares a path (graph.Field.Path); "" names no file
+// (drafter_train's checkpoint) and is skipped.
+func pathFields(g *graph.Graph, f func(s *graph.Stage, fd graph.Field, path string)) {
 	for _, s := range g.Stages {
 		if s.Kind == nil || s.Config == nil {
 			continue
 		}
-		for _, f := range s.Kind.Config {
-			if f.Path == graph.NotPath || !s.Config.Has(f.Name) {
+		for _, fd := range s.Kind.Config {
+			if fd.Path == graph.NotPath || !s.Config.Has(fd.Name) {
 				continue
 			}
 			var values []string
-			switch f.Type {
+			switch fd.Type {
 			case graph.String:
-				values = []string{s.Config.String(f.Name)}
+				values = []string{s.Config.String(fd.Name)}
 			case graph.StringList:
-				values = s.Config.Strings(f.Name)
+				values = s.Config.Strings(fd.Name)
 			}
 			for _, v := range values {
-				if v == "" {
-					continue
-				}
-				for _, c := range []string{v, text.ExpandPath(v)} {
-					d := staticDir(c)
-					if rp, err := resolvePath(d); err == nil {
-						d = rp
-					}
-					for { // the folder that is there: one to be made is under it
-						if fi, err := os.Stat(d); (err == nil && fi.IsDir()) || filepath.Dir(d) == d {
-							break
-						}
-						d = filepath.Dir(d)
-					}
-					if f.Path == graph.WritePath {
-						write = add(write, d)
-					} else {
-						read = add(read, d)
-					}
+				if v != "" {
+					f(s, fd, v)
 				}
 			}
 		}
 	}
-	return write, read
 }
 
 // staticDir is the folder of a path before any glob in it.
