@@ -307,8 +307,7 @@ type jsQueue struct {
 	room     chan struct{} // an item has left the inbox
 	fetchErr chan error
 	ended    map[int]bool
-	endErrs  int          // ends' failed reads in a row
-	out      atomic.Int64 // items taken here and not yet acked (restartable consumers)
+	endErrs  int // ends' failed reads in a row
 
 	// ahead are the large items' bytes being fetched before their turn
 	// (at most aheadMax at once), by id
@@ -736,7 +735,6 @@ func (q *jsQueue) take(item any, id string, r *ref) {
 		}
 		return
 	}
-	q.out.Add(1)
 	q.hmu.Lock()
 	q.following[id] = true
 	q.hmu.Unlock()
@@ -768,7 +766,6 @@ func (q *jsQueue) committed(t *taken) {
 	delete(q.following, t.id)
 	q.seen.add(t.id) // a redelivery waiting in the inbox is still dropped
 	q.hmu.Unlock()
-	q.out.Add(-1)
 }
 
 // handedOn says whether id was handed on here lately, or is in hand.
