@@ -115,6 +115,18 @@ type SimModel struct {
 	Sync bool
 	// FailAfter makes each replica fail after that many items (0: never).
 	FailAfter int
+	// ItemBytes is the size of each item a source emits, for edges with
+	// a capacity_bytes (0: items have no size).
+	ItemBytes int64
+	// Keys, if set, gives the keys of the items a source's replicas emit
+	// (for key_hash edges): Keys(replicas)(replica, seq) is the key of the
+	// seq-th item of that replica, the very key a run gives it. Nil: the
+	// items have no key.
+	Keys func(replicas int) func(replica int, seq int64) string
+	// Share, if set, says how many of a source's total items (Spec.Total)
+	// replica i of n emits; nil splits them evenly, the first total%n
+	// replicas one more.
+	Share func(total int64, i, n int) int64
 }
 
 // Registry maps node kind names to their specs. It implements

@@ -8,7 +8,6 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -77,9 +76,15 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	if spec != nil && spec.Total != nil {
 		st.total = spec.Total(gs.Config)
 	}
-	if gs.Node == "synthetic_source" {
-		st.itemBytes = int64(gs.Config.Int("size_bytes"))
-		st.key = synthetic.Keys(gs.Config, gs.Replicas) // the very keys its replicas give
+	share := evenShare
+	if model != nil && st.source {
+		st.itemBytes = model.ItemBytes
+		if model.Keys != nil {
+			st.key = model.Keys(gs.Replicas)
+		}
+		if model.Share != nil {
+			share = model.Share
+		}
 	}
 	measured, hasMeasured := measuredStage(s.opts.From, gs.Name)
 	if st.source && hasMeasured && st.total == 0 {
@@ -119,11 +124,22 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 			return nil, fmt.Errorf("stage %q: node kind %q has no simulation model; give the stage a sim { service_time = \"40ms\" } block, or simulate --from a report of a real run", gs.Name, gs.Node)
 		}
 		if st.source {
-			p.remaining = int64(synthetic.Share(int(st.total), i, gs.Replicas))
+			p.remaining = share(st.total, i, gs.Replicas)
 		}
 		st.procs = append(st.procs, p)
 	}
 	return st, nil
+}
+
+// evenShare is how many of total items replica i of n sources emits when
+// the node's model does not say (nodes.SimModel.Share): an even split,
+// the first total%n replicas one more.
+func evenShare(total int64, i, n int) int64 {
+	s := total / int64(n)
+	if int64(i) < total%int64(n) {
+		s++
+	}
+	return s
 }
 
 // measuredStage returns a stage's figures from a measured report.

@@ -1,7 +1,7 @@
 // Package sim is dflow's discrete-event simulator: it runs a graph in
 // virtual time with the runtime's own wiring and routing (graph.Edge.Queues,
-// the edge policy's Router: rotation, key_hash by the keys synthetic_source
-// gives, synthetic.Keys), capacities, fan-in and fan-out, sync steps with uneven ends,
+// the edge policy's Router: rotation, key_hash by the keys a source's
+// model gives, nodes.SimModel.Keys), capacities, fan-in and fan-out, sync steps with uneven ends,
 // termination from the topology) and writes the run report, so policies
 // and replica splits can be compared before any GPU hour is spent, and
 // `dflow validate` can tell a wiring that deadlocks (ProbeDeadlock).

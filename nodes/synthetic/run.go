@@ -253,7 +253,8 @@ func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
 }
 
 // simModel gives the simulator the same service-time streams the replicas
-// sleep, plus sync and fail_after.
+// sleep, plus sync and fail_after, and a source's item size, keys and
+// split of its items over its replicas.
 func simModel(cfg *graph.Config) (*nodes.SimModel, error) {
 	t, err := newTiming(cfg)
 	if err != nil {
@@ -263,5 +264,10 @@ func simModel(cfg *graph.Config) (*nodes.SimModel, error) {
 		Service:   func(stage string, replica int) func() time.Duration { return t.clock(stage, replica).next },
 		Sync:      cfg.Bool("sync"),
 		FailAfter: cfg.Int("fail_after"),
+		ItemBytes: int64(cfg.Int("size_bytes")), // only a source's config has it
+		Keys: func(replicas int) func(int, int64) string {
+			return Keys(cfg, replicas) // the very keys its replicas give; nil without keys
+		},
+		Share: func(total int64, i, n int) int64 { return int64(Share(int(total), i, n)) },
 	}, nil
 }
