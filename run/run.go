@@ -2,7 +2,6 @@ package run
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -52,8 +51,7 @@ func (p *Pipeline) Run(ctx context.Context) (*report.Report, error) {
 	if p.err != nil {
 		return p.p.Failed(p.err), p.err
 	}
-	rep, err := p.p.Execute(ctx)
-	return rep, public(err)
+	return p.p.Execute(ctx)
 }
 
 // Snapshot reads the live figures of the run: cumulative since the start;
@@ -68,30 +66,6 @@ func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, err
 
 // Deadlock is the error of a run in which no replica could move: each
 // waited on a full queue, an empty queue or its group's step, for
-// replicas that waited too. The runtime detects it exactly (see
-// docs/runtime.md) and ends the run "failed", or "aborted" when it stopped
-// a drain.
-type Deadlock struct {
-	// Cycle is the loop of waits, each "STAGE[I] waits ...": the replica
-	// of each line waits for the one on the next, the last for the first.
-	Cycle []string
-	// Others are the other replicas' waits, in stage order.
-	Others []string
-	// Fix says what would break the cycle.
-	Fix string
-	// Draining is set when the deadlock stopped a drain.
-	Draining bool
-
-	msg string
-}
-
-func (d *Deadlock) Error() string { return d.msg }
-
-// public turns the engine's typed errors into this package's.
-func public(err error) error {
-	var d *engine.Deadlock
-	if errors.As(err, &d) {
-		return &Deadlock{Cycle: d.Cycle, Others: d.Others, Fix: d.Fix, Draining: d.Draining, msg: d.Error()}
-	}
-	return err
-}
+// replicas that waited too; Cycle lists the waits, Fix says what breaks
+// the cycle. It is report.Deadlock, the runtime's own error type.
+type Deadlock = report.Deadlock

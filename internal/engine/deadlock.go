@@ -11,6 +11,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // Deadlock detection.
@@ -438,42 +439,10 @@ func replicaNames(reps []*replica) string {
 	return strings.Join(names, ", ")
 }
 
-// Deadlock is the error of a run in which no replica can move: each one
-// waits on a full queue, an empty queue or its group's step, for replicas
-// that wait too.
-type Deadlock struct {
-	// Cycle is the loop of waits, each "STAGE[I] waits ...": the replica
-	// of each line waits for the one on the next, the last for the first.
-	Cycle []string
-	// Others are the other replicas' waits, in stage order.
-	Others []string
-	// Fix says what would break the cycle.
-	Fix string
-	// Draining is set when the deadlock stopped a drain (the run then
-	// ends aborted).
-	Draining bool
-}
-
-func (d *Deadlock) Error() string {
-	var b strings.Builder
-	if d.Draining {
-		b.WriteString("drain cannot complete: ")
-	}
-	b.WriteString("deadlock: no replica can move; each waits for the next, round a cycle:")
-	for _, c := range d.Cycle {
-		b.WriteString("\n    " + c)
-	}
-	if len(d.Others) > 0 {
-		b.WriteString("\n  also waiting:")
-		for _, o := range d.Others {
-			b.WriteString("\n    " + o)
-		}
-	}
-	if d.Fix != "" {
-		b.WriteString("\n  " + d.Fix)
-	}
-	return b.String()
-}
+// Deadlock is the error of a run in which no replica can move (defined in
+// package report, so that the public run package gives callers the very
+// type, not a copy).
+type Deadlock = report.Deadlock
 
 // newDeadlock names a cycle of the stuck waits.
 func newDeadlock(stuck map[*replica]*stuckWait, draining bool) *Deadlock {
