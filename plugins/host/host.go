@@ -14,8 +14,8 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/proto"
-	"github.com/dflow-dev/dflow/plugins/sdk"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 )
@@ -31,14 +31,26 @@ var StartTimeout = 60 * time.Second
 // Host owns the plugin processes dflow started. Close kills them all.
 type Host struct {
 	Stderr io.Writer // plugin stderr is forwarded here, prefixed
-	mu     sync.Mutex
-	procs  map[*plugin.Client]bool
-	loaded map[string]string // plugin name -> path
+	// PoolBytes is the size of each of the two shared-memory pools a
+	// replica of a plugin that takes them gets (0: 256 MiB): what its items
+	// by reference may occupy at most, each way (docs/plugins.md, Shared
+	// memory). Set it before the run.
+	PoolBytes int64
+	mu        sync.Mutex
+	procs     map[*plugin.Client]bool
+	loaded    map[string]string // plugin name -> path
 }
 
 // New returns a host forwarding plugin stderr to w.
 func New(w io.Writer) *Host {
 	return &Host{Stderr: w, procs: map[*plugin.Client]bool{}, loaded: map[string]string{}}
+}
+
+func (h *Host) poolBytes() int64 {
+	if h.PoolBytes > 0 {
+		return h.PoolBytes
+	}
+	return wire.DefaultPoolBytes
 }
 
 // SetStderr changes where plugin stderr is forwarded from now on.
@@ -161,11 +173,11 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	stderr := &ringWriter{w: h.Stderr, prefix: prefix}
 	h.mu.Unlock()
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake,
-		Plugins:          sdk.PluginMap(nil),
+		HandshakeConfig:  wire.Handshake,
+		Plugins:          wire.PluginMap(nil),
 		RunnerFunc:       newProc(path), // its own process group, Pdeathsig, a lifeline: see proc
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		GRPCDialOptions:  sdk.DialOptions(),
+		GRPCDialOptions:  wire.DialOptions(),
 		Stderr:           stderr, // before the plugin serves: start-up failures
 		SyncStderr:       stderr, // what the plugin writes to os.Stderr while serving
 		StartTimeout:     StartTimeout,
@@ -188,7 +200,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 		}
 		return fail(err)
 	}
-	raw, err := rpc.Dispense(sdk.PluginName)
+	raw, err := rpc.Dispense(wire.PluginName)
 	if err != nil {
 		return fail(err)
 	}
@@ -240,7 +252,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 	}
 	var infos []KindInfo
 	for _, k := range desc.Kinds {
-		fields, err := sdk.FieldsFromProto(k.Config)
+		fields, err := wire.FieldsFromProto(k.Config)
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
@@ -257,7 +269,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 }
 
 func defaults(fields []graph.Field) *graph.Config {
-	cfg, _ := sdk.ConfigFromJSON("{}", fields)
+	cfg, _ := wire.ConfigFromJSON("{}", fields)
 	return cfg
 }
 
@@ -282,7 +294,7 @@ type remoteKind struct {
 
 // checkConfig asks the catalog process about a config, once per config.
 func (k *remoteKind) checkConfig(cfg *graph.Config) (*proto.CheckResponse, error) {
-	js := sdk.ConfigJSON(cfg)
+	js := wire.ConfigJSON(cfg)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if r, ok := k.ports[js]; ok {
@@ -303,7 +315,7 @@ func (k *remoteKind) portsFor(cfg *graph.Config) []graph.PortSpec {
 	if err != nil {
 		return nil
 	}
-	return sdk.PortsFromProto(r.Ports)
+	return wire.PortsFromProto(r.Ports)
 }
 
 func (k *remoteKind) check(cfg *graph.Config) []error {
@@ -314,7 +326,7 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 	var errs []error
 	// A port type means one wire encoding (graph.WireTypes): a type
 	// without one would say nothing about the items a plugin gets.
-	for _, p := range sdk.PortsFromProto(r.Ports) {
+	for _, p := range wire.PortsFromProto(r.Ports) {
 		if _, ok := graph.LookupWireType(p.Type); !ok && p.Type != graph.Any && p.SameAs == "" {
 			errs = append(errs, fmt.Errorf("plugin %s (%s): kind %s: port %q has type %q, which no wire encoding carries: a plugin's ports are of type %s or %s",
 				k.plugin, k.path, k.kind, p.Name, p.Type, graph.WireTypeNames(), graph.Any))
@@ -331,5 +343,5 @@ func (k *remoteKind) check(cfg *graph.Config) []error {
 }
 
 func (k *remoteKind) newNode(cfg *graph.Config) (nodes.Node, error) {
-	return &remoteNode{k: k, config: sdk.ConfigJSON(cfg), quiet: map[int]*quiet{}}, nil
+	return &remoteNode{k: k, config: wire.ConfigJSON(cfg), quiet: map[int]*quiet{}}, nil
 }

@@ -20,11 +20,13 @@ import (
 	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/proto"
 	"github.com/dflow-dev/dflow/plugins/sdk"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/hashicorp/go-plugin"
 	"github.com/zclconf/go-cty/cty"
+	"go.uber.org/goleak"
 )
 
 // TestMain re-runs the test binary as a plugin when DFLOW_TEST_PLUGIN
@@ -32,13 +34,14 @@ import (
 func TestMain(m *testing.M) {
 	switch os.Getenv("DFLOW_TEST_PLUGIN") {
 	case "":
-		os.Exit(m.Run())
+		// The thread that starts plugins lives as long as the process
+		// (proc_linux.go): by design, not a leak.
+		goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"))
 	case "serve":
 		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind, remakeKind, lateKind, slowKind)
 	case "opaque":
 		// A plugin that does not say Waiting, as one built before it was.
-		sdk.Concurrent = true
-		sdk.Serve(passKind, slowKind)
+		sdk.ServeWith(sdk.Options{Concurrent: true}, passKind, slowKind)
 	case "dflow":
 		os.Exit(asDflow())
 	case "garbage":
@@ -47,7 +50,7 @@ func TestMain(m *testing.M) {
 	case "hang":
 		time.Sleep(time.Hour)
 	case "rogue":
-		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: sdk.Handshake, Plugins: sdk.PluginMap(rogue{}), GRPCServer: plugin.DefaultGRPCServer})
+		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: wire.Handshake, Plugins: wire.PluginMap(rogue{}), GRPCServer: plugin.DefaultGRPCServer})
 	}
 }
 
@@ -76,7 +79,7 @@ func (rogue) Run(st proto.Node_RunServer) error {
 	if err := json.Unmarshal([]byte(m.GetStart().GetConfigJson()), &cfg); err != nil {
 		return err
 	}
-	item := func(port string) error { return sdk.SendItem(st.Send, port, &synthetic.Blob{Data: []byte("x")}) }
+	item := func(port string) error { return wire.SendItem(st.Send, port, &synthetic.Blob{Data: []byte("x")}) }
 	switch cfg.Mode {
 	case "overrun":
 		for range 100 {

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin/runner"
 )
@@ -33,7 +33,7 @@ var pipeGrace = time.Second
 //   - on Linux the kernel kills it with SIGKILL when dflow dies
 //     (Pdeathsig), and it is started from one thread that never exits,
 //     since Pdeathsig fires when the thread that started it exits;
-//   - its stdin is a lifeline (sdk.LifelineEnv): a pipe whose write end
+//   - its stdin is a lifeline (wire.LifelineEnv): a pipe whose write end
 //     only dflow holds, closed when dflow dies, however it dies, on which
 //     the SDK and the Python module exit, in every process of the tree
 //     that inherited it;
@@ -62,7 +62,7 @@ func newProc(path string) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, 
 			exe = "." + string(filepath.Separator) + exe
 		}
 		cmd := exec.Command(exe)
-		cmd.Env = append(spec.Env, sdk.LifelineEnv+"=stdin")
+		cmd.Env = append(spec.Env, wire.LifelineEnv+"=stdin")
 		cmd.SysProcAttr = sysProcAttr()
 		p := &proc{cmd: cmd, path: path}
 		var err error

@@ -14,8 +14,8 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/proto"
-	"github.com/dflow-dev/dflow/plugins/sdk"
 )
 
 // remoteNode runs a plugin stage: each replica gets its own plugin
@@ -69,12 +69,12 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting}
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}
-	if n.k.sharedMemory && sdk.SharedMemoryEnabled() {
+	if n.k.sharedMemory && wire.SharedMemoryEnabled() {
 		// Shared memory for large items: created per replica, unmapped
 		// once the replica's stream, its feeders and its outlets are done
 		// (the deferred calls run after all of them). Without (no memfd
 		// here), items go as bytes.
-		if ps, err := sdk.CreatePools(sdk.PoolBytes, sdk.PoolBytes); err == nil {
+		if ps, err := wire.CreatePools(n.k.host.poolBytes(), n.k.host.poolBytes()); err == nil {
 			sh.pools = ps
 			start.Pools = ps.Proto()
 			defer func() {
@@ -110,20 +110,20 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 
 // poolsClosing, when set (by tests), sees a replica's pools as its
 // stream ends, before they are unmapped.
-var poolsClosing func(*sdk.Pools)
+var poolsClosing func(*wire.Pools)
 
 // shared is a replica's shared memory, dflow's side: the pools offered
 // to the plugin (nil when none were), attached once the plugin says it
 // mapped them.
 type shared struct {
-	pools    *sdk.Pools
+	pools    *wire.Pools
 	attached atomic.Bool
 	send     func(*proto.Message) error // on the stream, locked
 }
 
 // in is the pool items go to the plugin in, nil until the plugin has
 // attached.
-func (sh *shared) in() *sdk.Pool {
+func (sh *shared) in() *wire.Pool {
 	if sh.attached.Load() {
 		return sh.pools.In
 	}
@@ -194,7 +194,7 @@ func (sh *shared) payload(it *proto.Item) (b []byte, item any, size int64, err e
 
 // decode is an output item, checked against its port's type.
 func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
-	if err := sdk.CheckPortWire(typ, it.Type); err != nil {
+	if err := wire.CheckPortWire(typ, it.Type); err != nil {
 		return nil, 0, fmt.Errorf("output %q: the plugin sent %w", port, err)
 	}
 	b, item, size, err := sh.payload(it)
@@ -202,7 +202,7 @@ func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
 		return nil, 0, fmt.Errorf("output %q: %w", port, err)
 	}
 	if item == nil {
-		item, err = sdk.Decode(it.Type, b)
+		item, err = wire.Decode(it.Type, b)
 	}
 	return item, size, err
 }
@@ -213,11 +213,11 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	locked func(func() error) error, sh *shared, q *quiet, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
-	credits := map[string]*sdk.Credit{"": sdk.NewCredit()}
+	credits := map[string]*wire.Credit{"": wire.NewCredit()}
 	if n.k.portCredit {
-		credits = map[string]*sdk.Credit{}
+		credits = map[string]*wire.Credit{}
 		for _, port := range inputs {
-			credits[port] = sdk.NewCredit()
+			credits[port] = wire.NewCredit()
 		}
 	}
 	sendErr := make(chan error, 1)
@@ -239,7 +239,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 		<-fed
 	}()
 
-	var items sdk.Assembler
+	var items wire.Assembler
 	for {
 		m, err := st.Recv()
 		if err != nil {
@@ -343,7 +343,7 @@ type outlet struct {
 	typ  string // the port's type, which its items' encoding must match
 	out  nodes.Output
 	ch   chan outItem
-	w    sdk.Window
+	w    wire.Window
 	// for quiet: items in ch, and whether the outlet is in a Send
 	pending atomic.Int64
 	sending atomic.Bool
@@ -372,7 +372,7 @@ func newOutlets(ctx context.Context, r nodes.Replica, sh *shared, outputs map[st
 	o.ctx, o.cancel = context.WithCancel(ctx)
 	for port, typ := range outputs {
 		p := &outlet{port: port, typ: typ, out: r.Out(port), ch: make(chan outItem, outletItems),
-			w: sdk.Window{Items: outletItems, Bytes: outletBytes}}
+			w: wire.Window{Items: outletItems, Bytes: outletBytes}}
 		first := p.w.Open(outletFirst)
 		if err := send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: first, Port: port}}}); err != nil {
 			o.cancel()
@@ -470,7 +470,7 @@ func (p *outlet) run(ctx context.Context, send func(*proto.Message) error) error
 // ports are the node's input port names, sorted, and its output ports,
 // each with its type (SameAs outputs: "", unchecked).
 func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs map[string]string) {
-	cfg, _ := sdk.ConfigFromJSON(n.config, n.k.fields)
+	cfg, _ := wire.ConfigFromJSON(n.config, n.k.fields)
 	inTypes, outputs = map[string]string{}, map[string]string{}
 	for _, p := range n.k.portsFor(cfg) {
 		if p.Dir == graph.In {
@@ -488,7 +488,7 @@ func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs m
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credits map[string]*sdk.Credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credits map[string]*wire.Credit) error {
 	if !n.k.portCredit {
 		return n.feedPorts(ctx, r, st, locked, sh, q, ports, types, credits[""])
 	}
@@ -514,9 +514,9 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // From the moment a Recv returns until what it returned is on the stream,
 // the feeder counts in q.feeding: it holds something the plugin has not
 // seen, so the replica is not quiescent (quiet.go).
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credit *sdk.Credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credit *wire.Credit) error {
 	var have int32
-	out := sdk.Batcher{Send: st.Send, Batches: n.k.batches}
+	out := wire.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
 	stop() // Recv(waiting) takes an item only if one is there
 	for _, port := range ports {
@@ -544,13 +544,13 @@ func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.No
 				// Validation matched the port types; a node upstream that
 				// sent items other than its port's type is caught here, not
 				// by the plugin's node.
-				if err := sdk.CheckPortItem(types[port], item); err != nil {
+				if err := wire.CheckPortItem(types[port], item); err != nil {
 					return fmt.Errorf("input %q: %w", port, err)
 				}
 				// A large item goes by reference once the plugin has
 				// mapped the pools: copied into pool 0 here, outside the
 				// stream's lock, then named in a small message.
-				prep, err := sdk.Prepare(sh.in(), sdk.Threshold, item)
+				prep, err := wire.Prepare(sh.in(), wire.Threshold, item)
 				if err != nil {
 					return err
 				}

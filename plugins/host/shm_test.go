@@ -14,6 +14,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/sdk"
 )
 
@@ -75,7 +76,7 @@ var lateKind = nodes.Spec{
 func poolWatch(t *testing.T) *[]int {
 	var mu sync.Mutex
 	var live []int
-	poolsClosing = func(ps *sdk.Pools) {
+	poolsClosing = func(ps *wire.Pools) {
 		mu.Lock()
 		live = append(live, ps.In.Live())
 		mu.Unlock()
@@ -109,7 +110,7 @@ func shmLeft(t *testing.T) (devShm []string, maps []string) {
 // (as one built before it) gets the same items as bytes. Every region
 // sent is released by the end, and nothing is left in /dev/shm or mapped.
 func TestSharedMemory(t *testing.T) {
-	if !sdk.SharedMemoryEnabled() {
+	if !wire.SharedMemoryEnabled() {
 		t.Skip("no shared memory here")
 	}
 	shmBefore, _ := shmLeft(t)
@@ -175,7 +176,7 @@ func TestSharedMemory(t *testing.T) {
 // with SIGKILL) with items of dflow's pool in hand fails its stage, and
 // leaves nothing mapped or named.
 func TestSharedMemoryCrash(t *testing.T) {
-	if !sdk.SharedMemoryEnabled() {
+	if !wire.SharedMemoryEnabled() {
 		t.Skip("no shared memory here")
 	}
 	shmBefore, _ := shmLeft(t)
@@ -195,7 +196,7 @@ func TestSharedMemoryCrash(t *testing.T) {
 // its next Recv on the port (when dflow may have reused its region) fails
 // with the rule, instead of sending bytes that may have changed.
 func TestKeptPastItsLifetime(t *testing.T) {
-	if !sdk.SharedMemoryEnabled() {
+	if !wire.SharedMemoryEnabled() {
 		t.Skip("no shared memory here")
 	}
 	f := newFixture(t)

@@ -1,6 +1,8 @@
-// Package sdk is what a dflow plugin is written with, and what dflow uses
-// to talk to plugins: the go-plugin handshake and plugin map (defined once,
-// here, for both sides), the item codec, and Serve.
+// Package sdk is what a dflow plugin is written with: Serve (ServeWith
+// and Options to tune it), Stderr, and, for items received by reference
+// in shared memory, Detach and Shared. What the plugin and dflow share on
+// the wire (the handshake, the codec, credit, batches, the pools) is
+// package plugins/internal/wire; dflow's side is plugins/host.
 //
 // A plugin implements node kinds exactly as built-in nodes do (nodes.Spec:
 // a graph.Kind with config schema and ports, and a constructor of a
@@ -20,7 +22,11 @@
 //     the port's credit, so a slow output holds back only itself.
 //   - A panic in a node ends that replica with the panic's message; the
 //     process serves on.
-//   - On Linux, items of Threshold bytes or more cross by reference in
+//   - A replica is a session (session.go): its node runs on the stream's
+//     goroutine, a sender and a receiver run beside it, the sender ends
+//     before Done and the pools are unmapped only once the receiver is
+//     done with them too.
+//   - On Linux, items of 64 KiB or more cross by reference in
 //     shared memory (two memfd pools per replica, no names); an item
 //     received so is a read-only view, valid until the node's next Recv
 //     on its port unless sent on first (docs/plugins.md, Shared memory).

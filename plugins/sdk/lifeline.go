@@ -7,14 +7,9 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
-)
 
-// LifelineEnv tells a plugin that dflow holds the write end of its stdin,
-// a pipe no one writes to: when it reads end-of-file, dflow has gone,
-// however it ended (SIGKILL included), and the plugin exits. Processes a
-// wrapper script starts inherit the pipe, so a plugin that a shell runs
-// without exec sees it too.
-const LifelineEnv = "DFLOW_PLUGIN_LIFELINE"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
+)
 
 // parentPoll is how often a plugin checks that its parent is still the
 // process that started it.
@@ -27,7 +22,7 @@ const parentPoll = 200 * time.Millisecond
 // Linux the kernel kills the process it started when it dies; this is
 // the layer that reaches a plugin a wrapper started.
 func watchParent() {
-	if os.Getenv(LifelineEnv) == "stdin" {
+	if os.Getenv(wire.LifelineEnv) == "stdin" {
 		go func() {
 			io.Copy(io.Discard, os.Stdin)
 			parentGone("its lifeline, the plugin's stdin, closed")

@@ -2,15 +2,11 @@ package sdk
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/nodes/dflash"
-	"github.com/dflow-dev/dflow/nodes/synthetic"
-	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/dflow-dev/dflow/plugins/proto"
 )
 
@@ -40,7 +36,7 @@ func TestPanicEndsTheReplica(t *testing.T) {
 		}
 		st := &fakeStream{in: make(chan *proto.Message, 1)}
 		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "k", ConfigJson: "{}"}}}
-		if err := NewServer(spec).Run(st); err != nil {
+		if err := newServer(Options{}, spec).Run(st); err != nil {
 			t.Fatalf("%s: Run: %v", tc.name, err)
 		}
 		close(st.in)
@@ -55,45 +51,8 @@ func TestPanicEndsTheReplica(t *testing.T) {
 		}
 	}
 	picky := nodes.Spec{Kind: graph.Kind{Name: "k", Ports: func(*graph.Config) []graph.PortSpec { panic("no ports today") }}}
-	resp, err := NewServer(picky).Check(context.Background(), &proto.CheckRequest{Kind: "k", ConfigJson: "{}"})
+	resp, err := newServer(Options{}, picky).Check(context.Background(), &proto.CheckRequest{Kind: "k", ConfigJson: "{}"})
 	if err != nil || len(resp.Errors) != 1 || !strings.Contains(resp.Errors[0].Message, "panic: no ports today") {
 		t.Errorf("a panic in Ports: %v, %v", resp, err)
-	}
-}
-
-// TestWireTypesMatchTheCodec: each port type of graph.WireTypes is the Go
-// type the codec encodes under its wire name, and back; the built-in
-// source's items are of the Go type of the port type it names.
-func TestWireTypesMatchTheCodec(t *testing.T) {
-	samples := map[string]any{
-		"bytes":         []byte("x"),
-		"blob":          &synthetic.Blob{Data: []byte("x")},
-		"tokens":        &text.Batch{B: 1, T: 1, Tokens: []int32{1, 2}},
-		"hidden_states": &dflash.HiddenStates{B: 1, T: 1, K: 1, D: 1, Hidden: []float32{1}, Tokens: []int32{1}, Greedy: []int32{1}},
-	}
-	for _, w := range graph.WireTypes {
-		item, ok := samples[w.Name]
-		if !ok {
-			t.Errorf("no sample of %s", w.Name)
-			continue
-		}
-		if got := strings.Replace(fmt.Sprintf("%T", item), "[]uint8", "[]byte", 1); got != w.Go {
-			t.Errorf("%s: documented as %s, the sample is %s", w.Name, w.Go, got)
-		}
-		name, b, err := Encode(item)
-		if err != nil || name != w.Wire || WireName(item) != w.Wire {
-			t.Errorf("%s: encodes as %q (%v), WireName %q; want %q", w.Name, name, err, WireName(item), w.Wire)
-			continue
-		}
-		back, err := Decode(name, b)
-		if err != nil || fmt.Sprintf("%T", back) != fmt.Sprintf("%T", item) {
-			t.Errorf("%s: decodes to %T (%v)", w.Name, back, err)
-		}
-		if CheckPortItem(w.Name, item) != nil || CheckPortItem(w.Name, struct{}{}) == nil {
-			t.Errorf("%s: CheckPortItem", w.Name)
-		}
-	}
-	if w, ok := graph.LookupWireType("hidden_states(d=8,layers=0,1)"); !ok || w.Wire != "hidden" {
-		t.Errorf("hidden_states(...) is %v, %v", w, ok)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/proto"
 	"google.golang.org/grpc"
 )
@@ -60,7 +61,7 @@ func (s *fakeStream) credit() int32 {
 // (chunked) items on two ports from two goroutines at once: every item
 // reaches dflow whole, because one item's chunks go out before another's.
 func TestConcurrentOutputsDoNotInterleave(t *testing.T) {
-	const perPort, size = 6, 2*ChunkSize + 100
+	const perPort, size = 6, 2*wire.ChunkSize + 100
 	twins := nodes.Spec{
 		Kind: graph.Kind{Name: "twins", Ports: func(*graph.Config) []graph.PortSpec {
 			return []graph.PortSpec{{Name: "a", Dir: graph.Out, Type: "blob"}, {Name: "b", Dir: graph.Out, Type: "blob"}}
@@ -88,10 +89,10 @@ func TestConcurrentOutputsDoNotInterleave(t *testing.T) {
 	st := &fakeStream{in: make(chan *proto.Message, 1)}
 	st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "twins", ConfigJson: "{}"}}}
 	defer close(st.in)
-	if err := NewServer(twins).Run(st); err != nil {
+	if err := newServer(Options{}, twins).Run(st); err != nil {
 		t.Fatal(err)
 	}
-	var a Assembler
+	var a wire.Assembler
 	got := 0
 	for _, m := range st.sent {
 		c := m.GetItem()
@@ -105,7 +106,7 @@ func TestConcurrentOutputsDoNotInterleave(t *testing.T) {
 		if !whole {
 			continue
 		}
-		item, err := Decode(c.Type, b)
+		item, err := wire.Decode(c.Type, b)
 		if err != nil {
 			t.Fatalf("item %d on %s: %v", got, c.Port, err)
 		}
@@ -152,7 +153,7 @@ func TestBrokenInputIsReported(t *testing.T) {
 		st := &fakeStream{in: make(chan *proto.Message, 2)}
 		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "sink", ConfigJson: "{}"}}}
 		st.in <- &proto.Message{Msg: &proto.Message_Item{Item: tc.item}}
-		if err := NewServer(sink).Run(st); err != nil {
+		if err := newServer(Options{}, sink).Run(st); err != nil {
 			t.Fatal(err)
 		}
 		close(st.in)
@@ -186,7 +187,7 @@ func TestOverrunIsReported(t *testing.T) {
 	st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "stalled", ConfigJson: "{}", Batches: true}}}
 	st.in <- &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: items}}}
 	done := make(chan error, 1)
-	go func() { done <- NewServer(stalled).Run(st) }()
+	go func() { done <- newServer(Options{}, stalled).Run(st) }()
 	select {
 	case err := <-done:
 		if err != nil {
@@ -202,50 +203,6 @@ func TestOverrunIsReported(t *testing.T) {
 	}
 }
 
-// TestBatcher: small items held and sent as one Batch, in order; a large
-// one sends what is held first, then goes in chunks; with a receiver that
-// does not take batches, every item goes alone.
-func TestBatcher(t *testing.T) {
-	var msgs []*proto.Message
-	b := Batcher{Send: func(m *proto.Message) error { msgs = append(msgs, m); return nil }, Batches: true}
-	for i := range 3 {
-		if err := b.Add("out", []byte{byte(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if len(msgs) != 0 {
-		t.Fatalf("%d messages before Flush", len(msgs))
-	}
-	big := bytes.Repeat([]byte{9}, ChunkSize+1)
-	if err := b.Add("out", big); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Add("out", []byte{3}); err != nil || b.Flush() != nil {
-		t.Fatal(err)
-	}
-	// A Batch of three, the big item's two chunks, the last item alone.
-	if len(msgs) != 4 || len(msgs[0].GetBatch().GetItems()) != 3 || !msgs[1].GetItem().GetMore() || msgs[2].GetItem() == nil || msgs[2].GetItem().GetMore() || msgs[3].GetItem() == nil {
-		t.Fatalf("messages: %v", msgs)
-	}
-	for i, it := range msgs[0].GetBatch().GetItems() {
-		if !bytes.Equal(it.Payload, []byte{byte(i)}) || it.More {
-			t.Errorf("batched item %d: %v", i, it)
-		}
-	}
-	if !bytes.Equal(msgs[3].GetItem().Payload, []byte{3}) {
-		t.Errorf("last item: %v", msgs[3])
-	}
-
-	msgs = nil
-	b = Batcher{Send: func(m *proto.Message) error { msgs = append(msgs, m); return nil }}
-	for i := range 3 {
-		b.Add("out", []byte{byte(i)})
-	}
-	if b.Flush(); len(msgs) != 3 || msgs[0].GetItem() == nil {
-		t.Errorf("without batches: %v", msgs)
-	}
-}
-
 // TestBatchesAndCredit: a plugin replica told that dflow takes batches
 // receives a Batch in order, and grants input credit only while what it
 // holds and what it has granted fit its byte budget: with 1 MiB items and
@@ -258,8 +215,6 @@ func TestBatchesAndCredit(t *testing.T) {
 		budget, size int64
 		least, most  int32
 	}{{4 << 20, 1 << 20, 1, 4}, {1 << 20, 2 << 20, 1, 1}} {
-		old := inputBytes
-		inputBytes = tc.budget
 		take := make(chan struct{})
 		var got []byte
 		st := &fakeStream{in: make(chan *proto.Message, 16)}
@@ -293,7 +248,7 @@ func TestBatchesAndCredit(t *testing.T) {
 		}
 		st.in <- &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: items}}}
 		done := make(chan error)
-		go func() { done <- NewServer(slow).Run(st) }()
+		go func() { done <- newServer(Options{InputBytes: tc.budget}, slow).Run(st) }()
 		for range firstCredit {
 			take <- struct{}{}
 		}
@@ -302,7 +257,6 @@ func TestBatchesAndCredit(t *testing.T) {
 			t.Fatal(err)
 		}
 		close(st.in)
-		inputBytes = old
 		if !bytes.Equal(got, []byte{0, 1, 2, 3, 4, 5, 6, 7}) {
 			t.Errorf("the node got %v", got)
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
-	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/sdk/sdktest"
 )
 
@@ -30,7 +30,7 @@ func TestSourceItemsAreTheirType(t *testing.T) {
 			t.Fatalf("%s: %d items", typ, len(res.Outputs["out"]))
 		}
 		for _, item := range res.Outputs["out"] {
-			if err := sdk.CheckPortItem(typ, item); err != nil {
+			if err := wire.CheckPortItem(typ, item); err != nil {
 				t.Errorf("synthetic_source with type %q: %v", typ, err)
 			}
 		}

@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"bytes"
@@ -96,7 +96,7 @@ func TestAssemblerBounds(t *testing.T) {
 	}
 }
 
-// BenchmarkCodec: a 16 MiB hidden-states item encoded into chunks,
+// BenchmarkCodec: a 16 MiB hidden-states item Encoded into chunks,
 // reassembled and decoded, without gRPC: the codec's share of a plugin
 // stage's cost per item.
 func BenchmarkCodec(b *testing.B) {

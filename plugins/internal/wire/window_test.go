@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"context"
@@ -72,7 +72,7 @@ func TestCreditTake(t *testing.T) {
 	}
 	go func() { got <- c.Take(context.Background(), gone) }()
 	close(gone)
-	if err := <-got; !errors.Is(err, errStreamGone) {
+	if err := <-got; !errors.Is(err, ErrStreamGone) {
 		t.Fatalf("stream gone: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

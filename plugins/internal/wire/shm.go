@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"bytes"
@@ -26,13 +26,13 @@ import (
 // attached; smaller items go on the stream, in batches.
 const Threshold = 64 << 10
 
-// PoolBytes is the size of each of a replica's two pools: the shared
+// DefaultPoolBytes is the size of each of a replica's two pools: the shared
 // memory its items by reference may occupy at most, each way. An item
 // that does not fit (larger than the pool, or the pool full of items not
 // yet released) goes on the stream as bytes instead, so a full pool slows
 // items down but never stops them; the credit windows bound what is held
-// either way. A variable for tests.
-var PoolBytes int64 = 256 << 20
+// either way. dflow may choose another size (host.Host.PoolBytes).
+const DefaultPoolBytes int64 = 256 << 20
 
 // SharedMemoryEnabled says whether this process offers (dflow) or accepts
 // (a plugin) shared memory: on where the platform has it, unless
@@ -114,11 +114,22 @@ func (p *Pool) holds(b []byte) bool {
 	return a >= base && a < base+uintptr(len(p.mem))
 }
 
-// Size is the pool's size in bytes.
-func (p *Pool) Size() int64 { return int64(len(p.mem)) }
+// Size is the pool's size in bytes (0 once closed).
+func (p *Pool) Size() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int64(len(p.mem))
+}
 
-// Bytes is the region's memory.
-func (p *Pool) Bytes(off, n int64) []byte { return p.mem[off : off+n : off+n] }
+// Bytes is the region's memory. The region must lie within the pool
+// (Check) and the pool must be open: what uses the memory must be done
+// with it before Pools.Close, which unmaps it (the SDK's session and
+// dflow's replica wait for every goroutine that touches a pool).
+func (p *Pool) Bytes(off, n int64) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mem[off : off+n : off+n]
+}
 
 // Alloc takes a region of n bytes, first fit; false when none is free.
 func (p *Pool) Alloc(n int64) (*Held, bool) {
@@ -222,6 +233,11 @@ func (p *Pool) Drop(h *Held) bool {
 
 // Check says whether a ref's bytes lie within the pool.
 func (p *Pool) Check(ref *proto.Ref) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.mem == nil {
+		return fmt.Errorf("a reference to pool %d, which is closed", p.Index)
+	}
 	if ref.Offset < 0 || ref.Length < 0 || ref.Offset > int64(len(p.mem))-ref.Length {
 		return fmt.Errorf("a reference to bytes %d-%d of pool %d, which has %d", ref.Offset, ref.Offset+ref.Length, p.Index, len(p.mem))
 	}
@@ -234,6 +250,8 @@ func (p *Pool) Check(ref *proto.Ref) error {
 // reference with no copy. A small piece (a header) that is not in place
 // counts when the bytes in place equal it.
 func (p *Pool) Contiguous(pieces [][]byte, size int64) (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.mem) == 0 || size == 0 {
 		return 0, false
 	}
@@ -279,17 +297,17 @@ func (p *Pool) Write(pieces [][]byte, n int64, origin any, wire string) (*Held, 
 	}
 	p.mu.Lock()
 	h.Origin, h.Wire = origin, wire
-	p.mu.Unlock()
 	dst := p.mem[h.Off:]
+	p.mu.Unlock()
 	for _, piece := range pieces {
 		dst = dst[copy(dst, piece):]
 	}
 	return h, true
 }
 
-// Prepared is an item encoded to be sent, by reference or as bytes.
+// Prepared is an item Encoded to be sent, by reference or as bytes.
 type Prepared struct {
-	enc encoded
+	enc Encoded
 	ref *proto.Ref
 }
 
@@ -297,23 +315,23 @@ type Prepared struct {
 // pool p has room, copies it into a region of p, to go by reference
 // (p nil: as bytes). Batcher.AddPrepared sends it.
 func Prepare(p *Pool, threshold int64, item any) (Prepared, error) {
-	e, err := encodeItem(item)
-	if err != nil || p == nil || int64(e.size) < threshold {
+	e, err := EncodeItem(item)
+	if err != nil || p == nil || int64(e.Size) < threshold {
 		return Prepared{enc: e}, err
 	}
-	h, ok := p.Write(e.pieces, int64(e.size), item, e.typ)
+	h, ok := p.Write(e.Pieces, int64(e.Size), item, e.Type)
 	if !ok {
 		return Prepared{enc: e}, nil
 	}
-	return Prepared{enc: e, ref: &proto.Ref{Pool: p.Index, Offset: h.Off, Length: int64(e.size)}}, nil
+	return Prepared{enc: e, ref: &proto.Ref{Pool: p.Index, Offset: h.Off, Length: int64(e.Size)}}, nil
 }
 
 // AddPrepared sends a prepared item (see Add, AddRef).
 func (b *Batcher) AddPrepared(port string, p Prepared) error {
 	if p.ref != nil {
-		return b.AddRef(port, p.enc.typ, p.ref)
+		return b.AddRef(port, p.enc.Type, p.ref)
 	}
-	return b.addEncoded(port, p.enc)
+	return b.AddEncoded(port, p.enc)
 }
 
 // Pools are a replica's two pools.
@@ -338,6 +356,9 @@ func (ps *Pools) Proto() *proto.Pools {
 	return &proto.Pools{Pid: int64(ps.pid), InFd: int32(ps.In.fd), InSize: ps.In.Size(),
 		OutFd: int32(ps.Out.fd), OutSize: ps.Out.Size(), Threshold: Threshold}
 }
+
+// Closed reports whether Close has unmapped the pools.
+func (ps *Pools) Closed() bool { return ps.In.Size() == 0 && ps.Out.Size() == 0 }
 
 // Attached closes dflow's descriptors of the pools once the plugin has
 // mapped them: from then on only the two mappings keep the memory, and it

@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"fmt"
@@ -28,7 +28,7 @@ func CheckPortItem(portType string, item any) error {
 	return fmt.Errorf("a %T item on a port of type %q, which carries %s", item, portType, w.Go)
 }
 
-// CheckPortWire is CheckPortItem for an encoded item, by its wire name.
+// CheckPortWire is CheckPortItem for an Encoded item, by its wire name.
 func CheckPortWire(portType, wire string) error {
 	w, ok := graph.LookupWireType(portType)
 	if !ok || wire == w.Wire {
@@ -39,11 +39,11 @@ func CheckPortWire(portType, wire string) error {
 
 // Encode turns an item into its wire name and bytes.
 func Encode(item any) (string, []byte, error) {
-	e, err := encodeItem(item)
+	e, err := EncodeItem(item)
 	if err != nil {
 		return "", nil, err
 	}
-	return e.typ, e.whole(), nil
+	return e.Type, e.Whole(), nil
 }
 
 // encode turns an item into its wire name and the pieces of its bytes, in

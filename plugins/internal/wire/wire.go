@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"slices"
@@ -16,52 +16,53 @@ const ChunkSize = 1 << 20
 // its pieces (see encode), each cut into chunks, so that its arrays are
 // never copied into one buffer on this side.
 func SendItem(send func(*proto.Message) error, port string, item any) error {
-	e, err := encodeItem(item)
+	e, err := EncodeItem(item)
 	if err != nil {
 		return err
 	}
-	return e.send(send, port)
+	return e.Send(send, port)
 }
 
-// encoded is an item as it goes on the wire: its type, the pieces of its
+// Encoded is an item as it goes on the wire: its type, the pieces of its
 // payload and their total size.
-type encoded struct {
-	typ    string
-	pieces [][]byte
-	size   int
+type Encoded struct {
+	Type   string
+	Pieces [][]byte
+	Size   int
 }
 
-func encodeItem(item any) (encoded, error) {
+// EncodeItem encodes an item for the wire (see encode).
+func EncodeItem(item any) (Encoded, error) {
 	typ, pieces, err := encode(item)
-	e := encoded{typ: typ, pieces: pieces}
+	e := Encoded{Type: typ, Pieces: pieces}
 	for _, p := range pieces {
-		e.size += len(p)
+		e.Size += len(p)
 	}
 	return e, err
 }
 
-// whole is the payload in one slice, copied only if it has several pieces.
-func (e encoded) whole() []byte {
-	if len(e.pieces) == 1 {
-		return e.pieces[0]
+// Whole is the payload in one slice, copied only if it has several pieces.
+func (e Encoded) Whole() []byte {
+	if len(e.Pieces) == 1 {
+		return e.Pieces[0]
 	}
-	return slices.Concat(e.pieces...)
+	return slices.Concat(e.Pieces...)
 }
 
-// send sends the item as Item messages (see SendItem).
-func (e encoded) send(send func(*proto.Message) error, port string) error {
-	pieces := e.pieces
-	if e.size <= ChunkSize {
-		pieces = [][]byte{e.whole()}
+// Send sends the item as Item messages (see SendItem).
+func (e Encoded) Send(send func(*proto.Message) error, port string) error {
+	pieces := e.Pieces
+	if e.Size <= ChunkSize {
+		pieces = [][]byte{e.Whole()}
 	} else {
 		pieces = slices.DeleteFunc(slices.Clone(pieces), func(p []byte) bool { return len(p) == 0 })
 	}
 	for i, p := range pieces {
 		for {
 			n := min(len(p), ChunkSize)
-			chunk := &proto.Item{Port: port, Type: e.typ, Payload: p[:n], More: n < len(p) || i < len(pieces)-1}
+			chunk := &proto.Item{Port: port, Type: e.Type, Payload: p[:n], More: n < len(p) || i < len(pieces)-1}
 			if i == 0 && len(p) == len(pieces[0]) {
-				chunk.Size = int64(e.size)
+				chunk.Size = int64(e.Size)
 			}
 			if err := send(&proto.Message{Msg: &proto.Message_Item{Item: chunk}}); err != nil {
 				return err
@@ -106,7 +107,7 @@ func (a *Assembler) Add(c *proto.Item) ([]byte, bool) {
 
 // A batch holds at most this many items, and items of at most ChunkSize
 // bytes in all.
-const maxBatchItems = 64
+const MaxBatchItems = 64
 
 // A Batcher sends items on a stream, several small ones to a message (a
 // Batch) when the receiving side takes them: its owner adds the items it
@@ -123,11 +124,11 @@ type Batcher struct {
 
 // Add sends an item, or holds it for the next Flush.
 func (b *Batcher) Add(port string, item any) error {
-	e, err := encodeItem(item)
+	e, err := EncodeItem(item)
 	if err != nil {
 		return err
 	}
-	return b.addEncoded(port, e)
+	return b.AddEncoded(port, e)
 }
 
 // AddRef sends an item by reference (Item.ref), or holds it for the next
@@ -137,7 +138,7 @@ func (b *Batcher) AddRef(port, typ string, ref *proto.Ref) error {
 	if !b.Batches {
 		return b.Send(&proto.Message{Msg: &proto.Message_Item{Item: it}})
 	}
-	if len(b.items) == maxBatchItems {
+	if len(b.items) == MaxBatchItems {
 		if err := b.Flush(); err != nil {
 			return err
 		}
@@ -146,23 +147,23 @@ func (b *Batcher) AddRef(port, typ string, ref *proto.Ref) error {
 	return nil
 }
 
-func (b *Batcher) addEncoded(port string, e encoded) error {
+func (b *Batcher) AddEncoded(port string, e Encoded) error {
 	if !b.Batches {
-		return e.send(b.Send, port)
+		return e.Send(b.Send, port)
 	}
-	if e.size > ChunkSize {
+	if e.Size > ChunkSize {
 		if err := b.Flush(); err != nil {
 			return err
 		}
-		return e.send(b.Send, port)
+		return e.Send(b.Send, port)
 	}
-	if b.size+e.size > ChunkSize || len(b.items) == maxBatchItems {
+	if b.size+e.Size > ChunkSize || len(b.items) == MaxBatchItems {
 		if err := b.Flush(); err != nil {
 			return err
 		}
 	}
-	b.items = append(b.items, &proto.Item{Port: port, Type: e.typ, Payload: e.whole(), Size: int64(e.size)})
-	b.size += e.size
+	b.items = append(b.items, &proto.Item{Port: port, Type: e.Type, Payload: e.Whole(), Size: int64(e.Size)})
+	b.size += e.Size
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"context"
@@ -106,8 +106,11 @@ func (c *Credit) TakeAll() int32 { return c.n.Swap(0) }
 // More is signalled after a grant: wait on it when TakeAll gave none.
 func (c *Credit) More() <-chan struct{} { return c.more }
 
-// tryTake takes one if there is one, without waiting.
-func (c *Credit) tryTake() bool {
+// Available is the credit granted and not taken yet.
+func (c *Credit) Available() int32 { return c.n.Load() }
+
+// TryTake takes one if there is one, without waiting.
+func (c *Credit) TryTake() bool {
 	for {
 		n := c.n.Load()
 		if n <= 0 {
@@ -138,11 +141,12 @@ func (c *Credit) Take(ctx context.Context, gone <-chan struct{}) error {
 		select {
 		case <-c.more:
 		case <-gone:
-			return errStreamGone
+			return ErrStreamGone
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
 
-var errStreamGone = errors.New("sdk: the stream to dflow is gone")
+// ErrStreamGone is what Take returns once gone is closed.
+var ErrStreamGone = errors.New("sdk: the stream to dflow is gone")

@@ -1,4 +1,4 @@
-package sdk
+package wire
 
 import (
 	"context"
@@ -15,6 +15,13 @@ var Handshake = plugin.HandshakeConfig{
 	MagicCookieKey:   "DFLOW_PLUGIN_MAGIC_COOKIE",
 	MagicCookieValue: "dflow-node-plugin-v1",
 }
+
+// LifelineEnv tells a plugin that dflow holds the write end of its stdin,
+// a pipe no one writes to: when it reads end-of-file, dflow has gone,
+// however it ended (SIGKILL included), and the plugin exits. Processes a
+// wrapper script starts inherit the pipe, so a plugin that a shell runs
+// without exec sees it too.
+const LifelineEnv = "DFLOW_PLUGIN_LIFELINE"
 
 // PluginName is the one plugin a dflow plugin process serves.
 const PluginName = "node"
