@@ -23,37 +23,35 @@ type Metric struct {
 // counters names the metrics published as counters.
 func MergeMetrics(kind *graph.Kind, replicas []map[string]Metric) (values map[string]float64, counters map[string]bool) {
 	type acc struct {
-		sum, max, last float64
-		at             time.Time
-		n              int
-		counter        bool
+		sum, max float64
+		merged   Metric // the replicas' readings by Metric.Merge: a counter's sum, a gauge's latest
+		n        int
 	}
 	accs := map[string]*acc{}
 	for _, ms := range replicas {
 		for name, m := range ms {
 			a := accs[name]
 			if a == nil {
-				a = &acc{max: m.Value, last: m.Value, at: m.Set}
+				a = &acc{max: m.Value, merged: m}
 				accs[name] = a
+			} else {
+				a.merged = a.merged.Merge(m)
 			}
 			a.sum += m.Value
 			a.max = max(a.max, m.Value)
-			if m.Set.After(a.at) {
-				a.last, a.at = m.Value, m.Set
-			}
 			a.n++
-			a.counter = a.counter || m.Counter
 		}
 	}
 	values = make(map[string]float64, len(accs))
 	for name, a := range accs {
-		if a.counter {
+		counter := a.merged.Counter
+		if counter {
 			if counters == nil {
 				counters = map[string]bool{}
 			}
 			counters[name] = true
 		}
-		switch kind.MetricMerge(name, a.counter) {
+		switch kind.MetricMerge(name, counter) {
 		case graph.MergeSum:
 			values[name] = a.sum
 		case graph.MergeMean:
@@ -61,15 +59,15 @@ func MergeMetrics(kind *graph.Kind, replicas []map[string]Metric) (values map[st
 		case graph.MergeMax:
 			values[name] = a.max
 		default:
-			values[name] = a.last
+			values[name] = a.merged.Value
 		}
 	}
 	return values, counters
 }
 
 // Latest merges what several shares saw of one replica (a lost worker's
-// last snapshot and the share that took over): each gauge as set last,
-// counters added.
+// last snapshot and the share that took over), each metric by
+// Metric.Merge: each gauge as set last, counters added.
 func Latest(seen ...map[string]Metric) map[string]Metric {
 	seen = slices.DeleteFunc(seen, func(m map[string]Metric) bool { return len(m) == 0 })
 	if len(seen) <= 1 {
@@ -81,16 +79,10 @@ func Latest(seen ...map[string]Metric) map[string]Metric {
 	out := map[string]Metric{}
 	for _, ms := range seen {
 		for name, m := range ms {
-			o, ok := out[name]
-			switch {
-			case !ok:
-				out[name] = m
-			case m.Counter:
-				o.Value += m.Value
-				out[name] = o
-			case m.Set.After(o.Set):
-				out[name] = m
+			if o, ok := out[name]; ok {
+				m = o.Merge(m)
 			}
+			out[name] = m
 		}
 	}
 	return out

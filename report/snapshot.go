@@ -126,13 +126,16 @@ func (s *Snapshot) IdleShare(prev *Snapshot, stage int) []float64 {
 	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Idle })
 }
 
+// BlockedShare returns each replica's share of time blocked (on a full
+// queue or its group) between prev and s.
+func (s *Snapshot) BlockedShare(prev *Snapshot, stage int) []float64 {
+	return s.share(prev, stage, func(r ReplicaSnapshot) time.Duration { return r.Blocked })
+}
+
 func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) time.Duration) []float64 {
 	st := s.Stages[stage]
 	out := make([]float64, len(st.Replicas))
-	span := s.Elapsed
-	if prev != nil {
-		span -= prev.Elapsed
-	}
+	span := s.span(prev)
 	if span <= 0 {
 		return out
 	}

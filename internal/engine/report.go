@@ -86,7 +86,7 @@ func unbuilt(rep *report.Report, g *graph.Graph) {
 // snapshot showed (replica.read).
 func (rp *replica) figures(start time.Time) report.Replica {
 	t := rp.read(start) // a replica stuck past the grace period is still waiting
-	life, busy, idle, blocked := t.life, t.busy, t.idle, t.blocked
+	busy, idle, blocked := t.busy, t.idle, t.blocked
 	out := report.Replica{
 		Index:          rp.index,
 		Device:         rp.device,
@@ -95,14 +95,12 @@ func (rp *replica) figures(start time.Time) report.Replica {
 		BusySeconds:    seconds(busy),
 		IdleSeconds:    seconds(idle),
 		BlockedSeconds: seconds(blocked),
+		Utilization:    report.Utilization(seconds(busy), seconds(idle), seconds(blocked)),
 		ServiceSeconds: report.Summary{
 			Mean: seconds(rp.clock.service.mean()),
 			P50:  seconds(rp.clock.service.quantile(0.5)),
 			P99:  seconds(rp.clock.service.quantile(0.99)),
 		},
-	}
-	if life > 0 {
-		out.Utilization = float64(busy) / float64(life)
 	}
 	return out
 }

@@ -152,11 +152,8 @@ type share struct {
 func shares(st report.Stage) []share {
 	out := make([]share, len(st.Replicas))
 	for i, r := range st.Replicas {
-		life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
-		if life <= 0 {
-			life = 1
-		}
-		out[i] = share{i, r.BusySeconds / life, r.IdleSeconds / life, r.BlockedSeconds / life}
+		sh := r.Shares()
+		out[i] = share{i, sh.Busy, sh.Idle, sh.Blocked}
 	}
 	return out
 }

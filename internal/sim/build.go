@@ -229,16 +229,12 @@ func (s *sim) report() *report.Report {
 		rs := report.Stage{Node: st.g.Node, Metrics: map[string]float64{}}
 		for _, p := range st.procs {
 			acc := p.acc
-			end := p.end
 			if p.state != done {
 				acc[p.state] += s.now - p.since
-				end = s.now
 			}
 			r := report.Replica{Index: p.idx, Device: st.g.Device(p.idx), ItemsIn: p.in, ItemsOut: p.out,
 				BusySeconds: acc[busy].Seconds(), IdleSeconds: acc[idle].Seconds(), BlockedSeconds: acc[blocked].Seconds()}
-			if end > 0 {
-				r.Utilization = acc[busy].Seconds() / end.Seconds()
-			}
+			r.Utilization = report.Utilization(r.BusySeconds, r.IdleSeconds, r.BlockedSeconds)
 			sorted := sortedCopy(p.service)
 			if n := len(sorted); n > 0 {
 				var sum float64

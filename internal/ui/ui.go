@@ -202,8 +202,14 @@ func LiveOn(g *graph.Graph, title string, where map[string][]string, snap func()
 						depth[e.Name][i] += float64(q.Depth)
 					}
 				}
+				mean := make(map[string][]float64, len(depth))
+				for name, sums := range depth {
+					for _, d := range sums {
+						mean[name] = append(mean[name], d/float64(n))
+					}
+				}
 				f := frameOf(s, prev)
-				f.Diagnose = monitor.Diagnose(g, reportOf(s, depth, n), nil)
+				f.Diagnose = monitor.Diagnose(g, s.Report(mean), nil)
 				r.add(f, false)
 				prev = s
 			}
@@ -250,21 +256,12 @@ func frameOf(s, prev *report.Snapshot) Frame {
 	var emitted, total int64
 	known := true
 	for i, st := range s.Stages {
-		sf := StageFrame{Busy: s.Utilization(prev, i), Idle: s.IdleShare(prev, i)}
+		sf := StageFrame{Busy: s.Utilization(prev, i), Idle: s.IdleShare(prev, i), Blocked: s.BlockedShare(prev, i)}
 		span := s.Elapsed
 		if prev != nil {
 			span -= prev.Elapsed
 		}
-		for j, r := range st.Replicas {
-			b := r.Blocked
-			if prev != nil && i < len(prev.Stages) {
-				b -= prev.Stages[i].Replicas[j].Blocked
-			}
-			share := 0.0
-			if span > 0 {
-				share = min(max(float64(b)/float64(span), 0), 1)
-			}
-			sf.Blocked = append(sf.Blocked, share)
+		for _, r := range st.Replicas {
 			sf.In = append(sf.In, r.ItemsIn)
 			sf.Out = append(sf.Out, r.ItemsOut)
 			sf.Done = append(sf.Done, r.Done)
@@ -306,34 +303,6 @@ func frameOf(s, prev *report.Snapshot) Frame {
 	return f
 }
 
-// reportOf is the run's report so far, as Diagnose reads it: each
-// replica's totals, each queue's mean depth over the frames.
-func reportOf(s *report.Snapshot, depth map[string][]float64, n int) *report.Report {
-	rep := &report.Report{Status: "running", WallSeconds: s.Elapsed.Seconds(), Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{}}
-	for _, st := range s.Stages {
-		rs := report.Stage{Node: st.Node, Metrics: st.Metrics}
-		for i, r := range st.Replicas {
-			life := r.Busy + r.Idle + r.Blocked
-			rr := report.Replica{Index: i, ItemsIn: r.ItemsIn, ItemsOut: r.ItemsOut,
-				BusySeconds: r.Busy.Seconds(), IdleSeconds: r.Idle.Seconds(), BlockedSeconds: r.Blocked.Seconds()}
-			if life > 0 {
-				rr.Utilization = float64(r.Busy) / float64(life)
-			}
-			rs.Replicas = append(rs.Replicas, rr)
-		}
-		rep.Stages[st.Name] = rs
-	}
-	for _, e := range s.Edges {
-		re := report.Edge{Policy: fmt.Sprint(e.Policy), Capacity: e.Capacity, Produced: e.Produced, Consumed: e.Consumed}
-		for i, q := range e.Queues {
-			re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers,
-				MeanDepth: depth[e.Name][i] / float64(max(n, 1))})
-		}
-		rep.Edges[e.Name] = re
-	}
-	return rep
-}
-
 // finalFrame is the last frame of a run, its summary: the report's
 // whole-run figures (each replica's busy, idle and blocked seconds as
 // shares of its lifetime, each queue's mean and max depth, each stage's
@@ -361,13 +330,10 @@ func finalFrame(rep *report.Report, last Frame) Frame {
 		var sf StageFrame
 		var in, out int64
 		for _, r := range st.Replicas {
-			life := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds
-			if life <= 0 {
-				life = 1
-			}
-			sf.Busy = append(sf.Busy, r.BusySeconds/life)
-			sf.Idle = append(sf.Idle, r.IdleSeconds/life)
-			sf.Blocked = append(sf.Blocked, r.BlockedSeconds/life)
+			sh := r.Shares()
+			sf.Busy = append(sf.Busy, sh.Busy)
+			sf.Idle = append(sf.Idle, sh.Idle)
+			sf.Blocked = append(sf.Blocked, sh.Blocked)
 			sf.In = append(sf.In, r.ItemsIn)
 			sf.Out = append(sf.Out, r.ItemsOut)
 			sf.Done = append(sf.Done, true)
