@@ -135,7 +135,7 @@ func (b *Builder) resolveStage(s *Stage) {
 	}
 	if !ok {
 		b.errorf(s.NodeRange, "unknown node kind", "stage %q: node kind %q is not known%s",
-			s.Name, s.Node, hinted(didYouMean(s.Node, b.catalog.KindNames()), b.kindHint(s.Node)))
+			s.Name, s.Node, hinted(DidYouMean(s.Node, b.catalog.KindNames()), b.kindHint(s.Node)))
 		return
 	}
 	s.Kind = k
@@ -243,7 +243,7 @@ func (b *Builder) goConfig(s *Stage, k *Kind, fields map[string]Field) {
 		if !ok {
 			b.errorf(hcl.Range{}, "unknown config attribute", "%s", sentence(fmt.Sprintf(
 				"stage %q (node %q): node %q has no config attribute %q%s",
-				s.Name, s.Node, k.Name, item.key, didYouMean(item.key, slices.Sorted(maps.Keys(fields))))))
+				s.Name, s.Node, k.Name, item.key, DidYouMean(item.key, slices.Sorted(maps.Keys(fields))))))
 			continue
 		}
 		if _, dup := s.Config.values[item.key]; dup {
@@ -284,7 +284,7 @@ func (b *Builder) applyPendingConfig(s *Stage, fields map[string]Field) {
 		var err error
 		var v cty.Value
 		if !ok {
-			err = fmt.Errorf("node %q has no config attribute %q%s", s.Node, name, didYouMean(name, slices.Sorted(maps.Keys(fields))))
+			err = fmt.Errorf("node %q has no config attribute %q%s", s.Node, name, DidYouMean(name, slices.Sorted(maps.Keys(fields))))
 		} else if v, err = ParseValue(raw, f.Type.cty()); err == nil {
 			err = checkField(f, v)
 		}
@@ -338,7 +338,7 @@ func (b *Builder) resolvePort(e *Edge, ref *portRef, dir Direction, r hcl.Range)
 	s := b.g.stages[stageName]
 	if s == nil {
 		b.errorf(ref.stageRange, "unknown stage", "%s", sentence(fmt.Sprintf("edge %q: stage %q is not defined%s",
-			e.Name, stageName, didYouMean(stageName, slices.Sorted(maps.Keys(b.g.stages))))))
+			e.Name, stageName, DidYouMean(stageName, slices.Sorted(maps.Keys(b.g.stages))))))
 		return nil
 	}
 	if s.Kind == nil {
@@ -361,7 +361,7 @@ func (b *Builder) resolvePort(e *Edge, ref *portRef, dir Direction, r hcl.Range)
 		}
 		b.errorf(ref.portRange, "unknown port", "%s", sentence(fmt.Sprintf(
 			"edge %q: stage %q (node %q) has no %s port %q; its %s ports are: %s%s",
-			e.Name, s.Name, s.Node, dir, portName, dir, list, didYouMean(portName, names))))
+			e.Name, s.Name, s.Node, dir, portName, dir, list, DidYouMean(portName, names))))
 		return nil
 	}
 	if p.Dir != dir {

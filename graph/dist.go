@@ -49,7 +49,7 @@ func ParseDistribution(s string) (Distribution, error) {
 	want := map[string]int{"uniform": 2, "exponential": 1, "normal": 2, "lognormal": 2}[d.Kind]
 	if want == 0 {
 		return Distribution{}, fmt.Errorf("%q: unknown distribution %q%s; use uniform, exponential, normal or lognormal",
-			s, d.Kind, didYouMean(d.Kind, []string{"uniform", "exponential", "normal", "lognormal"}))
+			s, d.Kind, DidYouMean(d.Kind, []string{"uniform", "exponential", "normal", "lognormal"}))
 	}
 	if len(parts) != want {
 		return Distribution{}, fmt.Errorf("%q: %s takes %d arguments, got %d", s, d.Kind, want, len(parts))

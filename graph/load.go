@@ -465,7 +465,7 @@ func (d *decoder) checkVarRefs(expr hcl.Expression) bool {
 		}
 		d.errorf(tr.SourceRange(), "undeclared variable", "%s",
 			sentence(fmt.Sprintf("var.%s is not declared; add a variable %q block%s",
-				attr.Name, attr.Name, didYouMean(attr.Name, slices.Sorted(maps.Keys(declared.Type().AttributeTypes()))))))
+				attr.Name, attr.Name, DidYouMean(attr.Name, slices.Sorted(maps.Keys(declared.Type().AttributeTypes()))))))
 		ok = false
 	}
 	return ok

@@ -106,7 +106,7 @@ func (p Policy) check() error {
 	if p.Known() {
 		return nil
 	}
-	return fmt.Errorf("policy %q is not known%s", string(p), hinted(didYouMean(string(p), PolicyNames()), " The policies are "+PolicyList()+"."))
+	return fmt.Errorf("policy %q is not known%s", string(p), hinted(DidYouMean(string(p), PolicyNames()), " The policies are "+PolicyList()+"."))
 }
 
 // Wire computes the queues of an edge with policy p between producers

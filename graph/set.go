@@ -93,7 +93,7 @@ func (g *Graph) lookupEdge(name string) (*Edge, error) {
 	if e := g.edges[name]; e != nil {
 		return e, nil
 	}
-	return nil, fmt.Errorf("no edge %q%s", name, didYouMean(name, slices.Sorted(maps.Keys(g.edges))))
+	return nil, fmt.Errorf("no edge %q%s", name, DidYouMean(name, slices.Sorted(maps.Keys(g.edges))))
 }
 
 // lookupStage is the named stage, or an error naming it with the closest
@@ -102,7 +102,7 @@ func (g *Graph) lookupStage(name string) (*Stage, error) {
 	if s := g.stages[name]; s != nil {
 		return s, nil
 	}
-	return nil, fmt.Errorf("no stage %q%s", name, didYouMean(name, slices.Sorted(maps.Keys(g.stages))))
+	return nil, fmt.Errorf("no stage %q%s", name, DidYouMean(name, slices.Sorted(maps.Keys(g.stages))))
 }
 
 func setCount(raw, name string) (int, error) {

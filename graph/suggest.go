@@ -9,12 +9,20 @@ import (
 	"github.com/agext/levenshtein"
 )
 
-// didYouMean returns `; did you mean "x"?` naming the closest candidate
-// within a small edit distance, or "".
-func didYouMean(given string, candidates []string) string {
+// DidYouMean returns `; did you mean "x"?` naming the closest candidate
+// within a small edit distance, or "": the one suggestion every message of
+// dflow's makes for a misspelt name (a stage, an edge, a config attribute,
+// a variable, a policy, a node kind). A candidate PLUGIN/KIND is also the
+// closest for its KIND alone, for PLUGIN, and for PLUGIN/KIND/..., so
+// "crc" suggests "checksum/crc".
+func DidYouMean(given string, candidates []string) string {
 	best, bestDist := "", 3
 	for _, c := range candidates {
-		if d := levenshtein.Distance(given, c, nil); d < bestDist {
+		d := levenshtein.Distance(given, c, nil)
+		if _, kind, ok := strings.Cut(c, "/"); ok && (kind == given || strings.HasPrefix(given, kind+"/") || strings.HasPrefix(c, given+"/")) {
+			d = 0
+		}
+		if d < bestDist {
 			best, bestDist = c, d
 		}
 	}

@@ -123,7 +123,7 @@ func (d *decoder) applyVarFile(path string, vars map[string]*variable) {
 		v, ok := vars[name]
 		if !ok {
 			d.errorf(a.NameRange, "undeclared variable",
-				"%s", sentence(fmt.Sprintf("%s sets variable %q, which %s does not declare%s", path, name, d.filename, didYouMean(name, slices.Sorted(maps.Keys(vars))))))
+				"%s", sentence(fmt.Sprintf("%s sets variable %q, which %s does not declare%s", path, name, d.filename, DidYouMean(name, slices.Sorted(maps.Keys(vars))))))
 			continue
 		}
 		val, diags := a.Expr.Value(nil)
@@ -148,7 +148,7 @@ func (d *decoder) applyVar(name, raw string, vars map[string]*variable) {
 			Severity: hcl.DiagError,
 			Summary:  "undeclared variable",
 			Detail: sentence(fmt.Sprintf("--var %s=%s: %s declares no variable %q%s",
-				name, raw, d.filename, name, didYouMean(name, slices.Sorted(maps.Keys(vars))))),
+				name, raw, d.filename, name, DidYouMean(name, slices.Sorted(maps.Keys(vars))))),
 		})
 		return
 	}

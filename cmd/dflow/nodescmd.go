@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/agext/levenshtein"
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/host"
@@ -280,7 +279,7 @@ func (e *env) showKind(name string, builtin []kindDoc, asJSON bool) int {
 		for j, k := range kinds {
 			names[j] = k.Name
 		}
-		fmt.Fprintf(e.stderr, "dflow nodes: no node kind %q%s; 'dflow nodes' lists them all\n", name, suggestKind(name, names))
+		fmt.Fprintf(e.stderr, "dflow nodes: no node kind %q%s; 'dflow nodes' lists them all\n", name, graph.DidYouMean(name, names))
 		return exitFailed
 	}
 	if asJSON {
@@ -289,25 +288,6 @@ func (e *env) showKind(name string, builtin []kindDoc, asJSON bool) int {
 		writeKind(e.stdout, kinds[i], "", true)
 	}
 	return exitOK
-}
-
-// suggestKind is `; did you mean "x"?` for the closest kind name (a few
-// edits away, or the name given without or with its plugin), or "".
-func suggestKind(given string, names []string) string {
-	best, bestDist := "", 3
-	for _, n := range names {
-		d := levenshtein.Distance(given, n, nil)
-		if _, kind, ok := strings.Cut(n, "/"); ok && (kind == given || strings.HasPrefix(given, kind+"/") || strings.HasPrefix(n, given+"/")) {
-			d = 0 // "crc" or "checksum" for "checksum/crc"
-		}
-		if d < bestDist {
-			best, bestDist = n, d
-		}
-	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf("; did you mean %q?", best)
 }
 
 func writeJSON(w io.Writer, v any) {
