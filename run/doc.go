@@ -9,8 +9,15 @@
 // its own, items moving through bounded queues, end-of-input derived from
 // the graph, until every stage has finished, one fails, the run deadlocks,
 // ctx is cancelled (an abort) or Options.Drain is closed (a drain). It
-// always returns a report (package report); the error is the run's first
-// failure, naming stage and replica.
+// always returns a report (package report), with the diagnosis of what
+// limited the run (Diagnose); the error is the run's first failure, naming
+// stage and replica.
+//
+// With Options.Cluster the same pipeline runs across hosts: this process
+// coordinates, the workers of a NATS JetStream cluster run the replicas
+// (Cluster says which: a server of one's own, local worker processes, or
+// an embedded server for other hosts), and the snapshots and report are
+// theirs merged. Close stops what such a run started.
 //
 // Invariants: a Pipeline runs once. Snapshot may be called from any
 // goroutine while Run runs, and costs the run nothing it would notice.

@@ -5,13 +5,16 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
-// Options tune a run. The zero value runs with nodes.Default, no series
-// and no drain.
+// Options tune a run. The zero value runs in this process with
+// nodes.Default, no series and no drain.
 type Options struct {
 	// Registry builds the nodes; nodes.Default when nil.
 	Registry *nodes.Registry
@@ -28,44 +31,127 @@ type Options struct {
 	// snapshot. Zero means no series and no calls.
 	Interval time.Duration
 	Observe  func(*report.Snapshot)
+	// Cluster, when set, runs the pipeline across hosts, on a cluster's
+	// workers (see Cluster); nil runs it in this process.
+	Cluster *Cluster
 }
 
-// Pipeline is a graph made ready to run.
+// Pipeline is a graph made ready to run, in this process or on a
+// cluster.
 type Pipeline struct {
-	p   *engine.Pipeline
-	err error // the construction's, returned by Run
+	g     *graph.Graph
+	reg   *nodes.Registry
+	local *engine.Pipeline     // in this process
+	coord *cluster.Coordinator // on a cluster
+	stop  func()               // what a cluster run started
+	err   error                // the construction's, returned by Run
 }
 
-// New builds the nodes and queues of g. On error the Pipeline is still
-// usable: its Run returns at once with the failed report (every stage and
-// edge, nothing run) and the same error, so a caller writes one report
-// either way.
+// New builds the nodes and queues of g (NewContext with a background
+// context). On error the Pipeline is still usable: its Run returns at
+// once with the failed report (every stage and edge, nothing run) and the
+// same error, so a caller writes one report either way.
 func New(g *graph.Graph, opts Options) (*Pipeline, error) {
-	p, err := engine.New(g, engine.Options{Registry: opts.Registry, Drain: opts.Drain, Grace: opts.Grace,
-		Interval: opts.Interval, Observe: opts.Observe})
-	return &Pipeline{p: p, err: err}, err
+	return NewContext(context.Background(), g, opts)
 }
 
-// Run executes the pipeline once (see the package comment).
+// NewContext is New; on a cluster (opts.Cluster) it also starts what the
+// cluster needs (the embedded server, the local workers), waits for the
+// workers and places the replicas; ctx ends that wait (the workers build
+// the nodes when the run starts). Close stops what it started.
+func NewContext(ctx context.Context, g *graph.Graph, opts Options) (*Pipeline, error) {
+	if opts.Registry == nil {
+		opts.Registry = nodes.Default
+	}
+	p := &Pipeline{g: g, reg: opts.Registry, stop: func() {}}
+	if opts.Cluster != nil {
+		p.coord, p.stop, p.err = coordinate(ctx, opts.Cluster, g, opts)
+		if p.err != nil {
+			p.stop, p.coord = func() {}, nil // coordinate stopped what it started
+		}
+		return p, p.err
+	}
+	p.local, p.err = engine.New(g, engine.Options{Registry: opts.Registry, Drain: opts.Drain, Grace: opts.Grace,
+		Interval: opts.Interval, Observe: opts.Observe})
+	return p, p.err
+}
+
+// Run executes the pipeline once (see the package comment). The report
+// carries the diagnosis (report.Report.Diagnosis: what limited the run,
+// in plain words) of a pipeline that was built, whether it ran in this
+// process or on a cluster.
 func (p *Pipeline) Run(ctx context.Context) (*report.Report, error) {
 	if p.err != nil {
-		return p.p.Failed(p.err), p.err
+		if p.local != nil {
+			return p.local.Failed(p.err), p.err
+		}
+		return engine.FailedReport(p.g, p.err), p.err
 	}
-	return p.p.Execute(ctx)
+	var rep *report.Report
+	var err error
+	if p.coord != nil {
+		rep, err = p.coord.Run(ctx)
+	} else {
+		rep, err = p.local.Execute(ctx)
+	}
+	rep.Diagnosis = Diagnose(p.g, rep, p.reg)
+	return rep, err
+}
+
+// Diagnose is the diagnosis of a finished run of g (Run puts it in the
+// report): its bottleneck, replicas starved or blocked beside their
+// siblings, queues always full or empty, a round_robin wiring that a
+// "shared" edge would balance with what the simulator, replaying the
+// run's own service times (reg's kinds), predicts it gains; for a failed
+// run only a deadlock's account. Each sentence cites the figures it rests
+// on.
+func Diagnose(g *graph.Graph, rep *report.Report, reg *nodes.Registry) []string {
+	if reg == nil {
+		reg = nodes.Default
+	}
+	return monitor.Diagnose(g, rep, sim.Predictor(g, sim.Options{Registry: reg, From: rep}))
 }
 
 // Snapshot reads the live figures of the run: cumulative since the start;
-// diff two for rates.
-func (p *Pipeline) Snapshot() *report.Snapshot { return p.p.Snapshot() }
+// diff two for rates. On a cluster it merges the workers' latest.
+func (p *Pipeline) Snapshot() *report.Snapshot {
+	switch {
+	case p.coord != nil:
+		return p.coord.Snapshot()
+	case p.local != nil:
+		return p.local.Snapshot()
+	}
+	return &report.Snapshot{Time: time.Now()}
+}
 
-// Run builds and executes g: New then Pipeline.Run.
+// Where names, on a cluster, the worker each replica is placed on
+// (Where()[stage][replica]); nil in this process.
+func (p *Pipeline) Where() map[string][]string {
+	if p.coord == nil {
+		return nil
+	}
+	return p.coord.Where()
+}
+
+// Close stops what a cluster run started (the local workers, the
+// embedded server, the connection); call it once done with the pipeline,
+// after Run and any last Snapshot. In this process it does nothing.
+func (p *Pipeline) Close() {
+	p.stop()
+	p.stop = func() {}
+}
+
+// Run builds and executes g: New (NewContext on a cluster), then
+// Pipeline.Run, then Close.
 func Run(ctx context.Context, g *graph.Graph, opts Options) (*report.Report, error) {
-	p, _ := New(g, opts)
+	p, _ := NewContext(ctx, g, opts)
+	defer p.Close()
 	return p.Run(ctx)
 }
 
 // Deadlock is the error of a run in which no replica could move: each
 // waited on a full queue, an empty queue or its group's step, for
 // replicas that waited too; Cycle lists the waits, Fix says what breaks
-// the cycle. It is report.Deadlock, the runtime's own error type.
+// the cycle. It is report.Deadlock, the runtime's own error type, in one
+// process and on a cluster alike.
 type Deadlock = report.Deadlock

@@ -19,7 +19,6 @@ import (
 	"github.com/dflow-dev/dflow/internal/plugintest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
-	"github.com/dflow-dev/dflow/run"
 )
 
 // Cluster tests: loopback only, the workers are this test binary acting as
@@ -324,20 +323,33 @@ func coordinatePlaced(t *testing.T, srv *cluster.Server, n int, place map[string
 		args = append(args, "--set", s)
 	}
 	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
-	// The lease and ack wait of the faults tests: short, so that a loss
-	// is found and its items come back within a few seconds.
-	cf := &clusterFlags{url: srv.URL, token: srv.Token, workers: n, place: place, timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second}}
+	const file = "../../specs/seed.hcl"
 	sf := &specFlags{sets: sets}
-	g := e.load(sf, "../../specs/seed.hcl")
+	g := e.load(sf, file)
 	if g == nil {
 		t.Fatal("spec")
 	}
-	r, stop, err := e.coordinator(context.Background(), cf, sf, "../../specs/seed.hcl", g, run.Options{Registry: e.registry, Interval: 200 * time.Millisecond})
+	src, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stop()
-	c := r.(*cluster.Coordinator)
+	nc, err := cluster.Connect(cluster.ConnOptions{URL: srv.URL, Token: srv.Token, Name: "dflow run " + file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// The coordinator as run.Cluster makes it, with the lease and ack
+	// wait of the faults tests: short, so that a loss is found and its
+	// items come back within a few seconds.
+	c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
+		Conn: nc, Graph: g, Workers: n, Registry: e.registry,
+		Job:      cluster.Job{Filename: file, Src: src, Sets: sets},
+		Interval: 200 * time.Millisecond, Log: e.stderr, Pin: place,
+		Timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	go during(c)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/monitor"
-	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
 	"golang.org/x/term"
@@ -75,14 +74,14 @@ func cmdRun(e *env, args []string) int {
 	if *interval > 0 {
 		opts.Observe = status.Observe
 	}
-	var p runner
-	var err error
 	if cf.on() { // across hosts (workercmd.go)
-		var stop func()
+		opts.Cluster = cf.cluster(e, &sf)
 		waiting.Store(true)
-		p, stop, err = e.coordinator(ctx, &cf, &sf, files[0], g, opts)
-		waiting.Store(false)
-		defer stop()
+	}
+	p, err := run.NewContext(ctx, g, opts)
+	waiting.Store(false)
+	defer p.Close()
+	if cf.on() {
 		if ctx.Err() != nil {
 			return exitInterrupted // while waiting for workers; said by watchSignals
 		}
@@ -90,8 +89,6 @@ func cmdRun(e *env, args []string) int {
 			fmt.Fprintf(e.stderr, "dflow run: cluster: %v\n", err)
 			return exitFailed
 		}
-	} else {
-		p, err = run.New(g, opts)
 	}
 	built := err == nil // a pipeline whose stages failed to build runs nothing
 	if err == nil && *metricsAddr != "" {
@@ -105,18 +102,15 @@ func cmdRun(e *env, args []string) int {
 	}
 	finishUI := func(*report.Report) {}
 	if err == nil && *uiAddr != "" {
-		var where map[string][]string
-		if c, ok := p.(interface{ Where() map[string][]string }); ok {
-			where = c.Where() // across hosts: each replica's worker
-		}
-		f, uerr := e.startUI(*uiAddr, g, files[0], where, p.Snapshot, *uiLinger, stopSignals)
+		// across hosts, Where names each replica's worker
+		f, uerr := e.startUI(*uiAddr, g, files[0], p.Where(), p.Snapshot, *uiLinger, stopSignals)
 		if uerr != nil {
 			fmt.Fprintf(e.stderr, "dflow run: %v\n", uerr)
 			return exitFailed
 		}
 		finishUI = f
 	}
-	rep, err := p.Run(ctx) // a failed construction: its report and error at once
+	rep, err := p.Run(ctx) // a failed construction: its report and error at once; a run's with its diagnosis
 	ran := built && began(rep)
 	if ran && *interval > 0 && rep.Status != report.Aborted {
 		// A last status line with the run's final figures: what a node
@@ -139,7 +133,6 @@ func cmdRun(e *env, args []string) int {
 		}
 		return exitFailed
 	}
-	rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, sim.Options{Registry: e.registry, From: rep}))
 	rep.Summarize(e.stderr)
 	outputsWritten()
 	finishUI(rep)

@@ -8,7 +8,6 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/plugins/host"
-	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
 	"github.com/hashicorp/hcl/v2"
 )
@@ -29,12 +27,12 @@ import (
 // --local-cluster and --serve (docs/cluster.md).
 
 const (
-	tokenEnv = "DFLOW_CLUSTER_TOKEN"
-	credsEnv = "DFLOW_CLUSTER_CREDS"
+	tokenEnv = run.TokenEnv
+	credsEnv = run.CredsEnv
 	// localWorkerEnv marks a worker --local-cluster started: it shares
 	// the coordinator's terminal, whose Ctrl-C is the coordinator's to
 	// act on (a drain of every worker), so the worker does not leave on it.
-	localWorkerEnv = "DFLOW_LOCAL_WORKER"
+	localWorkerEnv = run.LocalWorkerEnv
 )
 
 func cmdWorker(e *env, args []string) int {
@@ -138,36 +136,6 @@ func cmdWorker(e *env, args []string) int {
 		}
 	}
 	return exitOK
-}
-
-// localWorkerArgs are the flags of a worker --local-cluster starts: the
-// folder of each plugin the spec declares (--plugins) and the folders its
-// path fields lead to (--write, --read).
-func localWorkerArgs(g *graph.Graph) []string {
-	var args []string
-	seen := map[string]bool{}
-	add := func(flag, dir string) {
-		if !seen[flag+dir] {
-			seen[flag+dir] = true
-			args = append(args, flag, dir)
-		}
-	}
-	for _, p := range g.Plugins {
-		if p.Path != "" {
-			add("--plugins", filepath.Dir(p.Path))
-		}
-	}
-	write, read := cluster.SpecFolders(g)
-	if wd, err := os.Getwd(); err == nil {
-		add("--write", wd) // the default stays
-	}
-	for _, d := range write {
-		add("--write", d)
-	}
-	for _, d := range read {
-		add("--read", d)
-	}
-	return args
 }
 
 // workerRoots are a worker's plugin folders (--plugins, then ./plugins
@@ -274,18 +242,8 @@ type clusterFlags struct {
 	place                                   map[string][]string
 	// localSet: --local-cluster was given (0 included)
 	localSet bool
-	// timings: --lease, over the spec's pipeline lease; tests set the ack
-	// wait too
-	timings cluster.Timings
-}
-
-// runTimings are the run's lease and ack wait: --lease over the spec's.
-func (f *clusterFlags) runTimings(g *graph.Graph) cluster.Timings {
-	t := f.timings
-	if t.Lease == 0 {
-		t.Lease = g.Lease
-	}
-	return t
+	// lease: --lease, over the spec's pipeline lease
+	lease time.Duration
 }
 
 func (f *clusterFlags) register(fs *flag.FlagSet) {
@@ -295,7 +253,7 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.workers, "workers", 0, "with --cluster or --serve, wait up to 30s for `N` idle workers (default: those that joined within 2s)")
 	fs.StringVar(&f.creds, "creds", "", "with --cluster, a NATS credentials `FILE` (a user's JWT and seed) for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
 	fs.StringVar(&f.token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+"; --serve and --local-cluster make one up when none is given)")
-	fs.DurationVar(&f.timings.Lease, "lease", 0, "on a cluster, how long a worker may stay silent before it is counted lost and its replicas restart elsewhere, a `DURATION` (default: the spec's pipeline lease, else 5s)")
+	fs.DurationVar(&f.lease, "lease", 0, "on a cluster, how long a worker may stay silent before it is counted lost and its replicas restart elsewhere, a `DURATION` (default: the spec's pipeline lease, else 5s)")
 	fs.Func("place", "on a cluster, put a stage's replicas on the workers named, `STAGE=W1,W2,...` (replica i on the i-th, round the list); the other stages spread evenly (repeatable)", func(v string) error {
 		stage, ws, ok := strings.Cut(v, "=")
 		if !ok || stage == "" || ws == "" {
@@ -353,142 +311,27 @@ func (f *clusterFlags) check() error {
 	return nil
 }
 
-// runner is what dflow run drives: a local pipeline or a cluster's
-// coordinator.
-type runner interface {
-	Snapshot() *report.Snapshot
-	Run(ctx context.Context) (*report.Report, error)
-}
-
-// coordinator makes the cluster runner: it starts the embedded server and
-// the local workers when asked, waits for the workers and places the
-// replicas. cleanup stops what it started.
-//
-// ctx ends the wait for workers (a Ctrl-C before the run starts).
-func (e *env) coordinator(ctx context.Context, cf *clusterFlags, sf *specFlags, file string, g *graph.Graph, opts run.Options) (r runner, cleanup func(), err error) {
-	var stops []func()
-	cleanup = func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
-		}
-	}
-	defer func() {
-		if err != nil {
-			cleanup()
-		}
-	}()
-	url, token, creds := cf.url, cf.token, cf.creds
+// cluster is the run.Cluster the flags ask for: the token or credentials
+// from the environment when no flag gives them, the spec's overrides for
+// the workers to load it with, the cluster's lines on stderr, and for
+// --serve the line that tells how to join.
+func (f *clusterFlags) cluster(e *env, sf *specFlags) *run.Cluster {
+	token, creds := f.token, f.creds
 	if token == "" && creds == "" { // the environment only when no flag says
-		if cf.url != "" {
+		if f.url != "" {
 			creds = os.Getenv(credsEnv)
 		}
 		if creds == "" {
 			token = os.Getenv(tokenEnv)
 		}
 	}
-	workers := cf.workers
-	if cf.local > 0 || cf.serve != "" {
-		srv, err := cluster.StartServer(cluster.ServerOptions{Addr: cf.serve, Token: token, TLSCert: cf.cert, TLSKey: cf.key})
-		if err != nil {
-			return nil, cleanup, err
-		}
-		stops = append(stops, srv.Shutdown)
-		url, token = srv.URL, srv.Token
-		if cf.serve != "" {
-			e.printJoin(cf.serve, url, token)
-		}
+	c := &run.Cluster{URL: f.url, Local: f.local, Serve: f.serve, Workers: f.workers,
+		Token: token, Creds: creds, CA: f.ca, TLSCert: f.cert, TLSKey: f.key, Place: f.place, Lease: f.lease,
+		Vars: sf.overrides().Vars, VarFiles: sf.varFiles, Sets: sf.sets, Log: e.stderr}
+	if f.serve != "" {
+		c.OnServe = func(url, token string) { e.printJoin(f.serve, url, token) }
 	}
-	// A local worker that exits before the run has started ends the wait
-	// for workers at once, with its name (its output is above).
-	joinCtx, joinFailed := context.WithCancelCause(ctx)
-	defer joinFailed(nil)
-	if cf.local > 0 {
-		workers = cf.local
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, cleanup, err
-		}
-		// The workers get the embedded server's token and nothing else of
-		// the cluster's environment (credentials are for a server of
-		// one's own), and leave the terminal's Ctrl-C to the coordinator,
-		// which drains them (localWorkerEnv).
-		var env []string
-		for _, kv := range os.Environ() {
-			if !strings.HasPrefix(kv, tokenEnv+"=") && !strings.HasPrefix(kv, credsEnv+"=") {
-				env = append(env, kv)
-			}
-		}
-		env = append(env, tokenEnv+"="+token, localWorkerEnv+"=1")
-		// They run on this host for this user, as dflow run in one process
-		// does: they may start the spec's own plugins and touch the files
-		// its path fields name (a standing worker allows only its own).
-		localArgs := localWorkerArgs(g)
-		var procs []string // "local1 (pid 4101)": what to kill to try a fault
-		for i := range cf.local {
-			name := fmt.Sprintf("local%d", i+1)
-			cmd := exec.Command(exe, append([]string{"worker", "--join", url, "--name", name, "--once"}, localArgs...)...)
-			cmd.Env = env
-			cmd.Stderr = e.stderr
-			if err := cmd.Start(); err != nil {
-				return nil, cleanup, fmt.Errorf("starting local worker %d: %v", i+1, err)
-			}
-			procs = append(procs, fmt.Sprintf("%s (pid %d)", name, cmd.Process.Pid))
-			waited := make(chan struct{})
-			go func() {
-				err := cmd.Wait()
-				joinFailed(fmt.Errorf("local worker %s exited (%v) before the run started; its output is above", name, err))
-				close(waited)
-			}()
-			stops = append(stops, func() {
-				select {
-				case <-waited:
-				case <-time.After(5 * time.Second):
-					cmd.Process.Kill() // ours, by pid
-					<-waited
-				}
-			})
-		}
-		fmt.Fprintf(e.stderr, "dflow: local cluster: server at %s, %d worker processes: %s\n", url, cf.local, strings.Join(procs, ", "))
-	}
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Creds: creds, CA: cf.ca, Name: "dflow run " + file})
-	for try := 1; err != nil && (cf.local > 0 || cf.serve != "") && try < 4; try++ {
-		// The server this run started itself: a connection cut while it
-		// was busy (a loaded host) is tried again.
-		time.Sleep(time.Duration(try) * 200 * time.Millisecond)
-		nc, err = cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Name: "dflow run " + file})
-	}
-	if err != nil {
-		if cf.local > 0 || cf.serve != "" {
-			err = fmt.Errorf("the embedded server this run started: %w", err)
-		}
-		return nil, cleanup, err
-	}
-	stops = append(stops, nc.Close)
-	if cf.local > 0 {
-		var names []string
-		for i := range cf.local {
-			names = append(names, fmt.Sprintf("local%d", i+1))
-		}
-		stops = append(stops, func() { cluster.Dismiss(nc, names...) })
-	}
-	src, err := os.ReadFile(file)
-	if err != nil {
-		return nil, cleanup, err
-	}
-	vars := sf.overrides().Vars
-	c, err := cluster.NewCoordinator(joinCtx, cluster.CoordOptions{
-		Conn: nc, Graph: g, Workers: workers, Registry: e.registry,
-		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, VarFiles: sf.varFiles, Sets: sf.sets},
-		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: e.stderr, Pin: cf.place,
-		Timings: cf.runTimings(g),
-	})
-	if err != nil {
-		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil && ctx.Err() == nil {
-			err = cause
-		}
-		return nil, cleanup, err
-	}
-	return c, cleanup, nil
+	return c
 }
 
 // The host's addresses and name, for the join line of --serve; tests

@@ -143,6 +143,13 @@ func (p *Pipeline) Failed(err error) *report.Report {
 	return p.r.report(time.Now(), report.Failed, err)
 }
 
+// FailedReport is the report of a run of g that could not start (its
+// cluster could not be reached, say) with err: every stage and edge,
+// nothing counted.
+func FailedReport(g *graph.Graph, err error) *report.Report {
+	return (&run{g: g}).report(time.Now(), report.Failed, err)
+}
+
 // Snapshot reads the live figures of the run.
 func (p *Pipeline) Snapshot() *report.Snapshot { return p.r.snapshot(time.Now()) }
 
