@@ -45,6 +45,19 @@ func (r ReplicaSnapshot) Shares() Shares {
 	return SharesOf(r.Busy.Seconds(), r.Idle.Seconds(), r.Blocked.Seconds())
 }
 
+// Utilization is the stage's mean utilization: its replicas' busy shares
+// averaged (0 for a stage without replicas).
+func (st Stage) Utilization() float64 {
+	if len(st.Replicas) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, r := range st.Replicas {
+		sum += r.Utilization
+	}
+	return sum / float64(len(st.Replicas))
+}
+
 // Replica is the live figures as the report's replica index: items,
 // seconds and utilization (no service times: a snapshot has none).
 func (r ReplicaSnapshot) Replica(index int) Replica {

@@ -19,6 +19,9 @@ func TestShares(t *testing.T) {
 	if u := Utilization(1, 2, 1); u != 0.25 {
 		t.Errorf("Utilization(1, 2, 1) = %v", u)
 	}
+	if u := (Stage{Replicas: []Replica{{Utilization: 0.5}, {Utilization: 1}}}).Utilization(); u != 0.75 || (Stage{}).Utilization() != 0 {
+		t.Errorf("stage mean %v", u)
+	}
 	r := Replica{BusySeconds: 2, IdleSeconds: 1, BlockedSeconds: 1}
 	s := ReplicaSnapshot{Busy: 2 * time.Second, Idle: time.Second, Blocked: time.Second}
 	if r.Shares() != s.Shares() || r.Shares().Blocked != 0.25 {

@@ -111,22 +111,11 @@ func deadlocked(rep *report.Report) string {
 	return d
 }
 
-func meanUtil(st report.Stage) float64 {
-	if len(st.Replicas) == 0 {
-		return 0
-	}
-	var sum float64
-	for _, r := range st.Replicas {
-		sum += r.Utilization
-	}
-	return sum / float64(len(st.Replicas))
-}
-
 func bottleneck(g *graph.Graph, rep *report.Report) []string {
 	var best *graph.Stage
 	var bestU, next float64
 	for _, s := range g.Stages {
-		u := meanUtil(rep.Stages[s.Name])
+		u := rep.Stages[s.Name].Utilization()
 		if u > bestU {
 			best, bestU, next = s, u, bestU
 		} else if u > next {

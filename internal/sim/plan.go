@@ -171,12 +171,7 @@ func Throughput(g *graph.Graph, rep *report.Report) float64 {
 func Busiest(g *graph.Graph, rep *report.Report) (stage string, busy float64) {
 	best, bestU := "", -1.0
 	for _, s := range g.Stages {
-		st := rep.Stages[s.Name]
-		var u float64
-		for _, r := range st.Replicas {
-			u += r.Utilization / float64(len(st.Replicas))
-		}
-		if u > bestU {
+		if u := rep.Stages[s.Name].Utilization(); u > bestU {
 			best, bestU = s.Name, u
 		}
 	}
