@@ -83,9 +83,13 @@ type Cluster struct {
 	OnServe func(url, token string)
 }
 
-// Environment variables of the local workers (Cluster.Local): the token
-// a worker joins with, and the mark that leaves the terminal's Ctrl-C to
-// the coordinator, which drains its workers (dflow worker reads both).
+// The environment of dflow's cluster commands: TokenEnv holds the token
+// a worker joins with and CredsEnv a NATS credentials file (dflow worker
+// and dflow run read them when no flag says); LocalWorkerEnv marks a
+// worker that Cluster.Local started, which leaves the terminal's Ctrl-C
+// to the coordinator (that drains its workers). Local workers get the
+// embedded server's token in TokenEnv and none of the caller's
+// credentials.
 const (
 	TokenEnv       = "DFLOW_CLUSTER_TOKEN"
 	CredsEnv       = "DFLOW_CLUSTER_CREDS"
