@@ -3,8 +3,6 @@ package host
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,44 +11,8 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
-	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
-	"github.com/zclconf/go-cty/cty"
 )
-
-// slowKind passes items through, computing sleep_ms on each first (time
-// the node spends outside any SDK call).
-var slowKind = nodes.Spec{
-	Kind: graph.Kind{
-		Name:   "slow",
-		Config: []graph.Field{{Name: "sleep_ms", Type: graph.Int, Default: cty.NumberIntVal(0)}},
-		Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}, {Name: "out", Dir: graph.Out, SameAs: "in"}}
-		},
-	},
-	New: func(cfg *graph.Config) (nodes.Node, error) {
-		d := time.Duration(cfg.Int("sleep_ms")) * time.Millisecond
-		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-			for {
-				item, err := r.In("in").Recv(ctx)
-				if err == io.EOF {
-					return nil
-				}
-				if err != nil {
-					return err
-				}
-				select {
-				case <-time.After(d): // the work
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				if err := r.Out("out").Send(ctx, item); err != nil {
-					return err
-				}
-			}
-		}), nil
-	},
-}
 
 // pipeline loads src for a run of its own (Drain, when not nil, drains
 // it).
@@ -111,21 +73,6 @@ func checkDeadlock(t *testing.T, rep *report.Report, err error) {
 	}
 }
 
-// TestPluginDeadlockNamed: the seed's deadlock with the targets a Go
-// plugin fails within seconds, naming the cycle through the plugin's
-// replicas. Before the plugin said Waiting, this run hung for ever (the
-// plugin host's waits were opaque to the detector).
-func TestPluginDeadlockNamed(t *testing.T) {
-	f := newFixture(t)
-	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	rep, err := execute(t, f.pipeline(plugintest.DeadlockSpec("tp/pass"), nil), 60*time.Second)
-	t.Logf("ended after %v", time.Since(start))
-	checkDeadlock(t, rep, err)
-}
-
 // TestPluginDeadlockStopsDrain: a drain of that run cannot complete; it
 // ends on its own, as an abort that says so.
 func TestPluginDeadlockStopsDrain(t *testing.T) {
@@ -164,50 +111,6 @@ func TestPluginDeadlockStopsDrain(t *testing.T) {
 	}
 	if res.rep.Status != report.Aborted || !strings.HasPrefix(res.rep.Error, "drain cannot complete: deadlock") {
 		t.Errorf("status %s, error %q", res.rep.Status, res.rep.Error)
-	}
-}
-
-// slowSpec: a plugin stage computing sleep_ms on each item while every
-// other replica waits for it.
-const slowSpec = `
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = %d
-  }
-}
-stage "p" {
-  node = "%s"
-  config {
-    sleep_ms = %d
-  }
-}
-stage "sink" {
-  node = "sink"
-}
-edge "a" {
-  from     = src.out
-  to       = p.in
-  capacity = 1
-}
-edge "b" {
-  from     = p.out
-  to       = sink.in
-  capacity = 1
-}`
-
-// TestNoDeadlockWhilePluginComputes: a plugin node working 2s on an item
-// while everything else waits for it is no deadlock, with the detector
-// confirming in 100ms, twenty times less than one item takes.
-func TestNoDeadlockWhilePluginComputes(t *testing.T) {
-	f := newFixture(t)
-	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
-		t.Fatal(err)
-	}
-	confirm(t, 100*time.Millisecond)
-	rep, err := execute(t, f.pipeline(fmt.Sprintf(slowSpec, 2, "tp/slow", 2000), nil), 60*time.Second)
-	if err != nil || rep.Status != report.OK || rep.Edges["b"].Consumed != 2 {
-		t.Fatalf("status %s, err %v, %d items out", rep.Status, err, rep.Edges["b"].Consumed)
 	}
 }
 
@@ -266,5 +169,5 @@ func TestOldPluginStaysOpaque(t *testing.T) {
 		t.Fatalf("an opaque plugin's stage was judged: %v", res.err)
 	}
 	// And the plugin and the same wiring with the new SDK is the one
-	// that is declared (TestPluginDeadlockNamed).
+	// that is declared (the conformance suite's Deadlock case, plugins/conformance).
 }

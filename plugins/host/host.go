@@ -37,13 +37,16 @@ type Host struct {
 	// memory). Set it before the run.
 	PoolBytes int64
 	mu        sync.Mutex
-	procs     map[*plugin.Client]bool
-	loaded    map[string]string // plugin name -> path
+	procs     map[*plugin.Client]*proc // the processes running, by their go-plugin client
+	loaded    map[string]string        // plugin name -> path
+	sockets   string                   // the folder of the plugins' socket folders (sockets.go), once made
+	tempDir   string                   // where that folder goes, for tests ("": the system's)
+	logger    hclog.Logger             // go-plugin's, for tests (nil: none)
 }
 
 // New returns a host forwarding plugin stderr to w.
 func New(w io.Writer) *Host {
-	return &Host{Stderr: w, procs: map[*plugin.Client]bool{}, loaded: map[string]string{}}
+	return &Host{Stderr: w, procs: map[*plugin.Client]*proc{}, loaded: map[string]string{}}
 }
 
 func (h *Host) poolBytes() int64 {
@@ -60,14 +63,21 @@ func (h *Host) SetStderr(w io.Writer) {
 	h.Stderr = w
 }
 
-// Close kills every plugin process still running.
+// Close kills every plugin process still running, and removes the
+// folder of their sockets.
 func (h *Host) Close() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	for c := range h.procs {
-		c.Kill()
+	procs := h.procs
+	h.procs = map[*plugin.Client]*proc{}
+	dir := h.sockets
+	h.sockets = ""
+	h.mu.Unlock()
+	for c, p := range procs {
+		end(c, p)
 	}
-	h.procs = map[*plugin.Client]bool{}
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
 }
 
 // Dirs are where discovery looks: ./plugins, then $DFLOW_PLUGIN_DIR.
@@ -171,26 +181,33 @@ type process struct {
 func (h *Host) start(path, prefix string) (*process, error) {
 	h.mu.Lock()
 	stderr := &ringWriter{w: h.Stderr, prefix: prefix}
+	sockets := h.socketDir()
+	logger := h.logger
 	h.mu.Unlock()
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	var pr *proc
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  wire.Handshake,
 		Plugins:          wire.PluginMap(nil),
-		RunnerFunc:       newProc(path), // its own process group, Pdeathsig, a lifeline: see proc
+		RunnerFunc:       newProc(path, &pr), // its own process group, Pdeathsig, a lifeline: see proc
+		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: sockets},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		GRPCDialOptions:  wire.DialOptions(),
 		Stderr:           stderr, // before the plugin serves: start-up failures
 		SyncStderr:       stderr, // what the plugin writes to os.Stderr while serving
 		StartTimeout:     StartTimeout,
-		Logger:           hclog.NewNullLogger(),
+		Logger:           logger,
 	})
-	h.mu.Lock()
-	h.procs[client] = true
-	h.mu.Unlock()
 	fail := func(err error) (*process, error) {
 		h.kill(client)
 		return nil, fmt.Errorf("plugin %s: %w; %s", path, err, stderr.last())
 	}
-	rpc, err := client.Client()
+	rpc, err := client.Client() // starts the process (newProc sets pr)
+	h.mu.Lock()
+	h.procs[client] = pr
+	h.mu.Unlock()
 	if err != nil {
 		if strings.Contains(err.Error(), "Failed to read any lines from plugin's stdout") {
 			// go-plugin's words for a plugin that ended (or closed its
@@ -211,11 +228,28 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	return &process{client: client, node: node, stderr: stderr}, nil
 }
 
+// kill ends a plugin process (end) and forgets it.
 func (h *Host) kill(c *plugin.Client) {
-	c.Kill()
 	h.mu.Lock()
+	p := h.procs[c]
 	delete(h.procs, c)
 	h.mu.Unlock()
+	end(c, p)
+}
+
+// end ends a plugin process at once: dflow owes it nothing more (a
+// replica's after its Done or its failure, the catalog's at Close). It
+// kills the process group first, then has go-plugin close the
+// connection, wait for the process and the copy of its stderr, and
+// remove its socket folder. go-plugin alone would ask the plugin to shut
+// down (GRPCController.Shutdown) and wait 2 s for it to exit before
+// killing it, which a plugin that does not serve that call (one written
+// from the protocol alone) paid at every replica's end.
+func end(c *plugin.Client, p *proc) {
+	if p != nil {
+		p.Kill(context.Background())
+	}
+	c.Kill()
 }
 
 // KindInfo is a plugin's kind as `dflow plugins` lists it.

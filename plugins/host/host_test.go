@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -38,12 +37,14 @@ func TestMain(m *testing.M) {
 		// (proc_linux.go): by design, not a leak.
 		goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"))
 	case "serve":
-		sdk.Serve(passKind, pickyKind, zipKind, forkKind, upperKind, oddKind, remakeKind, lateKind, slowKind)
+		sdk.Serve(passKind, pickyKind, upperKind, oddKind, remakeKind, lateKind)
 	case "opaque":
 		// A plugin that does not say Waiting, as one built before it was.
-		sdk.ServeWith(sdk.Options{Concurrent: true}, passKind, slowKind)
+		sdk.ServeWith(sdk.Options{Concurrent: true}, passKind)
 	case "dflow":
 		os.Exit(asDflow())
+	case "bare":
+		bare()
 	case "garbage":
 		fmt.Println("hello, I am not a plugin handshake")
 		os.Exit(0)
@@ -91,6 +92,8 @@ func (rogue) Run(st proto.Node_RunServer) error {
 		err = item("nope")
 	case "credit":
 		err = st.Send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{Port: "out", N: 1}}})
+	case "unchunked": // a 2 MiB item in one message
+		err = st.Send(&proto.Message{Msg: &proto.Message_Item{Item: &proto.Item{Port: "out", Type: "bytes", Payload: make([]byte, 2<<20)}}})
 	}
 	if err != nil {
 		return err
@@ -156,75 +159,6 @@ var pickyKind = nodes.Spec{
 	},
 	New: func(*graph.Config) (nodes.Node, error) {
 		return nodes.NodeFunc(func(context.Context, nodes.Replica) error { return nil }), nil
-	},
-}
-
-// zipKind takes items from its inputs b and a in turn, b first, until
-// both end: a node that needs its inputs interleaved.
-var zipKind = nodes.Spec{
-	Kind: graph.Kind{
-		Name: "zip",
-		Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{
-				{Name: "a", Dir: graph.In, Type: graph.Any},
-				{Name: "b", Dir: graph.In, Type: graph.Any},
-				{Name: "out", Dir: graph.Out, SameAs: "a"},
-			}
-		},
-	},
-	New: func(*graph.Config) (nodes.Node, error) {
-		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-			ins := []nodes.Input{r.In("b"), r.In("a")}
-			ended := make([]bool, 2)
-			for i := 0; !ended[0] || !ended[1]; i = 1 - i {
-				if ended[i] {
-					continue
-				}
-				item, err := ins[i].Recv(ctx)
-				if err == io.EOF {
-					ended[i] = true
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				if err := r.Out("out").Send(ctx, item); err != nil {
-					return err
-				}
-			}
-			return nil
-		}), nil
-	},
-}
-
-// forkKind sends count items on each of its outputs a and b, from two
-// goroutines: in process, a full edge on a holds back only a's Sends.
-var forkKind = nodes.Spec{
-	Kind: graph.Kind{
-		Name:   "fork",
-		Config: []graph.Field{{Name: "count", Type: graph.Int, Default: cty.NumberIntVal(0)}},
-		Ports: func(*graph.Config) []graph.PortSpec {
-			return []graph.PortSpec{{Name: "a", Dir: graph.Out, Type: "blob"}, {Name: "b", Dir: graph.Out, Type: "blob"}}
-		},
-	},
-	New: func(cfg *graph.Config) (nodes.Node, error) {
-		count := cfg.Int("count")
-		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-			var wg sync.WaitGroup
-			errs := make([]error, 2)
-			for k, port := range []string{"a", "b"} {
-				wg.Go(func() {
-					out := r.Out(port)
-					for i := range count {
-						if errs[k] = out.Send(ctx, &synthetic.Blob{Seq: int64(i), Data: []byte(port)}); errs[k] != nil {
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			return errors.Join(errs...)
-		}), nil
 	},
 }
 
@@ -361,64 +295,6 @@ edge "b" {
   to   = sink.in
 }`
 
-// TestThousandsOfSmallItems: exact counts through a plugin stage of two
-// replicas, metrics crossing back.
-func TestThousandsOfSmallItems(t *testing.T) {
-	f := newFixture(t)
-	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := f.run(fmt.Sprintf(passSpec, 3000, 10, "tp/pass", 2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Edges["a"].Consumed != 3000 || rep.Edges["b"].Produced != 3000 || len(f.got.sizes) != 3000 {
-		t.Errorf("counts: %d in, %d out, %d distinct at the sink", rep.Edges["a"].Consumed, rep.Edges["b"].Produced, len(f.got.sizes))
-	}
-	if m := rep.Stages["p"].Metrics["items"]; m != 3000 {
-		t.Errorf("items metric %v", m)
-	}
-}
-
-// TestLargeItems: a dozen 16 MiB items, past gRPC's 4 MiB message limit,
-// arrive whole.
-func TestLargeItems(t *testing.T) {
-	f := newFixture(t)
-	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
-	rep, err := f.run(fmt.Sprintf(passSpec, 12, 16<<20, "tp/pass", 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Edges["b"].Consumed != 12 || len(f.got.sizes) != 12 {
-		t.Fatalf("got %d items", len(f.got.sizes))
-	}
-	for k, n := range f.got.sizes {
-		if n != 16<<20 {
-			t.Errorf("item %s arrived with %d bytes", k, n)
-		}
-	}
-}
-
-// TestCrashMidStream: the plugin process exits after 7 items; the stage
-// fails naming stage, replica, plugin path and its last stderr line.
-func TestCrashMidStream(t *testing.T) {
-	f := newFixture(t)
-	path := wrapper(t, f.dir, "tp", "serve")
-	f.h.Load("tp", path, f.reg)
-	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, "tp/pass", 1), "stage.p.config.crash_after=7")
-	if err == nil {
-		t.Fatal("a crashed plugin must fail the run")
-	}
-	for _, want := range []string{`stage "p" replica 0`, "plugin tp (" + path + ")", "pass: crashing on purpose after 7 items"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error lacks %q:\n%v", want, err)
-		}
-	}
-	if !strings.Contains(f.stderr.String(), "[p/0] pass: crashing on purpose") {
-		t.Errorf("stderr not forwarded with its prefix:\n%s", f.stderr.String())
-	}
-}
-
 func TestPluginReturnsError(t *testing.T) {
 	f := newFixture(t)
 	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
@@ -497,77 +373,6 @@ func TestDiscovery(t *testing.T) {
 	}
 }
 
-// TestInterleavedInputs: a plugin node that reads its two inputs in turn
-// gets both, though dflow feeds each of a replica's inputs as it comes: a
-// feed that drained one input before starting the next would leave the
-// node waiting on the other, and the run hung.
-func TestInterleavedInputs(t *testing.T) {
-	f := newFixture(t)
-	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := f.run(`
-stage "sa" {
-  node = "synthetic_source"
-  config {
-    count = 300
-  }
-}
-stage "sb" {
-  node = "synthetic_source"
-  config {
-    count = 200
-  }
-}
-stage "z" {
-  node = "tp/zip"
-}
-stage "sink" {
-  node = "check_sink"
-}
-edge "a" {
-  from = sa.out
-  to   = z.a
-}
-edge "b" {
-  from = sb.out
-  to   = z.b
-}
-edge "out" {
-  from = z.out
-  to   = sink.in
-}`)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, f.stderr.String())
-	}
-	if rep.Edges["out"].Produced != 500 {
-		t.Errorf("%d items out, want 500", rep.Edges["out"].Produced)
-	}
-}
-
-// TestOutputsHeldBackApart: a plugin node sends on two outputs from two
-// goroutines, and the consumer reads every item of b before any of a,
-// with a's edge far smaller than what the plugin sends on it. In process
-// the full edge holds back only the Sends on a. Through the plugin it must
-// be the same: before output credit, the items on a filled the edge and
-// held the stream's reader, b's items waited behind them on the stream,
-// and the run hung.
-func TestOutputsHeldBackApart(t *testing.T) {
-	f := newFixture(t)
-	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
-		t.Fatal(err)
-	}
-	const count = 500
-	f.reg.Register(plugintest.BThenA(count))
-	rep, err := f.run(plugintest.ForkSpec("tp/fork", count))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, f.stderr.String())
-	}
-	if rep.Edges["a"].Consumed != count || rep.Edges["b"].Consumed != count {
-		t.Errorf("a %d, b %d items consumed, want %d each", rep.Edges["a"].Consumed, rep.Edges["b"].Consumed, count)
-	}
-}
-
 // TestRoguePlugin: a plugin that sends beyond its credit, on a port it
 // does not have, or grants credit on an output fails its stage with an
 // error that says so, and leaves no process behind. Its consumer takes
@@ -576,9 +381,10 @@ func TestOutputsHeldBackApart(t *testing.T) {
 // the 3 that fit downstream).
 func TestRoguePlugin(t *testing.T) {
 	for mode, want := range map[string]string{
-		"overrun": `the plugin sent more items on "out" than dflow granted it credit for`,
-		"port":    `the plugin sent an item on "nope", which is not an output port`,
-		"credit":  `the plugin granted credit on "out", which is not an input port`,
+		"overrun":   `the plugin sent more items on "out" than dflow granted it credit for`,
+		"port":      `the plugin sent an item on "nope", which is not an output port`,
+		"credit":    `the plugin granted credit on "out", which is not an input port`,
+		"unchunked": `the plugin sent an Item of 2097152 payload bytes on "out"; the protocol's limit is 1048576 (1 MiB)`,
 	} {
 		t.Run(mode, func(t *testing.T) {
 			f := newFixture(t)

@@ -42,28 +42,6 @@ func asDflow() int {
 	return 0
 }
 
-// TestPluginsDieWithKilledDflow: SIGKILL of dflow, which can clean up
-// nothing, leaves no plugin process behind: not the catalog's nor a
-// replica's, whether the plugin is the process dflow started (a wrapper
-// that execs it) or a child of a wrapper script that waits on it.
-func TestPluginsDieWithKilledDflow(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		body string // the wrapper's
-		want int    // processes naming the wrapper: catalog + 2 replicas
-	}{
-		{"exec", "DFLOW_TEST_PLUGIN=serve exec %q -test.run='^$' \"$0\"\n", 3},
-		{"child", "DFLOW_TEST_PLUGIN=serve %q -test.run='^$' \"$0\"\n", 6}, // and 3 shells
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			path := script(t, t.TempDir(), "tp", fmt.Sprintf(tc.body, self(t)))
-			dflow := exec.Command(self(t), "-test.run=^$")
-			dflow.Env = append(os.Environ(), "DFLOW_TEST_PLUGIN=dflow", "DFLOW_TEST_PLUGIN_PATH="+path)
-			plugintest.KillDflow(t, dflow, path, tc.want)
-		})
-	}
-}
-
 // TestStartTimeoutHoldsForAProcessTree: a wrapper whose children keep the
 // plugin's stdout open, one of them in a session of its own, holds Load
 // no longer than the start timeout (and the grace on the pipes), and the

@@ -53,7 +53,8 @@ type proc struct {
 
 // newProc is the RunnerFunc of a plugin at path: cmd carries the
 // environment go-plugin gives plugins.
-func newProc(path string) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
+// The proc made is stored in *made.
+func newProc(path string, made **proc) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
 	return func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
 		exe := path
 		if !strings.ContainsRune(exe, filepath.Separator) {
@@ -65,6 +66,7 @@ func newProc(path string) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, 
 		cmd.Env = append(spec.Env, wire.LifelineEnv+"=stdin")
 		cmd.SysProcAttr = sysProcAttr()
 		p := &proc{cmd: cmd, path: path}
+		*made = p
 		var err error
 		if p.stdout, err = cmd.StdoutPipe(); err != nil {
 			return nil, err

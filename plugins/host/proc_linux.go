@@ -61,3 +61,9 @@ func exited(pid int) bool {
 		}
 	}
 }
+
+// processExists reports whether a process of that id exists (signal 0).
+func processExists(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || err == syscall.EPERM
+}

@@ -16,3 +16,6 @@ func start(cmd *exec.Cmd) error { return cmd.Start() }
 func killGroup(int) {}
 
 func exited(int) bool { return false }
+
+// processExists cannot tell here: no folder is swept.
+func processExists(int) bool { return true }

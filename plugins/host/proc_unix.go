@@ -22,3 +22,9 @@ func killGroup(pgid int) {
 // exited cannot wait without reaping here: the group is killed only by
 // Kill, while the process is not yet reaped.
 func exited(int) bool { return false }
+
+// processExists reports whether a process of that id exists (signal 0).
+func processExists(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || err == syscall.EPERM
+}

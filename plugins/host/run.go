@@ -251,6 +251,9 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			}
 			return fmt.Errorf("the plugin process failed: %v", err)
 		}
+		if err := chunked(m); err != nil {
+			return err
+		}
 		switch v := m.Msg.(type) {
 		case *proto.Message_Item:
 			b, whole := items.Add(v.Item)
@@ -307,6 +310,29 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			return nil
 		}
 	}
+}
+
+// chunked checks the protocol's bound on a message's payload: an Item
+// carries at most wire.ChunkSize bytes (a larger item goes in chunks), a
+// Batch at most that in all. gRPC would take more (go-plugin lifts its
+// message limit), so without this check a plugin that ignored the rule
+// worked with dflow and failed with another host.
+func chunked(m *proto.Message) error {
+	switch v := m.Msg.(type) {
+	case *proto.Message_Item:
+		if n := len(v.Item.Payload); n > wire.ChunkSize {
+			return fmt.Errorf("the plugin sent an Item of %d payload bytes on %q; the protocol's limit is %d (1 MiB): a larger item goes in chunks (more = true on all but the last)", n, v.Item.Port, wire.ChunkSize)
+		}
+	case *proto.Message_Batch:
+		n := 0
+		for _, it := range v.Batch.Items {
+			n += len(it.Payload)
+		}
+		if n > wire.ChunkSize {
+			return fmt.Errorf("the plugin sent a Batch of %d payload bytes; the protocol's limit is %d (1 MiB) in all", n, wire.ChunkSize)
+		}
+	}
+	return nil
 }
 
 // deliver decodes a whole item from the plugin and sends it on.

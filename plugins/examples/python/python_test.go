@@ -20,81 +20,14 @@ import (
 	"github.com/dflow-dev/dflow/nodes/dflash"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/plugins/conformance"
 	"github.com/dflow-dev/dflow/plugins/host"
 	"github.com/dflow-dev/dflow/report"
 )
 
-// TestMain re-runs the test binary as a dflow when DFLOW_TEST_AS_DFLOW
-// names a plugin: TestPluginsDieWithKilledDflow kills it.
-func TestMain(m *testing.M) {
-	if path := os.Getenv("DFLOW_TEST_AS_DFLOW"); path != "" {
-		os.Exit(asDflow(path))
-	}
-	os.Exit(m.Run())
-}
-
-// asDflow loads the plugin at path as py and runs plugintest.SlowSpec
-// through py/stats on 2 replicas, until it is killed.
-func asDflow(path string) int {
-	reg := nodes.NewRegistry()
-	synthetic.Register(reg)
-	h := host.New(os.Stderr)
-	defer h.Close()
-	if _, err := h.Load("py", path, reg); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(plugintest.SlowSpec("py/stats", 2)))
-	if diags.HasErrors() {
-		fmt.Fprintln(os.Stderr, diags)
-		return 1
-	}
-	if _, err := engine.Run(context.Background(), g, engine.Options{Registry: reg}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
-}
-
-// TestPluginsDieWithKilledDflow: SIGKILL of dflow leaves no Python plugin
-// process behind, whether its wrapper execs Python (the shipped one) or
-// runs it as a child.
-func TestPluginsDieWithKilledDflow(t *testing.T) {
-	python(t)
-	for _, tc := range []struct {
-		name    string
-		wrapper string
-		want    int // processes naming the plugin's folder: catalog + 2 replicas
-	}{
-		{"exec", "", 3},
-		{"child", "#!/bin/sh\n\"$(dirname \"$0\")/../../python/dflow-python\" \"$(dirname \"$0\")/stats.py\"\n", 6}, // and 3 shells
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// A copy of the plugin and the SDK, laid out as in the
-			// clone, so that pgrep sees this test's processes only.
-			dir := t.TempDir()
-			for _, name := range []string{"dflow-plugin-pystats", "stats.py", "../../python/dflow-python", "../../python/dflowplugin.py", "../../python/dflow_pb2.py"} {
-				b, err := os.ReadFile(name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if name == "dflow-plugin-pystats" && tc.wrapper != "" {
-					b = []byte(tc.wrapper)
-				}
-				dst := filepath.Join(dir, "plugins", "examples", "python", name)
-				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(dst, b, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			dflow := exec.Command(os.Args[0], "-test.run=^$")
-			dflow.Env = append(os.Environ(), "DFLOW_TEST_AS_DFLOW="+filepath.Join(dir, "plugins", "examples", "python", "dflow-plugin-pystats"))
-			plugintest.KillDflow(t, dflow, dir, tc.want)
-		})
-	}
-}
+// TestMain: the conformance suite runs this binary as a dflow
+// (conformance.Main).
+func TestMain(m *testing.M) { conformance.Main(m) }
 
 // python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
 // Debian's, which is where python3-grpcio installs); the test skips
@@ -212,19 +145,6 @@ edge "b" {
   to   = sink.in
 }`
 
-// TestSmallItems: thousands of items through two replicas of the Python
-// plugin, counts exact, its counter metric summed over the replicas.
-func TestSmallItems(t *testing.T) {
-	f := newFixture(t)
-	rep, err := f.run(t, fmt.Sprintf(passSpec, 2000, 2, ""))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, f.stderr.String())
-	}
-	if rep.Edges["b"].Produced != 2000 || f.items != 2000 || rep.Stages["s"].Metrics["items"] != 2000 {
-		t.Errorf("out %d, sink %d, items metric %v; want 2000", rep.Edges["b"].Produced, f.items, rep.Stages["s"].Metrics["items"])
-	}
-}
-
 // TestHiddenStates: the target's hidden states cross into Python and back:
 // the plugin scales them by 2 and publishes the RMS it saw, and the sink
 // sees twice that.
@@ -284,28 +204,6 @@ edge "out" {
 	}
 }
 
-// TestCrash: a Python plugin that dies mid-stream fails its stage with its
-// last words, and leaves no process behind.
-func TestCrash(t *testing.T) {
-	f := newFixture(t)
-	_, err := f.run(t, fmt.Sprintf(passSpec, 100, 1, "crash_after = 10"))
-	if err == nil || !strings.Contains(err.Error(), "crashing on purpose after 10 items") || !strings.Contains(err.Error(), `stage "s"`) {
-		t.Fatalf("want the stage to fail with the plugin's last words, got %v", err)
-	}
-	f.h.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, _ := exec.Command("pgrep", "-f", "examples/python/stats.py").Output()
-		if len(bytes.TrimSpace(out)) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("plugin processes left running: %s", out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // BenchmarkPythonPlugin: items through one replica of the Python plugin,
 // small (64 B) and large (16 MiB), large ones by reference in shared
 // memory, and with shared memory off (-grpc: as before it); one op is one
@@ -342,65 +240,5 @@ func benchPython(b *testing.B, size int) {
 	if b.N > 1 {
 		// Without the plugin's start: from the first item at the sink to the last.
 		b.ReportMetric(float64(b.N-1)/f.last.Sub(f.first).Seconds()*float64(size)/1e6, "steady-MB/s")
-	}
-}
-
-// TestInterleavedInputs: a Python node that reads its two inputs in turn
-// gets both (credit per input port).
-func TestInterleavedInputs(t *testing.T) {
-	f := newFixture(t)
-	rep, err := f.run(t, `
-stage "sa" {
-  node = "synthetic_source"
-  config {
-    count = 300
-  }
-}
-stage "sb" {
-  node = "synthetic_source"
-  config {
-    count = 200
-  }
-}
-stage "z" {
-  node = "py/zip"
-}
-stage "sink" {
-  node = "rms_sink"
-}
-edge "a" {
-  from = sa.out
-  to   = z.a
-}
-edge "b" {
-  from = sb.out
-  to   = z.b
-}
-edge "out" {
-  from = z.out
-  to   = sink.in
-}`)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, f.stderr.String())
-	}
-	if rep.Edges["out"].Produced != 500 || f.items != 500 {
-		t.Errorf("%d items out, %d at the sink; want 500", rep.Edges["out"].Produced, f.items)
-	}
-}
-
-// TestOutputsHeldBackApart: a Python node sends on two outputs from two
-// threads, and the consumer takes every item of b before any of a, whose
-// edge holds 4: the full edge must hold back a's items only (output
-// credit), or the run hangs with b's items behind a's on the stream.
-func TestOutputsHeldBackApart(t *testing.T) {
-	f := newFixture(t)
-	const count = 300
-	f.reg.Register(plugintest.BThenA(count))
-	rep, err := f.run(t, plugintest.ForkSpec("py/fork", count))
-	if err != nil {
-		t.Fatalf("%v\n%s", err, f.stderr.String())
-	}
-	if rep.Edges["a"].Consumed != count || rep.Edges["b"].Consumed != count {
-		t.Errorf("a %d, b %d items consumed, want %d each", rep.Edges["a"].Consumed, rep.Edges["b"].Consumed, count)
 	}
 }
