@@ -505,7 +505,7 @@ func (s *suite) crash(t *testing.T) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
 	}
-	if !strings.Contains(s.stderr.String(), "[p/0] ") || !strings.Contains(s.stderr.String(), s.p.Pass.CrashLine) {
+	if !strings.Contains(s.stderr.String(), "[p/0] "+s.p.Pass.CrashLine) {
 		t.Errorf("stderr not forwarded with its prefix:\n%s", s.stderr.String())
 	}
 }
