@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -36,10 +38,16 @@ func BenchmarkRemoteEdge(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
-	for _, size := range benchSizes {
-		b.Run(sizeName(size), func(b *testing.B) {
+	type bench struct{ size, capacity int }
+	cases := []bench{{64, 16}, {64, 1024}, {16 << 20, 16}}
+	for _, bc := range cases {
+		size, name := bc.size, sizeName(bc.size)
+		if bc.capacity != 16 {
+			name += "-cap" + strconv.Itoa(bc.capacity)
+		}
+		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
-			send, recv, _, cleanup := edgePair(b, srv, "bench"+sizeName(size))
+			send, recv, _, cleanup := edgePairCap(b, srv, "bench"+strconv.Itoa(size)+"x"+strconv.Itoa(bc.capacity), bc.capacity)
 			defer cleanup()
 			item := &items.Blob{Data: make([]byte, size)}
 			b.SetBytes(int64(size))
@@ -125,6 +133,11 @@ func BenchmarkRawTCP(b *testing.B) {
 // with a connection of its own: the producer's transport and the
 // consumer's.
 func edgePair(tb testing.TB, srv *Server, run string) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
+	return edgePairCap(tb, srv, run, 16)
+}
+
+// edgePairCap is edgePair with another capacity.
+func edgePairCap(tb testing.TB, srv *Server, run string, capacity int) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
 	tb.Helper()
 	l := &graph.Loader{Catalog: nodes.Default}
 	g, diags := l.Load("edge.hcl", []byte(`
@@ -140,7 +153,7 @@ stage "dst" {
 edge "e" {
   from     = src.out
   to       = dst.in
-  capacity = 16
+  capacity = `+strconv.Itoa(capacity)+`
 }`))
 	if diags.HasErrors() {
 		tb.Fatal(diags)
@@ -181,4 +194,78 @@ edge "e" {
 		pc.Close()
 		cc.Close()
 	}
+}
+
+// BenchmarkJetStream is the small items' baseline: JetStream's own rate
+// on the same embedded server, one connection publishing asynchronously
+// into a work-queue stream in memory (as `nats bench js pub async` does)
+// and another consuming it through a pull consumer, acking every message
+// (as a consumer worker does).
+func BenchmarkJetStream(b *testing.B) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	b.Run("64B", func(b *testing.B) {
+		ctx := context.Background()
+		pc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pc.Close()
+		cc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer cc.Close()
+		pjs, _ := jetstream.New(pc)
+		cjs, _ := jetstream.New(cc)
+		s, err := pjs.CreateStream(ctx, jetstream.StreamConfig{Name: "JSBENCH", Subjects: []string{"jsbench"},
+			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pjs.DeleteStream(ctx, "JSBENCH")
+		if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			b.Fatal(err)
+		}
+		cons, err := cjs.Consumer(ctx, "JSBENCH", "c")
+		if err != nil {
+			b.Fatal(err)
+		}
+		payload := make([]byte, 64)
+		b.SetBytes(64)
+		b.ResetTimer()
+		errs := make(chan error, 1)
+		go func() {
+			for range b.N {
+				if _, err := pjs.PublishAsync("jsbench", payload); err != nil {
+					errs <- err
+					return
+				}
+			}
+			select {
+			case <-pjs.PublishAsyncComplete():
+				errs <- nil
+			case <-time.After(time.Minute):
+				errs <- fmt.Errorf("publishes unanswered after a minute")
+			}
+		}()
+		it, err := cons.Messages()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer it.Stop()
+		for range b.N {
+			m, err := it.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			m.Ack()
+		}
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	})
 }

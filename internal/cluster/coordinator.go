@@ -116,7 +116,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	o.Timings = o.Timings.withDefaults()
 	c := &Coordinator{o: o, g: o.Graph, seen: map[string]time.Time{}, instances: map[string]*instance{}}
 	var err error
-	if c.js, err = jetstream.New(o.Conn); err != nil {
+	if c.js, err = newJS(o.Conn); err != nil {
 		return nil, err
 	}
 	b := make([]byte, 4)
@@ -464,11 +464,7 @@ func (c *Coordinator) unread(ctx context.Context) error {
 			if !c.remote[e.Name][qi] {
 				continue
 			}
-			s, err := c.js.Stream(ctx, streamQueue(c.run, ei, qi))
-			if err != nil {
-				continue
-			}
-			cons, err := s.Consumer(ctx, "c")
+			cons, err := c.js.Consumer(ctx, streamEdge(c.run, ei), consumerQueue(qi))
 			if err != nil {
 				continue
 			}

@@ -281,15 +281,11 @@ func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	}
 	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
 	defer cancel()
-	s, err := lk.c.js.Stream(ctx, streamQueue(lk.c.run, edgeIndex(lk.c.g, e), q))
+	n, err := queueMsgs(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
 	if err != nil {
 		return 0, false
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, false
-	}
-	lk.msgs[key] = int(info.State.Msgs)
+	lk.msgs[key] = n
 	return lk.msgs[key], true
 }
 

@@ -13,7 +13,6 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Exactly once across a lost worker.
@@ -282,7 +281,7 @@ func (t *tracked) finish() {
 	t.cur = nil
 	t.mu.Unlock()
 	if cur != nil {
-		t.l.ledger.done(cur)
+		cur.finish(t.l.ledger)
 	}
 }
 
@@ -337,7 +336,7 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	t.sent++
 	t.mu.Unlock()
 	if cur != nil && followable(item) {
-		t.l.setOrigin(item, origin{id: cur.id, k: k})
+		t.l.setOrigin(item, origin{id: cur.id, k: k, t: cur})
 		defer t.l.clearOrigin(item)
 	}
 	if err := o.Output.Send(ctx, item); err != nil {
@@ -354,42 +353,18 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	return nil
 }
 
-// placed says which queue of edge ei an item derived from o goes to: the
-// queue of the first share to send it, recorded in the run's route bucket
-// (a create: the first record stands). An item is sent again after a loss
-// by whichever replica takes its input over: the restarted one, whose
-// rotation starts afresh, or another replica of a shared queue, which
-// feeds other queues. Sent where the record says, it has the id it had
-// there, and JetStream drops it. The records expire with the duplicate
-// window.
-func (l *links) placed(ctx context.Context, ei int, o origin, qi int) (int, error) {
-	key := "e" + strconv.Itoa(ei) + "." + o.hash("")
-	ctx, cancel := context.WithTimeout(ctx, publishWait)
-	defer cancel()
-	_, err := l.routes.Create(ctx, key, []byte(strconv.Itoa(qi)))
-	if err == nil {
-		return qi, nil
-	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
-		return 0, fmt.Errorf("edge %q: recording where an item goes: %w", l.g.Edges[ei].Name, err)
-	}
-	v, err := l.routes.Get(ctx, key)
-	if err != nil {
-		return 0, fmt.Errorf("edge %q: where an item sent before went: %w", l.g.Edges[ei].Name, err)
-	}
-	return strconv.Atoi(string(v.Value()))
-}
-
 // origin is what an item sent by a restartable replica derives from: the
 // id of the item in hand and how many it had sent before this one.
 type origin struct {
 	id string
 	k  int
+	t  *taken // the item in hand, settled once what it sent is answered
 }
 
-// hash is what derives from the origin at a place (a queue): the same
-// for the same item in hand, the same count before it and the same place,
-// whichever share sends it.
+// hash is what derives from the origin at a place (an edge): the same for
+// the same item in hand, the same count before it and the same place,
+// whichever share sends it, and whichever queue of the edge it goes to
+// (the edge's stream is one namespace of ids).
 func (o origin) hash(at string) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s#%d>%s", o.id, o.k, at)

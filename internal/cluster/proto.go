@@ -80,11 +80,14 @@ func subjDone(run string) string             { return "dflow.r." + run + ".done"
 func subjSnap(run, inst string) string       { return "dflow.r." + run + ".snap." + token(inst) }
 func subjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + token(stage) }
 func subjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
-func streamQueue(run string, e, q int) string {
-	return fmt.Sprintf("DFQ_%s_%d_%d", run, e, q)
-}
-func bucketEnds(run string) string   { return "DFE_" + run }
-func bucketRoutes(run string) string { return "DFR_" + run }
+
+// streamEdge is an edge's stream: every remote queue of the edge is a
+// subject of it (subjQueue) read by a consumer of its own (consumerQueue),
+// and its ids are one namespace, so a duplicate is dropped whichever queue
+// it is sent to.
+func streamEdge(run string, e int) string { return fmt.Sprintf("DFQ_%s_%d", run, e) }
+func consumerQueue(q int) string          { return fmt.Sprintf("q%d", q) }
+func bucketEnds(run string) string        { return "DFE_" + run }
 func keyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }

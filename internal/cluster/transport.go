@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,28 +34,38 @@ const (
 var publishWait = 30 * time.Second
 
 // setupRun creates a run's streams, consumers and bucket: a work-queue
-// stream per remote queue, bounded to the edge's capacity, with one durable
-// consumer its consumer replicas' workers all pull from; the blob stream
-// for chunks; the end-key bucket.
+// stream per edge with a remote queue, each remote queue a subject of it
+// with a durable consumer of its own that the queue's consumer replicas'
+// workers all pull from; the end-key bucket. A queue holds its capacity:
+// producers publish within the room they read (jsQueue.waitRoom), and the
+// stream's bound per subject, past what that allows, is only a backstop.
 func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration) error {
 	for ei, e := range g.Edges {
+		var subjects []string
+		var queues []int
 		for qi := range e.Queues {
-			if !remote[e.Name][qi] {
-				continue
+			if remote[e.Name][qi] {
+				subjects = append(subjects, subjQueue(run, ei, qi))
+				queues = append(queues, qi)
 			}
-			name := streamQueue(run, ei, qi)
-			s, err := js.CreateStream(ctx, jetstream.StreamConfig{
-				Name: name, Subjects: []string{subjQueue(run, ei, qi)},
-				Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
-				MaxMsgs: int64(max(e.Capacity, 1)), Discard: jetstream.DiscardNew,
-				Duplicates: 2 * time.Minute,
-			})
-			if err != nil {
-				return fmt.Errorf("edge %q queue %d: stream: %w", e.Name, qi, err)
-			}
+		}
+		if len(queues) == 0 {
+			continue
+		}
+		s, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: streamEdge(run, ei), Subjects: subjects,
+			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
+			MaxMsgsPerSubject: int64(backstop(e)), Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+			Duplicates: 2 * time.Minute,
+		})
+		if err != nil {
+			return fmt.Errorf("edge %q: stream: %w", e.Name, err)
+		}
+		for _, qi := range queues {
 			if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-				Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-				MaxAckPending: max(e.Capacity, 1), MaxWaiting: 512,
+				Durable: consumerQueue(qi), FilterSubject: subjQueue(run, ei, qi),
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
+				MaxAckPending: backstop(e), MaxWaiting: 512,
 			}); err != nil {
 				return fmt.Errorf("edge %q queue %d: consumer: %w", e.Name, qi, err)
 			}
@@ -63,12 +74,22 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
 		return fmt.Errorf("end bucket: %w", err)
 	}
-	// where a restartable replica's rotation sent each item (ledger.go
-	// route), for as long as a duplicate can be dropped
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketRoutes(run), Storage: jetstream.MemoryStorage, TTL: 2 * time.Minute}); err != nil {
-		return fmt.Errorf("route bucket: %w", err)
-	}
 	return nil
+}
+
+// backstop is the most messages a queue of e's stream may store: its
+// capacity for each producer replica and once more. Producers keep within
+// the capacity by the room they read (jsQueue.waitRoom); two producers that
+// read the same room at once may store up to a capacity each, and a share
+// counted lost may still have some publishes under way, so the stream's
+// own bound is past what pacing allows: a publish is never refused for
+// room, which would let a later one in flight pass it.
+func backstop(e *graph.Edge) int {
+	n := 1
+	for _, q := range e.Queues {
+		n = max(n, len(q.Producers))
+	}
+	return max(e.Capacity, 1) * (n + 1)
 }
 
 // teardownRun deletes what setupRun made.
@@ -76,14 +97,11 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for ei, e := range g.Edges {
-		for qi := range e.Queues {
-			if remote[e.Name][qi] {
-				js.DeleteStream(ctx, streamQueue(run, ei, qi))
-			}
+		if slices.Contains(remote[e.Name], true) {
+			js.DeleteStream(ctx, streamEdge(run, ei))
 		}
 	}
 	js.DeleteKeyValue(ctx, bucketEnds(run))
-	js.DeleteKeyValue(ctx, bucketRoutes(run))
 }
 
 // links are one instance's transports: the engine's TransportFor, and what
@@ -97,7 +115,6 @@ type links struct {
 	instance string
 	worker   string // the worker's name (instance is the share's)
 	ends     jetstream.KeyValue
-	routes   jetstream.KeyValue
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (dataplane.go);
 	// threshold is the size past which an item's bytes take it
@@ -156,9 +173,6 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
 		return nil, fmt.Errorf("end bucket: %w", err)
 	}
-	if l.routes, err = js.KeyValue(ctx, bucketRoutes(job.Run)); err != nil {
-		return nil, fmt.Errorf("route bucket: %w", err)
-	}
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
 		l.threshold = dataThreshold
@@ -197,7 +211,8 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 		}
 	}
 	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
-	q.inbox = make(chan jetstream.Msg, q.batch()) // here, not at the first Recv: Held reads it
+	q.pcond.L = &q.pmu
+	q.inbox = make(chan jetstream.Msg, 2*q.batch()) // here, not at the first Recv: Held reads it
 	l.mu.Lock()
 	l.queues = append(l.queues, q)
 	l.mu.Unlock()
@@ -298,9 +313,18 @@ type jsQueue struct {
 	depth          atomic.Int64
 	finished       atomic.Bool // Recv has seen the end: nothing is in flight
 
+	// the producer side (publish.go)
+	pmu        sync.Mutex
+	pcond      sync.Cond        // on pmu: an answer came, or the answerer stopped
+	credit     int              // publishes the room read last allows
+	unanswered int              // publishes issued, not yet answered
+	pubs       chan *pub        // issued, in order, for the answerer
+	pubErr     error            // the first publish refused
+	pstream    jetstream.Stream // the edge's stream, read for room
+	stopped    bool             // the answerer has stopped
+
 	// the consumer side, used by the engine's pump only
 	cons     jetstream.Consumer
-	stream   jetstream.Stream
 	inbox    chan jetstream.Msg // fetched, held, not yet decoded
 	idle     chan struct{}      // a fetch found nothing; it waits on resume before the next
 	resume   chan struct{}
@@ -325,7 +349,13 @@ func (q *jsQueue) key() string { return strconv.Itoa(q.ei) + "." + strconv.Itoa(
 
 func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.Name, q.qi) }
 
-// Send publishes item, waiting while the stream holds its capacity.
+// Send publishes item once the queue has room for it, and returns without
+// waiting for the server's answer (the publisher, publish.go, takes it):
+// the engine counts the item sent. What a restartable replica sends
+// derives from the item in hand: its id follows from that item's, so sent
+// again after a loss, to whichever queue of the edge, it is a duplicate
+// the edge's stream drops, and the item in hand is settled only once
+// every answer is back (origin.t).
 func (q *jsQueue) Send(ctx context.Context, item any) error {
 	wire, parts, err := items.Encode(item)
 	if err != nil {
@@ -336,46 +366,25 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		size += len(p)
 	}
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
-	subject, to := q.subject, q.qi
-	if o, ok := q.l.originOf(item); ok {
-		// A restartable replica sends it while it holds an item from
-		// another queue: its id follows from that one's, and it goes to the
-		// queue it went to first (placed), so that sent again after a loss
-		// it is a duplicate JetStream drops.
-		if len(q.edge.Queues) > 1 {
-			j, err := q.l.placed(ctx, q.ei, o, q.qi)
-			if err != nil {
-				return err
-			}
-			if j != q.qi && j >= 0 && j < len(q.edge.Queues) && q.l.job.Remote[q.edge.Name][j] {
-				subject, to = subjQueue(q.l.job.Run, q.ei, j), j
-			}
-		}
-		id = "f" + o.hash(strconv.Itoa(q.ei)+"."+strconv.Itoa(to))
+	o, derived := q.l.originOf(item)
+	if derived {
+		id = "f" + o.hash(strconv.Itoa(q.ei))
 	}
-	// Once begun, a publish runs to its answer whatever ctx does: a publish
-	// cut short may still have stored the item, and the engine counts an
-	// item sent exactly when Send returns nil (a drain stops the sources
-	// mid-send). Only the wait for room honours ctx, and it has no bound:
-	// a slow consumer holds a producer back as long as it takes, as in
-	// process.
-	publish := func(m *nats.Msg) (*jetstream.PubAck, error) {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishWait)
-		defer cancel()
-		return q.l.js.PublishMsg(pctx, m)
-	}
-	m := nats.NewMsg(subject)
+	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
 	m.Header.Set(hdrWire, wire)
 	if k, ok := item.(nodes.Keyed); ok && k.Key() != "" {
 		m.Header.Set(hdrKey, k.Key()) // a key outside the wire encoding (items.Blob's)
 	}
-	onPlane, held := size > q.l.threshold, false
-	if onPlane {
+	if err := q.waitRoom(ctx); err != nil {
+		return err
+	}
+	p := &pub{msg: m, id: id}
+	if size > q.l.threshold {
 		// The bytes stay here, for the consumer to fetch; the message
 		// says where (dataplane.go). Held already: for the message that
 		// stands, which this one duplicates.
-		held = q.l.dp.put(id, parts, q)
+		p.held = q.l.dp.put(id, parts, q)
 		m.Header.Set(hdrRef, q.l.dp.addr)
 		m.Header.Set(hdrHolder, q.l.worker)
 		m.Header.Set(hdrSize, strconv.Itoa(size))
@@ -387,49 +396,10 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	} else {
 		m.Data = bytes.Join(parts, nil)
 	}
-	sent := false
-	defer func() {
-		if held && !sent {
-			q.l.dp.drop(id) // not sent, or a duplicate: another share holds them
-		}
-	}()
-	wait := 100 * time.Microsecond
-	lastLook := time.Now()
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if q.l.aborting() {
-			// counted lost (or aborting): what its replicas send now is the
-			// share that took over's to send
-			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.name(), q.l.worker, context.Canceled)
-		}
-		ack, err := publish(m)
-		if err == nil {
-			sent = !ack.Duplicate
-			if held && sent {
-				q.l.dp.stored(id, ack.Sequence)
-			}
-			return nil
-		}
-		if !isFull(err) {
-			return fmt.Errorf("%s: %w", q.name(), err)
-		}
-		// Full: wait for room, as a local queue's Send blocks, unless no
-		// consumer is left anywhere to make it.
-		if time.Since(lastLook) > 250*time.Millisecond {
-			lastLook = time.Now()
-			if q.consumersGone(ctx, to) {
-				return fmt.Errorf("edge %q: %w: every replica of stage %q has returned, on every worker", q.edge.Name, nodes.ErrNoConsumers, q.edge.To.Stage.Name)
-			}
-		}
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		wait = min(2*wait, 5*time.Millisecond)
+	if derived {
+		p.from = o.t
 	}
+	return q.publish(p)
 }
 
 func isFull(err error) bool {
@@ -445,15 +415,11 @@ func isFull(err error) bool {
 // the queue, on every worker, has ended and the stream is empty.
 func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 	if q.cons == nil {
-		s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
+		c, err := q.l.js.Consumer(ctx, streamEdge(q.l.job.Run, q.ei), consumerQueue(q.qi))
 		if err != nil {
 			return nil, false, err
 		}
-		c, err := s.Consumer(ctx, "c")
-		if err != nil {
-			return nil, false, err
-		}
-		q.stream, q.cons, q.ended = s, c, map[int]bool{}
+		q.cons, q.ended = c, map[int]bool{}
 		q.idle, q.fetchErr = make(chan struct{}), make(chan error, 1)
 		q.ahead, q.aheadSlots = map[string]*fetching{}, make(chan struct{}, aheadMax)
 		q.resume = make(chan struct{}, 1)
@@ -478,7 +444,12 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 		case <-q.idle:
 			// A fetch found nothing and waits: with no pull of this share's
 			// outstanding and nothing in the inbox, maybe the queue has
-			// ended.
+			// ended. (The inbox may still hold the batch before: a fetch
+			// goes while the consumers take it.)
+			if len(q.inbox) > 0 {
+				q.resume <- struct{}{}
+				continue
+			}
 			end, err := q.ends(ctx)
 			q.resume <- struct{}{}
 			if err != nil || end {
@@ -496,7 +467,7 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 // the consumer replicas so that one worker does not hold a shared queue's
 // whole capacity.
 func (q *jsQueue) batch() int {
-	return max(1, min(q.edge.Capacity, 8)/max(1, len(q.edge.Queues[q.qi].Consumers)))
+	return max(1, min(q.edge.Capacity/4, 256)/max(1, len(q.edge.Queues[q.qi].Consumers)))
 }
 
 // fetch pulls the queue's messages into the inbox as they arrive, each
@@ -514,8 +485,10 @@ func (q *jsQueue) fetch() {
 		}
 		// Room for a whole batch first: every message fetched goes into the
 		// inbox at once and is held from then on, none waits unheld (and
-		// unrefreshed) in the client while the consumers are slow.
-		for len(q.inbox) > 0 {
+		// unrefreshed) in the client while the consumers are slow. The
+		// inbox holds two batches: the next is fetched while the consumers
+		// take the one before.
+		for cap(q.inbox)-len(q.inbox) < batch {
 			select {
 			case <-q.room:
 			case <-q.l.stop:
@@ -715,6 +688,43 @@ type taken struct {
 	id     string
 	ref    *ref // its bytes are on a data plane, released once acked
 	counts counts
+
+	// settled: once its replica has done with it and every publish of
+	// what it sent has its answer, it joins the ledger's next commit
+	mu       sync.Mutex
+	under    int  // publishes derived from it, unanswered
+	finished bool // its replica has asked for the next item, or returned
+}
+
+// derive notes a publish of an item sent from t, under way.
+func (t *taken) derive() {
+	t.mu.Lock()
+	t.under++
+	t.mu.Unlock()
+}
+
+// answered notes a publish from t answered; t is settled if it was the
+// last and t is finished.
+func (t *taken) answered(lg *ledger) {
+	t.mu.Lock()
+	t.under--
+	settle := t.under == 0 && t.finished
+	t.mu.Unlock()
+	if settle {
+		lg.done(t)
+	}
+}
+
+// finish notes that t's replica has done with it; t is settled if nothing
+// it sent is under way.
+func (t *taken) finish(lg *ledger) {
+	t.mu.Lock()
+	t.finished = true
+	settle := t.under == 0
+	t.mu.Unlock()
+	if settle {
+		lg.done(t)
+	}
 }
 
 // take acks m now, unless the consuming stage restarts elsewhere on a
@@ -824,7 +834,7 @@ func (q *jsQueue) ackSync(id string) {
 func (q *jsQueue) stores(ctx context.Context, seq uint64) bool {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
+	s, err := q.l.js.Stream(ctx, streamEdge(q.l.job.Run, q.ei))
 	if err != nil {
 		return true
 	}
@@ -931,6 +941,9 @@ func (q *jsQueue) Close() {
 	if q.l.aborting() {
 		return
 	}
+	if err := q.flush(); err != nil {
+		return // the share fails (answered): no end is written ahead of an item
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
@@ -964,12 +977,32 @@ func (q *jsQueue) Depth() int {
 func (q *jsQueue) readDepth() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	s, err := q.l.js.Stream(ctx, streamQueue(q.l.job.Run, q.ei, q.qi))
-	if err == nil {
-		if info, err := s.Info(ctx); err == nil {
-			q.depth.Store(int64(info.State.Msgs))
-		}
+	if n, err := queueMsgs(ctx, q.l.js, q.l.job.Run, q.ei, q.qi); err == nil {
+		q.depth.Store(int64(n))
 	}
 }
 
-func newJS(nc *nats.Conn) (jetstream.JetStream, error) { return jetstream.New(nc) }
+// queueMsgs is how many messages queue qi of edge ei stores, delivered
+// or not: the stream's count of the queue's subject.
+func queueMsgs(ctx context.Context, js jetstream.JetStream, run string, ei, qi int) (int, error) {
+	s, err := js.Stream(ctx, streamEdge(run, ei))
+	if err != nil {
+		return 0, err
+	}
+	return subjectMsgs(ctx, s, subjQueue(run, ei, qi))
+}
+
+// subjectMsgs is how many messages stream s stores on subject subj.
+func subjectMsgs(ctx context.Context, s jetstream.Stream, subj string) (int, error) {
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return 0, err
+	}
+	return int(info.State.Subjects[subj]), nil
+}
+
+// newJS is a connection's JetStream, its pipelined publishes answered or
+// failed within publishWait.
+func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
+	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishWait), jetstream.WithPublishAsyncMaxPending(1<<16))
+}

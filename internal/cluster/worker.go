@@ -69,7 +69,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	w := &worker{o: o, jobs: make(chan *nats.Msg, 4)}
 	var err error
-	if w.js, err = jetstream.New(o.Conn); err != nil {
+	if w.js, err = newJS(o.Conn); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)

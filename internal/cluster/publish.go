@@ -1,0 +1,238 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Publishes pipelined.
+//
+// A queue's Send does not wait for the server's answer: it waits for room
+// (waitRoom), issues the publish (publish) and returns, and the queue's
+// answerer takes the answers in the order the publishes went (answer).
+// What that keeps:
+//
+//   - Order. Every publish of a queue goes out on one connection in the
+//     order of the Sends, and none is ever refused for room: a producer
+//     publishes only within the room it read last (the queue's capacity
+//     less what the stream stores and what this share has under way), and
+//     the stream's own bound (backstop) is past what that pacing allows.
+//     So the server stores a producer's items in the order it sent them,
+//     and a consumer sees them so. A publish refused for any reason fails
+//     the share: sent again, it could land behind a later one.
+//   - Nothing lost. A queue's Close waits for every answer before it
+//     writes the end keys that let the consumers end (flush); an item a
+//     restartable replica sent is settled (its input acked, through the
+//     ledger) only once the answers of everything sent from it are back,
+//     so a worker lost with publishes under way has its input redelivered
+//     and the items sent again, under the same ids.
+//   - The capacity. Room is read from the queue's consumer (what it stores,
+//     delivered or not), once the room read before is spent: a read per
+//     room's worth of items, not per item.
+
+// pub is one publish under way.
+type pub struct {
+	msg  *nats.Msg
+	id   string
+	fut  jetstream.PubAckFuture
+	held bool   // its bytes are on this share's data plane (dataplane.go)
+	from *taken // the item in hand it derives from, settled once answered
+}
+
+// waitRoom waits until the queue has room for one more item, as a local
+// queue's Send blocks, unless no consumer is left anywhere to make it; the
+// wait honours ctx and has no bound (a slow consumer holds a producer back
+// as long as it takes, as in process).
+func (q *jsQueue) waitRoom(ctx context.Context) error {
+	wait := 50 * time.Microsecond
+	lastLook := time.Now()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if q.l.aborting() {
+			// counted lost (or aborting): what its replicas send now is the
+			// share that took over's to send
+			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.name(), q.l.worker, context.Canceled)
+		}
+		q.pmu.Lock()
+		if err := q.pubErr; err != nil {
+			q.pmu.Unlock()
+			return err
+		}
+		if q.credit > 0 {
+			q.credit--
+			q.pmu.Unlock()
+			return nil
+		}
+		under := q.unanswered
+		q.pmu.Unlock()
+		stored, err := q.stored(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%s: reading its room: %w", q.name(), err)
+		}
+		// What is under way may be stored already, or not: counted both
+		// ways, the room is never overstated.
+		credit := max(q.edge.Capacity, 1) - stored - under
+		q.pmu.Lock()
+		q.credit = credit
+		q.pmu.Unlock()
+		if credit > 0 {
+			wait = 50 * time.Microsecond
+			continue
+		}
+		// No room: read again less and less often (a read costs the
+		// server as much as a few publishes, and the consumers need the
+		// CPU to make room).
+		if time.Since(lastLook) > 250*time.Millisecond {
+			lastLook = time.Now()
+			if q.consumersGone(ctx, q.qi) {
+				return fmt.Errorf("edge %q: %w: every replica of stage %q has returned, on every worker", q.edge.Name, nodes.ErrNoConsumers, q.edge.To.Stage.Name)
+			}
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wait = min(2*wait, 2*time.Millisecond)
+	}
+}
+
+// stored is how many messages the queue's stream stores for it: delivered
+// and not yet acked, and not yet delivered (the stream's own count of the
+// queue's subject, read from its store).
+func (q *jsQueue) stored(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, publishWait)
+	defer cancel()
+	q.pmu.Lock()
+	s := q.pstream
+	q.pmu.Unlock()
+	if s == nil {
+		var err error
+		if s, err = q.l.js.Stream(ctx, streamEdge(q.l.job.Run, q.ei)); err != nil {
+			return 0, err
+		}
+		q.pmu.Lock()
+		q.pstream = s
+		q.pmu.Unlock()
+	}
+	return subjectMsgs(ctx, s, q.subject)
+}
+
+// publish issues p's publish; its answer comes to the answerer. Issued
+// under pmu, so that the answers queue in the order the publishes went.
+func (q *jsQueue) publish(p *pub) error {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	fail := func(err error) error {
+		if p.held {
+			q.l.dp.drop(p.id)
+		}
+		return err
+	}
+	if q.pubErr != nil {
+		return fail(q.pubErr)
+	}
+	if q.pubs == nil {
+		q.pubs = make(chan *pub, backstop(q.edge))
+		q.l.wg.Add(1)
+		go q.answer()
+	}
+	fut, err := q.l.js.PublishMsgAsync(p.msg)
+	if err != nil {
+		return fail(fmt.Errorf("%s: %w", q.name(), err))
+	}
+	p.fut = fut
+	if p.from != nil {
+		p.from.derive()
+	}
+	q.unanswered++
+	q.pubs <- p // never full: what is under way is within the room
+	return nil
+}
+
+// answer takes the queue's publishes' answers, in order, until the share
+// stops.
+func (q *jsQueue) answer() {
+	defer q.l.wg.Done()
+	defer func() {
+		q.pmu.Lock()
+		q.stopped = true
+		q.pcond.Broadcast() // a flush waiting ends
+		q.pmu.Unlock()
+	}()
+	for {
+		var p *pub
+		select {
+		case p = <-q.pubs:
+		case <-q.l.stop:
+			return
+		}
+		select {
+		case ack := <-p.fut.Ok():
+			q.answered(p, ack, nil)
+		case err := <-p.fut.Err():
+			q.answered(p, nil, err)
+		case <-q.l.stop:
+			return
+		}
+	}
+}
+
+// answered applies a publish's answer: its bytes released if the item
+// was a duplicate (the message that stands has them elsewhere), its input
+// settled if it derives from one, or, refused, the share failed.
+func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
+	if err != nil {
+		if isFull(err) {
+			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to the room it read): %w", backstop(q.edge), err)
+		}
+		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
+		if p.held {
+			q.l.dp.drop(p.id)
+		}
+	} else if p.held {
+		if ack.Duplicate {
+			q.l.dp.drop(p.id) // another share holds them, for the message that stands
+		} else {
+			q.l.dp.stored(p.id, ack.Sequence)
+		}
+	}
+	if err == nil && p.from != nil {
+		p.from.answered(q.l.ledger)
+	}
+	q.pmu.Lock()
+	q.unanswered--
+	first := err != nil && q.pubErr == nil
+	if first {
+		q.pubErr = err
+	}
+	q.pcond.Broadcast()
+	q.pmu.Unlock()
+	if first && !q.l.aborting() && q.l.fatal != nil {
+		q.l.fatal(err)
+	}
+}
+
+// flush waits until every publish issued has its answer; the first
+// refusal, if any, is its error.
+func (q *jsQueue) flush() error {
+	q.pmu.Lock()
+	defer q.pmu.Unlock()
+	for q.unanswered > 0 && q.pubErr == nil {
+		if q.stopped {
+			return fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.name(), q.unanswered)
+		}
+		q.pcond.Wait()
+	}
+	return q.pubErr
+}
