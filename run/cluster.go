@@ -175,13 +175,14 @@ func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options) (
 			return nil, cleanup, err
 		}
 	}
-	name := "dflow run " + g.Filename
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Creds: c.Creds, CA: c.CA, Name: name})
+	conn := cluster.ConnOptions{URL: url, Token: token, Creds: c.Creds, CA: c.CA, Name: "dflow run " + g.Filename}
+	nc, err := cluster.Connect(conn)
 	for try := 1; err != nil && embedded && try < 4; try++ {
 		// The server this run started itself: a connection cut while it
-		// was busy (a loaded host) is tried again.
+		// was busy (a loaded host) is tried again, with the same options
+		// (a TLS server's CA included).
 		time.Sleep(time.Duration(try) * 200 * time.Millisecond)
-		nc, err = cluster.Connect(cluster.ConnOptions{URL: url, Token: token, Name: name})
+		nc, err = cluster.Connect(conn)
 	}
 	if err != nil {
 		if embedded {
