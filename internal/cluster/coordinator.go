@@ -68,11 +68,6 @@ type Coordinator struct {
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
-	// counted are the items committed in the last 2 minutes, by queue and
-	// id, oldest first in countedAt; dups counts those done twice
-	counted   map[string]bool
-	countedAt []countedKey
-	dups      int
 	snap      *report.Snapshot
 	series    []report.Sample
 	// groups are the groups across workers it hosts, by stage
@@ -91,10 +86,6 @@ type instance struct {
 	done, lost   bool
 	rep          *report.Report
 	last         *report.Snapshot
-	// ledger is what its restartable replicas finished, committed (and
-	// acked) through the coordinator; seq the last commit applied.
-	ledger counts
-	seq    int64
 	// ran lists, once it is lost, the replicas it ran: stage -> indices.
 	ran map[string][]int
 }
@@ -222,7 +213,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	return rep, l.err
 }
 
-// listen subscribes to what the run's workers say (groups, commits,
+// listen subscribes to what the run's workers say (groups,
 // dones, announcements) and starts the heartbeat; stop undoes it all.
 func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	nc := c.o.Conn
@@ -255,7 +246,6 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 			sub(subjGroup(c.run, s.Name), h.handle)
 		}
 	}
-	sub(subjCommit(c.run), c.commit)
 	sub("dflow.hello.*", c.hello)
 	dones = make(chan *nats.Msg, 64)
 	if err == nil {
@@ -287,7 +277,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 func (c *Coordinator) startShares() error {
 	c.mu.Lock()
 	for _, w := range c.workers {
-		c.instances[w] = &instance{name: w, worker: w, ledger: counts{}}
+		c.instances[w] = &instance{name: w, worker: w}
 	}
 	c.mu.Unlock()
 	for _, w := range c.workers {
@@ -480,7 +470,7 @@ func (c *Coordinator) unread(ctx context.Context) error {
 // lostShares is the heartbeat's payload: the shares counted lost, one
 // name a line, so that a worker that missed its abort (it was paused, or
 // reconnecting) hears it with the next beat. It takes no lock: nothing
-// may hold the heartbeat back (a commit's flush holds c.mu).
+// may hold the heartbeat back.
 func (c *Coordinator) lostShares() []byte {
 	if b := c.lostList.Load(); b != nil {
 		return *b

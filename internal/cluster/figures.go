@@ -1,9 +1,11 @@
 package cluster
 
 // The coordinator's figures: the shares' snapshots and reports merged
-// into the run's, a lost share's counts as it committed them.
+// into the run's; a lost share's counts as its last snapshot had them, and,
+// once the run is over, as the streams say (streamTotals, settleLost).
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"sort"
@@ -56,7 +58,7 @@ func (c *Coordinator) Snapshot() *report.Snapshot {
 }
 
 // merge builds one snapshot from the instances' latest: a lost one's
-// counts are what it committed (lostReplica, lostEdge).
+// counts are those of its last snapshot (lostReplica, lostEdge).
 func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -70,7 +72,7 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	var lost []*instance
 	for _, in := range c.sortedInstances() {
 		if in.lost {
-			lost = append(lost, in) // counted by its ledger, snapshot or not
+			lost = append(lost, in)
 		}
 		if in.last == nil {
 			continue
@@ -134,11 +136,7 @@ func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) r
 		for _, in := range lost {
 			if gs != nil {
 				if lr, ok := c.lostReplica(in, gs, i); ok {
-					r.ItemsIn += lr.ItemsIn
-					r.ItemsOut += lr.ItemsOut
-					r.Busy += lr.Busy
-					r.Idle += lr.Idle
-					r.Blocked += lr.Blocked
+					r = r.Plus(lr)
 					if in.name != c.place[st.Name][i] {
 						r.Worker = in.worker + ">" + r.Worker
 					}
@@ -151,27 +149,14 @@ func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) r
 }
 
 // mergeEdge merges edge ei of the shares' snapshots (c.mu held): the
-// counts added up, a lost share's as it committed, each queue's depth the
+// counts added up, a lost share's as it last said, each queue's depth the
 // largest any share read.
 func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) report.EdgeSnapshot {
 	snaps, lost := v.snaps, v.lost
-	me := e
-	me.Produced, me.Consumed = 0, 0
-	me.Queues = slices.Clone(e.Queues)
-	for qi := range me.Queues {
-		me.Queues[qi].Depth, me.Queues[qi].Open = 0, nil
-	}
+	me := e.Empty()
 	for _, s := range snaps {
-		if ei >= len(s.Edges) {
-			continue
-		}
-		me.Produced += s.Edges[ei].Produced
-		me.Consumed += s.Edges[ei].Consumed
-		for qi, q := range s.Edges[ei].Queues {
-			if qi < len(me.Queues) {
-				me.Queues[qi].Depth = max(me.Queues[qi].Depth, q.Depth)
-				me.Queues[qi].Open = append(me.Queues[qi].Open, q.Open...)
-			}
+		if ei < len(s.Edges) {
+			me = me.Plus(s.Edges[ei])
 		}
 	}
 	if ge := c.g.Edge(e.Name); ge != nil {
@@ -180,10 +165,6 @@ func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) repo
 			me.Produced += p
 			me.Consumed += n
 		}
-	}
-	for qi := range me.Queues {
-		slices.Sort(me.Queues[qi].Open)
-		me.Queues[qi].Open = slices.Compact(me.Queues[qi].Open)
 	}
 	return me
 }
@@ -208,53 +189,30 @@ func (c *Coordinator) stageMetrics(s *graph.Stage) (values map[string]float64, c
 	return values, counters, replicas
 }
 
-// lostReplica is what replica i of s did in the lost share in, as the
-// report counts it: its items as committed for a restartable stage
-// (ledger.go), as in the last snapshot for another (whose replicas had
-// finished, or the run failed); its times as in the last snapshot. ok is
-// false when in did not run the replica.
+// lostReplica is what replica i of s did in the lost share in, as its
+// last snapshot had it; ok is false when in did not run the replica.
 func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (r report.ReplicaSnapshot, ok bool) {
 	if !slices.Contains(in.ran[s.Name], i) {
 		return r, false
 	}
-	if in.last != nil {
-		for _, st := range in.last.Stages {
-			if st.Name == s.Name && i < len(st.Replicas) {
-				r = st.Replicas[i]
-			}
-		}
-	}
-	if c.stateless(s) {
-		r.ItemsIn, r.ItemsOut = in.ledger[replicaKey("i", s.Name, i)], in.ledger[replicaKey("o", s.Name, i)]
+	if ss := in.last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
+		r = ss.Replicas[i]
 	}
 	return r, true
 }
 
-// lostEdge is what the lost share in produced and consumed on e, as the
-// report counts it: each side by the ledger when its stage restarts, by
-// the last snapshot when it does not.
+// lostEdge is what the lost share in produced and consumed on e, as its
+// last snapshot had it.
 func (c *Coordinator) lostEdge(in *instance, e *graph.Edge) (produced, consumed int64) {
-	var last *report.EdgeSnapshot
-	if in.last != nil {
-		for k := range in.last.Edges {
-			if in.last.Edges[k].Name == e.Name {
-				last = &in.last.Edges[k]
-			}
+	if in.last == nil {
+		return 0, 0
+	}
+	for _, es := range in.last.Edges {
+		if es.Name == e.Name {
+			return es.Produced, es.Consumed
 		}
 	}
-	switch {
-	case c.stateless(e.From.Stage):
-		produced = in.ledger[edgeKey("p", e.Name)]
-	case last != nil:
-		produced = last.Produced
-	}
-	switch {
-	case c.stateless(e.To.Stage):
-		consumed = in.ledger[edgeKey("c", e.Name)]
-	case last != nil:
-		consumed = last.Consumed
-	}
-	return produced, consumed
+	return 0, 0
 }
 
 func (c *Coordinator) sortedInstances() []*instance {
@@ -268,11 +226,13 @@ func (c *Coordinator) sortedInstances() []*instance {
 
 // merged builds the run's report from the instances' reports.
 func (c *Coordinator) merged(status string, err error) *report.Report {
-	// A run that completed (or drained) counts a restartable stage by
-	// what every share committed, each item once (countOnce): the engines'
-	// own counts would count twice an item done again after its message
-	// came back. A run cut short counts what the engines saw.
-	byLedger := err == nil && status != report.Aborted
+	// A run that completed (or drained) counts by the streams where they
+	// know: an item done twice (its worker lost before it was settled) is
+	// counted once. A run cut short counts what the engines saw.
+	var totals map[string]streamTotal
+	if err == nil && status != report.Aborted {
+		totals = c.streamTotals()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -284,21 +244,18 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 	var reps []*report.Report
 	byName := map[string]*report.Report{}
 	worst := report.OK
-	rank := map[string]int{report.OK: 0, report.Interrupted: 1, report.Aborted: 2, report.Failed: 3}
 	for _, in := range c.sortedInstances() {
 		if in.rep != nil {
 			reps = append(reps, in.rep)
 			byName[in.name] = in.rep
-			if rank[in.rep.Status] > rank[worst] {
-				worst = in.rep.Status
-			}
+			worst = report.Worst(worst, in.rep.Status)
 		}
 	}
-	for _, s := range c.g.Stages {
-		rep.Stages[s.Name] = c.mergedStage(s, byName, byLedger)
-	}
 	for _, e := range c.g.Edges {
-		rep.Edges[e.Name] = c.mergedEdge(e, reps, byLedger)
+		rep.Edges[e.Name] = c.mergedEdge(e, reps, totals)
+	}
+	for _, s := range c.g.Stages {
+		rep.Stages[s.Name] = c.mergedStage(s, byName, totals != nil, rep.Edges)
 	}
 	rep.SetOrder(c.g.Names())
 	switch {
@@ -318,12 +275,15 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 }
 
 // mergedStage is stage s of the final report (c.mu held): each replica
-// from the report of the share that ran it last, with what lost shares
-// did before, named by its worker ("a>b" after a restart); a restartable
-// stage's items by the ledger (byLedger); the node metrics merged.
-func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Report, byLedger bool) report.Stage {
+// from the report of the share that runs it last, with what lost shares
+// did before (named by its worker, "a>b" after a restart), and the node
+// metrics merged. Over, a restartable stage's lost replicas are settled
+// against its edges (settleLost).
+func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Report, over bool, edges map[string]report.Edge) report.Stage {
 	st := report.Stage{Node: s.Node}
 	st.Metrics, _, _ = c.stageMetrics(s)
+	lostIn, lostOut := make([]int64, s.Replicas), make([]int64, s.Replicas)
+	anyLost := false
 	for i := range s.Replicas {
 		inst := c.place[s.Name][i]
 		r := report.Replica{Index: i, Device: s.Device(i)}
@@ -339,48 +299,111 @@ func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Repo
 				continue
 			}
 			if lr, ok := c.lostReplica(in, s, i); ok {
-				r.ItemsIn += lr.ItemsIn
-				r.ItemsOut += lr.ItemsOut
-				r.BusySeconds += lr.Busy.Seconds()
-				r.IdleSeconds += lr.Idle.Seconds()
-				r.BlockedSeconds += lr.Blocked.Seconds()
-				if total := r.BusySeconds + r.IdleSeconds + r.BlockedSeconds; total > 0 {
-					r.Utilization = r.BusySeconds / total
-				}
+				r = r.Plus(lr)
+				lostIn[i] += lr.ItemsIn
+				lostOut[i] += lr.ItemsOut
+				anyLost = true
 				if in.name != inst {
 					r.Worker = in.worker + ">" + r.Worker
 				}
 			}
 		}
-		if byLedger && c.stateless(s) {
-			r.ItemsIn = c.ledgerSum(replicaKey("i", s.Name, i))
-			r.ItemsOut = c.ledgerSum(replicaKey("o", s.Name, i))
-		}
 		st.Replicas = append(st.Replicas, r)
+	}
+	if over && anyLost && c.stateless(s) {
+		c.settleLost(s, st.Replicas, lostIn, lostOut, edges)
 	}
 	return st
 }
 
+// settleLost corrects what the lost shares did of restartable stage s
+// (their last snapshots' counts, in lostIn and lostOut by replica) so that
+// the stage's items add up to what its edges say it took and sent: an item
+// a lost share took and had not settled was done again elsewhere (counted
+// twice), and one it settled after its last snapshot is in no snapshot.
+// The difference goes to the lost shares' part of the replicas, the
+// largest first, never below nothing.
+func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, lostOut []int64, edges map[string]report.Edge) {
+	var took, sent int64
+	ports := map[string]bool{}
+	for _, e := range c.g.Edges {
+		if e.To.Stage == s {
+			took += edges[e.Name].Consumed
+		}
+		if e.From.Stage == s && !ports[e.From.Name] {
+			ports[e.From.Name] = true // one send on a port, whatever its edges
+			sent += edges[e.Name].Produced
+		}
+	}
+	var in, out int64
+	for _, r := range reps {
+		in += r.ItemsIn
+		out += r.ItemsOut
+	}
+	spread := func(diff int64, lost []int64, set func(i int, d int64)) {
+		order := make([]int, len(lost))
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(a, b int) bool { return lost[order[a]] > lost[order[b]] })
+		for k, i := range order {
+			d := diff
+			if d < -lost[i] {
+				d = -lost[i]
+			}
+			if d > 0 && k > 0 {
+				d = 0 // a shortfall goes to the largest lost part
+			}
+			set(i, d)
+			diff -= d
+		}
+	}
+	spread(took-in, lostIn, func(i int, d int64) { reps[i].ItemsIn += d })
+	if len(ports) > 0 {
+		spread(sent-out, lostOut, func(i int, d int64) { reps[i].ItemsOut += d })
+	}
+}
+
+// streamTotal is what an edge's stream stored over the run, and stores
+// still.
+type streamTotal struct{ stored, left int64 }
+
+// streamTotals reads the stream of every edge whose queues all ride one
+// (nothing of theirs counted by an engine alone), by edge name: what
+// every producer sent, duplicates dropped, and what is not yet consumed.
+func (c *Coordinator) streamTotals() map[string]streamTotal {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := map[string]streamTotal{}
+	for ei, e := range c.g.Edges {
+		if slices.Contains(c.remote[e.Name], false) {
+			continue
+		}
+		s, err := c.js.Stream(ctx, streamEdge(c.run, ei))
+		if err != nil {
+			continue
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			continue
+		}
+		out[e.Name] = streamTotal{stored: int64(info.State.LastSeq), left: int64(info.State.Msgs)}
+	}
+	return out
+}
+
 // mergedEdge is edge e of the final report (c.mu held): the shares'
-// counts added up with what lost shares committed, a restartable side's
-// by the ledger (byLedger), each queue's depth the largest any share saw.
-func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, byLedger bool) report.Edge {
+// counts added up with what lost shares last said, or, where its stream
+// knows (totals), what the stream stored and what of it was consumed;
+// each queue's depth the largest any share saw.
+func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals map[string]streamTotal) report.Edge {
 	re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes}
 	for _, q := range e.Queues {
 		re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
 	}
 	for _, r := range reps {
-		ed, ok := r.Edges[e.Name]
-		if !ok {
-			continue
-		}
-		re.Produced += ed.Produced
-		re.Consumed += ed.Consumed
-		for qi, q := range ed.Queues {
-			if qi < len(re.Queues) {
-				re.Queues[qi].MaxDepth = max(re.Queues[qi].MaxDepth, q.MaxDepth)
-				re.Queues[qi].MeanDepth = max(re.Queues[qi].MeanDepth, q.MeanDepth)
-			}
+		if ed, ok := r.Edges[e.Name]; ok {
+			re = re.Plus(ed)
 		}
 	}
 	for _, in := range c.instances {
@@ -390,22 +413,10 @@ func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, byLedger 
 			re.Consumed += n
 		}
 	}
-	if byLedger && c.stateless(e.From.Stage) {
-		re.Produced = c.ledgerSum(edgeKey("p", e.Name))
-	}
-	if byLedger && c.stateless(e.To.Stage) {
-		re.Consumed = c.ledgerSum(edgeKey("c", e.Name))
+	if t, ok := totals[e.Name]; ok {
+		re.Produced, re.Consumed = t.stored, t.stored-t.left
 	}
 	return re
-}
-
-// ledgerSum adds key over every share's ledger (c.mu held).
-func (c *Coordinator) ledgerSum(key string) int64 {
-	var n int64
-	for _, in := range c.instances {
-		n += in.ledger[key]
-	}
-	return n
 }
 
 // failed is the report of a run that could not start.

@@ -62,13 +62,16 @@ func Place(g *graph.Graph, workers []string, restartable func(*graph.Stage) bool
 }
 
 // remoteQueues says which queues ride JetStream under a placement: those
-// whose producers and consumers are not all in one worker, and those that
+// whose producers and consumers are not all in one worker; those that
 // feed a stage that restarts elsewhere after a loss, so that what it has
-// not finished outlives its worker (ledger.go).
+// not finished outlives its worker (ledger.go); and every queue of an edge
+// of several queues that such a stage feeds, so that an item it sends
+// again, from whichever replica, meets the first in one stream, which
+// drops it.
 func remoteQueues(g *graph.Graph, place map[string][]string, restartable func(*graph.Stage) bool) (remote map[string][]bool) {
 	remote = map[string][]bool{}
 	for _, e := range g.Edges {
-		durable := restartable != nil && restartable(e.To.Stage)
+		durable := restartable != nil && (restartable(e.To.Stage) || restartable(e.From.Stage) && len(e.Queues) > 1)
 		for _, q := range e.Queues {
 			at := map[string]bool{}
 			for _, p := range q.Producers {
@@ -236,7 +239,7 @@ func (c *Coordinator) recover(in *instance) error {
 	for _, r := range move {
 		c.place[r.s.Name][r.i] = inst
 	}
-	c.instances[inst] = &instance{name: inst, worker: target, ledger: counts{}}
+	c.instances[inst] = &instance{name: inst, worker: target}
 	c.mu.Unlock()
 	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
 		in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)

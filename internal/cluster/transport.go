@@ -281,12 +281,16 @@ func (l *links) keepAlive() {
 
 // readDepths reads every queue's depth now.
 func (l *links) readDepths() {
-	l.mu.Lock()
-	qs := append([]*jsQueue(nil), l.queues...)
-	l.mu.Unlock()
-	for _, q := range qs {
+	for _, q := range l.queueList() {
 		q.readDepth()
 	}
+}
+
+// queueList is the share's queues now.
+func (l *links) queueList() []*jsQueue {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]*jsQueue(nil), l.queues...)
 }
 
 func edgeIndex(g *graph.Graph, e *graph.Edge) int {
@@ -684,10 +688,9 @@ func (q *jsQueue) release(id string, r *ref) {
 // taken is an item taken from a queue for a restartable stage and not
 // yet acked, with the counts of its work so far.
 type taken struct {
-	q      *jsQueue
-	id     string
-	ref    *ref // its bytes are on a data plane, released once acked
-	counts counts
+	q   *jsQueue
+	id  string
+	ref *ref // its bytes are on a data plane, released once acked
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next commit
@@ -740,16 +743,13 @@ func (q *jsQueue) take(item any, id string, r *ref) {
 			q.ack(id)
 		}
 		q.release(id, r)
-		if q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) {
-			q.l.ledger.count(edgeKey("c", q.edge.Name))
-		}
 		return
 	}
 	q.hmu.Lock()
 	q.following[id] = true
 	q.hmu.Unlock()
 	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, id: id, ref: r, counts: counts{}}
+	q.l.pending[item] = &taken{q: q, id: id, ref: r}
 	q.l.pmu.Unlock()
 }
 
@@ -759,17 +759,14 @@ func (q *jsQueue) isFollowed(id string) bool {
 	return q.following[id]
 }
 
-// replyOf is the reply subject of id's latest delivery: what acks it.
-func (q *jsQueue) replyOf(id string) string {
+// heldMsg is id's latest delivery: what acks it.
+func (q *jsQueue) heldMsg(id string) jetstream.Msg {
 	q.hmu.Lock()
 	defer q.hmu.Unlock()
-	if m := q.held[id]; m != nil {
-		return m.Reply()
-	}
-	return ""
+	return q.held[id]
 }
 
-// committed ends the following of id: the coordinator has acked it.
+// committed ends the following of t: the server has its ack.
 func (q *jsQueue) committed(t *taken) {
 	q.hmu.Lock()
 	delete(q.held, t.id)

@@ -317,9 +317,14 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		nc.Request(subjDone(job.Run), db, time.Second)
 		return
 	}
-	// What the replicas finished last is committed before the report goes.
-	if cerr := l.ledger.commit(); cerr != nil && err == nil {
-		err = cerr
+	// What the replicas finished last is settled before the report goes.
+	for _, q := range l.queueList() {
+		if ferr := q.flush(); ferr != nil && err == nil && !l.aborting() {
+			err = ferr
+		}
+	}
+	if serr := l.ledger.settle(); serr != nil && err == nil {
+		err = serr
 	}
 	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
 		err = *lerr
