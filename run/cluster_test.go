@@ -15,6 +15,7 @@ import (
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
+	"go.uber.org/goleak"
 )
 
 // TestMain makes this test binary a local cluster's worker when started
@@ -25,7 +26,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(testWorker(os.Args[2:]))
 	}
-	os.Exit(m.Run())
+	// and fails the package's tests if a goroutine they started outlives
+	// them
+	goleak.VerifyTestMain(m)
 }
 
 // testWorker is `dflow worker` for the synthetic kinds: it joins, runs

@@ -33,7 +33,7 @@ import (
 // every group's completed steps, the replicas that have returned; counts
 // are published before every blocking wait) and declares a deadlock only
 // when the same stuck state, with the same mark, holds on every check for
-// DeadlockConfirm: nothing moved in between, and nothing can.
+// Options.DeadlockConfirm: nothing moved in between, and nothing can.
 //
 // What the detector cannot see it does not judge: a wait made with a
 // context other than the one the replica's Run was given may end by that
@@ -100,10 +100,9 @@ import (
 // older plugin, which does not say Waiting, is never quiescent.
 const deadlockCheckEvery = 100 * time.Millisecond
 
-// DeadlockConfirm is how long a stuck state must hold, unchanged, before
-// the run fails: a variable for tests of other packages (set it before a
-// run starts).
-var DeadlockConfirm = time.Second
+// DefaultDeadlockConfirm is how long a stuck state must hold, unchanged,
+// before the run fails, unless Options.DeadlockConfirm says otherwise.
+const DefaultDeadlockConfirm = time.Second
 
 // Deadlocked reports whether the run's replicas are, right now, all in
 // waits that cannot end (before the detector has confirmed it): for
@@ -143,10 +142,10 @@ var opaqueWait = &waitSite{kind: waitOpaque}
 
 // detector is the sampler's deadlock state.
 type detector struct {
-	next    int64 // nanotime of the next check
-	since   int64 // nanotime the current stuck state was first seen; 0: none
-	mark    int64 // the progress mark then
-	confirm time.Duration
+	next    int64         // nanotime of the next check
+	since   int64         // nanotime the current stuck state was first seen; 0: none
+	mark    int64         // the progress mark then
+	confirm time.Duration // Options.DeadlockConfirm
 	// drainStuck is set when a drain could not complete: the run ends
 	// aborted.
 	drainStuck atomic.Bool
@@ -169,11 +168,7 @@ func (r *run) checkDeadlock(now int64) {
 		d.since, d.mark = now, mark
 		return
 	}
-	confirm := d.confirm
-	if confirm == 0 {
-		confirm = DeadlockConfirm
-	}
-	if time.Duration(now-d.since) < confirm {
+	if time.Duration(now-d.since) < d.confirm {
 		return
 	}
 	err := newDeadlock(stuck, r.isDraining())

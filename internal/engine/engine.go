@@ -30,6 +30,10 @@ type Options struct {
 	Grace time.Duration
 	// SampleEvery is the queue-depth sampling period (default 10ms).
 	SampleEvery time.Duration
+	// DeadlockConfirm is how long a stuck state must hold, unchanged,
+	// before the run fails with a *Deadlock (default
+	// DefaultDeadlockConfirm; deadlock.go).
+	DeadlockConfirm time.Duration
 	// Interval is the monitoring period: every Interval a point is added
 	// to the report's series and Observe, if set, is called with a fresh
 	// snapshot. Zero means no series and no calls.
@@ -128,7 +132,11 @@ func New(g *graph.Graph, opts Options) (*Pipeline, error) {
 	if opts.SampleEvery == 0 {
 		opts.SampleEvery = 10 * time.Millisecond
 	}
+	if opts.DeadlockConfirm == 0 {
+		opts.DeadlockConfirm = DefaultDeadlockConfirm
+	}
 	r := &run{g: g, opts: opts, draining: make(chan struct{})}
+	r.detect.confirm = opts.DeadlockConfirm
 	return &Pipeline{r}, r.build()
 }
 

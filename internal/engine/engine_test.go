@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"go.uber.org/goleak"
@@ -57,6 +58,7 @@ edge "hs" {
 // TestSeedShapeBothPolicies: the 5-on-3 shape delivers every item exactly
 // once under both policies, and round_robin uses the 2-2-1 wiring.
 func TestSeedShapeBothPolicies(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []string{"round_robin", "shared"} {
 		t.Run(policy, func(t *testing.T) {
 			h := newHarness(t)
@@ -95,6 +97,7 @@ func TestSeedShapeBothPolicies(t *testing.T) {
 // TestFinishingOrders: producers finishing before consumers start, and
 // consumers starting first, in every order of replica start delays.
 func TestFinishingOrders(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ src, dst string }{
 		{"[0]", "[30, 0, 15]"},      // producer done long before consumers start
 		{"[30]", "[0, 0, 0]"},       // consumers wait for a late producer
@@ -149,6 +152,7 @@ edge "e" {
 // fan-out, random replicas, policies and capacities. Every item reaches
 // every sink once per path from its source, and every run terminates.
 func TestRandomDAGs(t *testing.T) {
+	t.Parallel()
 	n := 60
 	if testing.Short() {
 		n = 15
@@ -225,6 +229,7 @@ func randomDAG(r *rand.Rand) (string, map[string]int) {
 // TestFailure: the first error in any replica fails the run, naming stage
 // and replica, and everything stops.
 func TestFailure(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		stage, set, want string
 	}{
@@ -249,6 +254,7 @@ func TestFailure(t *testing.T) {
 // TestConsumerQuitsEarly: a consumer stage that returns while its
 // producers still send is an error naming both stages, not a hang.
 func TestConsumerQuitsEarly(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	_, err := h.run(h.load(seedLike, "stage.drafter.config.quit_after=2", "stage.target.config.jitter_us=0"), Options{})
 	if err == nil || !strings.Contains(err.Error(), `edge "hs": stage "drafter" returned while stage "target" still produces`) {
@@ -259,6 +265,7 @@ func TestConsumerQuitsEarly(t *testing.T) {
 // TestNoConsumersError: a producer blocked on a full queue whose consumers
 // all returned gets ErrNoConsumers rather than hanging.
 func TestNoConsumersError(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(seedLike)
 	q := newQueue(&edge{g: g.Edge("hs")}, graph.Queue{Producers: []int{0}, Consumers: []int{0}}, 1, 0)
@@ -277,6 +284,7 @@ func TestNoConsumersError(t *testing.T) {
 // TestStuckReplicaGrace: a replica that ignores cancellation cannot hang
 // the run: Run gives up after the grace period and names it.
 func TestStuckReplicaGrace(t *testing.T) {
+	// Not parallel: it reads every goroutine's stack, other tests' runs too.
 	h := newHarness(t)
 	g := h.load(seedLike, "stage.drafter.config.stuck=true", "stage.target.config.fail_after=1")
 	rep, err := h.run(g, Options{Grace: 50 * time.Millisecond})
@@ -300,6 +308,7 @@ func TestStuckReplicaGrace(t *testing.T) {
 // TestDrain: a drain stops the sources, lets items in flight finish, and
 // ends interrupted with produced == consumed.
 func TestDrain(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(`
 stage "src" {
@@ -338,7 +347,7 @@ edge "b" {
 		defer close(done)
 		rep, err = Run(context.Background(), g, Options{Registry: h.reg, Drain: drain})
 	}()
-	eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		h.got.mu.Lock()
 		defer h.got.mu.Unlock()
 		return len(h.got.counts["sink"]) > 20
@@ -360,6 +369,7 @@ edge "b" {
 
 // TestAbort: cancelling the context aborts at once, status aborted.
 func TestAbort(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(seedLike, "stage.src.config.count=1000000", "stage.target.config.jitter_us=1000")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -373,6 +383,7 @@ func TestAbort(t *testing.T) {
 // TestAccounting: busy + idle + blocked add up to each replica's lifetime,
 // and a node of known service time is measured close to it.
 func TestAccounting(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(`
 stage "src" {
@@ -436,6 +447,7 @@ edge "b" {
 // TestCapacityBytes: with capacity_bytes an edge holds no more payload
 // bytes than allowed, whatever its item capacity.
 func TestCapacityBytes(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(`
 stage "src" {
@@ -470,6 +482,7 @@ edge "a" {
 // TestSyncUnevenEnds: synthetic_work with sync; replicas run out of input
 // at different times (round_robin 2-2-1) and nobody hangs.
 func TestSyncUnevenEnds(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	g := h.load(`
 stage "src" {
@@ -524,6 +537,7 @@ edge "c" {
 // of random DAGs: every run ends; a failed run names the stage at fault; a
 // run that never reached the fault delivers everything.
 func TestRandomFaults(t *testing.T) {
+	t.Parallel()
 	n := 40
 	if testing.Short() {
 		n = 10

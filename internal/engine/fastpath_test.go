@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -74,14 +75,14 @@ func abortWhen(t *testing.T, p *Pipeline, stage int, state int32, what string) (
 		defer close(done)
 		rep, err = p.Execute(ctx)
 	}()
-	eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		for _, rp := range p.r.stages[stage].replicas {
 			if _, _, st := rp.waits(); st != state {
 				return false
 			}
 		}
 		return true
-	}, what)
+	}, "%s", what)
 	cancel()
 	<-done
 	return rep, err
@@ -103,6 +104,7 @@ func readAll(ctx context.Context, in nodes.Input) error {
 // grace period, and the run ends interrupted without naming stuck
 // replicas.
 func TestAbortReleasesBlockedProducers(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []graph.Policy{graph.Shared, graph.RoundRobin} {
 		t.Run(string(policy), func(t *testing.T) {
 			reg := nodes.NewRegistry()
@@ -135,6 +137,7 @@ func TestAbortReleasesBlockedProducers(t *testing.T) {
 // aborted, while their producers are still running, so it is the wake
 // token that releases them, not the end of input; no token reaches a node.
 func TestAbortReleasesBlockedConsumers(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	const consumers = 3
 	var (
@@ -188,6 +191,7 @@ func TestAbortReleasesBlockedConsumers(t *testing.T) {
 // replica's own context take the plain path. The producer holds the queue
 // open meanwhile, so the deadline is the only way out of that Recv.
 func TestRecvOwnDeadline(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	waited := make(chan struct{})
 	funcKind(reg, "once", false, true, func(ctx context.Context, r nodes.Replica) error {
@@ -224,6 +228,7 @@ func TestRecvOwnDeadline(t *testing.T) {
 // TestCountsWhileWaiting: live counters are exact for a replica in a wait
 // and for one whose items are slow, though both publish lazily.
 func TestCountsWhileWaiting(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	release := make(chan struct{})
 	const sent = 10
@@ -253,7 +258,7 @@ func TestCountsWhileWaiting(t *testing.T) {
 	// Fewer than publishEvery items each: without publishing at every slow
 	// item (the producer) and before every wait (the consumer), both would
 	// show 0 until the end.
-	eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		s := p.Snapshot()
 		return len(s.Edges) == 1 && s.Edges[0].Produced == sent && s.Edges[0].Consumed == sent &&
 			s.Stages[0].Replicas[0].ItemsOut == sent && s.Stages[1].Replicas[0].ItemsIn == sent
@@ -268,6 +273,7 @@ func TestCountsWhileWaiting(t *testing.T) {
 // TestServiceSampling: fast items are timed on a sample, slow ones all;
 // either way the mean is near the truth.
 func TestServiceSampling(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		items int
@@ -339,6 +345,7 @@ func TestServiceSampling(t *testing.T) {
 // must match the true total within the sampling error, which is that of
 // asking at each tick whether the replica is waiting (4 sigma here).
 func TestCoarseWaitsUnbiased(t *testing.T) {
+	t.Parallel()
 	const tick, ticks = int64(10 * time.Millisecond), 4000
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, meanWait := range []int64{20_000, 300_000, 3_000_000} { // 20µs, 300µs, 3ms
@@ -377,6 +384,7 @@ func TestCoarseWaitsUnbiased(t *testing.T) {
 // (0 included: a coarse clock or a test clock may start there), with
 // several at once.
 func TestWaitTotal(t *testing.T) {
+	t.Parallel()
 	for _, origin := range []int64{0, 1, 5e15, 1 << 57} { // clocks up to 4.5 years from their origin
 		var w waitTotal
 		at := func(now int64) (int64, int) { return waitsAt(w.v.Load(), origin+now) }
@@ -405,6 +413,7 @@ func TestWaitTotal(t *testing.T) {
 // after each send until the producer has seen it full (then it is the
 // capacity, and the fast path stops reading the channel's length).
 func TestMaxDepth(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ items, want int }{{3, 3}, {4, 4}, {20, 4}} {
 		reg := nodes.NewRegistry()
 		release := make(chan struct{})
@@ -446,6 +455,7 @@ func TestMaxDepth(t *testing.T) {
 // to time): a port stuck at the initial rate would publish its count, a
 // barrier, on every item.
 func TestPortsFollowTheRate(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
 		out := r.Out("out")
@@ -522,6 +532,7 @@ edge "bc" {
 // timing overcounts by up to a tick) are scaled to fit, keeping their
 // proportions, so that busy, idle and blocked add up to the lifetime.
 func TestFitWaits(t *testing.T) {
+	t.Parallel()
 	ms := time.Millisecond
 	for _, tc := range []struct{ idle, blocked, life, wantIdle, wantBlocked time.Duration }{
 		{300 * ms, 100 * ms, 500 * ms, 300 * ms, 100 * ms}, // fits: unchanged

@@ -24,6 +24,7 @@ func members(n int) []*member {
 // then leaves. In step s exactly the members with steps[i] > s contribute,
 // whatever the order in which the others leave; nothing hangs.
 func TestGroupUnevenEnds(t *testing.T) {
+	t.Parallel()
 	for _, steps := range [][]int{
 		{0, 1, 3}, {3, 1, 0}, {1, 3, 0}, {2, 2, 5}, {5, 2, 2}, {4, 4, 4}, {0, 0, 0}, {1, 0, 6, 2, 6},
 	} {
@@ -67,6 +68,7 @@ func TestGroupUnevenEnds(t *testing.T) {
 }
 
 func TestGroupBarrierAndLeave(t *testing.T) {
+	t.Parallel()
 	ms := members(2)
 	ctx := context.Background()
 	done := make(chan error)
@@ -86,6 +88,7 @@ func TestGroupBarrierAndLeave(t *testing.T) {
 }
 
 func TestGroupMismatch(t *testing.T) {
+	t.Parallel()
 	ms := members(2)
 	ctx := context.Background()
 	done := make(chan error)
@@ -97,6 +100,7 @@ func TestGroupMismatch(t *testing.T) {
 }
 
 func TestGroupCancel(t *testing.T) {
+	t.Parallel()
 	ms := members(2)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -139,6 +143,7 @@ func (s *devSum) Store(x nodes.Reducible) error {
 // through their own Sum, with AllReduceSum's uneven ends; a host vector
 // and another kind in one step fail both members.
 func TestGroupReducible(t *testing.T) {
+	t.Parallel()
 	steps := []int{1, 3, 2}
 	ms := members(len(steps))
 	var wg sync.WaitGroup

@@ -211,18 +211,6 @@ func checkBalanced(t *testing.T, rep *report.Report) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // keyedID is a test id with a key (its decimal digits), for key_hash
 // edges.
 type keyedID uint64

@@ -9,6 +9,7 @@ import (
 // TestBucketOf: the fast log2 puts durations in the bucket math.Log2 would,
 // give or take one, and quantiles come back within a bucket's width.
 func TestBucketOf(t *testing.T) {
+	t.Parallel()
 	for d := time.Microsecond; d < time.Hour; d = d*21/20 + 1 {
 		exact := 1 + int(math.Log2(float64(d)/float64(time.Microsecond))*histPerOct)
 		if got := bucketOf(d); got < exact-1 || got > exact+1 {

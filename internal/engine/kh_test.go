@@ -80,6 +80,7 @@ func keyHarness(t *testing.T) (*harness, *keySink) {
 // keys), every item of a key reaches one consumer replica, the one
 // hash(key) mod 3 names, and the per-replica counts are the hash's.
 func TestKeyHash(t *testing.T) {
+	t.Parallel()
 	h, ks := keyHarness(t)
 	rep, err := h.run(h.load(keySpec), Options{})
 	if err != nil {
@@ -110,6 +111,7 @@ func TestKeyHash(t *testing.T) {
 // TestKeyHashNoKey: an item without a key on a key_hash edge fails the
 // run, naming the edge, the stage and the replica.
 func TestKeyHashNoKey(t *testing.T) {
+	t.Parallel()
 	h, _ := keyHarness(t)
 	spec := strings.Replace(keySpec, "keys  = 25", "keys  = 0", 1)
 	_, err := h.run(h.load(spec), Options{})

@@ -15,6 +15,7 @@ import (
 // adds up to the lifetime whenever the lifetime is not behind an earlier
 // one.
 func TestMarkAdvance(t *testing.T) {
+	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for run := range 200 {
 		var m mark
@@ -50,6 +51,7 @@ func TestMarkAdvance(t *testing.T) {
 // idle or blocked time ever goes down from one snapshot to the next, and
 // the three add up to no more than the time since the start.
 func TestSnapshotsMonotonic(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	// Fast items (coarse-timed waits) into a stage whose items take up to
 	// 40µs, with room for a few: replicas wait for input, for room, and

@@ -66,6 +66,7 @@ func (s sharedGroup) Leave(_ context.Context, i int) (bool, error) { return s.g.
 // group shared: every item reaches the sink once, produced == consumed over
 // the engines, and every run ends.
 func TestPlacementAcrossEngines(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []string{"round_robin", "shared"} {
 		t.Run(policy, func(t *testing.T) {
 			h := newHarness(t)

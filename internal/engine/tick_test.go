@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -15,6 +16,7 @@ import (
 // TestTickers: both tickers tick about every period, and stop releases a
 // wait in progress at once (the run's end must not wait for a tick).
 func TestTickers(t *testing.T) {
+	t.Parallel()
 	kernel, err := newKernelTicker(time.Millisecond)
 	if runtime.GOOS == "linux" && err != nil {
 		t.Fatalf("no timerfd ticker on Linux: %v", err)
@@ -59,6 +61,7 @@ func TestTickers(t *testing.T) {
 // pending on Linux: a goroutine blocked in it shows in a stack dump as
 // waiting on I/O, not on a timer or a channel fed by one.
 func TestKernelTickerWaitsOnIO(t *testing.T) {
+	// Not parallel: it reads every goroutine's stack, other tests' runs too.
 	if runtime.GOOS != "linux" {
 		t.Skip("the kernel ticker is Linux's timerfd")
 	}
@@ -68,7 +71,7 @@ func TestKernelTickerWaitsOnIO(t *testing.T) {
 	}
 	defer tk.stop()
 	go tk.wait()
-	eventually(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		buf := make([]byte, 1<<20)
 		return containsIOWait(string(buf[:runtime.Stack(buf, true)]))
 	}, "a goroutine waiting on the timerfd in IO wait")
@@ -86,6 +89,7 @@ func containsIOWait(stacks string) bool {
 // TestObserveInterval: series points come every Interval even when it is
 // shorter than SampleEvery (the sampler then ticks at the Interval).
 func TestObserveInterval(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	funcKind(reg, "slow", false, true, func(ctx context.Context, r nodes.Replica) error {
 		out := r.Out("out")

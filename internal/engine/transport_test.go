@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -130,6 +131,7 @@ func (fs *fifos) carried(edge string) int {
 // item exactly once, end by the topology (no sentinel), and count as in
 // process, for both policies; node code does not change.
 func TestTransportCarriesEdges(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []string{"round_robin", "shared"} {
 		t.Run(policy, func(t *testing.T) {
 			h := newHarness(t)
@@ -152,6 +154,7 @@ func TestTransportCarriesEdges(t *testing.T) {
 // TestTransportMixedFanIn: a port fed by one edge in process and one on a
 // transport merges both, and ends when both have.
 func TestTransportMixedFanIn(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t)
 	fs := fifos{only: []string{"b"}}
 	g := h.load(`
@@ -205,6 +208,7 @@ edge "b" {
 // transport as the queue's depth, and an abort releases producers blocked
 // on a full transport.
 func TestTransportDepthAndAbort(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	funcKind(reg, "flood", false, true, func(ctx context.Context, r nodes.Replica) error {
 		for i := 0; ; i++ {
@@ -233,7 +237,7 @@ func TestTransportDepthAndAbort(t *testing.T) {
 	// Each queue's transport fills to the capacity (the consumers' side
 	// holds one more item, which the depth does not count: it stays
 	// within the capacity).
-	eventually(t, 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		s := p.Snapshot()
 		if len(s.Edges) == 0 {
 			return false

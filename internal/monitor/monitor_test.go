@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
@@ -253,11 +254,7 @@ func TestLiveRun(t *testing.T) {
 		done <- rep
 	}()
 	var scraped string
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(scraped, `dflow_queue_depth{edge="hs",queue="0"} 8`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("never scraped a full hs queue 0:\n%s", scraped)
-		}
+	if !testutil.Within(20*time.Second, func() bool {
 		resp, err := http.Get(url)
 		if err != nil {
 			t.Fatal(err)
@@ -265,7 +262,9 @@ func TestLiveRun(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		scraped = string(body)
-		time.Sleep(10 * time.Millisecond)
+		return strings.Contains(scraped, `dflow_queue_depth{edge="hs",queue="0"} 8`)
+	}) {
+		t.Fatalf("never scraped a full hs queue 0:\n%s", scraped)
 	}
 	for _, want := range []string{`dflow_replica_busy_seconds_total{replica="2",stage="drafter"}`, `dflow_queue_capacity{edge="hs",queue="2"} 8`,
 		`dflow_edge_produced_items_total{edge="hs"}`, `dflow_replica_done{replica="0",stage="target"} 0`} {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 )
@@ -136,30 +137,24 @@ func KillDflow(t testing.TB, dflow *exec.Cmd, marker string, want int) {
 		dflow.Process.Kill()
 		dflow.Wait()
 	}()
-	for deadline := time.Now().Add(30 * time.Second); len(Procs(marker)) < want; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d plugin processes running, want %d; dflow's stderr:\n%s", len(Procs(marker)), want, stderr.String())
-		}
+	if !testutil.Within(30*time.Second, func() bool { return len(Procs(marker)) >= want }) {
+		t.Fatalf("%d plugin processes running, want %d; dflow's stderr:\n%s", len(Procs(marker)), want, stderr.String())
 	}
 	dflow.Process.Kill() // SIGKILL: dflow gets no say
 	dflow.Wait()
 	killed := time.Now()
-	for deadline := killed.Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		left := Procs(marker)
-		if len(left) == 0 {
-			t.Logf("%d plugin processes gone %v after dflow was killed", want, time.Since(killed).Round(time.Millisecond))
-			return
-		}
-		if time.Now().After(deadline) {
-			ps, _ := exec.Command("ps", "-o", "pid,ppid,pgid,args", "-p", strings.Trim(fmt.Sprint(left), "[]")).CombinedOutput()
-			for _, pid := range left {
-				if p, err := os.FindProcess(pid); err == nil {
-					p.Kill()
-				}
-			}
-			t.Fatalf("plugin processes outlived a SIGKILLed dflow by 10 s:\n%s", ps)
+	var left []int
+	if testutil.Within(10*time.Second, func() bool { left = Procs(marker); return len(left) == 0 }) {
+		t.Logf("%d plugin processes gone %v after dflow was killed", want, time.Since(killed).Round(time.Millisecond))
+		return
+	}
+	ps, _ := exec.Command("ps", "-o", "pid,ppid,pgid,args", "-p", strings.Trim(fmt.Sprint(left), "[]")).CombinedOutput()
+	for _, pid := range left {
+		if p, err := os.FindProcess(pid); err == nil {
+			p.Kill()
 		}
 	}
+	t.Fatalf("plugin processes outlived a SIGKILLed dflow by 10 s:\n%s", ps)
 }
 
 type syncBuf struct {

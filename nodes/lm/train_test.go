@@ -12,6 +12,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
 )
@@ -282,13 +283,10 @@ edge "tokens" {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		deadline := time.Now().Add(60 * time.Second)
-		for time.Now().Before(deadline) {
-			if s := p.Snapshot(); len(s.Stages) > 1 && s.Stages[1].Metrics["step"] >= 3 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Within(60*time.Second, func() bool {
+			s := p.Snapshot()
+			return len(s.Stages) > 1 && s.Stages[1].Metrics["step"] >= 3
+		})
 		cancel()
 	}()
 	rep, err := p.Execute(ctx)

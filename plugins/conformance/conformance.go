@@ -18,6 +18,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/dflash"
@@ -25,6 +26,7 @@ import (
 	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/dflow-dev/dflow/plugins/host"
 	"github.com/dflow-dev/dflow/report"
+	"go.uber.org/goleak"
 )
 
 // Plugin is an implementation of the protocol under test: the executable
@@ -141,12 +143,14 @@ const asDflowEnv = "DFLOW_CONFORMANCE_AS_DFLOW"
 
 // Main is the TestMain of a package that runs the suite: run as a dflow
 // by KilledDflow, it runs a long pipeline through the plugin until it is
-// killed; otherwise it runs the tests.
+// killed; otherwise it runs the tests, and fails them if a goroutine they
+// started outlives them (goleak; the host's thread that starts plugins
+// lives as long as the process, by design).
 func Main(m *testing.M) {
 	if js := os.Getenv(asDflowEnv); js != "" {
 		os.Exit(asDflow(js))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"))
 }
 
 // asDflow runs 2 replicas of the plugin's Pass, fed an item a
@@ -220,23 +224,20 @@ func (s *suite) load(t *testing.T) {
 // noProcessesLeft fails t if a process of the plugin's outlives 10 s.
 func (s *suite) noProcessesLeft(t *testing.T) {
 	t.Helper()
-	if err := waitFor(10*time.Second, func() bool { return len(plugintest.Procs(s.p.Marker)) == 0 }); err != nil {
+	if !testutil.Within(10*time.Second, func() bool { return len(plugintest.Procs(s.p.Marker)) == 0 }) {
 		t.Errorf("plugin processes left running after the host closed: %v", plugintest.Procs(s.p.Marker))
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(d time.Duration, cond func() bool) error {
-	for deadline := time.Now().Add(d); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %v", d)
-		}
-	}
-	return nil
-}
-
 // run runs src, failing t if it has not ended within limit.
 func (s *suite) run(t *testing.T, src string, limit time.Duration, sets ...string) (*report.Report, error) {
+	t.Helper()
+	return s.runWith(t, engine.Options{}, src, limit, sets...)
+}
+
+// runWith is run with the engine's options opts (its Registry the
+// suite's).
+func (s *suite) runWith(t *testing.T, opts engine.Options, src string, limit time.Duration, sets ...string) (*report.Report, error) {
 	t.Helper()
 	g, diags := (&graph.Loader{Catalog: s.reg, Sets: sets}).Load("p.hcl", []byte(src))
 	if diags.HasErrors() {
@@ -244,7 +245,8 @@ func (s *suite) run(t *testing.T, src string, limit time.Duration, sets ...strin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	rep, err := engine.Run(ctx, g, engine.Options{Registry: s.reg})
+	opts.Registry = s.reg
+	rep, err := engine.Run(ctx, g, opts)
 	if ctx.Err() != nil {
 		t.Fatalf("the run was still going after %v (err %v); the plugin's stderr:\n%s", limit, err, s.stderr.String())
 	}
@@ -461,10 +463,7 @@ func (s *suite) computing(t *testing.T) {
 		t.Skip("Pass has no Slow attribute")
 	}
 	s.load(t)
-	old := engine.DeadlockConfirm
-	engine.DeadlockConfirm = 100 * time.Millisecond
-	t.Cleanup(func() { engine.DeadlockConfirm = old })
-	rep, err := s.run(t, s.passSpec(2, 1, "", s.p.Pass.Slow), time.Minute)
+	rep, err := s.runWith(t, engine.Options{DeadlockConfirm: 100 * time.Millisecond}, s.passSpec(2, 1, "", s.p.Pass.Slow), time.Minute)
 	if err != nil || rep.Status != report.OK || rep.Edges["b"].Consumed != 2 {
 		t.Fatalf("status %s, err %v, %d items out; want 2, no deadlock\n%s", rep.Status, err, rep.Edges["b"].Consumed, s.stderr.String())
 	}
@@ -548,7 +547,7 @@ func (s *suite) killedDflow(t *testing.T) {
 			dflow.Env = append(os.Environ(), asDflowEnv+"="+string(js))
 			plugintest.KillDflow(t, dflow, s.p.Marker, 3)
 			if wrap {
-				if err := waitFor(10*time.Second, func() bool { return len(plugintest.Procs(p.Path)) == 0 }); err != nil {
+				if !testutil.Within(10*time.Second, func() bool { return len(plugintest.Procs(p.Path)) == 0 }) {
 					t.Errorf("wrapper shells outlived the killed dflow: %v", plugintest.Procs(p.Path))
 				}
 			}

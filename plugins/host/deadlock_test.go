@@ -11,29 +11,23 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/report"
 )
 
 // pipeline loads src for a run of its own (Drain, when not nil, drains
-// it).
-func (f *fixture) pipeline(src string, drain chan struct{}) *engine.Pipeline {
+// it), whose deadlock detector confirms a stuck state for confirm.
+func (f *fixture) pipeline(src string, drain chan struct{}, confirm time.Duration) *engine.Pipeline {
 	f.t.Helper()
 	g, diags := (&graph.Loader{Catalog: f.reg}).Load("p.hcl", []byte(src))
 	if diags.HasErrors() {
 		f.t.Fatal(diags)
 	}
-	p, err := engine.New(g, engine.Options{Registry: f.reg, Drain: drain})
+	p, err := engine.New(g, engine.Options{Registry: f.reg, Drain: drain, DeadlockConfirm: confirm})
 	if err != nil {
 		f.t.Fatal(err)
 	}
 	return p
-}
-
-// confirm sets the deadlock detector's confirm window for one test.
-func confirm(t *testing.T, d time.Duration) {
-	old := engine.DeadlockConfirm
-	engine.DeadlockConfirm = d
-	t.Cleanup(func() { engine.DeadlockConfirm = old })
 }
 
 // execute runs p, failing the test if it has not ended by the deadline.
@@ -76,15 +70,15 @@ func checkDeadlock(t *testing.T, rep *report.Report, err error) {
 // TestPluginDeadlockStopsDrain: a drain of that run cannot complete; it
 // ends on its own, as an abort that says so.
 func TestPluginDeadlockStopsDrain(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
 		t.Fatal(err)
 	}
 	// Confirm slowly, so that the drain starts after the deadlock forms
 	// and before it is declared.
-	confirm(t, 3*time.Second)
 	drain := make(chan struct{})
-	p := f.pipeline(plugintest.DeadlockSpec("tp/pass"), drain)
+	p := f.pipeline(plugintest.DeadlockSpec("tp/pass"), drain, 3*time.Second)
 	type result struct {
 		rep *report.Report
 		err error
@@ -96,13 +90,7 @@ func TestPluginDeadlockStopsDrain(t *testing.T) {
 		rep, err := p.Execute(ctx)
 		done <- result{rep, err}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for !p.Deadlocked() {
-		if time.Now().After(deadline) {
-			t.Fatal("the deadlock did not form")
-		}
-		time.Sleep(10 * time.Millisecond) // polling
-	}
+	testutil.Eventually(t, 30*time.Second, p.Deadlocked, "the deadlock to form")
 	close(drain)
 	res := <-done
 	var d *engine.Deadlock
@@ -118,12 +106,12 @@ func TestPluginDeadlockStopsDrain(t *testing.T) {
 // judged: the same deadlock is not declared (the run goes on until it is
 // cancelled), however short the confirm window.
 func TestOldPluginStaysOpaque(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	if _, err := f.h.Load("op", wrapper(t, f.dir, "op", "opaque"), f.reg); err != nil {
 		t.Fatal(err)
 	}
-	confirm(t, 100*time.Millisecond)
-	p := f.pipeline(plugintest.DeadlockSpec("op/pass"), nil)
+	p := f.pipeline(plugintest.DeadlockSpec("op/pass"), nil, 100*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type result struct {
@@ -137,17 +125,13 @@ func TestOldPluginStaysOpaque(t *testing.T) {
 	}()
 	// Twenty confirm windows in which the run makes no progress: the
 	// detector would have declared it, were the plugin's stage judged.
-	deadline := time.Now().Add(30 * time.Second)
-	var last, stillSince time.Time
+	var stillSince time.Time
 	var lastItems int64 = -1
-	for {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		select {
 		case res := <-done:
 			t.Fatalf("the run ended: status %s, err %v", res.rep.Status, res.err)
 		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the run never stopped moving")
 		}
 		var items int64
 		for _, e := range p.Snapshot().Edges {
@@ -156,12 +140,8 @@ func TestOldPluginStaysOpaque(t *testing.T) {
 		if items != lastItems {
 			lastItems, stillSince = items, time.Now()
 		}
-		last = time.Now()
-		if last.Sub(stillSince) > 2*time.Second {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // polling
-	}
+		return time.Since(stillSince) > 2*time.Second
+	}, "the run to stop moving for 2s")
 	cancel()
 	res := <-done
 	var d *engine.Deadlock

@@ -9,7 +9,7 @@
 //     process group of its own that is killed with it, gets SIGKILL when
 //     the thread that forked it dies (Linux), and holds a lifeline on its
 //     stdin that the SDK and the Python module watch.
-//   - A start that does not complete within StartTimeout kills the whole
+//   - A start that does not complete within Host.StartTimeout kills the whole
 //     process tree, whatever a wrapper script does.
 //   - Items cross in the encoding their port type means (package items);
 //     an item of another type, beyond a port's credit, or on a port the

@@ -73,6 +73,7 @@ func (bareNode) Run(st proto.Node_RunServer) error {
 // exit (which it logs, "plugin failed to exit gracefully", when it runs
 // out). Each of a 2000-item run's replicas paid those 2 s before.
 func TestBarePluginEndsAtOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	var log syncBuf
 	f.h.logger = hclog.New(&hclog.LoggerOptions{Output: &log, Level: hclog.Warn})
@@ -108,6 +109,7 @@ edge "a" {
 // leaves its folder behind, and the next host to start a plugin removes
 // it (and any other whose process is gone), not one whose process lives.
 func TestSocketFoldersSwept(t *testing.T) {
+	t.Parallel()
 	tmp, err := os.MkdirTemp("", "sw") // short: a socket's path is bounded
 	if err != nil {
 		t.Fatal(err)

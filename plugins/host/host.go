@@ -23,10 +23,11 @@ import (
 // Prefix names plugin executables found by discovery: dflow-plugin-NAME.
 const Prefix = "dflow-plugin-"
 
-// StartTimeout bounds how long a plugin may take to start: long enough
-// for a Python plugin that imports PyTorch on a loaded host (its import
-// alone took over 10s on two shared cores, and takes longer with CUDA).
-var StartTimeout = 60 * time.Second
+// DefaultStartTimeout bounds how long a plugin may take to start, unless
+// Host.StartTimeout says otherwise: long enough for a Python plugin that
+// imports PyTorch on a loaded host (its import alone took over 10s on two
+// shared cores, and takes longer with CUDA).
+const DefaultStartTimeout = 60 * time.Second
 
 // Host owns the plugin processes dflow started. Close kills them all.
 type Host struct {
@@ -36,17 +37,28 @@ type Host struct {
 	// by reference may occupy at most, each way (docs/plugins.md, Shared
 	// memory). Set it before the run.
 	PoolBytes int64
-	mu        sync.Mutex
-	procs     map[*plugin.Client]*proc // the processes running, by their go-plugin client
-	loaded    map[string]string        // plugin name -> path
-	sockets   string                   // the folder of the plugins' socket folders (sockets.go), once made
-	tempDir   string                   // where that folder goes, for tests ("": the system's)
-	logger    hclog.Logger             // go-plugin's, for tests (nil: none)
+	// StartTimeout bounds how long a plugin may take to start, and each
+	// of its answers about its kinds (Describe, Check); 0:
+	// DefaultStartTimeout. Set it before the first Load.
+	StartTimeout time.Duration
+	mu           sync.Mutex
+	procs        map[*plugin.Client]*proc // the processes running, by their go-plugin client
+	loaded       map[string]string        // plugin name -> path
+	sockets      string                   // the folder of the plugins' socket folders (sockets.go), once made
+	tempDir      string                   // where that folder goes, for tests ("": the system's)
+	logger       hclog.Logger             // go-plugin's, for tests (nil: none)
 }
 
 // New returns a host forwarding plugin stderr to w.
 func New(w io.Writer) *Host {
 	return &Host{Stderr: w, procs: map[*plugin.Client]*proc{}, loaded: map[string]string{}}
+}
+
+func (h *Host) startTimeout() time.Duration {
+	if h.StartTimeout > 0 {
+		return h.StartTimeout
+	}
+	return DefaultStartTimeout
 }
 
 func (h *Host) poolBytes() int64 {
@@ -172,9 +184,10 @@ func (r *ringWriter) last() string {
 
 // process is one started plugin process.
 type process struct {
-	client *plugin.Client
-	node   proto.NodeClient
-	stderr *ringWriter
+	client  *plugin.Client
+	node    proto.NodeClient
+	stderr  *ringWriter
+	timeout time.Duration // the host's start timeout, for its answers
 }
 
 // start launches a plugin process and connects to it.
@@ -197,7 +210,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 		GRPCDialOptions:  wire.DialOptions(),
 		Stderr:           stderr, // before the plugin serves: start-up failures
 		SyncStderr:       stderr, // what the plugin writes to os.Stderr while serving
-		StartTimeout:     StartTimeout,
+		StartTimeout:     h.startTimeout(),
 		Logger:           logger,
 	})
 	fail := func(err error) (*process, error) {
@@ -225,7 +238,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	if !ok {
 		return fail(fmt.Errorf("dispensed %T, not a node client", raw))
 	}
-	return &process{client: client, node: node, stderr: stderr}, nil
+	return &process{client: client, node: node, stderr: stderr, timeout: h.startTimeout()}, nil
 }
 
 // kill ends a plugin process (end) and forgets it.
@@ -278,7 +291,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	desc, err := p.node.Describe(ctx, &proto.DescribeRequest{})
 	if err != nil {
@@ -334,7 +347,7 @@ func (k *remoteKind) checkConfig(cfg *graph.Config) (*proto.CheckResponse, error
 	if r, ok := k.ports[js]; ok {
 		return r, nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), k.catalog.timeout)
 	defer cancel()
 	r, err := k.catalog.node.Check(ctx, &proto.CheckRequest{Kind: k.kind, ConfigJson: js})
 	if err != nil {

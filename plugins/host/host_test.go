@@ -17,6 +17,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/plugins/internal/wire"
@@ -245,17 +246,12 @@ func newFixture(t testing.TB) *fixture {
 // noProcessesLeft checks that no plugin process of this fixture survives.
 func (f *fixture) noProcessesLeft() {
 	f.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		out, _ := exec.Command("pgrep", "-f", f.dir).Output()
-		if len(bytes.TrimSpace(out)) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Errorf("plugin processes left running: %s", out)
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	var out []byte
+	if !testutil.Within(5*time.Second, func() bool {
+		out, _ = exec.Command("pgrep", "-f", f.dir).Output()
+		return len(bytes.TrimSpace(out)) == 0
+	}) {
+		f.t.Errorf("plugin processes left running: %s", out)
 	}
 }
 
@@ -296,6 +292,7 @@ edge "b" {
 }`
 
 func TestPluginReturnsError(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
 	_, err := f.run(fmt.Sprintf(passSpec, 100, 10, "tp/pass", 1), "stage.p.config.fail_after=3")
@@ -307,6 +304,7 @@ func TestPluginReturnsError(t *testing.T) {
 // TestBadSchema: plugin stages are validated like built-ins, at the
 // attribute.
 func TestBadSchema(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg)
 	src := `
@@ -339,6 +337,7 @@ edge "e" {
 }
 
 func TestGarbageOnStdout(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	path := wrapper(t, f.dir, "junk", "garbage")
 	_, err := f.h.Load("junk", path, f.reg)
@@ -349,10 +348,9 @@ func TestGarbageOnStdout(t *testing.T) {
 }
 
 func TestHangAtStart(t *testing.T) {
-	old := StartTimeout
-	StartTimeout = time.Second
-	defer func() { StartTimeout = old }()
+	t.Parallel()
 	f := newFixture(t)
+	f.h.StartTimeout = time.Second
 	_, err := f.h.Load("slow", wrapper(t, f.dir, "slow", "hang"), f.reg)
 	if err == nil || !strings.Contains(err.Error(), "timeout") {
 		t.Fatalf("err = %v", err)
@@ -360,6 +358,7 @@ func TestHangAtStart(t *testing.T) {
 }
 
 func TestDiscovery(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	wrapper(t, dir, "one", "serve")
 	os.WriteFile(filepath.Join(dir, Prefix+"notexec"), []byte("x"), 0o644)
@@ -380,6 +379,7 @@ func TestDiscovery(t *testing.T) {
 // credit dflow grants as it hands them on (at most the 64 it holds and
 // the 3 that fit downstream).
 func TestRoguePlugin(t *testing.T) {
+	t.Parallel()
 	for mode, want := range map[string]string{
 		"overrun":   `the plugin sent more items on "out" than dflow granted it credit for`,
 		"port":      `the plugin sent an item on "nope", which is not an output port`,

@@ -7,12 +7,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // TestPluginOutlivesItsForkingThread: Linux's Pdeathsig fires when the
 // thread that started a process exits, not the process: a plugin started
 // from a goroutine whose thread then ends must live on.
 func TestPluginOutlivesItsForkingThread(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	path := wrapper(t, f.dir, "tp", "serve")
 	type loaded struct {
@@ -41,14 +44,10 @@ func TestPluginOutlivesItsForkingThread(t *testing.T) {
 	// The kernel has sent the Pdeathsig of the thread's children once the
 	// thread is gone from /proc.
 	task := fmt.Sprintf("/proc/self/task/%d", l.tid)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(task); os.IsNotExist(err) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("thread %d still there", l.tid)
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := os.Stat(task)
+		return os.IsNotExist(err)
+	}, "thread %d to be gone from /proc", l.tid)
 	// The catalog process answers Check for every config the spec
 	// validates; the replicas have processes of their own.
 	rep, err := f.run(fmt.Sprintf(passSpec, 200, 10, "tp/pass", 2), "stage.p.config.fail_after=1000")

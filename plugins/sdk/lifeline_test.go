@@ -16,6 +16,7 @@ import (
 // the process, lives on. A panic in a kind's Ports or Check is a config
 // error.
 func TestPanicEndsTheReplica(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		run  func(nodes.Replica)

@@ -25,6 +25,7 @@ import (
 // are still mapped, the item is applied without error, and the pools are
 // unmapped once the stream ends.
 func TestPoolsOutliveTheReceiver(t *testing.T) {
+	t.Parallel()
 	if !wire.SharedMemoryEnabled() {
 		t.Skip("no shared memory here")
 	}

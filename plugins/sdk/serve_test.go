@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/plugins/internal/wire"
@@ -61,6 +62,7 @@ func (s *fakeStream) credit() int32 {
 // (chunked) items on two ports from two goroutines at once: every item
 // reaches dflow whole, because one item's chunks go out before another's.
 func TestConcurrentOutputsDoNotInterleave(t *testing.T) {
+	t.Parallel()
 	const perPort, size = 6, 2*wire.ChunkSize + 100
 	twins := nodes.Spec{
 		Kind: graph.Kind{Name: "twins", Ports: func(*graph.Config) []graph.PortSpec {
@@ -126,6 +128,7 @@ func TestConcurrentOutputsDoNotInterleave(t *testing.T) {
 // cannot decode, the replica ends with that error in Done, not with a
 // bare cancellation.
 func TestBrokenInputIsReported(t *testing.T) {
+	t.Parallel()
 	sink := nodes.Spec{
 		Kind: graph.Kind{Name: "sink", Ports: func(*graph.Config) []graph.PortSpec {
 			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
@@ -168,6 +171,7 @@ func TestBrokenInputIsReported(t *testing.T) {
 // plugin granted credit for ends the replica with an error naming the
 // port. The node takes nothing, so no credit is granted meanwhile.
 func TestOverrunIsReported(t *testing.T) {
+	t.Parallel()
 	stalled := nodes.Spec{
 		Kind: graph.Kind{Name: "stalled", Ports: func(*graph.Config) []graph.PortSpec {
 			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
@@ -211,6 +215,7 @@ func TestOverrunIsReported(t *testing.T) {
 // never none. The node waits for that credit before it returns (credit is
 // granted by another goroutine, and none is owed once the node is done).
 func TestBatchesAndCredit(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		budget, size int64
 		least, most  int32
@@ -231,11 +236,8 @@ func TestBatchesAndCredit(t *testing.T) {
 						}
 						got = append(got, item.([]byte)[0])
 					}
-					for deadline := time.Now().Add(5 * time.Second); st.credit() <= firstCredit; {
-						if time.Now().After(deadline) {
-							return errors.New("no credit granted after the first items were taken")
-						}
-						time.Sleep(time.Millisecond)
+					if !testutil.Within(5*time.Second, func() bool { return st.credit() > firstCredit }) {
+						return errors.New("no credit granted after the first items were taken")
 					}
 					return nil
 				}), nil

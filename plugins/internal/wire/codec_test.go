@@ -16,6 +16,7 @@ import (
 // come back equal (package items tests the in-memory and the portable
 // layouts).
 func TestSendItemChunks(t *testing.T) {
+	t.Parallel()
 	hidden := func(n int) *items.HiddenStates {
 		h := &items.HiddenStates{B: 1, T: 1, K: 1, D: n, Seq: 3, Hidden: make([]float32, n), Tokens: []int32{1}, Greedy: []int32{2}}
 		for i := range h.Hidden {
@@ -83,6 +84,7 @@ func TestSendItemChunks(t *testing.T) {
 // TestAssemblerBounds: a single chunk is its own payload, and a first
 // chunk claiming an absurd size does not make the receiver allocate it.
 func TestAssemblerBounds(t *testing.T) {
+	t.Parallel()
 	var a Assembler
 	p := []byte{1, 2, 3}
 	if b, whole := a.Add(&proto.Item{Payload: p}); !whole || &b[0] != &p[0] {

@@ -11,6 +11,7 @@ import (
 // read or written as declared, so that a worker checks them against its
 // roots as it checks a built-in kind's; an unknown path use is an error.
 func TestFieldPathOnTheWire(t *testing.T) {
+	t.Parallel()
 	fs := []graph.Field{
 		{Name: "weights", Type: graph.String, Path: graph.ReadPath},
 		{Name: "out", Type: graph.String, Path: graph.WritePath},

@@ -9,6 +9,7 @@ import (
 // TestPoolAlloc: first fit, aligned regions; freed ones coalesce, so the
 // whole pool is one region again; a full pool says so instead of waiting.
 func TestPoolAlloc(t *testing.T) {
+	t.Parallel()
 	p := newPool(1, make([]byte, 1024), -1)
 	a, _ := p.Alloc(100)
 	b, _ := p.Alloc(64)
@@ -36,6 +37,7 @@ func TestPoolAlloc(t *testing.T) {
 // in place (its header rebuilt equal to the bytes before its arrays); an
 // item elsewhere, or one whose header changed, is not.
 func TestContiguous(t *testing.T) {
+	t.Parallel()
 	p := newPool(0, make([]byte, 1<<20), -1)
 	t.Cleanup(func() { mapped.Delete(p) })
 	item := &items.HiddenStates{B: 1, T: 4, K: 2, D: 8, Seq: 3, Hidden: make([]float32, 64), Tokens: make([]int32, 4), Greedy: make([]int32, 4)}

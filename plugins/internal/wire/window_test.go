@@ -9,6 +9,7 @@ import (
 // TestWindow: credit within the item count, then within the byte budget
 // at the last item's size, and an item larger than the budget alone.
 func TestWindow(t *testing.T) {
+	t.Parallel()
 	w := Window{Items: 8, Bytes: 100}
 	if n := w.Open(3); n != 3 {
 		t.Fatalf("Open(3) = %d", n)
@@ -56,6 +57,7 @@ func TestWindow(t *testing.T) {
 // TestCreditTake: Take takes granted credit, takes a later grant, and
 // fails when the stream is gone or the context is done.
 func TestCreditTake(t *testing.T) {
+	t.Parallel()
 	c := NewCredit()
 	gone := make(chan struct{})
 	c.Grant(2)

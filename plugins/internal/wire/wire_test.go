@@ -17,6 +17,7 @@ import (
 // one sends what is held first, then goes in chunks; with a receiver that
 // does not take batches, every item goes alone.
 func TestBatcher(t *testing.T) {
+	t.Parallel()
 	var msgs []*proto.Message
 	b := Batcher{Send: func(m *proto.Message) error { msgs = append(msgs, m); return nil }, Batches: true}
 	for i := range 3 {
@@ -61,6 +62,7 @@ func TestBatcher(t *testing.T) {
 // type the codec encodes under its wire name, and back; the built-in
 // source's items are of the Go type of the port type it names.
 func TestWireTypesMatchTheCodec(t *testing.T) {
+	t.Parallel()
 	samples := map[string]any{
 		"bytes":         []byte("x"),
 		"blob":          &synthetic.Blob{Data: []byte("x")},
