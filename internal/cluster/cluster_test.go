@@ -346,7 +346,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dp.close()
-	dp.put("x", [][]byte{[]byte("secret bytes")}, nil)
+	dp.put("x", [][]byte{[]byte("secret bytes")}, nil, nil)
 	for _, auth := range []string{"", "Bearer " + NewToken(), "Bearer "} {
 		req, _ := http.NewRequest(http.MethodGet, "http://"+dp.addr+"/v1/run1/x", nil)
 		if auth != "" {
@@ -377,7 +377,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tdp.close()
-	tdp.put("y", [][]byte{[]byte("tls bytes")}, nil)
+	tdp.put("y", [][]byte{[]byte("tls bytes")}, nil, nil)
 	if got, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: tdp.pin, size: 9}, "y"); err != nil || string(got) != "tls bytes" {
 		t.Errorf("over TLS, pinned: %q, %v", got, err)
 	}
@@ -682,7 +682,7 @@ func TestDataPlaneAddresses(t *testing.T) {
 	if !strings.HasPrefix(addrs[0], "127.0.0.1:") {
 		t.Errorf("addresses %v: loopback first", addrs)
 	}
-	dp.put("x", [][]byte{[]byte("bytes")}, nil)
+	dp.put("x", [][]byte{[]byte("bytes")}, nil, nil)
 	// An address where nothing listens first (loopback port 1): the next.
 	r := ref{addr: "127.0.0.1:1," + addrs[0], size: 5}
 	if got, err := dp.fetch(context.Background(), r, "x"); err != nil || string(got) != "bytes" {

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -89,6 +90,12 @@ type heldItem struct {
 	parts [][]byte
 	q     *jsQueue // nil in tests of the plane alone
 	seq   uint64   // its message's stream sequence, once stored
+	// from is the input it derives from (a restartable replica sent it):
+	// settled only once these bytes are dropped, so that while a consumer
+	// may still need them, the input can come back and the item be sent
+	// again from another share
+	from   *taken
+	reheld bool // sent again after its first holder was lost (rehold)
 }
 
 // newDataPlane starts a share's data plane on host (an address other
@@ -134,7 +141,7 @@ func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 
 // put keeps an item's bytes until release; false when it held them
 // already (the same id sent again).
-func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue) bool {
+func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue, from *taken) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.held[id]; ok {
@@ -143,7 +150,10 @@ func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue) bool {
 	if len(d.held) == 0 {
 		d.empty = make(chan struct{})
 	}
-	d.held[id] = &heldItem{parts: parts, q: q}
+	if from != nil {
+		from.derive() // settled once dropped
+	}
+	d.held[id] = &heldItem{parts: parts, q: q, from: from}
 	for _, p := range parts {
 		d.bytes += int64(len(p))
 	}
@@ -173,6 +183,9 @@ func (d *dataPlane) drop(id string) {
 	}
 	if len(d.held) == 0 {
 		close(d.empty)
+	}
+	if h.from != nil && h.q != nil {
+		go h.from.answered(h.q.l.ledger) // off the lock: it may settle
 	}
 }
 
@@ -465,4 +478,87 @@ func hostAddrs(port string) []string {
 		}
 	}
 	return out
+}
+
+// A large item sent again after a loss.
+//
+// An item a restartable replica sent from an input lives on its holder's
+// data plane until a consumer releases it, and the input is settled only
+// then (heldItem.from). If the holder is lost first, the input comes back
+// and the replica that does it again sends the item again: the broker
+// answers that it is a duplicate of the message that stands, whose bytes
+// are gone. The new copy is kept (rehold) and its address recorded under
+// the item's id in the run's holder bucket; a consumer that cannot fetch
+// from the first holder looks there (fetchAgain). The copy is dropped once
+// the stream no longer stores the message (sweepReheld), like any other.
+
+// rehold keeps the bytes of id, sent again, for the message that stands,
+// and records where they are.
+func (q *jsQueue) rehold(id string) {
+	d := q.l.dp
+	d.mu.Lock()
+	if h := d.held[id]; h != nil {
+		h.reheld = true
+	}
+	d.mu.Unlock()
+	b, _ := json.Marshal(holderRef{Addr: d.addr, Pin: d.pin, Worker: q.l.worker})
+	ctx, cancel := context.WithTimeout(q.l.runCtx(), 5*time.Second)
+	defer cancel()
+	if _, err := q.l.holders.Put(ctx, id, b); err != nil && q.l.fatal != nil && !q.l.aborting() {
+		q.l.fatal(fmt.Errorf("%s: recording where item %s is held again: %w", q.name(), id, err))
+	}
+}
+
+// holderRef is a holder bucket's entry.
+type holderRef struct {
+	Addr   string `json:"addr"`
+	Pin    string `json:"pin,omitempty"`
+	Worker string `json:"worker"`
+}
+
+// sweepReheld drops q's reheld bytes whose message the stream no longer
+// stores.
+func (d *dataPlane) sweepReheld(q *jsQueue) {
+	d.mu.Lock()
+	var look map[string]uint64
+	for id, h := range d.held {
+		if h.reheld && h.q == q && h.seq != 0 {
+			if look == nil {
+				look = map[string]uint64{}
+			}
+			look[id] = h.seq
+		}
+	}
+	d.mu.Unlock()
+	for id, seq := range look {
+		if !q.stores(q.l.stopCtx, seq) {
+			d.drop(id)
+		}
+	}
+}
+
+// fetchAgain fetches the bytes of id from where they are held again after
+// their first holder was lost (rehold), waiting for the input they derive
+// from to come back and be done again, for as long as a duplicate can be
+// dropped (2 minutes) or until ctx ends. It returns the new place, so
+// that the release goes there.
+func (q *jsQueue) fetchAgain(ctx context.Context, r ref, id string) ([]byte, ref, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if e, err := q.l.holders.Get(ctx, id); err == nil {
+			var h holderRef
+			if json.Unmarshal(e.Value(), &h) == nil && h.Addr != r.addr {
+				nr := ref{addr: h.Addr, pin: h.Pin, size: r.size}
+				if data, err := q.l.dp.fetch(ctx, nr, id); err == nil {
+					return data, nr, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, r, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 }

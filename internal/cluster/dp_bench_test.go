@@ -11,7 +11,7 @@ func BenchmarkDataPlaneFetch(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer dp.close()
-	dp.put("x", [][]byte{make([]byte, 16<<20)}, nil)
+	dp.put("x", [][]byte{make([]byte, 16<<20)}, nil, nil)
 	b.SetBytes(16 << 20)
 	for range b.N {
 		if _, err := dp.fetch(context.Background(), ref{addr: dp.addr, size: 16 << 20}, "x"); err != nil {

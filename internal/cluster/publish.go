@@ -201,10 +201,17 @@ func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 			q.l.dp.drop(p.id)
 		}
 	} else if p.held {
-		if ack.Duplicate {
+		q.l.dp.stored(p.id, ack.Sequence)
+		switch {
+		case !ack.Duplicate:
+		case p.from == nil:
 			q.l.dp.drop(p.id) // another share holds them, for the message that stands
-		} else {
-			q.l.dp.stored(p.id, ack.Sequence)
+		default:
+			// Sent again from an input that came back: the share that sent
+			// it first may be gone with its bytes before a consumer had
+			// them. These stand in for them (rehold) until the message that
+			// stands is consumed (the sweep drops them then).
+			q.rehold(p.id)
 		}
 	}
 	if err == nil && p.from != nil {

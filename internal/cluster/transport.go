@@ -74,6 +74,11 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
 		return fmt.Errorf("end bucket: %w", err)
 	}
+	// where a large item sent again after a loss is held now (rehold), for
+	// as long as a duplicate can be dropped
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketHolders(run), Storage: jetstream.MemoryStorage, TTL: 2 * time.Minute}); err != nil {
+		return fmt.Errorf("holder bucket: %w", err)
+	}
 	return nil
 }
 
@@ -102,6 +107,7 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 		}
 	}
 	js.DeleteKeyValue(ctx, bucketEnds(run))
+	js.DeleteKeyValue(ctx, bucketHolders(run))
 }
 
 // links are one instance's transports: the engine's TransportFor, and what
@@ -115,6 +121,7 @@ type links struct {
 	instance string
 	worker   string // the worker's name (instance is the share's)
 	ends     jetstream.KeyValue
+	holders  jetstream.KeyValue // where large items sent again are held (rehold)
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (dataplane.go);
 	// threshold is the size past which an item's bytes take it
@@ -172,6 +179,9 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	var err error
 	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
 		return nil, fmt.Errorf("end bucket: %w", err)
+	}
+	if l.holders, err = js.KeyValue(ctx, bucketHolders(job.Run)); err != nil {
+		return nil, fmt.Errorf("holder bucket: %w", err)
 	}
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
@@ -276,7 +286,10 @@ func (l *links) keepAlive() {
 		defer l.wg.Done()
 		every(l.job.Timings.AckWait/4, (*jsQueue).touch)
 	}()
-	every(250*time.Millisecond, (*jsQueue).readDepth)
+	every(250*time.Millisecond, func(q *jsQueue) {
+		q.readDepth()
+		q.l.dp.sweepReheld(q) // cheap while nothing is reheld
+	})
 }
 
 // readDepths reads every queue's depth now.
@@ -384,11 +397,14 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		return err
 	}
 	p := &pub{msg: m, id: id}
+	if derived {
+		p.from = o.t
+	}
 	if size > q.l.threshold {
 		// The bytes stay here, for the consumer to fetch; the message
 		// says where (dataplane.go). Held already: for the message that
 		// stands, which this one duplicates.
-		p.held = q.l.dp.put(id, parts, q)
+		p.held = q.l.dp.put(id, parts, q, p.from)
 		m.Header.Set(hdrRef, q.l.dp.addr)
 		m.Header.Set(hdrHolder, q.l.worker)
 		m.Header.Set(hdrSize, strconv.Itoa(size))
@@ -399,9 +415,6 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		m.Data = parts[0]
 	} else {
 		m.Data = bytes.Join(parts, nil)
-	}
-	if derived {
-		p.from = o.t
 	}
 	return q.publish(p)
 }
@@ -576,8 +589,20 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 			if ctx.Err() != nil {
 				return nil, false, ctx.Err()
 			}
-			return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else",
-				q.name(), id, m.Headers().Get(hdrHolder), r.addr, err)
+			if q.l.restartable == nil || !q.l.restartable(q.edge.From.Stage) {
+				return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else, and stage %q does not restart to send them again",
+					q.name(), id, m.Headers().Get(hdrHolder), r.addr, err, q.edge.From.Stage.Name)
+			}
+			// Its producer restarts elsewhere: the input comes back, and the
+			// item is sent again from there (rehold).
+			first := err
+			if data, r, err = q.fetchAgain(ctx, r, id); err != nil {
+				if ctx.Err() != nil {
+					return nil, false, ctx.Err()
+				}
+				return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; and no replica of stage %q sent them again within 2 minutes",
+					q.name(), id, m.Headers().Get(hdrHolder), m.Headers().Get(hdrRef), first, q.edge.From.Stage.Name)
+			}
 		}
 	}
 	item, err = items.Decode(m.Headers().Get(hdrWire), data)

@@ -18,7 +18,11 @@ func init() { Register(nodes.Default) }
 
 // Register adds target_forward and drafter_train to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: targetKind, New: newTarget})
+	// target_forward keeps nothing between batches that a restart would
+	// lose: its weights are frozen and loaded from their file at the start,
+	// and a batch's hidden states are a function of the batch, so on a
+	// cluster a replica lost with its worker restarts on a live one.
+	r.Register(nodes.Spec{Kind: targetKind, New: newTarget, Stateless: true})
 	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter, Outputs: drafterOutputs, Sync: nodes.Always})
 }
 
