@@ -72,8 +72,8 @@ func TestTargetsLost(t *testing.T) {
 		Conn: nc, Graph: g, Workers: 3, Registry: e.registry,
 		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets},
 		Interval: 200 * time.Millisecond, Log: e.stderr,
-		Pin:      map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w3"}},
-		Timings:  cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
+		Pin:     map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w3"}},
+		Timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
