@@ -60,6 +60,9 @@ func StartServer(o ServerOptions) (*Server, error) {
 		if port, err = strconv.Atoi(p); err != nil {
 			return nil, fmt.Errorf("server address %q: bad port", o.Addr)
 		}
+		if port == 0 {
+			port = -1 // any free port (nats-server reads 0 as its default, 4222)
+		}
 	}
 	if o.Token == "" {
 		o.Token = NewToken()
