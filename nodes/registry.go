@@ -46,8 +46,15 @@ type Spec struct {
 	// replica sends between two Recvs derives from the item the first
 	// returned, and the same item gives the same sends (a restart sends
 	// them again and the cluster drops the duplicates). A source is never
-	// restarted.
+	// restarted for it (see Resumes).
 	Stateless bool
+	// Resumes says that a source emits the same items in the same order
+	// on every start with the same config: on a cluster, a replica lost
+	// with its worker restarts on a live one and resumes after the items
+	// of its that were stored (those it emits before are dropped, and the
+	// cluster drops what it sends again after). A source without it fails
+	// the run when its worker is lost.
+	Resumes bool
 }
 
 // Always is a Spec.Sync for kinds whose replicas always step together.

@@ -138,3 +138,48 @@ func stageGot(c *cluster.Coordinator, stage string, n int64, within time.Duratio
 	}
 	return false
 }
+
+// TestSourceLost: the seed's reader (synthetic_source, which resumes) on
+// w2, SIGKILLed mid-run with part of its items sent. It restarts on a live
+// worker and resumes after what it had stored: nothing is emitted twice
+// and nothing is skipped, so every edge and stage counts 300 once.
+func TestSourceLost(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	ws := workers(t, srv.URL, srv.Token, 3)
+	rep, err, _ := coordinatePlaced(t, srv, 3, map[string][]string{"reader": {"w2"}}, func(c *cluster.Coordinator) {
+		if !sinkGot(c, 60, 30*time.Second) {
+			t.Error("the run did not get going")
+			return
+		}
+		ws[1].cmd.Process.Signal(syscall.SIGKILL)
+	}, "stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
+	if err != nil {
+		t.Fatalf("%v\nw2:\n%s", err, ws[1].output())
+	}
+	if rep.Status != report.OK {
+		t.Fatalf("status %s: %s", rep.Status, rep.Error)
+	}
+	for name, e := range rep.Edges {
+		if e.Produced != 300 || e.Consumed != 300 {
+			t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
+		}
+	}
+	var out int64
+	for _, r := range rep.Stages["reader"].Replicas {
+		out += r.ItemsOut
+		if !strings.HasPrefix(r.Worker, "w2>") {
+			t.Errorf("the reader did not restart off w2: %+v", r)
+		}
+	}
+	if out != 300 {
+		t.Errorf("the reader sent %d, want 300", out)
+	}
+	resumed := false
+	for _, w := range []*proc{ws[0], ws[2]} {
+		resumed = resumed || strings.Contains(w.output(), "stage reader replica 0 resumes after its item")
+	}
+	if !resumed {
+		t.Errorf("no worker said the reader resumed:\n%s\n%s", ws[0].output(), ws[2].output())
+	}
+}

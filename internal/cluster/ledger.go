@@ -107,6 +107,9 @@ func (lg *ledger) settle() error {
 		return nil
 	}
 	for _, t := range batch {
+		if t.q == nil {
+			continue // a source's item: nothing to ack
+		}
 		if m := t.q.heldMsg(t.id); m != nil {
 			if err := m.Ack(); err != nil {
 				return fmt.Errorf("%s: acking item %s on worker %s: %w", t.q.name(), t.id, lg.l.worker, err)
@@ -127,11 +130,18 @@ func (lg *ledger) settle() error {
 			return fmt.Errorf("settling %d items on worker %s: %w", len(batch), lg.l.worker, err)
 		}
 	}
+	var moved []*sourcePos
 	for _, t := range batch {
+		if t.q == nil {
+			if t.pos.settled(t.k) {
+				moved = append(moved, t.pos)
+			}
+			continue
+		}
 		t.q.committed(t)
 		t.q.release(t.id, t.ref) // acked: its bytes' holder may drop them
 	}
-	return nil
+	return lg.record(moved)
 }
 
 // track wraps the node of a restartable stage so that what its replicas
@@ -139,6 +149,9 @@ func (lg *ledger) settle() error {
 func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 	if l.restartable == nil || !l.restartable(s) {
 		return n
+	}
+	if len(s.Inputs) == 0 {
+		return l.resume(s, n) // a source that resumes
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		tr := &tracked{Replica: r, l: l}

@@ -89,6 +89,7 @@ func streamEdge(run string, e int) string { return fmt.Sprintf("DFQ_%s_%d", run,
 func consumerQueue(q int) string          { return fmt.Sprintf("q%d", q) }
 func bucketEnds(run string) string        { return "DFE_" + run }
 func bucketHolders(run string) string     { return "DFH_" + run }
+func bucketPositions(run string) string   { return "DFP_" + run }
 func keyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"slices"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -79,6 +81,9 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketHolders(run), Storage: jetstream.MemoryStorage, TTL: 2 * time.Minute}); err != nil {
 		return fmt.Errorf("holder bucket: %w", err)
 	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketPositions(run), Storage: jetstream.MemoryStorage}); err != nil {
+		return fmt.Errorf("position bucket: %w", err)
+	}
 	return nil
 }
 
@@ -108,20 +113,22 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 	}
 	js.DeleteKeyValue(ctx, bucketEnds(run))
 	js.DeleteKeyValue(ctx, bucketHolders(run))
+	js.DeleteKeyValue(ctx, bucketPositions(run))
 }
 
 // links are one instance's transports: the engine's TransportFor, and what
 // they share (the connection, the blob stream, the end bucket, the items
 // held unacked).
 type links struct {
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	job      *Job
-	g        *graph.Graph
-	instance string
-	worker   string // the worker's name (instance is the share's)
-	ends     jetstream.KeyValue
-	holders  jetstream.KeyValue // where large items sent again are held (rehold)
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	job       *Job
+	g         *graph.Graph
+	instance  string
+	worker    string // the worker's name (instance is the share's)
+	ends      jetstream.KeyValue
+	holders   jetstream.KeyValue // where large items sent again are held (rehold)
+	positions jetstream.KeyValue // how far resuming sources have gone (resume.go)
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (dataplane.go);
 	// threshold is the size past which an item's bytes take it
@@ -136,6 +143,7 @@ type links struct {
 	ledger      *ledger
 	started     time.Time
 	afterSend   func(stage string) // WorkerOptions.AfterSend
+	logw        io.Writer          // the worker's log (nil: none)
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.
@@ -183,6 +191,9 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	if l.holders, err = js.KeyValue(ctx, bucketHolders(job.Run)); err != nil {
 		return nil, fmt.Errorf("holder bucket: %w", err)
 	}
+	if l.positions, err = js.KeyValue(ctx, bucketPositions(job.Run)); err != nil {
+		return nil, fmt.Errorf("position bucket: %w", err)
+	}
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
 		l.threshold = dataThreshold
@@ -227,6 +238,14 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	l.queues = append(l.queues, q)
 	l.mu.Unlock()
 	return q
+}
+
+// log is the worker's log.
+func (l *links) log() io.Writer {
+	if l.logw == nil {
+		return io.Discard
+	}
+	return l.logw
 }
 
 // runCtx is the share's run context (Background for links without one).
@@ -299,6 +318,28 @@ func (l *links) readDepths() {
 	}
 }
 
+// sent is s with a finished producer replica shown not done while a
+// remote queue it feeds is not yet closed (its last publishes may be
+// unanswered): the coordinator takes a replica lost done as having sent
+// all it will, and writes its ends for it.
+func (l *links) sent(s *report.Snapshot) *report.Snapshot {
+	for _, q := range l.queueList() {
+		if q.closed.Load() {
+			continue
+		}
+		st := s.Stage(q.edge.From.Stage.Name)
+		if st == nil {
+			continue
+		}
+		for _, p := range q.local {
+			if p < len(st.Replicas) {
+				st.Replicas[p].Done = false
+			}
+		}
+	}
+	return s
+}
+
 // queueList is the share's queues now.
 func (l *links) queueList() []*jsQueue {
 	l.mu.Lock()
@@ -329,6 +370,7 @@ type jsQueue struct {
 	seq            atomic.Int64
 	depth          atomic.Int64
 	finished       atomic.Bool // Recv has seen the end: nothing is in flight
+	closed         atomic.Bool // Close has stored every item and written the ends
 
 	// the producer side (publish.go)
 	pmu        sync.Mutex
@@ -716,6 +758,9 @@ type taken struct {
 	q   *jsQueue
 	id  string
 	ref *ref // its bytes are on a data plane, released once acked
+	// a resuming source's item (q nil): its replica's position, its index
+	pos *sourcePos
+	k   int64
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next commit
@@ -983,6 +1028,7 @@ func (q *jsQueue) Close() {
 			time.Sleep(wait)
 		}
 	}
+	q.closed.Store(true)
 }
 
 // Depth is the stream's depth as last read: the messages it stores, at

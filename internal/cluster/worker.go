@@ -203,6 +203,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	l.worker = w.o.Name
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
 	l.afterSend = w.o.AfterSend
+	l.logw = w.o.Log
 	var lostErr atomic.Pointer[error] // the first
 	l.fatal = func(err error) {
 		lostErr.CompareAndSwap(nil, &err)
@@ -247,7 +248,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		}
 	}
 	sub(subjSnap(job.Run, inst), func(m *nats.Msg) {
-		b, _ := json.Marshal(p.Snapshot())
+		b, _ := json.Marshal(l.sent(p.Snapshot()))
 		m.Respond(b)
 	})
 	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
@@ -375,11 +376,14 @@ func placed(g *graph.Graph, job *Job, inst string) string {
 	return s
 }
 
-// restartable reports whether a stage's replicas may restart elsewhere: its
-// kind says it is stateless, its replicas do not step together, and it is
-// not a source.
+// restartable reports whether a stage's replicas may restart elsewhere:
+// its kind says it is stateless, its replicas do not step together, and it
+// is not a source; or it is a source that resumes (resumable).
 func restartable(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)
+	if ok && spec.Resumes && len(s.Inputs) == 0 {
+		return true
+	}
 	if !ok || !spec.Stateless || len(s.Inputs) == 0 {
 		return false // a source keeps its place in what it emits
 	}

@@ -12,7 +12,9 @@ func init() { Register(nodes.Default) }
 
 // Register adds the synthetic kinds to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: sourceKind, New: newSource, Sim: simModel,
+	// A source's items and service times follow from its config and seed:
+	// a lost replica resumes where it was (nodes.Spec.Resumes).
+	r.Register(nodes.Spec{Kind: sourceKind, New: newSource, Sim: simModel, Resumes: true,
 		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) }})
 	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel, Stateless: true})
 	r.Register(nodes.Spec{Kind: sinkKind, New: newSink, Sim: simModel, Stateless: true})

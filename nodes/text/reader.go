@@ -22,7 +22,9 @@ func init() { Register(nodes.Default) }
 
 // Register adds text_reader to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: readerKind, New: newReader, Total: readerTotal})
+	// The same files, seed and limits give the same batches in the same
+	// order: a lost replica resumes where it was (nodes.Spec.Resumes).
+	r.Register(nodes.Spec{Kind: readerKind, New: newReader, Total: readerTotal, Resumes: true})
 }
 
 // CorpusFields are the config attributes that name a corpus and its

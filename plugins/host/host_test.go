@@ -379,7 +379,9 @@ func TestDiscovery(t *testing.T) {
 // credit dflow grants as it hands them on (at most the 64 it holds and
 // the 3 that fit downstream).
 func TestRoguePlugin(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its credit case failed once with EOF instead of the
+	// protocol error when run beside the others under load (a race
+	// between the plugin's last message and its exit, to look into).
 	for mode, want := range map[string]string{
 		"overrun":   `the plugin sent more items on "out" than dflow granted it credit for`,
 		"port":      `the plugin sent an item on "nope", which is not an output port`,
