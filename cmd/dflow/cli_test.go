@@ -43,6 +43,7 @@ func writeSpec(t *testing.T, src string) string {
 // itself, one file for both, a plot name that is not an image, --plot
 // without a series. None of them gets as far as "dflow: running".
 func TestOutputsCheckedFirst(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	spec := writeSpec(t, oneEdge)
 	before, _ := os.ReadFile(spec)
@@ -86,6 +87,7 @@ func TestOutputsCheckedFirst(t *testing.T) {
 // TestPlotFormats: --plot and plot -o write the image format their name
 // says, PNG or JPEG.
 func TestPlotFormats(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	rj := filepath.Join(dir, "r.json")
 	jpg := filepath.Join(dir, "run.jpg")
@@ -107,6 +109,7 @@ func TestPlotFormats(t *testing.T) {
 // TestUsageErrors: every mistake in how a command is called exits 2 and
 // says what was wrong, in terms of the command line.
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	spec := writeSpec(t, oneEdge)
 	for _, c := range []struct {
 		args []string
@@ -143,6 +146,7 @@ func TestUsageErrors(t *testing.T) {
 // TestVersion: --version prints the version; -ldflags -X main.version
 // sets it; the report records it.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	for _, arg := range []string{"--version", "-version", "version"} {
 		if code, stdout, _ := dflow(t, arg); code != exitOK || !strings.HasPrefix(stdout, "dflow ") || len(stdout) < len("dflow x\n") {
 			t.Errorf("%s: code %d, %q", arg, code, stdout)
@@ -158,6 +162,7 @@ func TestVersion(t *testing.T) {
 // TestHelpInWords: a command's --help says what it does and what each
 // flag is for, with placeholders and defaults, on stdout.
 func TestHelpInWords(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"run", "--help"}, {"help", "run"}, {"run", "-h"}} {
 		code, stdout, _ := dflow(t, args...)
 		for _, want := range []string{
@@ -184,6 +189,7 @@ func TestHelpInWords(t *testing.T) {
 // TestRunSays: the start line counts in words ("1 edge"), the report
 // records the version, the start time and the overrides.
 func TestRunSays(t *testing.T) {
+	t.Parallel()
 	spec := writeSpec(t, "variable \"n\" {\n  default = 20\n}\n"+strings.Replace(oneEdge, "count = 20", "count = var.n", 1))
 	rj := filepath.Join(t.TempDir(), "r.json")
 	start := time.Now()
@@ -212,6 +218,7 @@ func TestRunSays(t *testing.T) {
 
 // TestValidateCounts: validate says how many of the specs are valid.
 func TestValidateCounts(t *testing.T) {
+	t.Parallel()
 	good := writeSpec(t, oneEdge)
 	code, stdout, _ := dflow(t, "validate", good, "../../graph/testdata/validate/cycle.hcl", "../../specs/seed.hcl")
 	if code != exitFailed || stdout != "2 of 3 specs valid\n" {
@@ -262,6 +269,7 @@ func TestMainJobMeasuresAcceptance(t *testing.T) {
 // TestFmtNotText: fmt of a binary is one error, as validate's, and leaves
 // the file alone.
 func TestFmtNotText(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "bin.hcl")
 	junk := []byte("stage \"a\" {\n\x00\x01\x02{{{\xff\n}}}}\n")
 	os.WriteFile(path, junk, 0o644)
@@ -279,6 +287,7 @@ func TestFmtNotText(t *testing.T) {
 // edge's policy, with the line where the spec sets keys; run refuses the
 // spec before it starts, instead of failing at the first item.
 func TestKeyHashWithoutKeys(t *testing.T) {
+	t.Parallel()
 	spec := "../../graph/testdata/validate/key_hash_no_keys.hcl"
 	code, stdout, stderr := dflow(t, "validate", spec)
 	if code != exitFailed || !strings.Contains(stdout, "0 of 1 spec valid") ||

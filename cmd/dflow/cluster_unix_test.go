@@ -16,6 +16,7 @@ import (
 // the run drains as with a Ctrl-C to the coordinator alone: exit 130,
 // interrupted, every edge balanced, no worker aborted.
 func TestLocalClusterTerminalInterrupt(t *testing.T) {
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "r.json")
 	cmd := dflowCmd(nil, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--var", "items=100000",
 		"--interval", "200ms", "--report", out)

@@ -64,6 +64,7 @@ func (f *evalFixture) eval(t *testing.T, args ...string) (int, string, string) {
 // refused unless --force-target, the same content under another path is
 // fine, and a recorded file that changed since is refused.
 func TestEvalUsesRecordedTarget(t *testing.T) {
+	t.Parallel()
 	f := newEvalFixture(t)
 	d := f.drafter(t, "d.safetensors", map[string]string{"target": f.a, "target_sha256": f.hashA})
 
@@ -102,6 +103,7 @@ func TestEvalUsesRecordedTarget(t *testing.T) {
 // TestEvalOlderDrafter: a drafter that records its target without a hash
 // (an older dflow) is evaluated with the path, saying so.
 func TestEvalOlderDrafter(t *testing.T) {
+	t.Parallel()
 	f := newEvalFixture(t)
 	d := f.drafter(t, "old.safetensors", map[string]string{"target": f.a})
 	code, stdout, stderr := f.eval(t, "eval", d)
@@ -113,6 +115,7 @@ func TestEvalOlderDrafter(t *testing.T) {
 // TestEvalUsage: nonsense options are usage errors (exit 2) in words, and
 // a file that is not a drafter is an error in words, not a struct dump.
 func TestEvalUsage(t *testing.T) {
+	t.Parallel()
 	f := newEvalFixture(t)
 	d := f.drafter(t, "d.safetensors", map[string]string{"target": f.a, "target_sha256": f.hashA})
 	for _, tc := range []struct {

@@ -21,6 +21,7 @@ func dflow(t *testing.T, args ...string) (int, string, string) {
 }
 
 func TestUsage(t *testing.T) {
+	t.Parallel()
 	if code, _, stderr := dflow(t); code != exitUsage || !strings.Contains(stderr, "dflow validate") {
 		t.Errorf("no args: code %d, %q", code, stderr)
 	}
@@ -39,6 +40,7 @@ func TestUsage(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	code, stdout, stderr := dflow(t, "validate", "../../specs/seed.hcl", "../../specs/fan.hcl")
 	if code != 0 || !strings.Contains(stdout, "2 of 2 specs valid") || stderr != "" {
 		t.Errorf("valid specs: code %d, %q, %q", code, stdout, stderr)
@@ -69,6 +71,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestGraph(t *testing.T) {
+	t.Parallel()
 	for format, want := range map[string]string{
 		"text":    "queue 2: target [2] -> drafter [2]",
 		"dot":     `"target" -> "drafter" [label="hs: tokens, round_robin, cap 8, 2-2-1`,
@@ -89,6 +92,7 @@ func TestGraph(t *testing.T) {
 }
 
 func TestFmt(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	messy := filepath.Join(dir, "messy.hcl")
 	os.WriteFile(messy, []byte("stage \"a\" {\nnode=\"sink\"\n    replicas   = 2\n}\n"), 0o644)

@@ -46,6 +46,7 @@ edge "tokens" {
 // wrote stops the run before any work, naming the stage, the file and
 // the ways out, and --var overwrite=true replaces it.
 func TestRunSaysWhereModelsGo(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	corpus := filepath.Join(dir, "c.txt")
 	os.WriteFile(corpus, []byte(strings.Repeat("where does the model go? ", 2000)), 0o644)

@@ -73,6 +73,7 @@ func writeCorpus(t *testing.T, path string, n int) {
 // main job again as written is refused before any work, with the error
 // and nothing else: no summary of a run that never started.
 func TestReadmeDflashCommands(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("trains a drafter twice")
 	}
@@ -147,6 +148,7 @@ func TestReadmeDflashCommands(t *testing.T) {
 // from the clone with GOBIN set to a folder of the test's, makes a dflow
 // there that answers --version.
 func TestReadmeInstall(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds dflow")
 	}

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,16 +19,32 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/plugintest"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
 // TestMain lets the test binary act as dflow itself (DFLOW_AS_MAIN=1), so
-// signal tests run a real process without a separate build step.
+// signal tests run a real process without a separate build step. Every
+// process this binary starts of itself is such a dflow (the workers
+// --local-cluster starts, the processes the tests start), so the variable
+// is set once for the whole process: no test sets it with t.Setenv,
+// which would keep it from running in parallel.
 func TestMain(m *testing.M) {
 	if os.Getenv("DFLOW_AS_MAIN") == "1" {
 		main()
 		return
+	}
+	os.Setenv("DFLOW_AS_MAIN", "1")
+	// Most of these tests wait, on worker processes, leases and drains,
+	// more than they compute: run 4 at a time even on 2 cores, unless
+	// -parallel says otherwise.
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < 4 {
+		flag.Set("test.parallel", "4")
 	}
 	os.Exit(m.Run())
 }
@@ -41,6 +59,7 @@ func readReport(t *testing.T, path string) *report.Report {
 }
 
 func TestRunOK(t *testing.T) {
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "r.json")
 	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--report", out)
 	if code != exitOK || !strings.Contains(stderr, "run ok") {
@@ -73,6 +92,7 @@ func TestRunOK(t *testing.T) {
 }
 
 func TestRunFailure(t *testing.T) {
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "r.json")
 	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--set", "stage.wide.config.fail_after=3", "--report", out)
 	if code != exitFailed || !strings.Contains(stderr, `stage "wide" replica`) || !strings.Contains(stderr, "injected failure after 3 items") {
@@ -89,6 +109,7 @@ func TestRunFailure(t *testing.T) {
 // TestRunDrainInProcess: an interrupt drains; exit 130, the report says
 // interrupted and every edge balances.
 func TestRunDrainInProcess(t *testing.T) {
+	t.Parallel()
 	sig := make(chan os.Signal, 1)
 	sig <- os.Interrupt
 	var stdout, stderr bytes.Buffer
@@ -130,8 +151,10 @@ func (s *syncBuffer) String() string {
 // TestRunSignals runs dflow as a real process: one SIGINT drains (exit
 // 130, balanced report); two abort (exit 130 at once).
 func TestRunSignals(t *testing.T) {
+	t.Parallel()
 	for _, signals := range []int{1, 2} {
 		t.Run(map[int]string{1: "drain", 2: "abort"}[signals], func(t *testing.T) {
+			t.Parallel()
 			out := filepath.Join(t.TempDir(), "r.json")
 			args := []string{"run", "../../specs/seed.hcl", "--var", "items=100000", "--report", out}
 			if signals == 2 {
@@ -146,18 +169,15 @@ func TestRunSignals(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(20 * time.Second)
-			for !strings.Contains(stderr.String(), "dflow: running") {
-				if time.Now().After(deadline) {
-					cmd.Process.Kill()
-					t.Fatalf("never started:\n%s", stderr.String())
-				}
-				time.Sleep(5 * time.Millisecond)
+			if !testutil.Within(20*time.Second, func() bool { return strings.Contains(stderr.String(), "dflow: running") }) {
+				cmd.Process.Kill()
+				t.Fatalf("never started:\n%s", stderr.String())
 			}
 			for i := 0; i < signals; i++ {
 				cmd.Process.Signal(syscall.SIGINT)
-				for i == 0 && signals == 2 && !strings.Contains(stderr.String(), "draining") {
-					time.Sleep(time.Millisecond)
+				if i == 0 && signals == 2 && !testutil.Within(20*time.Second, func() bool { return strings.Contains(stderr.String(), "draining") }) {
+					cmd.Process.Kill()
+					t.Fatalf("never drained:\n%s", stderr.String())
 				}
 			}
 			done := make(chan error, 1)
@@ -202,6 +222,7 @@ func TestRunSignals(t *testing.T) {
 // series, --plot and `dflow plot` draw it, bad monitoring flags fail
 // clearly.
 func TestRunMonitoring(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	rj, png := filepath.Join(dir, "r.json"), filepath.Join(dir, "run.png")
 	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--interval", "50ms", "--report", rj, "--plot", png)
@@ -241,6 +262,7 @@ func TestRunMonitoring(t *testing.T) {
 // TestSimAndCompare: sim writes a simulated report; --from replays a real
 // report; --split ranks splits; compare prints a table, JSON and a chart.
 func TestSimAndCompare(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	rj := filepath.Join(dir, "sim.json")
 	code, _, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--report", rj, "--interval", "1s")
@@ -296,6 +318,7 @@ func TestSimAndCompare(t *testing.T) {
 // TestEval: dflow eval measures a saved drafter next to the n-gram
 // baseline; bad files fail clearly.
 func TestEval(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	m, _ := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
 	target := filepath.Join(dir, "t.safetensors")
@@ -361,6 +384,7 @@ edge "b" {
 // spec: validate checks its stage, run streams items through it, dflow
 // plugins lists it.
 func TestPluginCLI(t *testing.T) {
+	t.Parallel()
 	bin, err := buildChecksum()
 	if err != nil {
 		t.Fatal(err)
@@ -393,6 +417,7 @@ func TestPluginCLI(t *testing.T) {
 // TestPluginSignals: SIGINT or SIGTERM to dflow, twice, leaves no plugin
 // process behind.
 func TestPluginSignals(t *testing.T) {
+	t.Parallel()
 	bin, err := buildChecksum()
 	if err != nil {
 		t.Fatal(err)
@@ -412,21 +437,14 @@ func TestPluginSignals(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			out, _ := exec.Command("pgrep", "-f", plug).Output()
-			if len(strings.Fields(string(out))) >= 3 { // catalog + 2 replicas
-				break
-			}
-			if time.Now().After(deadline) {
-				cmd.Process.Kill()
-				t.Fatalf("plugins never started:\n%s", stderr.String())
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !testutil.Within(20*time.Second, func() bool { return len(plugintest.Procs(plug)) >= 3 }) { // catalog + 2 replicas
+			cmd.Process.Kill()
+			t.Fatalf("plugins never started:\n%s", stderr.String())
 		}
 		cmd.Process.Signal(sig)
-		for !strings.Contains(stderr.String(), "draining") {
-			time.Sleep(time.Millisecond)
+		if !testutil.Within(20*time.Second, func() bool { return strings.Contains(stderr.String(), "draining") }) {
+			cmd.Process.Kill()
+			t.Fatalf("%v: never drained:\n%s", sig, stderr.String())
 		}
 		cmd.Process.Signal(sig)
 		done := make(chan struct{})
@@ -437,15 +455,8 @@ func TestPluginSignals(t *testing.T) {
 			cmd.Process.Kill()
 			t.Fatal("dflow did not exit")
 		}
-		for deadline := time.Now().Add(5 * time.Second); ; {
-			out, _ := exec.Command("pgrep", "-f", plug).Output()
-			if len(strings.TrimSpace(string(out))) == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%v: plugin processes outlived dflow: %s", sig, out)
-			}
-			time.Sleep(10 * time.Millisecond)
+		if !testutil.Within(5*time.Second, func() bool { return len(plugintest.Procs(plug)) == 0 }) {
+			t.Fatalf("%v: plugin processes outlived dflow: %v", sig, plugintest.Procs(plug))
 		}
 	}
 }
@@ -456,7 +467,7 @@ func TestPluginSignals(t *testing.T) {
 // in one process and on a cluster, where the stage is built on a worker;
 // the report, when asked for, says failed with the error.
 func TestRunNeverStarted(t *testing.T) {
-	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker process
+	t.Parallel()
 	dir := t.TempDir()
 	corpus := filepath.Join(dir, "short.txt")
 	os.WriteFile(corpus, []byte("too short for a batch\n"), 0o644)
@@ -497,6 +508,7 @@ edge "tokens" {
 // line as in the summary: one figure, not the last periodic one above the
 // final one.
 func TestLastStatusLineIsFinal(t *testing.T) {
+	t.Parallel()
 	reg := nodes.Default.Clone()
 	reg.Register(nodes.Spec{
 		Kind: graph.Kind{Name: "final_metric", Doc: "sets m=1 per item and m=2 at its end",

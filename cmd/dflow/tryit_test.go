@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -46,6 +47,7 @@ func shBlocks(t *testing.T, path string) [][]string {
 // ok with every item counted once, the killed worker's replicas restarted
 // elsewhere.
 func TestTryItKill(t *testing.T) {
+	t.Parallel()
 	blocks := shBlocks(t, "../../docs/cluster.md")
 	var run []string
 	victim := ""
@@ -72,9 +74,8 @@ func TestTryItKill(t *testing.T) {
 	coord := startProc(t, cmd)
 	pidLine := regexp.MustCompile(victim + ` \(pid (\d+)\)`)
 	progress := regexp.MustCompile(`\]\s+(\d+)% ETA`)
-	deadline := time.Now().Add(60 * time.Second)
 	pid := 0
-	for pid == 0 {
+	if !testutil.Within(60*time.Second, func() bool {
 		o := coord.output()
 		m := pidLine.FindStringSubmatch(o)
 		p := progress.FindAllStringSubmatch(o, -1)
@@ -86,10 +87,9 @@ func TestTryItKill(t *testing.T) {
 				pid, _ = strconv.Atoi(m[1])
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the run did not get going:\n%s", o)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return pid != 0
+	}) {
+		t.Fatalf("the run did not get going:\n%s", coord.output())
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // our child's child, by the pid it printed
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 // refused, the coordinator printing which worker, which plugin and where
 // it looked; the worker given that folder with --plugins runs the job.
 func TestWorkerPluginsOwnOnly(t *testing.T) {
+	t.Parallel()
 	bin, err := buildChecksum()
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +52,7 @@ func TestWorkerPluginsOwnOnly(t *testing.T) {
 
 // TestWorkerRootFlags: --write and --read must name folders.
 func TestWorkerRootFlags(t *testing.T) {
+	t.Parallel()
 	for _, flag := range []string{"--write", "--read", "--plugins"} {
 		code, _, stderr := dflow(t, "worker", "--join", "nats://127.0.0.1:1", flag, filepath.Join(t.TempDir(), "none"))
 		if code != exitUsage || !strings.Contains(stderr, flag+" ") || !strings.Contains(stderr, "not a folder") {

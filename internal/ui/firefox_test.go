@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // marionette is a minimal client of Firefox's Marionette protocol (its
@@ -105,14 +107,11 @@ func firefox(t *testing.T) *marionette {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	var conn net.Conn
-	deadline := time.Now().Add(60 * time.Second)
-	for conn == nil {
-		if conn, err = net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
-			if time.Now().After(deadline) {
-				t.Fatalf("firefox's marionette never listened on port %d", port)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+	if !testutil.Within(60*time.Second, func() bool {
+		conn, err = net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		return err == nil
+	}) {
+		t.Fatalf("firefox's marionette never listened on port %d", port)
 	}
 	t.Cleanup(func() { conn.Close() })
 	conn.SetDeadline(time.Now().Add(2 * time.Minute))
@@ -147,8 +146,8 @@ func TestPageInFirefox(t *testing.T) {
 		replicas += s.Replicas
 	}
 	seen := map[string]bool{}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var got []any
+	if !testutil.Within(60*time.Second, func() bool {
 		v, err := m.eval(`const e = document.querySelector('[data-edge="hs"]');
 			const qs = [...document.querySelectorAll('[data-queue^="hs/"]')].map(q => q.textContent);
 			return [document.querySelectorAll("[data-stage]").length, document.querySelectorAll("[data-replica]").length,
@@ -156,17 +155,13 @@ func TestPageInFirefox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, _ := v.([]any)
+		got, _ = v.([]any)
 		if len(got) == 3 && got[0] == float64(len(g.Stages)) && got[1] == float64(replicas) && got[2] != "" {
 			seen[got[2].(string)] = true
-			if len(seen) >= 2 {
-				break
-			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Firefox never showed every stage and replica with changing hs figures: last %v, seen %v", got, seen)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the page, with a deadline
+		return len(seen) >= 2
+	}) {
+		t.Fatalf("Firefox never showed every stage and replica with changing hs figures: last %v, seen %v", got, seen)
 	}
 	t.Logf("hs showed %v in Firefox", seen)
 }
