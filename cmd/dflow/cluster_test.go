@@ -26,6 +26,16 @@ import (
 // dflow (DFLOW_AS_MAIN=1), every process is ours and killed by pid at the
 // end.
 
+// wantEdges asserts that every edge of rep produced and consumed n items.
+func wantEdges(t *testing.T, rep *report.Report, n int64) {
+	t.Helper()
+	for name, e := range rep.Edges {
+		if e.Produced != n || e.Consumed != n {
+			t.Errorf("edge %s: produced %d, consumed %d, want %d each", name, e.Produced, e.Consumed, n)
+		}
+	}
+}
+
 // checkClusterReport asserts the seed's counts and that the replicas name
 // the workers they ran on.
 func checkClusterReport(t *testing.T, rep *report.Report, items int64, workers int) {
@@ -33,11 +43,7 @@ func checkClusterReport(t *testing.T, rep *report.Report, items int64, workers i
 	if rep.Status != report.OK {
 		t.Fatalf("status %s: %s", rep.Status, rep.Error)
 	}
-	for name, e := range rep.Edges {
-		if e.Produced != items || e.Consumed != items {
-			t.Errorf("edge %s: produced %d, consumed %d, want %d", name, e.Produced, e.Consumed, items)
-		}
-	}
+	wantEdges(t, rep, items)
 	on := map[string]bool{}
 	for name, st := range rep.Stages {
 		for _, r := range st.Replicas {
@@ -416,11 +422,7 @@ func TestWorkerKilled(t *testing.T) {
 			if rep.Status != report.OK {
 				t.Fatalf("status %s: %s", rep.Status, rep.Error)
 			}
-			for name, e := range rep.Edges {
-				if e.Produced != 300 || e.Consumed != 300 {
-					t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
-				}
-			}
+			wantEdges(t, rep, 300)
 			for _, stage := range []string{"target", "drafter", "done"} {
 				var in, out int64
 				for _, r := range rep.Stages[stage].Replicas {
@@ -479,11 +481,7 @@ func TestCrashAfterSend(t *testing.T) {
 	default:
 		t.Fatal("w2 did not crash")
 	}
-	for name, e := range rep.Edges {
-		if e.Produced != 300 || e.Consumed != 300 {
-			t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
-		}
-	}
+	wantEdges(t, rep, 300)
 	var in int64
 	for _, r := range rep.Stages["drafter"].Replicas {
 		in += r.ItemsIn

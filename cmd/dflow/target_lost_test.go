@@ -94,11 +94,7 @@ func TestTargetsLost(t *testing.T) {
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("status %s: %v %s\nw2:\n%s", rep.Status, err, rep.Error, ws[1].output())
 	}
-	for name, ed := range rep.Edges {
-		if ed.Produced != batches || ed.Consumed != batches {
-			t.Errorf("edge %s: produced %d, consumed %d, want %d each", name, ed.Produced, ed.Consumed, batches)
-		}
-	}
+	wantEdges(t, rep, batches)
 	for _, stage := range []string{"target", "drafter"} {
 		var in int64
 		for _, r := range rep.Stages[stage].Replicas {
@@ -160,11 +156,7 @@ func TestSourceLost(t *testing.T) {
 	if rep.Status != report.OK {
 		t.Fatalf("status %s: %s", rep.Status, rep.Error)
 	}
-	for name, e := range rep.Edges {
-		if e.Produced != 300 || e.Consumed != 300 {
-			t.Errorf("edge %s: produced %d, consumed %d, want 300 each", name, e.Produced, e.Consumed)
-		}
-	}
+	wantEdges(t, rep, 300)
 	var out int64
 	for _, r := range rep.Stages["reader"].Replicas {
 		out += r.ItemsOut
