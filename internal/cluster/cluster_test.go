@@ -412,12 +412,9 @@ func TestHolderGone(t *testing.T) {
 }
 
 // TestSlowConsumer: a producer may wait for room on a remote queue longer
-// than one publish may take (publishWait, made short here): the wait has
-// no bound, as in process, and nothing fails.
+// than one request to the server may take (Timings.Answer, made short
+// here): the wait has no bound, as in process, and nothing fails.
 func TestSlowConsumer(t *testing.T) {
-	old := publishWait
-	t.Cleanup(func() { publishWait = old }) // after the cluster's cleanup
-	publishWait = 100 * time.Millisecond
 	tc := startCluster(t, 2)
 	spec := writeSpec(t, "slow.hcl", `
 stage "src" {
@@ -438,7 +435,7 @@ edge "a" {
   capacity = 1
 }
 `)
-	rep, _, err := tc.run(t, spec, 2)
+	rep, _, err := tc.runWith(t, spec, 2, func(o *CoordOptions) { o.Timings.Answer = 100 * time.Millisecond })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +535,7 @@ edge "b" {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(l.dp.close)
+		t.Cleanup(l.close)
 		return l
 	}
 	first, second := share("w1"), share("w2")

@@ -128,6 +128,11 @@ type Timings struct {
 	// every AckWait/4, so after a loss the lost worker's items come back
 	// within it. Default DefaultAckWait.
 	AckWait time.Duration `json:"ack_wait"`
+	// Answer bounds a request to the server on an item's way: a read of a
+	// queue's room, a pipelined publish's answer (a connection's publishes
+	// are answered within the default, DefaultAnswer, whatever a job says).
+	// A wait for room has no bound.
+	Answer time.Duration `json:"answer,omitempty"`
 }
 
 // The defaults: long enough that a GC pause or a loaded host does not
@@ -145,6 +150,9 @@ func (t Timings) withDefaults() Timings {
 	}
 	if t.AckWait <= 0 {
 		t.AckWait = DefaultAckWait
+	}
+	if t.Answer <= 0 {
+		t.Answer = DefaultAnswer
 	}
 	return t
 }

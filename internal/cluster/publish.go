@@ -111,7 +111,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 // and not yet acked, and not yet delivered (the stream's own count of the
 // queue's subject, read from its store).
 func (q *jsQueue) stored(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, publishWait)
+	ctx, cancel := context.WithTimeout(ctx, q.l.job.Timings.Answer)
 	defer cancel()
 	q.pmu.Lock()
 	s := q.pstream

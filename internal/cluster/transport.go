@@ -31,9 +31,8 @@ const (
 	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
-// publishWait bounds one publish's wait for the server's answer (not the
-// wait for room in a full queue, which has no bound).
-var publishWait = 30 * time.Second
+// DefaultAnswer is Timings.Answer's default.
+const DefaultAnswer = 30 * time.Second
 
 // setupRun creates a run's streams, consumers and bucket: a work-queue
 // stream per edge with a remote queue, each remote queue a subject of it
@@ -1070,7 +1069,7 @@ func subjectMsgs(ctx context.Context, s jetstream.Stream, subj string) (int, err
 }
 
 // newJS is a connection's JetStream, its pipelined publishes answered or
-// failed within publishWait.
+// failed within DefaultAnswer.
 func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
-	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishWait), jetstream.WithPublishAsyncMaxPending(1<<16))
+	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(DefaultAnswer), jetstream.WithPublishAsyncMaxPending(1<<16))
 }
