@@ -329,7 +329,14 @@ func (f *clusterFlags) cluster(e *env, sf *specFlags) *run.Cluster {
 		Token: token, Creds: creds, CA: f.ca, TLSCert: f.cert, TLSKey: f.key, Place: f.place, Lease: f.lease,
 		Vars: sf.overrides().Vars, VarFiles: sf.varFiles, Sets: sf.sets, Log: e.stderr}
 	if f.serve != "" {
-		c.OnServe = func(url, token string) { e.printJoin(f.serve, url, token) }
+		given := token != ""
+		c.OnServe = func(url, token string) {
+			if given {
+				// the user's own: not printed where logs keep it (a pod's)
+				token = ""
+			}
+			e.printJoin(f.serve, url, token)
+		}
 	}
 	return c
 }
@@ -342,8 +349,12 @@ var (
 )
 
 // printJoin says where the embedded server of --serve ADDR listens and
-// how a worker on another host joins it.
+// how a worker on another host joins it; token "" is one the user gave,
+// named, not printed.
 func (e *env) printJoin(serve, url, token string) {
+	if token == "" {
+		token = "<the token you gave>"
+	}
 	join := joinURLs(serve, url)
 	at, others := url, ""
 	if len(join) > 1 || join[0] != url {
