@@ -198,7 +198,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 			`(?m)^  edge  tokens +shared +produced=120 consumed=120 `,
 			`(?m)^  edge  hs +round_robin +produced=120 consumed=120 `,
 			`(?m)^  edge  trained +shared +produced=120 consumed=120 `,
-			`DFLOW_CLUSTER_TOKEN=\*\*\* dflow worker --join`,
+			`DFLOW_CLUSTER_TOKEN=<the token you gave> dflow worker --join`, // named, not printed
 			`(?m)^dflow: cluster run \S+ on w0, w1, w2: .*; drafter w2,w2,w2;`,
 			`(?m)^dflow\.sbatch: worker w0 on `,
 			`(?m)^dflow\.sbatch: dflow run exited 0$`,
