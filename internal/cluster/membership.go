@@ -198,7 +198,7 @@ func (c *Coordinator) recover(in *instance) error {
 			switch {
 			case c.stateless(s):
 				// done or not: a finished one may have left its last
-				// item uncommitted, which comes back to its restart
+				// item unsettled, which comes back to its restart
 				move = append(move, rep{s, i})
 				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
 			case in.last != nil && replicaDone(in.last, s.Name, i):

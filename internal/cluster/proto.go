@@ -64,9 +64,6 @@ type done struct {
 // reply is the answer to a request: empty Err means accepted.
 type reply struct {
 	Err string `json:"err,omitempty"`
-	// Retry says the request may succeed if sent again (a commit whose
-	// acks did not reach the server).
-	Retry bool `json:"retry,omitempty"`
 }
 
 func subjHello(name string) string           { return "dflow.hello." + name }

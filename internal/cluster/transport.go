@@ -153,7 +153,7 @@ type links struct {
 	// records no end of input and no consumer gone, for its replicas may
 	// run on in another share
 	ctx context.Context
-	// fatal fails the share with err (a commit refused, an end of input
+	// fatal fails the share with err (a publish refused, an end of input
 	// that could not be recorded).
 	fatal   func(error)
 	pmu     sync.Mutex
@@ -255,7 +255,7 @@ func (l *links) runCtx() context.Context {
 	return l.ctx
 }
 
-// start starts the background work (renewals, depth reads, commits),
+// start starts the background work (renewals, depth reads, settles),
 // once the fields the caller sets are set.
 func (l *links) start() {
 	l.wg.Add(2)
@@ -401,9 +401,6 @@ type jsQueue struct {
 	held      map[string]jetstream.Msg // fetched and not yet acked, by id: the latest delivery
 	following map[string]bool          // ids followed by a restartable replica, until committed
 }
-
-// key names the queue in commits: edge index and queue index.
-func (q *jsQueue) key() string { return strconv.Itoa(q.ei) + "." + strconv.Itoa(q.qi) }
 
 func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.Name, q.qi) }
 
@@ -762,7 +759,7 @@ type taken struct {
 	k   int64
 
 	// settled: once its replica has done with it and every publish of
-	// what it sent has its answer, it joins the ledger's next commit
+	// what it sent has its answer, it joins the ledger's next settle
 	mu       sync.Mutex
 	under    int  // publishes derived from it, unanswered
 	finished bool // its replica has asked for the next item, or returned
@@ -801,8 +798,8 @@ func (t *taken) finish(lg *ledger) {
 
 // take acks m now, unless the consuming stage restarts elsewhere on a
 // loss and the item can be followed (a pointer): then the replica that
-// receives it follows it (ledger.go) and the coordinator acks it once it
-// is finished and counted.
+// receives it follows it (ledger.go) and its worker acks it once it
+// is finished and what it sent is stored (settled).
 func (q *jsQueue) take(item any, id string, r *ref) {
 	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
 	if !follow {
@@ -1044,7 +1041,7 @@ func (q *jsQueue) Depth() int {
 func (q *jsQueue) readDepth() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if n, err := queueMsgs(ctx, q.l.js, q.l.job.Run, q.ei, q.qi); err == nil {
+	if n, err := q.stored(ctx); err == nil { // the room's reading, on the stream it keeps
 		q.depth.Store(int64(n))
 	}
 }

@@ -148,13 +148,6 @@ func respond(m *nats.Msg, err error) {
 	m.Respond(b)
 }
 
-// respondRetry answers a request that failed for now: sent again, it may
-// succeed.
-func respondRetry(m *nats.Msg, err error) {
-	b, _ := json.Marshal(reply{Err: err.Error(), Retry: true})
-	m.Respond(b)
-}
-
 // announce says every helloEvery that the worker is there.
 func (w *worker) announce(ctx context.Context) {
 	t := time.NewTicker(helloEvery)
