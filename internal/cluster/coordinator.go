@@ -443,9 +443,11 @@ func (l *runLoop) judge() {
 // stream still holds items never delivered to any consumer: their
 // consumers returned before reading their input to the end, as a local
 // run fails (no one engine sees it: each worker's consumers ended with
-// producers elsewhere). Items delivered and not acked are left alone: an
-// ack sent just before a share's end may still be on its way (a worker
-// whose consumers returned with items in hand fails itself).
+// producers elsewhere), and so do items delivered to a worker and never
+// acked: its consumers returned while a fetch was bringing them (a worker
+// whose consumers returned with items in its inbox fails itself). Every
+// share has flushed its acks before its report, so the server has read
+// them; it applies them on its own time, which is waited for (2s).
 func (c *Coordinator) unread(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -458,9 +460,20 @@ func (c *Coordinator) unread(ctx context.Context) error {
 			if err != nil {
 				continue
 			}
-			if info, err := cons.Info(ctx); err == nil && info.NumPending > 0 {
+			left := 0
+			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				info, err := cons.Info(ctx)
+				if err != nil {
+					break
+				}
+				left = int(info.NumPending) + info.NumAckPending
+				if left == 0 || info.NumPending > 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if left > 0 {
 				return fmt.Errorf("edge %q queue %d: stage %q returned with %d items of stage %q unread; a consumer must read its input to the end",
-					e.Name, qi, e.To.Stage.Name, info.NumPending, e.From.Stage.Name)
+					e.Name, qi, e.To.Stage.Name, left, e.From.Stage.Name)
 			}
 		}
 	}

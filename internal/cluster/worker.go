@@ -323,6 +323,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
 		err = *lerr
 	}
+	// The acks sent are the server's before the report says the share is
+	// over: the coordinator then reads what was never acked as unread.
+	nc.FlushTimeout(2 * time.Second)
 	b, _ := json.Marshal(rep)
 	l.readDepths() // the share's last figures show the queues as they are now, not 250ms ago
 	sb, _ := json.Marshal(p.Snapshot())
