@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"encoding"
 	"errors"
 	"fmt"
 )
@@ -113,6 +114,23 @@ type Group interface {
 	// evaluation. A member that had already left gets false; a member
 	// lost with its host counts as having left.
 	Finish(ctx context.Context) (last bool, err error)
+	// Keep gives the group the replica's state (its weights, optimizer
+	// state and step counter), for a kind whose state moves (Spec.Moves).
+	// On a cluster, a member lost with its worker restarts on a live one
+	// and takes the group's state over from a member still present: that
+	// member marshals st at its next collective (a step boundary: the
+	// last step's update applied, the next one's not), and the restarted
+	// member's Keep returns once st holds it (unmarshalled). Call it once,
+	// before the first collective; a member that is not a restart, or a
+	// group in one process, only records st.
+	Keep(ctx context.Context, st State) error
+}
+
+// State is a replica's state as a group moves it (Group.Keep): the bytes
+// one member's MarshalBinary writes, another's UnmarshalBinary reads.
+type State interface {
+	encoding.BinaryMarshaler
+	encoding.BinaryUnmarshaler
 }
 
 // Reducible is a vector of float32 values that a replica group can sum

@@ -55,6 +55,16 @@ type Spec struct {
 	// cluster drops what it sends again after). A source without it fails
 	// the run when its worker is lost.
 	Resumes bool
+	// Moves says that the replicas of a kind that step together (Sync)
+	// hand their state to a member restarted elsewhere: each replica gives
+	// it to its group (Group.Keep) before its first step, and takes one
+	// item per step. On a cluster, a member lost with its worker restarts
+	// on a live one; its unfinished step is not counted, its item comes
+	// back to the restart, which takes the group's state over from a
+	// member still present at that member's next step (docs/cluster.md).
+	// A lost member of a group with no member left fails the run, as does
+	// a lost replica of a kind that keeps state without Moves.
+	Moves bool
 }
 
 // Always is a Spec.Sync for kinds whose replicas always step together.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,20 +11,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
 )
 
-// TestTargetsLost: the DFlash job over three standing workers, every
-// target_forward replica on w2, which is SIGKILLed once the drafters have
-// trained on a few batches. target_forward is stateless (frozen weights,
-// loaded at the start): its replicas restart on the live workers, which
-// load the model there, the batches w2 had not finished come back, and
-// what it had sent is sent again under the same ids and dropped. The run
-// completes ok with every batch reaching the drafters once and the
-// checkpoint written.
-func TestTargetsLost(t *testing.T) {
+// TestDFlashLost: the DFlash job over three standing workers, a worker
+// SIGKILLed once the drafters have trained on a few batches:
+//
+//   - targets and a drafter: every target_forward replica on w2, and
+//     drafter 1. target_forward is stateless (frozen weights): its
+//     replicas restart on the live workers, which load the model there;
+//     the batches w2 had not finished come back, and what it had sent is
+//     sent again under the same ids and dropped. drafter_train's state
+//     moves: drafter 1 restarts on a live worker and takes the group's
+//     weights, optimizer state and step from a drafter still training;
+//   - two lost: w2, then w3 (each holding a drafter, w2 every target),
+//     one after the other; the reader and drafter 0 on w1 carry on;
+//   - reader: the text_reader on w2, which resumes where its stored
+//     output ends.
+//
+// Each completes ok with every batch reaching the drafters once, the
+// checkpoint written, and the acceptance length within a margin of an
+// undisturbed run of the same size in one process.
+func TestDFlashLost(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("trains a drafter on three workers")
@@ -33,88 +46,130 @@ func TestTargetsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	// A corpus large enough for a held-out share to evaluate on.
 	corpus := filepath.Join(dir, "corpus.txt")
-	text, err := os.ReadFile(filepath.Join(root, "internal/engine/engine.go"))
-	if err != nil {
-		t.Fatal(err)
+	var text []byte
+	files, _ := filepath.Glob(filepath.Join(root, "internal/engine/*.go"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text = append(text, b...)
 	}
 	if err := os.WriteFile(corpus, text, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	const batches = 60
 	model := filepath.Join(root, "models/target.safetensors")
-	ckpt := filepath.Join(dir, "drafter.safetensors")
-	vars := map[string]string{"batches": strconv.Itoa(batches), "corpus": corpus, "checkpoint": ckpt, "targets": "3"}
-	sets := []string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
-		"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0"}
-	srv := startServer(t)
-	ws := workers(t, srv.URL, srv.Token, 3, "--read", root, "--read", dir, "--write", dir)
 	file := filepath.Join(root, "specs/dflash.hcl")
 	src, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
-	sf := &specFlags{sets: sets}
-	for k, v := range vars {
-		sf.vars = append(sf.vars, k+"="+v)
-	}
-	g := e.load(sf, file)
-	if g == nil {
-		t.Fatalf("spec: %s", e.stderr.(*syncBuffer).String())
-	}
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: srv.URL, Token: srv.Token, Name: "dflow run " + file})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
-		Conn: nc, Graph: g, Workers: 3, Registry: e.registry,
-		Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets},
-		Interval: 200 * time.Millisecond, Log: e.stderr,
-		Pin:     map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w3"}},
-		Timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
-	defer cancel()
-	go func() {
-		if !stageGot(c, "drafter", 10, 60*time.Second) {
-			t.Error("the drafters did not get going")
-			return
+	load := func(ckpt string) (*env, *graph.Graph, map[string]string, []string) {
+		vars := map[string]string{"batches": strconv.Itoa(batches), "corpus": corpus, "checkpoint": ckpt, "targets": "3"}
+		sets := []string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
+			"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0"}
+		e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
+		sf := &specFlags{sets: sets}
+		for k, v := range vars {
+			sf.vars = append(sf.vars, k+"="+v)
 		}
-		ws[1].cmd.Process.Signal(syscall.SIGKILL)
-	}()
-	rep, err := c.Run(ctx)
-	if ctx.Err() != nil {
-		t.Fatalf("the run hung: %v", err)
-	}
-	if err != nil || rep.Status != report.OK {
-		t.Fatalf("status %s: %v %s\nw2:\n%s", rep.Status, err, rep.Error, ws[1].output())
-	}
-	wantEdges(t, rep, batches)
-	for _, stage := range []string{"target", "drafter"} {
-		var in int64
-		for _, r := range rep.Stages[stage].Replicas {
-			in += r.ItemsIn
+		g := e.load(sf, file)
+		if g == nil {
+			t.Fatalf("spec: %s", e.stderr.(*syncBuffer).String())
 		}
-		if in != batches {
-			t.Errorf("stage %s took %d batches, want %d", stage, in, batches)
-		}
+		return e, g, vars, sets
 	}
-	restarted := 0
-	for _, r := range rep.Stages["target"].Replicas {
-		if strings.HasPrefix(r.Worker, "w2>") {
-			restarted++
-		}
+	// The undisturbed run, in one process.
+	e, g, _, _ := load(filepath.Join(dir, "undisturbed.safetensors"))
+	base, err := run.Run(context.Background(), g, run.Options{Registry: e.registry})
+	if err != nil || base.Status != report.OK {
+		t.Fatalf("the undisturbed run: %v", err)
 	}
-	if restarted != 3 {
-		t.Errorf("%d of 3 target replicas restarted off w2: %+v", restarted, rep.Stages["target"].Replicas)
+	baseTau := base.Stages["drafter"].Metrics["acceptance_length"]
+	if baseTau == 0 {
+		t.Fatalf("the undisturbed run measured no acceptance length: %v", base.Stages["drafter"].Metrics)
 	}
-	if _, err := os.Stat(ckpt); err != nil {
-		t.Errorf("no checkpoint: %v", err)
+	for _, tc := range []struct {
+		name string
+		pin  map[string][]string
+		kill []int // the workers killed, by index, one after the other
+	}{
+		{"targets and a drafter", map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, []int{1}},
+		{"two lost", map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, []int{1, 2}},
+		{"reader", map[string][]string{"reader": {"w2"}, "target": {"w1", "w3"}, "drafter": {"w1", "w3"}}, []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
+			e, g, vars, sets := load(ckpt)
+			srv := startServer(t)
+			ws := workers(t, srv.URL, srv.Token, 3, "--read", root, "--read", dir, "--write", filepath.Dir(ckpt))
+			nc, err := cluster.Connect(cluster.ConnOptions{URL: srv.URL, Token: srv.Token, Name: "dflow run " + file})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
+				Conn: nc, Graph: g, Workers: 3, Registry: e.registry,
+				Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets},
+				Interval: 200 * time.Millisecond, Log: e.stderr, Pin: tc.pin,
+				Timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+			defer cancel()
+			var killed time.Time
+			go func() {
+				for k, w := range tc.kill {
+					if !stageGot(c, "drafter", int64(10+15*k), 60*time.Second) {
+						t.Error("the drafters did not get going")
+						return
+					}
+					if k == 0 {
+						killed = time.Now()
+					}
+					ws[w].cmd.Process.Signal(syscall.SIGKILL)
+				}
+			}()
+			rep, err := c.Run(ctx)
+			if ctx.Err() != nil {
+				t.Fatalf("the run hung: %v", err)
+			}
+			if err != nil || rep.Status != report.OK {
+				t.Fatalf("status %s: %v %s\ncoordinator:\n%s", rep.Status, err, rep.Error, e.stderr.(*syncBuffer).String())
+			}
+			t.Logf("the run ended %v after the first kill, %.1fs in all", time.Since(killed).Round(100*time.Millisecond), rep.WallSeconds)
+			wantEdges(t, rep, batches)
+			for _, stage := range []string{"target", "drafter"} {
+				var in int64
+				for _, r := range rep.Stages[stage].Replicas {
+					in += r.ItemsIn
+				}
+				if in != batches {
+					t.Errorf("stage %s took %d batches, want %d", stage, in, batches)
+				}
+			}
+			for _, stage := range []string{"target", "drafter", "reader"} {
+				for i, r := range rep.Stages[stage].Replicas {
+					if tc.pin[stage][i%len(tc.pin[stage])] == "w2" && !strings.Contains(r.Worker, "w2>") {
+						t.Errorf("stage %s replica %d ran on %s, want a restart off w2", stage, i, r.Worker)
+					}
+				}
+			}
+			if _, err := os.Stat(ckpt); err != nil {
+				t.Errorf("no checkpoint: %v", err)
+			}
+			tau := rep.Stages["drafter"].Metrics["acceptance_length"]
+			if math.Abs(tau-baseTau) > 0.1*baseTau {
+				t.Errorf("acceptance length %.3f, the undisturbed run's %.3f: more than 10%% apart", tau, baseTau)
+			}
+			t.Logf("acceptance length %.3f, undisturbed %.3f", tau, baseTau)
+		})
 	}
 }
 

@@ -117,7 +117,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if err := c.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
-	c.place, c.remote = Place(c.g, c.workers, c.stateless)
+	c.place, c.remote = Place(c.g, c.workers, c.restartable)
 	// The spec's placement attributes, then the --place flags over them.
 	pins := map[string][]string{}
 	for _, s := range c.g.Stages {
@@ -241,7 +241,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	c.groups = map[string]*groupHost{}
 	for _, s := range c.g.Stages {
 		if spread(c.place[s.Name]) {
-			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload())
+			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
 			c.groups[s.Name] = h
 			sub(subjGroup(c.run, s.Name), h.handle)
 		}

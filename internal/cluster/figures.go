@@ -310,7 +310,7 @@ func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Repo
 		}
 		st.Replicas = append(st.Replicas, r)
 	}
-	if over && anyLost && c.stateless(s) {
+	if over && anyLost && c.restartable(s) {
 		c.settleLost(s, st.Replicas, lostIn, lostOut, edges)
 	}
 	return st

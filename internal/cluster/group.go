@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/dflow-dev/dflow/nodes"
@@ -18,42 +19,88 @@ import (
 // itself complete the round the others wait in (the uneven-ends rule, as
 // in process).
 //
-// A request is one op byte and the replica as a uint32. An all-reduce
-// sends its vector in parts that each fit in a message (a model's
-// gradients are megabytes; a NATS message is 1 MiB by default): each part
-// adds the vector's total length and the part's offset as uint32s, then
-// its values as little-endian float32s; the last part (offset + values =
-// total) is the member's arrival. An answer is a status byte (0 ok, 1
-// error), then the error's text, or: for a part before the last, nothing
-// more; for an arrival, the contributors and the round as uint32s, then
-// the sum when it fits in the answer (or nothing: the member then fetches
-// it in parts, opFetch with the round, an offset and a count); for a
-// leave, 1 as a uint32 when the member was the group's last.
+// A request is one op byte and the replica as a uint32, with two headers:
+// the share that sends it (a share counted lost is refused: its replicas
+// run elsewhere now) and, on a collective, the id of the item the replica
+// has in hand (what its step trains on). An all-reduce sends its vector
+// in parts that each fit in a message (a model's gradients are megabytes;
+// a NATS message is 1 MiB by default): each part adds the vector's total
+// length and the part's offset as uint32s, then its values as
+// little-endian float32s; the last part (offset + values = total) is the
+// member's arrival. An answer is a status byte (0 ok, 1 error, 2 donate),
+// then the error's text, or: for a part before the last, nothing more;
+// for an arrival, the contributors and the round as uint32s, then the sum
+// when it fits in the answer (or nothing: the member then fetches it in
+// parts, opFetch with the round, an offset and a count); for a leave, 1
+// as a uint32 when the member was the group's last.
+//
+// A member lost with its worker (lose) is out of the group: its arrival
+// in the round under way, if any, is dropped with its vector, so its
+// unfinished step counts for nothing, and its item comes back to its
+// restart. Where the stage's state moves (Spec.Moves), the lost member is
+// due: the next collective or leave of a member still present is answered
+// 2 (donate) with the due member as a uint32; that member sends its state
+// (opState parts: the due member, the total length and the offset as
+// uint32s, then bytes), and asks again. With the state in hand the host
+// counts the due member present again, so the round under way waits for
+// it, and answers its restart's opJoin: 0, then 1 and the state's length
+// as a uint32 (or 0: the member had left the group before it was lost, and
+// takes nothing), then the id of the item of its last completed step,
+// which the restart drops if it comes back (its gradient is in the model).
+// The restart fetches the state in parts (opStateFetch, an offset and a
+// count). A stage whose state does not move (synchronized stateless work)
+// takes its restart back at the restart's first collective.
 const (
 	opBarrier byte = iota
 	opReduce
 	opLeave
 	opFetch
+	opJoin
+	opState
+	opStateFetch
+)
+
+// The headers of a group request.
+const (
+	hdrShare = "Dflow-Share"
+	hdrHeld  = "Dflow-Held"
 )
 
 // groupHost is the coordinator's side of one stage's group.
 type groupHost struct {
 	mu      sync.Mutex
 	stage   string
-	members int
-	left    []bool
+	members int    // present
+	left    []bool // not present: left, lost, or due
+	// keeps: the members' state moves to a restart (Spec.Moves)
+	keeps bool
+	gone  map[string]bool // shares counted lost
+	// held is the item each member had in hand at its arrival in the
+	// round under way; done the item of its last completed step
+	held, done []string
+	// due marks a lost member whose restart needs the group's state;
+	// donor the member sending it (-1: none yet), incoming its parts,
+	// stash the state received, until the restart has fetched it, and
+	// joiner the restart's opJoin, waiting for it
+	due      []bool
+	donor    []int
+	incoming map[int][]byte
+	stash    map[int][]byte
+	joiner   map[int]*nats.Msg
+
 	// the round in progress: open once a member has sent anything for it
 	open    bool
-	waiting []*nats.Msg
+	arrived []int // the members waiting, in arrival order
+	waiting map[int]*nats.Msg
 	reduce  bool
-	sum     []float64
-	n       int
+	// vecs holds each arrived member's whole vector until the round
+	// completes (a member lost before then adds nothing); partial the
+	// parts of a vector not yet whole
+	vecs    map[int][]float32
+	partial map[int][]float32
+	total   int
 	err     string
 	round   uint32
-	// partial holds, by member, the parts of a vector not yet whole: a
-	// member's vector joins the sum only with its last part, so that one
-	// that leaves (or is cancelled) mid-vector adds nothing
-	partial map[int][]float32
 	// last is the sum of the round completed last, as float32s, kept for
 	// members fetching it in parts until the next round completes (which
 	// needs every member present, so none is still fetching this one)
@@ -62,8 +109,16 @@ type groupHost struct {
 	maxAnswer int
 }
 
-func newGroupHost(stage string, replicas int, maxPayload int64) *groupHost {
-	return &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), maxAnswer: partValues(maxPayload)}
+func newGroupHost(stage string, replicas int, maxPayload int64, keeps bool) *groupHost {
+	h := &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
+		gone: map[string]bool{}, held: make([]string, replicas), done: make([]string, replicas),
+		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
+		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
+		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
+	for i := range h.donor {
+		h.donor[i] = -1
+	}
+	return h
 }
 
 // partValues is how many float32s a message of maxPayload bytes carries
@@ -84,16 +139,46 @@ func (h *groupHost) handle(m *nats.Msg) {
 		m.Respond(errAnswer(fmt.Sprintf("replica %d: no such member", replica)))
 		return
 	}
+	if share := m.Header.Get(hdrShare); h.gone[share] {
+		m.Respond(errAnswer(fmt.Sprintf("the share %s was counted lost: stage %q replica %d runs elsewhere now", share, h.stage, replica)))
+		return
+	}
 	switch op {
-	case opLeave:
+	case opFetch:
+		h.fetchLocked(m)
+		return
+	case opJoin:
+		h.joinLocked(replica, m)
+		return
+	case opState:
+		h.stateLocked(m)
+		return
+	case opStateFetch:
+		h.stateFetchLocked(replica, m)
+		return
+	}
+	if h.due[replica] && !h.keeps {
+		// a restart of a stage that moves no state: back at its first step
+		h.due[replica], h.left[replica] = false, false
+		h.members++
+	}
+	first := op != opReduce || len(m.Data) >= 13 && binary.LittleEndian.Uint32(m.Data[9:]) == 0
+	if first && !h.left[replica] {
+		if to := h.undonatedLocked(); to >= 0 {
+			h.donor[to] = replica
+			ans := make([]byte, 5)
+			ans[0] = 2
+			binary.LittleEndian.PutUint32(ans[1:], uint32(to))
+			m.Respond(ans) // first the state, for the restart of member to
+			return
+		}
+	}
+	if op == opLeave {
 		ans := []byte{0, 0, 0, 0, 0}
 		if h.leaveLocked(replica) {
 			ans[1] = 1 // the last member: the group's once-per-run work is its
 		}
 		m.Respond(ans)
-		return
-	case opFetch:
-		h.fetchLocked(m)
 		return
 	}
 	if h.left[replica] {
@@ -101,7 +186,7 @@ func (h *groupHost) handle(m *nats.Msg) {
 		return
 	}
 	if !h.open {
-		h.open, h.reduce, h.n, h.err, h.sum = true, op == opReduce, 0, "", nil
+		h.open, h.reduce, h.err, h.total = true, op == opReduce, "", 0
 	}
 	if op == opReduce {
 		if !h.addPartLocked(replica, m.Data[5:]) {
@@ -111,12 +196,28 @@ func (h *groupHost) handle(m *nats.Msg) {
 	} else if h.reduce {
 		h.err = "replicas mixed Barrier and AllReduceSum in one step"
 	}
-	h.waiting = append(h.waiting, m)
+	h.held[replica] = m.Header.Get(hdrHeld)
+	h.arrived = append(h.arrived, replica)
+	h.waiting[replica] = m
 	h.completeLocked()
 }
 
+// undonatedLocked is a due member whose state no member is sending yet,
+// or -1.
+func (h *groupHost) undonatedLocked() int {
+	if !h.keeps {
+		return -1
+	}
+	for i, d := range h.due {
+		if d && h.donor[i] < 0 {
+			return i
+		}
+	}
+	return -1
+}
+
 // addPartLocked takes one part of a member's vector and reports whether
-// it was the member's last: then the whole vector joins the round's sum.
+// it was the member's last: then the whole vector joins the round.
 func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 	if len(b) < 8 {
 		h.err = "malformed all-reduce part"
@@ -128,10 +229,10 @@ func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 	switch {
 	case !h.reduce:
 		h.err = "replicas mixed Barrier and AllReduceSum in one step"
-	case h.sum == nil:
-		h.sum = make([]float64, total)
-	case total != len(h.sum):
-		h.err = fmt.Sprintf("AllReduceSum buffers differ in length: %d and %d", total, len(h.sum))
+	case h.total == 0:
+		h.total = total
+	case total != h.total:
+		h.err = fmt.Sprintf("AllReduceSum buffers differ in length: %d and %d", total, h.total)
 	}
 	if off+n > total {
 		h.err = "malformed all-reduce part: past the vector's end"
@@ -139,9 +240,6 @@ func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 	if h.err != "" {
 		delete(h.partial, replica)
 		return off+n >= total
-	}
-	if h.partial == nil {
-		h.partial = map[int][]float32{}
 	}
 	p := h.partial[replica]
 	if p == nil {
@@ -152,11 +250,8 @@ func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 	if off+n < total {
 		return false
 	}
-	for i, v := range p {
-		h.sum[i] += float64(v)
-	}
+	h.vecs[replica] = p
 	delete(h.partial, replica)
-	h.n++
 	return true
 }
 
@@ -179,6 +274,80 @@ func (h *groupHost) fetchLocked(m *nats.Msg) {
 	m.Respond(ans)
 }
 
+// stateLocked takes a part of a member's state for a due member's
+// restart; with the last, the due member is present again.
+func (h *groupHost) stateLocked(m *nats.Msg) {
+	if len(m.Data) < 17 {
+		m.Respond(errAnswer("malformed state part"))
+		return
+	}
+	donor := int(binary.LittleEndian.Uint32(m.Data[1:]))
+	to := int(binary.LittleEndian.Uint32(m.Data[5:]))
+	total, off := int(binary.LittleEndian.Uint32(m.Data[9:])), int(binary.LittleEndian.Uint32(m.Data[13:]))
+	part := m.Data[17:]
+	if to >= len(h.due) || h.donor[to] != donor || !h.due[to] || off+len(part) > total {
+		m.Respond(errAnswer(fmt.Sprintf("stage %q: member %d's state for member %d is not asked for (or malformed)", h.stage, donor, to)))
+		return
+	}
+	b := h.incoming[to]
+	if b == nil {
+		b = make([]byte, total)
+		h.incoming[to] = b
+	}
+	copy(b[off:], part)
+	m.Respond([]byte{0})
+	if off+len(part) < total {
+		return
+	}
+	delete(h.incoming, to)
+	h.stash[to], h.due[to], h.donor[to], h.left[to] = b, false, -1, false
+	h.members++ // the round under way waits for the restart now
+	if j := h.joiner[to]; j != nil {
+		delete(h.joiner, to)
+		h.answerJoinLocked(to, j)
+	}
+}
+
+// joinLocked answers a restart's opJoin, now or once the state is in.
+func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
+	switch {
+	case h.stash[replica] != nil || !h.due[replica]:
+		h.answerJoinLocked(replica, m)
+	case h.members == 0:
+		m.Respond(errAnswer(fmt.Sprintf("stage %q replica %d restarted, and no member of its group is left to take the state from", h.stage, replica)))
+	default:
+		h.joiner[replica] = m
+	}
+}
+
+func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
+	ans := make([]byte, 6, 6+len(h.done[replica]))
+	if st := h.stash[replica]; st != nil {
+		ans[1] = 1
+		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
+	}
+	m.Respond(append(ans, h.done[replica]...))
+}
+
+// stateFetchLocked answers a part of the state stashed for a restart; the
+// stash goes with its last byte.
+func (h *groupHost) stateFetchLocked(replica int, m *nats.Msg) {
+	if len(m.Data) < 13 {
+		m.Respond(errAnswer("malformed state fetch"))
+		return
+	}
+	off, n := int(binary.LittleEndian.Uint32(m.Data[5:])), int(binary.LittleEndian.Uint32(m.Data[9:]))
+	st := h.stash[replica]
+	if off+n > len(st) {
+		m.Respond(errAnswer(fmt.Sprintf("stage %q: no state for member %d at %d+%d", h.stage, replica, off, n)))
+		return
+	}
+	m.Respond(append([]byte{0}, st[off:off+n]...))
+	if off+n == len(st) {
+		delete(h.stash, replica)
+	}
+}
+
 // leaveLocked takes replica out and reports whether it was the last
 // member present (false when it had left already).
 func (h *groupHost) leaveLocked(replica int) (last bool) {
@@ -187,23 +356,61 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 	}
 	h.left[replica] = true
 	h.members--
-	delete(h.partial, replica) // a vector it did not finish adds nothing
-	if len(h.waiting) == 0 && len(h.partial) == 0 {
-		h.open, h.sum = false, nil // nothing of the round is left
-	}
+	h.dropLocked(replica)
 	h.completeLocked()
 	return h.members == 0
 }
 
-// leave takes a replica of a lost worker out.
-func (h *groupHost) leave(replica int) {
+// dropLocked takes what replica sent for the round under way out of it.
+func (h *groupHost) dropLocked(replica int) {
+	delete(h.partial, replica) // a vector it did not finish adds nothing
+	delete(h.vecs, replica)
+	if i := slices.Index(h.arrived, replica); i >= 0 {
+		h.arrived = slices.Delete(h.arrived, i, i+1)
+		delete(h.waiting, replica) // its worker is gone: nobody to answer
+	}
+	if len(h.arrived) == 0 && len(h.partial) == 0 {
+		h.open = false // nothing of the round is left
+	}
+}
+
+// lose takes out a replica lost with share, the instance that ran it,
+// and refuses what that share asks from now on. Its arrival in the round
+// under way is dropped; where the state moves it is due, for its restart.
+// It reports how many members are left present.
+func (h *groupHost) lose(replica int, share string) (present int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.leaveLocked(replica)
+	h.gone[share] = true
+	delete(h.joiner, replica)
+	delete(h.stash, replica)
+	delete(h.incoming, replica)
+	h.donor[replica] = -1
+	for to, d := range h.donor {
+		if d == replica { // it was sending a state: another member will
+			h.donor[to] = -1
+			delete(h.incoming, to)
+		}
+	}
+	if !h.left[replica] {
+		h.left[replica] = true
+		h.members--
+		h.due[replica] = true
+		h.dropLocked(replica)
+		h.completeLocked()
+	}
+	return h.members
+}
+
+// anyDue reports whether a lost member waits for the group's state.
+func (h *groupHost) anyDue() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.due, true)
 }
 
 func (h *groupHost) completeLocked() {
-	if len(h.waiting) == 0 || len(h.waiting) < h.members {
+	if len(h.arrived) == 0 || len(h.arrived) < h.members {
 		return
 	}
 	var ans []byte
@@ -211,13 +418,14 @@ func (h *groupHost) completeLocked() {
 		ans = errAnswer(h.err)
 	} else {
 		h.round++
-		h.last = make([]float32, len(h.sum))
-		for i, v := range h.sum {
-			h.last[i] = float32(v)
+		n := 0
+		if h.reduce {
+			n = len(h.arrived)
 		}
+		h.last = sumOf(h.vecs, h.arrived, h.total)
 		inline := len(h.last) <= h.maxAnswer
 		ans = make([]byte, 9, 9+4*len(h.last))
-		binary.LittleEndian.PutUint32(ans[1:], uint32(h.n))
+		binary.LittleEndian.PutUint32(ans[1:], uint32(n))
 		binary.LittleEndian.PutUint32(ans[5:], h.round)
 		if inline {
 			ans = ans[:9+4*len(h.last)]
@@ -225,11 +433,31 @@ func (h *groupHost) completeLocked() {
 				binary.LittleEndian.PutUint32(ans[9+4*i:], math.Float32bits(v))
 			}
 		}
+		for _, r := range h.arrived {
+			h.done[r] = h.held[r]
+		}
 	}
-	for _, w := range h.waiting {
-		w.Respond(ans)
+	for _, r := range h.arrived {
+		h.waiting[r].Respond(ans)
 	}
-	h.waiting, h.open, h.sum = nil, false, nil
+	h.arrived, h.open = h.arrived[:0], false
+	clear(h.waiting)
+	clear(h.vecs)
+}
+
+// sumOf sums the members' vectors, in arrival order.
+func sumOf(vecs map[int][]float32, order []int, n int) []float32 {
+	sum := make([]float64, n)
+	for _, r := range order {
+		for i, v := range vecs[r] {
+			sum[i] += float64(v)
+		}
+	}
+	out := make([]float32, n)
+	for i, v := range sum {
+		out[i] = float32(v)
+	}
+	return out
 }
 
 func errAnswer(s string) []byte { return append([]byte{1}, s...) }
@@ -238,6 +466,17 @@ func errAnswer(s string) []byte { return append([]byte{1}, s...) }
 type remoteGroup struct {
 	nc      *nats.Conn
 	subject string
+	share   string // the instance whose replicas these are
+	restart bool   // the share takes over lost replicas: Keep takes the group's state
+	// hooks into the share's links (nil: none, in tests): the id of the
+	// item a replica has in hand, settling what the share's replicas have
+	// finished, and an item a restart drops if it comes back
+	held   func(replica int) string
+	settle func() error
+	skip   func(replica int, id string)
+
+	mu     sync.Mutex
+	states map[int]nodes.State // what each replica gave Keep
 }
 
 func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
@@ -250,21 +489,129 @@ func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...ui
 	return g.request(ctx, req)
 }
 
+// request sends req and returns its answer; asked first for its state
+// (a restart of another member is due), the replica sends it, then asks
+// again.
 func (g *remoteGroup) request(ctx context.Context, req []byte) ([]byte, error) {
-	m, err := g.nc.RequestWithContext(ctx, g.subject, req)
+	replica := int(binary.LittleEndian.Uint32(req[1:]))
+	msg := &nats.Msg{Subject: g.subject, Data: req, Header: nats.Header{}}
+	msg.Header.Set(hdrShare, g.share)
+	if g.held != nil {
+		if id := g.held(replica); id != "" {
+			msg.Header.Set(hdrHeld, id)
+		}
+	}
+	for {
+		m, err := g.nc.RequestMsgWithContext(ctx, msg)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("group across workers: %w", err)
+		}
+		if len(m.Data) == 5 && m.Data[0] == 2 {
+			if err := g.donate(ctx, replica, int(binary.LittleEndian.Uint32(m.Data[1:]))); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if len(m.Data) < 1 || m.Data[0] != 0 {
+			if len(m.Data) > 0 {
+				return nil, errors.New(string(m.Data[1:]))
+			}
+			return nil, errors.New("group across workers: empty answer")
+		}
+		return m.Data, nil
+	}
+}
+
+// donate sends replica's state, for the restart of member to.
+func (g *remoteGroup) donate(ctx context.Context, replica, to int) error {
+	g.mu.Lock()
+	st := g.states[replica]
+	g.mu.Unlock()
+	if st == nil {
+		return fmt.Errorf("replica %d was asked for the group's state, for the restart of replica %d, and its node gave none (nodes.Group.Keep)", replica, to)
+	}
+	b, err := st.MarshalBinary()
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("group across workers: %w", err)
+		return fmt.Errorf("replica %d: the group's state, for the restart of replica %d: %w", replica, to, err)
 	}
-	if len(m.Data) < 1 || m.Data[0] != 0 {
-		if len(m.Data) > 0 {
-			return nil, errors.New(string(m.Data[1:]))
+	per := int(g.nc.MaxPayload() - 256)
+	for off := 0; off == 0 || off < len(b); off += per {
+		part := b[off:min(off+per, len(b))]
+		req := make([]byte, 17, 17+len(part))
+		req[0] = opState
+		for i, v := range []int{replica, to, len(b), off} {
+			binary.LittleEndian.PutUint32(req[1+4*i:], uint32(v))
 		}
-		return nil, errors.New("group across workers: empty answer")
+		if _, err := g.request(ctx, append(req, part...)); err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			break
+		}
 	}
-	return m.Data, nil
+	return nil
+}
+
+// Keep records replica's state; on a restart, it first takes the group's
+// state over (from the member that was asked for it), and the item of
+// the lost member's last completed step is dropped if it comes back.
+func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) error {
+	g.mu.Lock()
+	if g.states == nil {
+		g.states = map[int]nodes.State{}
+	}
+	g.states[replica] = st
+	g.mu.Unlock()
+	if !g.restart {
+		return nil
+	}
+	ans, err := g.call(ctx, opJoin, replica)
+	if err != nil {
+		return err
+	}
+	if len(ans) < 6 {
+		return fmt.Errorf("group across workers: a join answer of %d bytes", len(ans))
+	}
+	if id := string(ans[6:]); id != "" && g.skip != nil {
+		g.skip(replica, id)
+	}
+	if ans[1] == 0 {
+		return nil // it had left the group: nothing to take
+	}
+	b := make([]byte, binary.LittleEndian.Uint32(ans[2:]))
+	per := int(g.nc.MaxPayload() - 256)
+	for off := 0; off < len(b); off += per {
+		k := min(per, len(b)-off)
+		a, err := g.call(ctx, opStateFetch, replica, uint32(off), uint32(k))
+		if err != nil {
+			return err
+		}
+		if len(a) != 1+k {
+			return fmt.Errorf("group across workers: a state part of %d bytes for %d", len(a)-1, k)
+		}
+		copy(b[off:], a[1:])
+	}
+	if err := st.UnmarshalBinary(b); err != nil {
+		return fmt.Errorf("replica %d: the group's state, taken over: %w", replica, err)
+	}
+	return nil
+}
+
+// arrive settles what the share's replicas have finished before a
+// replica whose state moves arrives in a step: the item of its step
+// before is acked, so only the item of its last completed step can come
+// back to a restart (which drops it: the host names it).
+func (g *remoteGroup) arrive(replica int) error {
+	g.mu.Lock()
+	kept := g.states[replica] != nil
+	g.mu.Unlock()
+	if !kept || g.settle == nil {
+		return nil
+	}
+	return g.settle()
 }
 
 // reduce sends f in parts, the last of which waits for the round, and
@@ -321,6 +668,9 @@ func decode(f []float32, b []byte) {
 }
 
 func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
+	if err := g.arrive(replica); err != nil {
+		return err
+	}
 	_, err := g.call(ctx, opBarrier, replica)
 	return err
 }
@@ -338,6 +688,9 @@ func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reduci
 		f = make([]float32, x.Len())
 		hc.CopyToHost(f)
 		back = func() { hc.CopyFromHost(f) }
+	}
+	if err := g.arrive(replica); err != nil {
+		return 0, err
 	}
 	n, err := g.reduce(ctx, replica, f)
 	if err != nil {

@@ -3,14 +3,18 @@ package cluster
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/nn"
 	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go"
 )
 
 // TestGroupAcrossWorkers: the coordinator-hosted group sums the members'
@@ -24,7 +28,7 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	defer srv.Shutdown()
 	host, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
 	defer host.Close()
-	h := newGroupHost("s", 3, host.MaxPayload())
+	h := newGroupHost("s", 3, host.MaxPayload(), false)
 	sub, err := host.Subscribe(subjGroup("r", "s"), h.handle)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +130,7 @@ func TestGroupAcrossWorkers(t *testing.T) {
 // TestGroupPartialVector: a member that leaves mid-vector (cancelled, or
 // returned) adds nothing to the round's sum, whether others wait or not.
 func TestGroupPartialVector(t *testing.T) {
-	h := newGroupHost("s", 2, 1<<20)
+	h := newGroupHost("s", 2, 1<<20, false)
 	part := func(replica, total, off int, vals ...float32) []byte {
 		b := make([]byte, 13+4*len(vals))
 		b[0] = opReduce
@@ -144,22 +148,184 @@ func TestGroupPartialVector(t *testing.T) {
 	if h.addPartLocked(1, part(1, 4, 0, 100, 100)[5:]) {
 		t.Fatal("a first part taken as the last")
 	}
-	h.mu.Unlock()
-	h.leave(1)
-	if h.open || h.sum != nil || len(h.partial) != 0 {
-		t.Fatalf("after the leave: open %v, sum %v, partial %v", h.open, h.sum, h.partial)
+	h.leaveLocked(1)
+	if h.open || len(h.vecs) != 0 || len(h.partial) != 0 {
+		t.Fatalf("after the leave: open %v, vectors %v, partial %v", h.open, h.vecs, h.partial)
 	}
 	// The next round: member 0 alone, its own vector.
-	h.mu.Lock()
-	h.open, h.reduce, h.err = true, true, ""
+	h.open, h.reduce, h.err, h.total = true, true, "", 0
 	if !h.addPartLocked(0, part(0, 4, 0, 1, 1, 1, 1)[5:]) {
 		t.Fatal("a whole vector not taken as the last part")
 	}
-	got := h.sum
+	got := sumOf(h.vecs, []int{0}, 4)
 	h.mu.Unlock()
 	for i, v := range got {
 		if v != 1 {
 			t.Fatalf("sum %v: value %d has member 1's part in it", got, i)
+		}
+	}
+}
+
+// weights is a member's state in the tests: a vector and a step.
+type weights struct {
+	w    []float32
+	step int
+}
+
+func (s *weights) MarshalBinary() ([]byte, error) {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(s.step))
+	for _, v := range s.w {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return b, nil
+}
+
+func (s *weights) UnmarshalBinary(b []byte) error {
+	s.step = int(binary.LittleEndian.Uint32(b))
+	s.w = make([]float32, (len(b)-4)/4)
+	decode(s.w, b[4:])
+	return nil
+}
+
+// TestGroupLostMember: a member lost mid-step adds nothing to the step
+// (its vector is dropped); at the next step a member still present hands
+// the group's state over for the lost member's restart, and the step
+// waits for the restart, which takes the state, is told the item of the
+// lost member's last completed step, and counts in the step; what the
+// lost share asks after is refused.
+func TestGroupLostMember(t *testing.T) {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	conn := func() *nats.Conn {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	host := conn()
+	h := newGroupHost("train", 3, host.MaxPayload(), true)
+	sub, err := host.Subscribe(subjGroup("r", "train"), h.handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	host.Flush()
+	held := make([]string, 3)
+	var hmu sync.Mutex
+	member := func(share string, restart bool) *remoteGroup {
+		return &remoteGroup{nc: conn(), subject: subjGroup("r", "train"), share: share, restart: restart,
+			held: func(i int) string { hmu.Lock(); defer hmu.Unlock(); return held[i] }}
+	}
+	members := []*remoteGroup{member("w0", false), member("w1", false), member("w2", false)}
+	states := []*weights{{w: []float32{1, 2}}, {w: []float32{1, 2}}, {w: []float32{1, 2}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i, m := range members {
+		if err := m.Keep(ctx, i, states[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// step: each of ids reduces (its index+1, 1) with item "it<step>-<i>" in hand.
+	step := func(ids ...int) (errs []error) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs = make([]error, len(ids))
+		for k, i := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				hmu.Lock()
+				held[i] = fmt.Sprintf("it%d-%d", states[i].step, i)
+				hmu.Unlock()
+				v := nodes.Floats{float32(i + 1), 1}
+				n, err := members[i].AllReduce(ctx, i, v)
+				if err != nil {
+					errs[k] = err
+					return
+				}
+				if n != len(ids) || v[1] != float32(len(ids)) {
+					errs[k] = fmt.Errorf("member %d: %d contributors, sum %v; want %d", i, n, v, len(ids))
+				}
+				states[i].w[0] += v[0]
+				states[i].step++
+			}()
+		}
+		wg.Wait()
+		return errs
+	}
+	for _, err := range step(0, 1, 2) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Member 2 arrives in the next step and is lost there (its request
+	// is never answered: its worker is gone).
+	hmu.Lock()
+	held[2] = "it1-2"
+	hmu.Unlock()
+	go members[2].AllReduce(ctx, 2, nodes.Floats{100, 100})
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.arrived) == 1
+	}, "member 2 arriving")
+	if left := h.lose(2, "w2"); left != 2 {
+		t.Fatalf("%d members left present, want 2", left)
+	}
+	h.mu.Lock()
+	if len(h.arrived) != 0 || len(h.vecs) != 0 {
+		t.Fatalf("the lost member still in the step: arrived %v", h.arrived)
+	}
+	h.mu.Unlock()
+	// The lost share is refused.
+	if _, err := members[2].call(ctx, opBarrier, 2); err == nil || !strings.Contains(err.Error(), "counted lost") {
+		t.Fatalf("the lost share's barrier: %v", err)
+	}
+	// The next step: a member present hands its state over first (as of
+	// its last step), then the step waits for the restart.
+	stepped := make(chan []error, 1)
+	go func() { stepped <- step(0, 1) }()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.stash[2] != nil && h.members == 3
+	}, "member 2's state handed over")
+	members[2] = member("w0-r1", true)
+	var skipped string
+	members[2].skip = func(_ int, id string) { skipped = id }
+	states[2] = &weights{}
+	if err := members[2].Keep(ctx, 2, states[2]); err != nil {
+		t.Fatal(err)
+	}
+	if states[2].step != 1 || states[2].w[0] != 1+6 || skipped != "it0-2" {
+		t.Fatalf("the restart took step %d, weights %v, skip %q; want step 1, weight 7, skip it0-2", states[2].step, states[2].w, skipped)
+	}
+	select {
+	case errs := <-stepped:
+		t.Fatalf("the step completed without the restart: %v", errs)
+	default:
+	}
+	// The restart joins the step under way; all three count, and the lost
+	// member's vector is not among them.
+	hmu.Lock()
+	held[2] = "it1-2"
+	hmu.Unlock()
+	v := nodes.Floats{3, 1}
+	if n, err := members[2].AllReduce(ctx, 2, v); err != nil || n != 3 || v[0] != 6 {
+		t.Fatalf("the restart's step: n %d, sum %v, err %v; want 3, 6", n, v, err)
+	}
+	for _, err := range <-stepped {
+		if err == nil {
+			continue
+		}
+		// step(0, 1) expects 2 contributors: 3 took part, as they should
+		if !strings.Contains(err.Error(), "3 contributors") {
+			t.Fatal(err)
 		}
 	}
 }

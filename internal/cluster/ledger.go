@@ -155,6 +155,9 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		tr := &tracked{Replica: r, l: l}
+		l.pmu.Lock()
+		l.replicas[replicaKey{s.Name, r.Index()}] = tr
+		l.pmu.Unlock()
 		err := n.Run(ctx, tr)
 		if err == nil {
 			tr.finish() // a failed item is not finished: the run fails anyway
@@ -183,6 +186,45 @@ type tracked struct {
 	mu   sync.Mutex
 	cur  *taken // the item in hand, nil when none or not followed
 	sent int    // what it has sent since it took cur
+	// skip is an item a restart drops if it comes back: the lost
+	// replica's last completed step trained on it (its group names it)
+	skip string
+}
+
+// replicaKey names a replica of a stage.
+type replicaKey struct {
+	stage string
+	i     int
+}
+
+// group is the share's side of s's group across workers, hooked to the
+// replicas it follows.
+func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
+	find := func(i int) *tracked {
+		l.pmu.Lock()
+		defer l.pmu.Unlock()
+		return l.replicas[replicaKey{s.Name, i}]
+	}
+	return &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart,
+		held: func(i int) string {
+			if t := find(i); t != nil {
+				t.mu.Lock()
+				defer t.mu.Unlock()
+				if t.cur != nil {
+					return t.cur.id
+				}
+			}
+			return ""
+		},
+		settle: l.ledger.settle,
+		skip: func(i int, id string) {
+			if t := find(i); t != nil {
+				t.mu.Lock()
+				t.skip = id
+				t.mu.Unlock()
+			}
+		},
+	}
 }
 
 func (t *tracked) In(port string) nodes.Input { return &trackedIn{Input: t.Replica.In(port), t: t} }
@@ -208,16 +250,27 @@ type trackedIn struct {
 
 func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 	t := in.t
-	t.finish()
-	item, err := in.Input.Recv(ctx)
-	if err != nil {
-		return item, err
+	for {
+		t.finish()
+		item, err := in.Input.Recv(ctx)
+		if err != nil {
+			return item, err
+		}
+		rec := t.l.claim(item)
+		t.mu.Lock()
+		t.cur, t.sent = rec, 0
+		drop := rec != nil && t.skip != "" && rec.id == t.skip
+		if drop {
+			t.skip = ""
+		}
+		t.mu.Unlock()
+		if !drop {
+			return item, nil
+		}
+		// Trained on by the lost replica's last completed step: in the
+		// group's state already, settled now.
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which its lost replica's last step trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
 	}
-	rec := t.l.claim(item)
-	t.mu.Lock()
-	t.cur, t.sent = rec, 0
-	t.mu.Unlock()
-	return item, nil
 }
 
 type trackedOut struct {

@@ -102,7 +102,7 @@ func (c *Coordinator) pin(pins map[string][]string) error {
 			c.place[stage][i] = ws[i%len(ws)]
 		}
 	}
-	c.remote = remoteQueues(c.g, c.place, c.stateless)
+	c.remote = remoteQueues(c.g, c.place, c.restartable)
 	return nil
 }
 
@@ -196,16 +196,19 @@ func (c *Coordinator) recover(in *instance) error {
 				continue
 			}
 			switch {
-			case c.stateless(s):
+			case c.restartable(s):
 				// done or not: a finished one may have left its last
 				// item unsettled, which comes back to its restart
 				move = append(move, rep{s, i})
 				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
+				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
+					stateful = err
+				}
 			case in.last != nil && replicaDone(in.last, s.Name, i):
 				stay = append(stay, rep{s, i}) // finished: not run again
 			case stateful == nil:
 				if h := c.groups[s.Name]; h != nil {
-					h.leave(i) // lost with its host: it has left its group
+					h.lose(i, in.name)
 				}
 				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 					in.worker, c.o.Timings.Lease, s.Name, i, s.Node)
@@ -279,9 +282,27 @@ func replicaDone(s *report.Snapshot, stage string, i int) bool {
 	return false
 }
 
-// stateless reports whether a stage's replicas may restart elsewhere: its
-// kind says so and its replicas do not step together.
-func (c *Coordinator) stateless(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+// restartable reports whether a stage's replicas may restart elsewhere.
+func (c *Coordinator) restartable(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+
+// loseMember takes replica i of s, lost with in, out of its group across
+// workers. A group whose state moves needs a member left to take it from:
+// without one, the run fails.
+func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
+	h := c.groups[s.Name]
+	if h == nil {
+		if moves(c.o.Registry, s) && s.Replicas > 1 {
+			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there, and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+				in.worker, c.o.Timings.Lease, s.Name, s.Node)
+		}
+		return nil
+	}
+	if h.lose(i, in.name) == 0 && h.keeps && h.anyDue() {
+		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+			in.worker, c.o.Timings.Lease, s.Name, s.Node, i)
+	}
+	return nil
+}
 
 // leastLoaded is the live worker other than not running the fewest
 // replicas.

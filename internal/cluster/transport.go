@@ -159,6 +159,8 @@ type links struct {
 	pmu     sync.Mutex
 	pending map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
 	origins map[any]origin // items being sent by a restartable replica, by pointer
+	// replicas are the restartable replicas the share follows
+	replicas map[replicaKey]*tracked
 
 	mu     sync.Mutex
 	queues []*jsQueue
@@ -175,7 +177,7 @@ type links struct {
 // the route to the broker, any free port).
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
-		pending: map[any]*taken{}, origins: map[any]origin{}}
+		pending: map[any]*taken{}, origins: map[any]origin{}, replicas: map[replicaKey]*tracked{}}
 	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
 	own.Timings = own.Timings.withDefaults()

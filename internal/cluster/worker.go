@@ -219,7 +219,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	groups := map[string]engine.RemoteGroup{}
 	for _, s := range g.Stages {
 		if spread(job.Place[s.Name]) {
-			groups[s.Name] = &remoteGroup{nc: nc, subject: subjGroup(job.Run, s.Name)}
+			groups[s.Name] = l.group(s, job.Restart)
 		}
 	}
 	p, err := engine.New(g, engine.Options{
@@ -373,25 +373,25 @@ func placed(g *graph.Graph, job *Job, inst string) string {
 }
 
 // restartable reports whether a stage's replicas may restart elsewhere:
-// its kind says it is stateless, its replicas do not step together, and it
-// is not a source; or it is a source that resumes (resumable).
+// a source that resumes (Spec.Resumes); a stage of a stateless kind,
+// stepping with the others or not (a synchronized one rejoins its group);
+// a stage whose state moves to its restart (Spec.Moves).
 func restartable(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)
-	if ok && spec.Resumes && len(s.Inputs) == 0 {
-		return true
-	}
-	if !ok || !spec.Stateless || len(s.Inputs) == 0 {
-		return false // a source keeps its place in what it emits
-	}
-	if spec.Sync != nil && spec.Sync(s.Config) {
+	switch {
+	case !ok:
 		return false
+	case len(s.Inputs) == 0:
+		return spec.Resumes // a source keeps its place in what it emits
+	default:
+		return spec.Stateless || spec.Moves
 	}
-	if spec.Sim != nil {
-		if m, err := spec.Sim(s.Config); err == nil && m != nil && m.Sync {
-			return false
-		}
-	}
-	return true
+}
+
+// moves reports whether a stage's state moves to a restart (Spec.Moves).
+func moves(reg *nodes.Registry, s *graph.Stage) bool {
+	spec, ok := reg.Spec(s.Node)
+	return ok && spec.Moves
 }
 
 // Dismiss tells workers to leave (those started with --once for a local

@@ -162,3 +162,7 @@ func (m *member) Leave() { m.g.leave(m.r.index) }
 
 // Finish implements nodes.Group.Finish.
 func (m *member) Finish(context.Context) (bool, error) { return m.g.leave(m.r.index), nil }
+
+// Keep implements nodes.Group.Keep: in one process no member restarts, so
+// there is nothing to take over and nothing to record.
+func (m *member) Keep(context.Context, nodes.State) error { return nil }

@@ -47,6 +47,9 @@ type RemoteGroup interface {
 	// Leave removes the replica and reports whether it was the last
 	// member present; idempotent (false once it has left).
 	Leave(ctx context.Context, replica int) (last bool, err error)
+	// Keep records the replica's state, handed to a member restarted
+	// elsewhere; on a restarted member it first loads the group's.
+	Keep(ctx context.Context, replica int, st nodes.State) error
 }
 
 // place applies Options.Here and Options.Group once the queues are wired.
@@ -140,6 +143,12 @@ func (m *remoteMember) Leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	m.g.Leave(ctx, m.r.index)
+}
+
+// Keep implements nodes.Group.Keep.
+func (m *remoteMember) Keep(ctx context.Context, st nodes.State) error {
+	defer m.r.endWait(m.begin(ctx))
+	return m.g.Keep(ctx, m.r.index, st)
 }
 
 // Finish implements nodes.Group.Finish: the group across hosts says

@@ -192,6 +192,11 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			metrics.Set("acceptance_length_ngram", nb)
 		}
 	}
+	// A replica restarted elsewhere (a cluster's worker lost) takes the
+	// group's weights, optimizer state and step over here.
+	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step}); err != nil {
+		return fmt.Errorf("drafter_train: %w", err)
+	}
 	start, items := time.Now(), 0
 	for {
 		item, err := in.Recv(ctx)

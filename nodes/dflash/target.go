@@ -23,7 +23,7 @@ func Register(r *nodes.Registry) {
 	// and a batch's hidden states are a function of the batch, so on a
 	// cluster a replica lost with its worker restarts on a live one.
 	r.Register(nodes.Spec{Kind: targetKind, New: newTarget, Stateless: true})
-	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter, Outputs: drafterOutputs, Sync: nodes.Always})
+	r.Register(nodes.Spec{Kind: drafterKind, New: newDrafter, Outputs: drafterOutputs, Sync: nodes.Always, Moves: true})
 }
 
 // HiddenType names the hidden-state items of a target of width d tapped at

@@ -21,7 +21,7 @@ func init() { Register(nodes.Default) }
 
 // Register adds lm_train to a registry.
 func Register(r *nodes.Registry) {
-	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer, Sync: nodes.Always,
+	r.Register(nodes.Spec{Kind: trainKind, New: newTrainer, Sync: nodes.Always, Moves: true,
 		Outputs: func(cfg *graph.Config) []string { return []string{cfg.String("out")} }})
 }
 
@@ -123,6 +123,11 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 	defer group.Leave()
 	start := time.Now()
 	var step, tokens int
+	// A replica restarted elsewhere (a cluster's worker lost) takes the
+	// group's weights, optimizer state and step over here.
+	if err := group.Keep(ctx, nn.TrainState{Params: st.m.Params, Opt: st.opt, Step: &step}); err != nil {
+		return fmt.Errorf("lm_train: %w", err)
+	}
 	for {
 		item, err := in.Recv(ctx)
 		if err == io.EOF {

@@ -168,3 +168,4 @@ func (noGroup) AllReduceSum(context.Context, []float32) (int, error)    { return
 func (noGroup) AllReduce(context.Context, nodes.Reducible) (int, error) { return 0, errNoGroup }
 func (noGroup) Leave()                                                  {}
 func (noGroup) Finish(context.Context) (bool, error)                    { return false, errNoGroup }
+func (noGroup) Keep(context.Context, nodes.State) error                 { return errNoGroup }
