@@ -151,7 +151,7 @@ func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue, from *taken) bool
 		d.empty = make(chan struct{})
 	}
 	if from != nil {
-		from.hold() // settled once dropped
+		from.derive() // settled once dropped
 	}
 	d.held[id] = &heldItem{parts: parts, q: q, from: from}
 	for _, p := range parts {

@@ -140,11 +140,6 @@ func (lg *ledger) settle() error {
 		}
 		t.q.committed(t)
 		t.q.release(t.id, t.ref) // acked: its bytes' holder may drop them
-		if t.parked != 0 {
-			if err := lg.unpark(t); err != nil {
-				return err
-			}
-		}
 	}
 	return lg.record(moved)
 }
@@ -160,16 +155,6 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		tr := &tracked{Replica: r, l: l}
-		if l.job.Restart {
-			redo, err := l.parkedFor(s, r.Index())
-			if err != nil {
-				return err
-			}
-			if n := parkedCount(redo); n > 0 {
-				fmt.Fprintf(l.log(), "dflow worker %s: %s\n", l.worker, parkedLog(s.Name, r.Index(), n))
-			}
-			tr.redo = redo
-		}
 		l.pmu.Lock()
 		l.replicas[replicaKey{s.Name, r.Index()}] = tr
 		l.pmu.Unlock()
@@ -204,15 +189,6 @@ type tracked struct {
 	// skip is an item a restart drops if it comes back: the lost
 	// replica's last completed step trained on it (its group names it)
 	skip string
-	// redo is what its lost share parked, by port, taken first
-	redo map[string][]parkedItem
-}
-
-func parkedCount(m map[string][]parkedItem) (n int) {
-	for _, p := range m {
-		n += len(p)
-	}
-	return n
 }
 
 // replicaKey names a replica of a stage.
@@ -251,9 +227,7 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 	}
 }
 
-func (t *tracked) In(port string) nodes.Input {
-	return &trackedIn{Input: t.Replica.In(port), t: t, port: port}
-}
+func (t *tracked) In(port string) nodes.Input { return &trackedIn{Input: t.Replica.In(port), t: t} }
 func (t *tracked) Out(port string) nodes.Output {
 	return &trackedOut{Output: t.Replica.Out(port), t: t}
 }
@@ -271,32 +245,18 @@ func (t *tracked) finish() {
 
 type trackedIn struct {
 	nodes.Input
-	t    *tracked
-	port string
+	t *tracked
 }
 
 func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 	t := in.t
 	for {
 		t.finish()
-		t.mu.Lock()
-		if redo := t.redo[in.port]; len(redo) > 0 {
-			p := redo[0]
-			t.redo[in.port] = redo[1:]
-			p.rec.replica = t.Index()
-			t.cur, t.sent = p.rec, 0
-			t.mu.Unlock()
-			return p.item, nil
-		}
-		t.mu.Unlock()
 		item, err := in.Input.Recv(ctx)
 		if err != nil {
 			return item, err
 		}
 		rec := t.l.claim(item)
-		if rec != nil {
-			rec.replica = t.Index()
-		}
 		t.mu.Lock()
 		t.cur, t.sent = rec, 0
 		drop := rec != nil && t.skip != "" && rec.id == t.skip

@@ -83,7 +83,7 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketPositions(run), Storage: jetstream.MemoryStorage}); err != nil {
 		return fmt.Errorf("position bucket: %w", err)
 	}
-	return createPark(ctx, js, run)
+	return nil
 }
 
 // backstop is the most messages a queue of e's stream may store: its
@@ -113,7 +113,6 @@ func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[
 	js.DeleteKeyValue(ctx, bucketEnds(run))
 	js.DeleteKeyValue(ctx, bucketHolders(run))
 	js.DeleteKeyValue(ctx, bucketPositions(run))
-	js.DeleteStream(ctx, streamPark(run))
 }
 
 // links are one instance's transports: the engine's TransportFor, and what
@@ -129,7 +128,6 @@ type links struct {
 	ends      jetstream.KeyValue
 	holders   jetstream.KeyValue // where large items sent again are held (rehold)
 	positions jetstream.KeyValue // how far resuming sources have gone (resume.go)
-	park      jetstream.Stream   // inputs parked while their outputs are held (park.go); nil: none
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (dataplane.go);
 	// threshold is the size past which an item's bytes take it
@@ -196,9 +194,6 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	}
 	if l.positions, err = js.KeyValue(ctx, bucketPositions(job.Run)); err != nil {
 		return nil, fmt.Errorf("position bucket: %w", err)
-	}
-	if l.park, err = js.Stream(ctx, streamPark(job.Run)); err != nil {
-		l.park = nil // a run set up without one (tests): nothing is parked
 	}
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
@@ -769,21 +764,7 @@ type taken struct {
 	// what it sent has its answer, it joins the ledger's next settle
 	mu       sync.Mutex
 	under    int  // publishes derived from it, unanswered
-	holds    int  // of those, large items whose bytes are held until their consumer acks
 	finished bool // its replica has asked for the next item, or returned
-	// replica is the consumer replica that took it; parked the sequence
-	// of its copy in the park stream once parked (park.go), 0 before
-	replica int
-	parked  uint64
-}
-
-// hold notes a large item sent from t, its bytes held until its consumer
-// acks it.
-func (t *taken) hold() {
-	t.mu.Lock()
-	t.under++
-	t.holds++
-	t.mu.Unlock()
 }
 
 // derive notes a publish of an item sent from t, under way.
@@ -811,11 +792,6 @@ func (t *taken) finish(lg *ledger) {
 	t.mu.Lock()
 	t.finished = true
 	settle := t.under == 0
-	if !settle && t.holds > 0 && t.q != nil && t.ref == nil && t.parked == 0 {
-		// What it sent waits downstream: its room goes back to its edge
-		// (park.go). An answer racing the park waits for it.
-		t.park(t.replica)
-	}
 	t.mu.Unlock()
 	if settle {
 		lg.done(t)
