@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -116,7 +117,8 @@ func TestDFlashLost(t *testing.T) {
 				Conn: nc, Graph: g, Workers: 3, Registry: e.registry,
 				Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets},
 				Interval: 200 * time.Millisecond, Log: e.stderr, Pin: tc.pin,
-				Timings: cluster.Timings{Lease: 2 * time.Second, AckWait: 3 * time.Second},
+				// a lease past what a worker of a loaded machine may miss
+				Timings: cluster.Timings{Lease: 4 * time.Second, AckWait: 3 * time.Second},
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -124,21 +126,32 @@ func TestDFlashLost(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 			defer cancel()
 			var killed time.Time
+			kills := 0
+			over := make(chan struct{})
+			var killer sync.WaitGroup
+			killer.Add(1)
 			go func() {
+				defer killer.Done()
 				for k, w := range tc.kill {
-					if !stageGot(c, "drafter", int64(10+15*k), 60*time.Second) {
-						t.Error("the drafters did not get going")
+					// after some batches, and more before each further kill
+					if !stageReached(c, "drafter", int64(10+15*k), over) {
 						return
 					}
 					if k == 0 {
 						killed = time.Now()
 					}
 					ws[w].cmd.Process.Signal(syscall.SIGKILL)
+					kills++
 				}
 			}()
 			rep, err := c.Run(ctx)
+			close(over)
+			killer.Wait()
 			if ctx.Err() != nil {
 				t.Fatalf("the run hung: %v", err)
+			}
+			if kills != len(tc.kill) {
+				t.Errorf("%d of %d workers killed before the run ended", kills, len(tc.kill))
 			}
 			if err != nil || rep.Status != report.OK {
 				t.Fatalf("status %s: %v %s\ncoordinator:\n%s", rep.Status, err, rep.Error, e.stderr.(*syncBuffer).String())
@@ -173,10 +186,10 @@ func TestDFlashLost(t *testing.T) {
 	}
 }
 
-// stageGot polls the coordinator until stage's replicas have taken n
-// items in all.
-func stageGot(c *cluster.Coordinator, stage string, n int64, within time.Duration) bool {
-	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+// stageReached polls the coordinator until stage's replicas have taken n
+// items in all, or over is closed (false).
+func stageReached(c *cluster.Coordinator, stage string, n int64, over <-chan struct{}) bool {
+	for {
 		if st := c.Snapshot().Stage(stage); st != nil {
 			var in int64
 			for _, r := range st.Replicas {
@@ -186,8 +199,12 @@ func stageGot(c *cluster.Coordinator, stage string, n int64, within time.Duratio
 				return true
 			}
 		}
+		select {
+		case <-over:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	return false
 }
 
 // TestSourceLost: the seed's reader (synthetic_source, which resumes) on

@@ -281,7 +281,7 @@ func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	}
 	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
 	defer cancel()
-	n, err := queueMsgs(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
+	n, err := queueWaiting(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
 	if err != nil {
 		return 0, false
 	}

@@ -82,6 +82,14 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		// What is under way may be stored already, or not: counted both
 		// ways, the room is never overstated.
 		credit := max(q.edge.Capacity, 1) - stored - under
+		if credit <= 0 {
+			// What a consumer's worker has taken is out of the queue, acked
+			// or not (the room an item in a replica's hands leaves in
+			// process); read only when the store says full.
+			if held, err := q.delivered(ctx); err == nil {
+				credit += held
+			}
+		}
 		q.pmu.Lock()
 		q.credit = credit
 		q.pmu.Unlock()
@@ -126,6 +134,37 @@ func (q *jsQueue) stored(ctx context.Context) (int, error) {
 		q.pmu.Unlock()
 	}
 	return subjectMsgs(ctx, s, q.subject)
+}
+
+// delivered is how many of the queue's messages are delivered to a
+// consumer's worker and not yet acked: fetched ahead, in a replica's
+// hands, or done with and waiting for what they sent to be settled
+// downstream (a restartable stage's inputs). Counted in the queue's room,
+// they would let a downstream that waits in turn hold the queue full for
+// ever: a synchronized stage whose members' items in hand fill it while a
+// member waits for one, or the DFlash job's tokens, finished but unsettled
+// while their hidden states wait in two drafters' queues, leaving nothing
+// for the third drafter's target to take.
+func (q *jsQueue) delivered(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.l.job.Timings.Answer)
+	defer cancel()
+	q.pmu.Lock()
+	c := q.pcons
+	q.pmu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = q.l.js.Consumer(ctx, streamEdge(q.l.job.Run, q.ei), consumerQueue(q.qi)); err != nil {
+			return 0, err
+		}
+		q.pmu.Lock()
+		q.pcons = c
+		q.pmu.Unlock()
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.NumAckPending, nil
 }
 
 // publish issues p's publish; its answer comes to the answerer. Issued

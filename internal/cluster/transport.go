@@ -86,19 +86,32 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 	return nil
 }
 
-// backstop is the most messages a queue of e's stream may store: its
-// capacity for each producer replica and once more. Producers keep within
-// the capacity by the room they read (jsQueue.waitRoom); two producers that
-// read the same room at once may store up to a capacity each, and a share
-// counted lost may still have some publishes under way, so the stream's
-// own bound is past what pacing allows: a publish is never refused for
-// room, which would let a later one in flight pass it.
+// backstop is the most messages a queue of e's stream may store (and
+// have delivered unacked): its capacity for each producer replica and
+// once more, and what its consumers' workers may hold besides. Producers
+// keep what is not yet delivered within the capacity by the room they
+// read (jsQueue.waitRoom); two producers that read the same room at once
+// may store up to a capacity each, a share counted lost may still have
+// some publishes under way, and what the consumers' workers have taken
+// and not yet acked is out of the room: fetched ahead (two fetches each),
+// in their replicas' hands, or done with and waiting until what it sent
+// downstream is settled (up to the downstream edges' capacities, and as
+// much again in their consumers' hands). So the stream's own bound is
+// past what pacing allows: a publish is never refused for room, which
+// would let a later one in flight pass it.
 func backstop(e *graph.Edge) int {
 	n := 1
 	for _, q := range e.Queues {
 		n = max(n, len(q.Producers))
 	}
-	return max(e.Capacity, 1) * (n + 1)
+	capacity := max(e.Capacity, 1)
+	held := capacity + 4*e.To.Stage.Replicas
+	for _, out := range e.To.Stage.Outputs {
+		for _, d := range out.Edges {
+			held += 2 * max(d.Capacity, 1) * len(d.Queues)
+		}
+	}
+	return capacity*(n+1) + held
 }
 
 // teardownRun deletes what setupRun made.
@@ -375,13 +388,14 @@ type jsQueue struct {
 
 	// the producer side (publish.go)
 	pmu        sync.Mutex
-	pcond      sync.Cond        // on pmu: an answer came, or the answerer stopped
-	credit     int              // publishes the room read last allows
-	unanswered int              // publishes issued, not yet answered
-	pubs       chan *pub        // issued, in order, for the answerer
-	pubErr     error            // the first publish refused
-	pstream    jetstream.Stream // the edge's stream, read for room
-	stopped    bool             // the answerer has stopped
+	pcond      sync.Cond          // on pmu: an answer came, or the answerer stopped
+	credit     int                // publishes the room read last allows
+	unanswered int                // publishes issued, not yet answered
+	pubs       chan *pub          // issued, in order, for the answerer
+	pubErr     error              // the first publish refused
+	pstream    jetstream.Stream   // the edge's stream, read for room
+	pcons      jetstream.Consumer // the queue's consumer, read for room
+	stopped    bool               // the answerer has stopped
 
 	// the consumer side, used by the engine's pump only
 	cons     jetstream.Consumer
@@ -1056,6 +1070,25 @@ func queueMsgs(ctx context.Context, js jetstream.JetStream, run string, ei, qi i
 		return 0, err
 	}
 	return subjectMsgs(ctx, s, subjQueue(run, ei, qi))
+}
+
+// queueWaiting is how many of queue qi's messages count against its room
+// (jsQueue.waitRoom): stored, less what is delivered to a consumer's
+// worker and not yet acked.
+func queueWaiting(ctx context.Context, js jetstream.JetStream, run string, ei, qi int) (int, error) {
+	n, err := queueMsgs(ctx, js, run, ei, qi)
+	if err != nil {
+		return 0, err
+	}
+	c, err := js.Consumer(ctx, streamEdge(run, ei), consumerQueue(qi))
+	if err != nil {
+		return 0, err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return max(n-info.NumAckPending, 0), nil
 }
 
 // subjectMsgs is how many messages stream s stores on subject subj.
