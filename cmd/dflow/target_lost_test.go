@@ -71,7 +71,7 @@ func TestDFlashLost(t *testing.T) {
 	load := func(ckpt string) (*env, *graph.Graph, map[string]string, []string) {
 		vars := map[string]string{"batches": strconv.Itoa(batches), "corpus": corpus, "checkpoint": ckpt, "targets": "3"}
 		sets := []string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
-			"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0"}
+			"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0", "edge.tokens.capacity=4"}
 		e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
 		sf := &specFlags{sets: sets}
 		for k, v := range vars {
@@ -97,10 +97,16 @@ func TestDFlashLost(t *testing.T) {
 		name string
 		pin  map[string][]string
 		kill []int // the workers killed, by index, one after the other
+		// at, if set, is the stage and count of items (in, or out for a
+		// source) after which the first is killed; by default 10 batches
+		// into the drafters, and 15 more before each further kill
+		at    string
+		after int64
 	}{
-		{"targets and a drafter", map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, []int{1}},
-		{"two lost", map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, []int{1, 2}},
-		{"reader", map[string][]string{"reader": {"w2"}, "target": {"w1", "w3"}, "drafter": {"w1", "w3"}}, []int{1}},
+		{name: "targets and a drafter", pin: map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, kill: []int{1}},
+		{name: "two lost", pin: map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, kill: []int{1, 2}},
+		// early, while the reader has most of its batches to send
+		{name: "reader", pin: map[string][]string{"reader": {"w2"}, "target": {"w1", "w3"}, "drafter": {"w1", "w3"}}, kill: []int{1}, at: "reader", after: 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -133,8 +139,11 @@ func TestDFlashLost(t *testing.T) {
 			go func() {
 				defer killer.Done()
 				for k, w := range tc.kill {
-					// after some batches, and more before each further kill
-					if !stageReached(c, "drafter", int64(10+15*k), over) {
+					stage, n := "drafter", int64(10+15*k)
+					if tc.at != "" {
+						stage, n = tc.at, tc.after
+					}
+					if !stageReached(c, stage, n, over) {
 						return
 					}
 					if k == 0 {
@@ -187,15 +196,16 @@ func TestDFlashLost(t *testing.T) {
 }
 
 // stageReached polls the coordinator until stage's replicas have taken n
-// items in all, or over is closed (false).
+// items in all (a source's: sent), or over is closed (false).
 func stageReached(c *cluster.Coordinator, stage string, n int64, over <-chan struct{}) bool {
 	for {
 		if st := c.Snapshot().Stage(stage); st != nil {
-			var in int64
+			var in, out int64
 			for _, r := range st.Replicas {
 				in += r.ItemsIn
+				out += r.ItemsOut
 			}
-			if in >= n {
+			if in >= n || in == 0 && out >= n {
 				return true
 			}
 		}
