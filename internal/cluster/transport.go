@@ -404,6 +404,10 @@ type jsQueue struct {
 	resume   chan struct{}
 	room     chan struct{} // an item has left the inbox
 	fetchErr chan error
+	// later brings the items whose bytes were fetched again after their
+	// holder's loss (refetch), refetching how many are under way
+	later      chan laterItem
+	refetching atomic.Int32
 	ended    map[int]bool
 	endErrs  int // ends' failed reads in a row
 
@@ -492,6 +496,7 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 		}
 		q.cons, q.ended = c, map[int]bool{}
 		q.idle, q.fetchErr = make(chan struct{}), make(chan error, 1)
+		q.later = make(chan laterItem)
 		q.ahead, q.aheadSlots = map[string]*fetching{}, make(chan struct{}, aheadMax)
 		q.resume = make(chan struct{}, 1)
 		q.room = make(chan struct{}, 1)
@@ -517,7 +522,7 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			// outstanding and nothing in the inbox, maybe the queue has
 			// ended. (The inbox may still hold the batch before: a fetch
 			// goes while the consumers take it.)
-			if len(q.inbox) > 0 {
+			if len(q.inbox) > 0 || q.refetching.Load() > 0 {
 				q.resume <- struct{}{}
 				continue
 			}
@@ -526,6 +531,18 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			if err != nil || end {
 				return nil, false, err
 			}
+		case it := <-q.later:
+			if it.err != nil {
+				return nil, false, it.err
+			}
+			q.hmu.Lock()
+			delete(q.following, it.m.Headers().Get(jetstream.MsgIDHeader)) // take follows it again, or acks it
+			q.hmu.Unlock()
+			item, err := q.finish(it.m, it.data, it.r, true)
+			if err != nil {
+				return nil, false, err
+			}
+			return item, true, nil
 		case err := <-q.fetchErr:
 			return nil, false, err
 		case <-ctx.Done():
@@ -622,8 +639,10 @@ func (s *seenIDs) add(id string) {
 	s.cur[id] = true
 }
 
-// decode rebuilds m's item, gathering its chunks, and acks m. dup is true
-// for a redelivery of an item already handed on.
+// decode rebuilds m's item, fetching its bytes from their holder, and
+// takes it. dup is true for a redelivery of an item already handed on,
+// and for an item whose holder is gone and whose bytes come later
+// (refetch).
 func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	if q.handedOn(id) {
@@ -648,21 +667,64 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 					q.name(), id, m.Headers().Get(hdrHolder), r.addr, err, q.edge.From.Stage.Name)
 			}
 			// Its producer restarts elsewhere: the input comes back, and the
-			// item is sent again from there (rehold).
-			first := err
-			if data, r, err = q.fetchAgain(ctx, r, id); err != nil {
-				if ctx.Err() != nil {
-					return nil, false, ctx.Err()
-				}
-				return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; and no replica of stage %q sent them again within 2 minutes",
-					q.name(), id, m.Headers().Get(hdrHolder), m.Headers().Get(hdrRef), first, q.edge.From.Stage.Name)
-			}
+			// item is sent again from there (rehold). Meanwhile the items
+			// behind it go first: a consumer that waited for it would hold
+			// up what has to move for the input to be done again (the
+			// producers, blocked on queues that consumer does not drain).
+			q.refetch(ctx, m, r, id, err)
+			return nil, true, nil
 		}
 	}
-	item, err = items.Decode(m.Headers().Get(hdrWire), data)
+	item, err = q.finish(m, data, r, onPlane)
+	return item, false, err
+}
+
+// laterItem is an item whose bytes came back late (refetch), or the
+// error that they did not.
+type laterItem struct {
+	m    jetstream.Msg
+	data []byte
+	r    ref
+	err  error
+}
+
+// refetch fetches the bytes of m again in the background, from the
+// holder a restart of its producer records (fetchAgain), and hands the
+// item to Recv then. m stays held, and followed so that a redelivery of
+// it is dropped, not acked.
+func (q *jsQueue) refetch(ctx context.Context, m jetstream.Msg, r ref, id string, first error) {
+	q.hmu.Lock()
+	q.following[id] = true
+	q.hmu.Unlock()
+	q.refetching.Add(1)
+	q.l.wg.Add(1)
+	go func() {
+		defer q.l.wg.Done()
+		defer q.refetching.Add(-1)
+		it := laterItem{m: m}
+		var err error
+		if it.data, it.r, err = q.fetchAgain(ctx, r, id); err != nil && ctx.Err() == nil {
+			it.err = fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; and no replica of stage %q sent them again within 2 minutes",
+				q.name(), id, m.Headers().Get(hdrHolder), m.Headers().Get(hdrRef), first, q.edge.From.Stage.Name)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		select {
+		case q.later <- it:
+		case <-ctx.Done():
+		case <-q.l.stop:
+		}
+	}()
+}
+
+// finish rebuilds m's item from its bytes and takes it (take).
+func (q *jsQueue) finish(m jetstream.Msg, data []byte, r ref, onPlane bool) (any, error) {
+	id := m.Headers().Get(jetstream.MsgIDHeader)
+	item, err := items.Decode(m.Headers().Get(hdrWire), data)
 	if err != nil {
 		q.ack(id)
-		return nil, false, fmt.Errorf("%s: %w", q.name(), err)
+		return nil, fmt.Errorf("%s: %w", q.name(), err)
 	}
 	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
 		b.ItemKey = m.Headers().Get(hdrKey)
@@ -675,7 +737,7 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		held = &r
 	}
 	q.take(item, id, held)
-	return item, false, nil
+	return item, nil
 }
 
 // aheadMax is how many large items' bytes a queue's consumer side fetches
