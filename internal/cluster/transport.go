@@ -408,8 +408,8 @@ type jsQueue struct {
 	// holder's loss (refetch), refetching how many are under way
 	later      chan laterItem
 	refetching atomic.Int32
-	ended    map[int]bool
-	endErrs  int // ends' failed reads in a row
+	ended      map[int]bool
+	endErrs    int // ends' failed reads in a row
 
 	// ahead are the large items' bytes being fetched before their turn
 	// (at most aheadMax at once), by id
