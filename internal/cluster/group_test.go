@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/nn"
 	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/internal/testutil"
@@ -327,5 +328,34 @@ func TestGroupLostMember(t *testing.T) {
 		if !strings.Contains(err.Error(), "3 contributors") {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestLoseMember: what the coordinator makes of a lost member of a group
+// whose state moves: with members left on other workers, the restart goes
+// ahead; with every replica on the lost worker (no group across workers),
+// or the last members lost, the run fails naming the stage; a stage that
+// moves no state restarts either way.
+func TestLoseMember(t *testing.T) {
+	reg := nodes.NewRegistry()
+	ports := func(*graph.Config) []graph.PortSpec { return nil }
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "stepper", Ports: ports}, Sync: nodes.Always, Stateless: true})
+	mover := &graph.Stage{Name: "train", Node: "mover", Replicas: 2}
+	stepper := &graph.Stage{Name: "work", Node: "stepper", Replicas: 2}
+	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*groupHost{}}
+	w1, w2 := &instance{name: "w1", worker: "w1"}, &instance{name: "w2", worker: "w2"}
+	if err := c.loseMember(w1, mover, 0); err == nil || !strings.Contains(err.Error(), `stage "train" (mover) had every replica of its group there (2)`) {
+		t.Errorf("every replica lost, no group across workers: %v", err)
+	}
+	if err := c.loseMember(w1, stepper, 0); err != nil {
+		t.Errorf("a stage that moves no state: %v", err)
+	}
+	c.groups["train"] = newGroupHost("train", 2, 1<<20, true)
+	if err := c.loseMember(w1, mover, 0); err != nil {
+		t.Errorf("a member left on w2: %v", err)
+	}
+	if err := c.loseMember(w2, mover, 1); err == nil || !strings.Contains(err.Error(), `replica 1 keeps state, and no member of its group is left to take it from`) {
+		t.Errorf("the last member lost: %v", err)
 	}
 }

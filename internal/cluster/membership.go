@@ -291,9 +291,10 @@ func (c *Coordinator) restartable(s *graph.Stage) bool { return restartable(c.o.
 func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	h := c.groups[s.Name]
 	if h == nil {
-		if moves(c.o.Registry, s) && s.Replicas > 1 {
-			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there, and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-				in.worker, c.o.Timings.Lease, s.Name, s.Node)
+		// no group across workers: every replica was on the lost one
+		if moves(c.o.Registry, s) {
+			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas)
 		}
 		return nil
 	}
