@@ -160,6 +160,7 @@ func (tc *testCluster) runWith(t *testing.T, file string, workers int, opt func(
 // workers, under both policies of hs: every edge carries the 300 items
 // once, and every replica names its worker.
 func TestSeedOnThreeWorkers(t *testing.T) {
+	t.Parallel()
 	tc := startCluster(t, 3)
 	for _, policy := range []string{"round_robin", "shared"} {
 		t.Run(policy, func(t *testing.T) {
@@ -210,6 +211,7 @@ func TestSeedOnThreeWorkers(t *testing.T) {
 // TestKeyHashAfterRemoteEdge: items keep their keys across a remote edge,
 // so a key_hash edge after it routes them.
 func TestKeyHashAfterRemoteEdge(t *testing.T) {
+	t.Parallel()
 	tc := startCluster(t, 3)
 	spec := t.TempDir() + "/kh.hcl"
 	os.WriteFile(spec, []byte(`
@@ -253,6 +255,7 @@ edge "b" {
 // TestLargeItems: items past the payload limit cross in chunks, in a run
 // (TestChunksIntact checks their bytes).
 func TestLargeItems(t *testing.T) {
+	t.Parallel()
 	tc := startCluster(t, 2)
 	spec := t.TempDir() + "/big.hcl"
 	os.WriteFile(spec, []byte(`
@@ -295,6 +298,7 @@ edge "b" {
 // in order, byte for byte, the large one's bytes over the data plane: held
 // by the producer's share until the consumer has acked it, released then.
 func TestLargeItemsIntact(t *testing.T) {
+	t.Parallel()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -341,6 +345,7 @@ func TestLargeItemsIntact(t *testing.T) {
 // TestDataPlaneRefusesStrangers: a share's data plane gives nothing to a
 // request without the run's data key, or with another.
 func TestDataPlaneRefusesStrangers(t *testing.T) {
+	t.Parallel()
 	dp, err := newDataPlane("run1", NewToken(), "127.0.0.1", false)
 	if err != nil {
 		t.Fatal(err)
@@ -390,6 +395,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 // before its consumer has them, the consumer fails at once, naming the
 // worker, instead of waiting for bytes that are nowhere else.
 func TestHolderGone(t *testing.T) {
+	t.Parallel()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -415,6 +421,7 @@ func TestHolderGone(t *testing.T) {
 // than one request to the server may take (Timings.Answer, made short
 // here): the wait has no bound, as in process, and nothing fails.
 func TestSlowConsumer(t *testing.T) {
+	t.Parallel()
 	tc := startCluster(t, 2)
 	spec := writeSpec(t, "slow.hcl", `
 stage "src" {
@@ -451,6 +458,7 @@ edge "a" {
 // consumer replica has recorded that it has gone, naming the edge and the
 // stage, as in process.
 func TestConsumersGoneAcrossHosts(t *testing.T) {
+	t.Parallel()
 	reg := nodes.Default.Clone()
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "take_none", Doc: "returns at once",
 		Ports: func(*graph.Config) []graph.PortSpec {
@@ -493,6 +501,7 @@ edge "a" {
 // with the same id, and JetStream keeps it once: one message on the edge,
 // not two.
 func TestPlacedOnce(t *testing.T) {
+	t.Parallel()
 	nc := serverConn(t)
 	js, _ := newJS(nc)
 	g, err := loader(nodes.Default)(&Job{Filename: "rr.hcl", Src: []byte(`
@@ -575,6 +584,7 @@ edge "b" {
 // it settled after its last snapshot is in no snapshot. The difference
 // goes to the lost share's part, never below nothing.
 func TestSettleLost(t *testing.T) {
+	t.Parallel()
 	g, err := loader(nodes.Default)(&Job{Filename: "w.hcl", Src: []byte(`
 stage "src" {
   node = "synthetic_source"
@@ -630,6 +640,7 @@ edge "b" {
 // the end, as in one process), and the producer's share does not wait for
 // ever for releases that will not come.
 func TestLargeItemsNobodyReads(t *testing.T) {
+	t.Parallel()
 	reg := nodes.Default.Clone()
 	reg.Register(nodes.Spec{
 		Kind: graph.Kind{Name: "take_one", Ports: func(*graph.Config) []graph.PortSpec {
@@ -670,6 +681,7 @@ edge "e" {
 // listens on every interface and gives each of its addresses, loopback
 // first; a consumer takes the first address that answers.
 func TestDataPlaneAddresses(t *testing.T) {
+	t.Parallel()
 	dp, err := newDataPlane("run1", NewToken(), "", false)
 	if err != nil {
 		t.Fatal(err)

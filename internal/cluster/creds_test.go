@@ -78,6 +78,7 @@ func operatorServer(t *testing.T) (url, creds string) {
 // files: a worker and a coordinator with the file run the seed; one
 // without it, or with a file that is not there, is refused in words.
 func TestCredentials(t *testing.T) {
+	t.Parallel()
 	url, creds := operatorServer(t)
 	tc := &testCluster{srv: &Server{URL: url}, reg: nodes.Default}
 	tc.creds = creds

@@ -19,6 +19,7 @@ import (
 // each replica with its worker, and the fix. Before the detector across
 // workers the run hung (every replica blocked, no engine seeing it).
 func TestDeadlockAcrossWorkers(t *testing.T) {
+	t.Parallel()
 	spec := writeSpec(t, "deadlock.hcl", plugintest.DeadlockSpec("synthetic_work"))
 	for _, workers := range []int{2, 3} {
 		t.Run(strings.Repeat("w", workers), func(t *testing.T) {
@@ -80,6 +81,7 @@ func TestDeadlockAcrossWorkers(t *testing.T) {
 // sink on an empty one), over two workers, is no deadlock: the group's
 // members are working, not waiting.
 func TestNoDeadlockWhileSlow(t *testing.T) {
+	t.Parallel()
 	spec := writeSpec(t, "slow.hcl", `
 stage "src" {
   node = "synthetic_source"
@@ -158,6 +160,7 @@ edge "b" {
 // across workers, begun once the replicas wait, cannot complete; it ends
 // on its own as an abort that says so, as in process.
 func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
+	t.Parallel()
 	spec := writeSpec(t, "onekey.hcl", oneKey)
 	tc := startCluster(t, 2)
 	drain := make(chan struct{})

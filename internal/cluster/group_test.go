@@ -22,6 +22,7 @@ import (
 // vectors, and a member's leaving is no longer waited for, whether it
 // leaves between rounds or while the others wait (uneven ends).
 func TestGroupAcrossWorkers(t *testing.T) {
+	t.Parallel()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -131,6 +132,7 @@ func TestGroupAcrossWorkers(t *testing.T) {
 // TestGroupPartialVector: a member that leaves mid-vector (cancelled, or
 // returned) adds nothing to the round's sum, whether others wait or not.
 func TestGroupPartialVector(t *testing.T) {
+	t.Parallel()
 	h := newGroupHost("s", 2, 1<<20, false)
 	part := func(replica, total, off int, vals ...float32) []byte {
 		b := make([]byte, 13+4*len(vals))
@@ -195,6 +197,7 @@ func (s *weights) UnmarshalBinary(b []byte) error {
 // lost member's last completed step, and counts in the step; what the
 // lost share asks after is refused.
 func TestGroupLostMember(t *testing.T) {
+	t.Parallel()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -337,6 +340,7 @@ func TestGroupLostMember(t *testing.T) {
 // or the last members lost, the run fails naming the stage; a stage that
 // moves no state restarts either way.
 func TestLoseMember(t *testing.T) {
+	t.Parallel()
 	reg := nodes.NewRegistry()
 	ports := func(*graph.Config) []graph.PortSpec { return nil }
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})

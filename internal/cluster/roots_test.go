@@ -105,6 +105,7 @@ func corpusIn(t *testing.T, dir string) string {
 // allowed; nothing is written there. A path that climbs out with .. is
 // refused alike.
 func TestWorkerRefusesCheckpointOutsideRoots(t *testing.T) {
+	t.Parallel()
 	allowed, outside := t.TempDir(), t.TempDir()
 	corpus := corpusIn(t, allowed)
 	tc := rootsWorker(t, Roots{Write: []string{allowed}})
@@ -121,6 +122,7 @@ func TestWorkerRefusesCheckpointOutsideRoots(t *testing.T) {
 // by its name but, through a link, in a folder outside it is refused,
 // naming where it leads.
 func TestWorkerRefusesCorpusThroughSymlink(t *testing.T) {
+	t.Parallel()
 	allowed, outside := t.TempDir(), t.TempDir()
 	corpusIn(t, outside)
 	link := filepath.Join(allowed, "data")
@@ -140,6 +142,7 @@ func TestWorkerRefusesCorpusThroughSymlink(t *testing.T) {
 // TestRootsAllow: paths under the roots pass, one to be made included; a
 // link to nothing does not.
 func TestRootsAllow(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := Roots{Write: []string{dir}}
 	if err := r.CheckRead(filepath.Join(dir, "new", "deeper", "file")); err != nil {

@@ -9,6 +9,7 @@ import (
 // `dflow run --serve 127.0.0.1:0` asks, not nats-server's default 4222;
 // two such servers start side by side.
 func TestServerAnyPort(t *testing.T) {
+	t.Parallel()
 	var urls []string
 	for range 2 {
 		srv, err := StartServer(ServerOptions{Addr: "127.0.0.1:0"})

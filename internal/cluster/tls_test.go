@@ -42,6 +42,7 @@ func selfSigned(t *testing.T) (cert, key string) {
 // TestTLS: with a certificate the embedded server speaks TLS only; a
 // client that trusts its CA joins, one without the token is refused.
 func TestTLS(t *testing.T) {
+	t.Parallel()
 	cert, key := selfSigned(t)
 	srv, err := StartServer(ServerOptions{TLSCert: cert, TLSKey: key})
 	if err != nil {
