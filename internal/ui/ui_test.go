@@ -54,7 +54,7 @@ func browse(t *testing.T, exe string, extra ...chromedp.ExecAllocatorOption) (co
 	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
-	ctx, cancelC := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancelC := context.WithTimeout(ctx, 180*time.Second) // a deadline: the browser tests took over 60s on a loaded 2-core CI
 	return ctx, func() { cancelC(); cancelB(); cancelA() }
 }
 
