@@ -175,7 +175,7 @@ func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options) (
 			return nil, cleanup, err
 		}
 	}
-	conn := cluster.ConnOptions{URL: url, Token: token, Creds: c.Creds, CA: c.CA, Name: "dflow run " + g.Filename}
+	conn := cluster.ConnOptions{URL: url, Token: token, Creds: c.Creds, CA: c.CA, Name: "dflow run " + g.Filename, Log: log}
 	nc, err := cluster.Connect(conn)
 	for try := 1; err != nil && embedded && try < 4; try++ {
 		// The server this run started itself: a connection cut while it

@@ -85,7 +85,7 @@ func cmdWorker(e *env, args []string) int {
 	defer cancel()
 	var serverGone atomic.Bool
 	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, Creds: *creds, CA: *ca, Name: "dflow worker " + *name,
-		OnClosed: func() { serverGone.Store(true); cancel() }})
+		OnClosed: func() { serverGone.Store(true); cancel() }, Log: e.stderr})
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
 		return exitFailed

@@ -65,6 +65,7 @@ type Coordinator struct {
 	place     map[string][]string // stage -> instance per replica
 	instances map[string]*instance
 	seen      map[string]time.Time // worker -> last hello
+	paused    pauses               // the coordinator's own (seen by the heartbeat), not counted as workers' silence
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
@@ -247,6 +248,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		}
 	}
 	sub("dflow.hello.*", c.hello)
+	sub(subjAlive(c.run), func(m *nats.Msg) { m.Respond(c.lostShares()) }) // a worker that missed heartbeats asks
 	dones = make(chan *nats.Msg, 64)
 	if err == nil {
 		var ds *nats.Subscription
@@ -262,6 +264,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		defer t.Stop()
 		for {
 			nc.Publish(subjHB(c.run), c.lostShares())
+			c.paused.check(time.Now())
 			select {
 			case <-hbStop:
 				return

@@ -153,13 +153,19 @@ func (c *Coordinator) markRan(in *instance) {
 	}
 }
 
+// silent is how long worker w has not been heard from, the coordinator's
+// own pauses aside (c.mu held).
+func (c *Coordinator) silent(w string) time.Duration {
+	return time.Since(c.paused.since(c.seen[w]))
+}
+
 // checkLive looks for workers gone silent: their stateless replicas
 // restart on a live worker; a stateful replica lost fails the run.
 func (c *Coordinator) checkLive(ctx context.Context) error {
 	c.mu.Lock()
 	var lost []*instance
 	for _, in := range c.instances {
-		if !in.done && !in.lost && time.Since(c.seen[in.worker]) > c.o.Timings.Lease {
+		if !in.done && !in.lost && c.silent(in.worker) > c.o.Timings.Lease {
 			in.lost = true
 			c.markRan(in) // now, whatever recover makes of it
 			lost = append(lost, in)
@@ -312,7 +318,7 @@ func (c *Coordinator) leastLoaded(not string) string {
 	defer c.mu.Unlock()
 	load := map[string]int{}
 	for _, w := range c.workers {
-		if w != not && time.Since(c.seen[w]) < c.o.Timings.Lease {
+		if w != not && c.silent(w) < c.o.Timings.Lease {
 			load[w] = 0
 		}
 	}

@@ -70,6 +70,7 @@ func subjHello(name string) string           { return "dflow.hello." + name }
 func subjRun(worker string) string           { return "dflow.w." + worker + ".run" }
 func subjExit(worker string) string          { return "dflow.w." + worker + ".exit" }
 func subjHB(run string) string               { return "dflow.r." + run + ".hb" }
+func subjAlive(run string) string            { return "dflow.r." + run + ".alive" }
 func subjAbort(run string) string            { return "dflow.r." + run + ".abort" }
 func subjDrain(run string) string            { return "dflow.r." + run + ".drain" }
 func subjAbortShare(run, inst string) string { return "dflow.r." + run + ".abort." + token(inst) }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -140,6 +141,10 @@ type ConnOptions struct {
 	// OnClosed, if set, is called once the connection is closed for good
 	// (the server gone past reconnecting).
 	OnClosed func()
+	// Log, if set, gets a line when the connection is cut (the server's
+	// reason: a slow consumer, say) and when it is back: a lease missed
+	// meanwhile is then explained.
+	Log io.Writer
 }
 
 // Connect connects to a cluster's server, and says in words why not when
@@ -167,6 +172,15 @@ func Connect(o ConnOptions) (*nats.Conn, error) {
 	}
 	if o.OnClosed != nil {
 		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { o.OnClosed() }))
+	}
+	if o.Log != nil {
+		opts = append(opts,
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					fmt.Fprintf(o.Log, "%s: the connection to %s was cut (%v): reconnecting\n", o.Name, o.URL, err)
+				}
+			}),
+			nats.ReconnectHandler(func(*nats.Conn) { fmt.Fprintf(o.Log, "%s: reconnected to %s\n", o.Name, o.URL) }))
 	}
 	nc, err := nats.Connect(o.URL, opts...)
 	if err != nil {

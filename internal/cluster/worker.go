@@ -274,6 +274,22 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 
 	var orphaned atomic.Bool
 	watchDone := make(chan struct{})
+	watch := leaseWatch{lease: job.Timings.Lease, clock: time.Now,
+		heard: func() time.Time { return time.Unix(0, lastHB.Load()) },
+		// Asked directly, a coordinator that lives answers with the
+		// heartbeat's list: its beats were only late (a loaded host).
+		probe: func() bool {
+			m, err := nc.Request(subjAlive(job.Run), nil, job.Timings.Lease)
+			if err != nil {
+				return false
+			}
+			if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
+				lost()
+			} else {
+				lastHB.Store(time.Now().UnixNano())
+			}
+			return true
+		}}
 	go func() {
 		t := time.NewTicker(hbEvery)
 		defer t.Stop()
@@ -282,7 +298,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			case <-watchDone:
 				return
 			case <-t.C:
-				if time.Since(time.Unix(0, lastHB.Load())) > job.Timings.Lease {
+				if watch.gone() {
 					orphaned.Store(true)
 					l.released.Store(true) // its items are for others now
 					abort()
@@ -304,9 +320,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if orphaned.Load() {
 		// Say so, in case the coordinator lives and only its heartbeat was
 		// late: the run then fails instead of waiting for this share.
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v: aborted\n", w.o.Name, job.Run, job.Timings.Lease)
+		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v and it did not answer when asked: aborted\n", w.o.Name, job.Run, job.Timings.Lease)
 		d := done{Instance: inst, Failed: true,
-			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v, so its share aborted", w.o.Name, job.Timings.Lease)}
+			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v and it did not answer when asked, so its share aborted", w.o.Name, job.Timings.Lease)}
 		db, _ := json.Marshal(d)
 		nc.Request(subjDone(job.Run), db, time.Second)
 		return
