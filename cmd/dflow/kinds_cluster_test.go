@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/dflow-dev/dflow/internal/nn"
@@ -34,14 +35,13 @@ type kindCase struct {
 // workers does what it does once (the final checkpoint and evaluation)
 // once: no counter in a node value decides it.
 func TestKindsAcrossWorkers(t *testing.T) {
-	t.Setenv("DFLOW_AS_MAIN", "1") // for the worker processes
-	t.Chdir("../..")               // the specs name the model relative to the repository
+	t.Parallel()
 	// One corpus for both runs of a case, as it was when the test began
 	// (the tree's own text changes while people work in it).
 	corpus := filepath.Join(t.TempDir(), "corpus.txt")
 	var text []byte
 	for _, f := range []string{"internal/engine/engine.go", "internal/engine/deadlock.go", "internal/cluster/transport.go", "internal/nn/model.go", "README.md"} {
-		b, err := os.ReadFile(f)
+		b, err := os.ReadFile(filepath.Join("../..", f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,33 +51,42 @@ func TestKindsAcrossWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases := []kindCase{
-		{name: "seed", args: []string{"specs/seed.hcl", "--var", "items=120",
+		{name: "seed", args: []string{"../../specs/seed.hcl", "--var", "items=120",
 			"--set", "stage.target.config.service_time=2ms", "--set", "stage.drafter.config.service_time=1ms"}},
-		{name: "fan", args: []string{"specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
-		{name: "dflash", args: []string{"specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=" + corpus,
-			"--set", "stage.drafter.config.eval_prompts=4"},
+		{name: "fan", args: []string{"../../specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
+		{name: "dflash", args: []string{"../../specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=" + corpus,
+			"--set", "stage.drafter.config.eval_prompts=4",
+			// the spec names the model relative to the repository
+			"--set", "stage.target.config.model=../../models/target.safetensors",
+			"--set", "stage.drafter.config.target=../../models/target.safetensors"},
 			outputs: map[string]string{"drafter": "drafter"}},
-		{name: "pretrain", args: []string{"specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=32",
+		{name: "pretrain", args: []string{"../../specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=32",
 			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
 			outputs: map[string]string{"train": "lm"}},
 	}
+	var mu sync.Mutex
 	covered := map[string]bool{}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			local := runKindCase(t, c, corpus, false)
-			across := runKindCase(t, c, corpus, true)
-			for name, st := range local.Stages {
-				covered[st.Node] = true
-				compareStage(t, name, st, across.Stages[name])
-			}
-			for name, e := range local.Edges {
-				a := across.Edges[name]
-				if a.Produced != e.Produced || a.Consumed != e.Consumed || a.Produced != a.Consumed {
-					t.Errorf("edge %s: produced/consumed %d/%d over two workers, %d/%d in one process", name, a.Produced, a.Consumed, e.Produced, e.Consumed)
+	t.Run("cases", func(t *testing.T) { // returns once every case has
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				t.Parallel()
+				local := runKindCase(t, c, corpus, false)
+				across := runKindCase(t, c, corpus, true)
+				for name, st := range local.Stages {
+					mu.Lock()
+					covered[st.Node] = true
+					mu.Unlock()
+					compareStage(t, name, st, across.Stages[name])
 				}
-			}
-		})
-	}
+				for name, e := range local.Edges {
+					a := across.Edges[name]
+					if a.Produced != e.Produced || a.Consumed != e.Consumed || a.Produced != a.Consumed {
+						t.Errorf("edge %s: produced/consumed %d/%d over two workers, %d/%d in one process", name, a.Produced, a.Consumed, e.Produced, e.Consumed)
+					}
+				}
+			})
+		}
+	})
 	for _, k := range nodes.Default.KindNames() {
 		if !covered[k] && !t.Failed() {
 			t.Errorf("built-in kind %s is run by no case: add a spec that uses it", k)
