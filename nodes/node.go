@@ -123,7 +123,40 @@ type Group interface {
 	// member's Keep returns once st holds it (unmarshalled). Call it once,
 	// before the first collective; a member that is not a restart, or a
 	// group in one process, only records st.
+	//
+	// A group lost whole (no member left to take the state from) restarts
+	// from its last save where it saves (Saves): Keep then returns a
+	// *Restore, and the replica loads that save (or, with nothing saved
+	// yet, keeps the state it started with). Elsewhere it fails the run.
 	Keep(ctx context.Context, st State) error
+	// Saves says that the group saves its state every so many steps,
+	// each save followed by Saved: the replicas' inputs are then settled
+	// only once a save holds what they trained, so that a group lost
+	// whole restarts from its last save and the inputs since come back.
+	// Call it on every replica, before Keep; in one process it does
+	// nothing.
+	Saves(ctx context.Context) error
+	// Saved says that the group's state as of the step just completed is
+	// saved (a checkpoint written and closed), as step: a restart from it
+	// is told the same step (Restore.Step). One member calls it, between
+	// two steps.
+	Saved(ctx context.Context, step int) error
+}
+
+// Restore is what Keep returns to the restart of a group lost whole that
+// saves (Group.Saves): no member is left to take the state from, and
+// every replica restores the group's last save, the one Saved named Step,
+// and trains again on what came after it. Step < 0: nothing was saved
+// yet, and the state each replica started with is the group's.
+type Restore struct {
+	Step int
+}
+
+func (r *Restore) Error() string {
+	if r.Step < 0 {
+		return "the group was lost whole before its first save: it starts again"
+	}
+	return fmt.Sprintf("the group was lost whole: it restores its save of step %d", r.Step)
 }
 
 // State is a replica's state as a group moves it (Group.Keep): the bytes

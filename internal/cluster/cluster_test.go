@@ -535,7 +535,7 @@ edge "b" {
 	job := &Job{Run: "rr", Remote: map[string][]bool{"a": {false}, "b": {true, true, true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w2"}, "sink": {"w3", "w3", "w3"}}}
 	ctx := context.Background()
-	if err := setupRun(ctx, js, job.Run, g, job.Remote, DefaultAckWait); err != nil {
+	if err := setupRun(ctx, js, job.Run, g, job.Remote, DefaultAckWait, nil); err != nil {
 		t.Fatal(err)
 	}
 	defer teardownRun(js, job.Run, g, job.Remote)

@@ -182,7 +182,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	c.start = time.Now()
 	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.o.Timings.AckWait)
+	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.o.Timings.AckWait, func(s *graph.Stage) bool { return moves(c.o.Registry, s) })
 	cancel()
 	defer teardownRun(c.js, c.run, c.g, c.remote)
 	if err != nil {
@@ -241,7 +241,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	}
 	c.groups = map[string]*groupHost{}
 	for _, s := range c.g.Stages {
-		if spread(c.place[s.Name]) {
+		if hosted(c.o.Registry, s, c.place[s.Name]) {
 			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
 			c.groups[s.Name] = h
 			sub(subjGroup(c.run, s.Name), h.handle)

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/dflow-dev/dflow/nodes"
@@ -58,13 +60,23 @@ const (
 	opJoin
 	opState
 	opStateFetch
+	opSaves
+	opSaved
 )
 
-// The headers of a group request.
+// The headers of a group request, and of an answer (hdrSaved: the round
+// the group's last save holds, where it saves).
 const (
 	hdrShare = "Dflow-Share"
 	hdrHeld  = "Dflow-Held"
+	hdrSaved = "Dflow-Saved"
 )
+
+// trainedItem is an item a member had in hand in a completed round.
+type trainedItem struct {
+	round uint32
+	id    string
+}
 
 // groupHost is the coordinator's side of one stage's group.
 type groupHost struct {
@@ -76,8 +88,23 @@ type groupHost struct {
 	keeps bool
 	gone  map[string]bool // shares counted lost
 	// held is the item each member had in hand at its arrival in the
-	// round under way; done the item of its last completed step
-	held, done []string
+	// round under way; trained the items of its completed rounds that
+	// may not be settled yet: its last where the group does not save,
+	// those since the save before the last where it does
+	held    []string
+	trained [][]trainedItem
+	// saves: a member said the group saves (opSaves); durable the round
+	// its last save holds, saveStep its step (-1: none yet), prevDurable
+	// the round of the save before; finished: a member left the group
+	// (its input ended), settling what it had trained on
+	saves       bool
+	durable     uint32
+	prevDurable uint32
+	saveStep    int
+	finished    bool
+	// restore marks the members of a group lost whole that restore its
+	// last save, until their restart's opJoin is answered
+	restore []bool
 	// due marks a lost member whose restart needs the group's state;
 	// donor the member sending it (-1: none yet), incoming its parts,
 	// stash the state received, until the restart has fetched it, and
@@ -111,7 +138,8 @@ type groupHost struct {
 
 func newGroupHost(stage string, replicas int, maxPayload int64, keeps bool) *groupHost {
 	h := &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
-		gone: map[string]bool{}, held: make([]string, replicas), done: make([]string, replicas),
+		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]trainedItem, replicas),
+		saveStep: -1, restore: make([]bool, replicas),
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
 		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
@@ -156,6 +184,13 @@ func (h *groupHost) handle(m *nats.Msg) {
 	case opStateFetch:
 		h.stateFetchLocked(replica, m)
 		return
+	case opSaves:
+		h.saves = true
+		h.respondLocked(m, []byte{0})
+		return
+	case opSaved:
+		h.savedLocked(m)
+		return
 	}
 	if h.due[replica] && !h.keeps {
 		// a restart of a stage that moves no state: back at its first step
@@ -178,7 +213,7 @@ func (h *groupHost) handle(m *nats.Msg) {
 		if h.leaveLocked(replica) {
 			ans[1] = 1 // the last member: the group's once-per-run work is its
 		}
-		m.Respond(ans)
+		h.respondLocked(m, ans)
 		return
 	}
 	if h.left[replica] {
@@ -308,10 +343,41 @@ func (h *groupHost) stateLocked(m *nats.Msg) {
 	}
 }
 
+// respondLocked answers m with data and, where the group saves, the
+// round its last save holds: a member settles what it trained on up to
+// there.
+func (h *groupHost) respondLocked(m *nats.Msg, data []byte) {
+	if !h.saves {
+		m.Respond(data)
+		return
+	}
+	a := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
+	a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
+	m.RespondMsg(a)
+}
+
+// savedLocked takes a member's word that the group's state as of the
+// round completed last is saved, as the step in its request.
+func (h *groupHost) savedLocked(m *nats.Msg) {
+	if len(m.Data) < 9 {
+		m.Respond(errAnswer("malformed save"))
+		return
+	}
+	h.saves = true
+	h.prevDurable, h.durable = h.durable, h.round
+	h.saveStep = int(int32(binary.LittleEndian.Uint32(m.Data[5:])))
+	// What was trained before the save before this one has been settled
+	// (its members heard of that save a save ago): no restart needs it.
+	for r, items := range h.trained {
+		h.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return t.round <= h.prevDurable })
+	}
+	h.respondLocked(m, []byte{0})
+}
+
 // joinLocked answers a restart's opJoin, now or once the state is in.
 func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
 	switch {
-	case h.stash[replica] != nil || !h.due[replica]:
+	case h.restore[replica] || h.stash[replica] != nil || !h.due[replica]:
 		h.answerJoinLocked(replica, m)
 	case h.members == 0:
 		m.Respond(errAnswer(fmt.Sprintf("stage %q replica %d restarted, and no member of its group is left to take the state from", h.stage, replica)))
@@ -320,13 +386,31 @@ func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
 	}
 }
 
+// answerJoinLocked answers a restart's opJoin: 0 ok; then 0 (nothing to
+// take), 1 (the state, of the length that follows as a uint32) or 2
+// (restore the save of the step that follows, an int32; -1: none yet);
+// then the ids of the items the restart drops if they come back, one a
+// line: their gradient is in the state it takes.
 func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
-	ans := make([]byte, 6, 6+len(h.done[replica]))
-	if st := h.stash[replica]; st != nil {
+	ans := make([]byte, 6)
+	skip := h.trained[replica]
+	switch st := h.stash[replica]; {
+	case h.restore[replica]:
+		h.restore[replica] = false
+		ans[1] = 2
+		binary.LittleEndian.PutUint32(ans[2:], uint32(int32(h.saveStep)))
+		skip = slices.DeleteFunc(slices.Clone(skip), func(t trainedItem) bool { return t.round > h.durable })
+	case st != nil:
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
 	}
-	m.Respond(append(ans, h.done[replica]...))
+	for i, t := range skip {
+		if i > 0 {
+			ans = append(ans, '\n')
+		}
+		ans = append(ans, t.id...)
+	}
+	h.respondLocked(m, ans)
 }
 
 // stateFetchLocked answers a part of the state stashed for a restart; the
@@ -356,6 +440,7 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 	}
 	h.left[replica] = true
 	h.members--
+	h.finished = true
 	h.dropLocked(replica)
 	h.completeLocked()
 	return h.members == 0
@@ -399,7 +484,66 @@ func (h *groupHost) lose(replica int, share string) (present int) {
 		h.dropLocked(replica)
 		h.completeLocked()
 	}
+	if h.members == 0 && h.restorable() {
+		h.restoreLocked()
+	}
 	return h.members
+}
+
+// restorable reports whether a group with no member left restores its
+// last save: it saves, and none of its members has finished (what one
+// settled on leaving may not be in the save). c.mu or h.mu held.
+func (h *groupHost) restorable() bool { return h.keeps && h.saves && !h.finished }
+
+// restoreLocked makes every due member of a group lost whole present
+// again, to restore the last save at its restart's opJoin: the rounds
+// after the save are trained again by the restarts, all of them present
+// from their first step, and what they trained before it is dropped.
+func (h *groupHost) restoreLocked() {
+	for i, d := range h.due {
+		if !d {
+			continue
+		}
+		h.due[i], h.left[i], h.restore[i], h.donor[i] = false, false, true, -1
+		h.members++
+		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t trainedItem) bool { return t.round > h.durable })
+	}
+	clear(h.incoming)
+	clear(h.stash)
+	for r, j := range h.joiner {
+		delete(h.joiner, r)
+		h.answerJoinLocked(r, j)
+	}
+}
+
+// restoring reports whether replica waits to restore the last save.
+func (h *groupHost) restoring(replica int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.restore[replica]
+}
+
+// saveSaid names the save a group lost whole restores.
+func (h *groupHost) saveSaid() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.saveStep < 0 {
+		return "none yet: it starts again, and everything it trained on comes back"
+	}
+	return fmt.Sprintf("step %d; what it trained on since comes back", h.saveStep)
+}
+
+// why says why a group with no member left cannot go on.
+func (h *groupHost) why() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.saves && h.finished:
+		return "its members had begun to finish, settling what their save may not hold"
+	case h.keeps:
+		return "and it saves nothing to restore (a checkpoint, for a kind that writes one)"
+	}
+	return ""
 }
 
 // anyDue reports whether a lost member waits for the group's state.
@@ -434,15 +578,34 @@ func (h *groupHost) completeLocked() {
 			}
 		}
 		for _, r := range h.arrived {
-			h.done[r] = h.held[r]
+			h.trainedLocked(r)
 		}
 	}
 	for _, r := range h.arrived {
-		h.waiting[r].Respond(ans)
+		h.respondLocked(h.waiting[r], ans)
 	}
 	h.arrived, h.open = h.arrived[:0], false
 	clear(h.waiting)
 	clear(h.vecs)
+}
+
+// trainedLocked records the item member r had in hand in the round just
+// completed: an item in hand over several rounds is the last's.
+func (h *groupHost) trainedLocked(r int) {
+	id := h.held[r]
+	if id == "" {
+		return
+	}
+	items := h.trained[r]
+	switch {
+	case len(items) > 0 && items[len(items)-1].id == id:
+		items[len(items)-1].round = h.round
+	case !h.saves:
+		items = append(items[:0], trainedItem{h.round, id}) // settled before its next round
+	default:
+		items = append(items, trainedItem{h.round, id})
+	}
+	h.trained[r] = items
 }
 
 // sumOf sums the members' vectors, in arrival order.
@@ -468,15 +631,23 @@ type remoteGroup struct {
 	subject string
 	share   string // the instance whose replicas these are
 	restart bool   // the share takes over lost replicas: Keep takes the group's state
+	lone    bool   // a group of one replica: its sum is its own vector
 	// hooks into the share's links (nil: none, in tests): the id of the
 	// item a replica has in hand, settling what the share's replicas have
-	// finished, and an item a restart drops if it comes back
-	held   func(replica int) string
-	settle func() error
-	skip   func(replica int, id string)
+	// finished, the items a restart drops if they come back, and, where
+	// the group saves: holding a replica's inputs until a save, the
+	// round a replica's item in hand was trained in, and the round the
+	// group's last save holds
+	held    func(replica int) string
+	settle  func() error
+	skip    func(replica int, ids []string)
+	hold    func(replica int)
+	stepped func(replica int, round uint32)
+	durable func(replica int, round uint32)
 
 	mu     sync.Mutex
 	states map[int]nodes.State // what each replica gave Keep
+	saving map[int]bool        // the replicas that called Saves
 }
 
 func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
@@ -508,6 +679,11 @@ func (g *remoteGroup) request(ctx context.Context, req []byte) ([]byte, error) {
 				return nil, ctx.Err()
 			}
 			return nil, fmt.Errorf("group across workers: %w", err)
+		}
+		if d := m.Header.Get(hdrSaved); d != "" && g.durable != nil {
+			if round, err := strconv.ParseUint(d, 10, 32); err == nil {
+				g.durable(replica, uint32(round))
+			}
 		}
 		if len(m.Data) == 5 && m.Data[0] == 2 {
 			if err := g.donate(ctx, replica, int(binary.LittleEndian.Uint32(m.Data[1:]))); err != nil {
@@ -575,11 +751,14 @@ func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) err
 	if len(ans) < 6 {
 		return fmt.Errorf("group across workers: a join answer of %d bytes", len(ans))
 	}
-	if id := string(ans[6:]); id != "" && g.skip != nil {
-		g.skip(replica, id)
+	if ids := string(ans[6:]); ids != "" && g.skip != nil {
+		g.skip(replica, strings.Split(ids, "\n"))
 	}
-	if ans[1] == 0 {
+	switch ans[1] {
+	case 0:
 		return nil // it had left the group: nothing to take
+	case 2: // lost whole: every member restores the last save
+		return &nodes.Restore{Step: int(int32(binary.LittleEndian.Uint32(ans[2:])))}
 	}
 	b := make([]byte, binary.LittleEndian.Uint32(ans[2:]))
 	per := int(g.nc.MaxPayload() - 256)
@@ -606,12 +785,41 @@ func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) err
 // back to a restart (which drops it: the host names it).
 func (g *remoteGroup) arrive(replica int) error {
 	g.mu.Lock()
-	kept := g.states[replica] != nil
+	kept, saving := g.states[replica] != nil, g.saving[replica]
 	g.mu.Unlock()
-	if !kept || g.settle == nil {
-		return nil
+	if !kept || saving || g.settle == nil {
+		return nil // a saving replica's inputs wait for the save
 	}
 	return g.settle()
+}
+
+// completed tells the replica's links the round of a collective's answer:
+// the item in hand was trained in it.
+func (g *remoteGroup) completed(replica int, ans []byte) {
+	if len(ans) >= 9 && g.stepped != nil {
+		g.stepped(replica, binary.LittleEndian.Uint32(ans[5:]))
+	}
+}
+
+// Saves says that replica's group saves: its inputs wait for a save.
+func (g *remoteGroup) Saves(ctx context.Context, replica int) error {
+	g.mu.Lock()
+	if g.saving == nil {
+		g.saving = map[int]bool{}
+	}
+	g.saving[replica] = true
+	g.mu.Unlock()
+	if g.hold != nil {
+		g.hold(replica)
+	}
+	_, err := g.call(ctx, opSaves, replica)
+	return err
+}
+
+// Saved says that the group's state of the round completed last is saved.
+func (g *remoteGroup) Saved(ctx context.Context, replica, step int) error {
+	_, err := g.call(ctx, opSaved, replica, uint32(int32(step)))
+	return err
 }
 
 // reduce sends f in parts, the last of which waits for the round, and
@@ -641,6 +849,7 @@ func (g *remoteGroup) reduce(ctx context.Context, replica int, f []float32) (int
 	if len(ans) < 9 {
 		return 0, fmt.Errorf("AllReduceSum across workers: an answer of %d bytes", len(ans))
 	}
+	g.completed(replica, ans)
 	n, round := int(binary.LittleEndian.Uint32(ans[1:])), binary.LittleEndian.Uint32(ans[5:])
 	if len(ans) == 9+4*len(f) {
 		decode(f, ans[9:])
@@ -671,11 +880,18 @@ func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
 	if err := g.arrive(replica); err != nil {
 		return err
 	}
-	_, err := g.call(ctx, opBarrier, replica)
+	ans, err := g.call(ctx, opBarrier, replica)
+	if err == nil {
+		g.completed(replica, ans)
+	}
 	return err
 }
 
 func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error) {
+	if g.lone {
+		// hosted only to restart: the sum of one is the vector itself
+		return 1, g.Barrier(ctx, replica)
+	}
 	f, ok := x.(nodes.Floats)
 	var back func()
 	if !ok {

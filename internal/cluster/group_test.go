@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -301,7 +302,7 @@ func TestGroupLostMember(t *testing.T) {
 	}, "member 2's state handed over")
 	members[2] = member("w0-r1", true)
 	var skipped string
-	members[2].skip = func(_ int, id string) { skipped = id }
+	members[2].skip = func(_ int, ids []string) { skipped = strings.Join(ids, ",") }
 	states[2] = &weights{}
 	if err := members[2].Keep(ctx, 2, states[2]); err != nil {
 		t.Fatal(err)
@@ -361,5 +362,169 @@ func TestLoseMember(t *testing.T) {
 	}
 	if err := c.loseMember(w2, mover, 1); err == nil || !strings.Contains(err.Error(), `replica 1 keeps state, and no member of its group is left to take it from`) {
 		t.Errorf("the last member lost: %v", err)
+	}
+}
+
+// TestGroupLostWhole: a group that saves, lost whole, restores its last
+// save: every restart is told the save's step and the items trained on
+// up to it (dropped if they come back), not those after it (trained
+// again); the restarts are all waited for from their first step; members
+// hear the round the last save holds with every answer. A group that
+// saves nothing, or whose members had begun to finish, cannot restore.
+func TestGroupLostWhole(t *testing.T) {
+	t.Parallel()
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	conn := func() *nats.Conn {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name         string
+		saves, leave bool
+		why          string
+	}{
+		{name: "saves", saves: true},
+		{name: "saves nothing", why: "saves nothing"},
+		{name: "finishing", saves: true, leave: true, why: "begun to finish"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host := conn()
+			stage := strings.ReplaceAll(tc.name, " ", "_")
+			h := newGroupHost(stage, 3, host.MaxPayload(), true)
+			sub, err := host.Subscribe(subjGroup("r", stage), h.handle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			host.Flush()
+			var mu sync.Mutex
+			held := make([]string, 3)
+			heard := make([]uint32, 3)
+			member := func(share string, restart bool) *remoteGroup {
+				return &remoteGroup{nc: conn(), subject: subjGroup("r", stage), share: share, restart: restart,
+					held:    func(i int) string { mu.Lock(); defer mu.Unlock(); return held[i] },
+					durable: func(i int, round uint32) { mu.Lock(); heard[i] = round; mu.Unlock() }}
+			}
+			members := []*remoteGroup{member("w0", false), member("w1", false), member("w2", false)}
+			for i, m := range members {
+				if tc.saves {
+					if err := m.Saves(ctx, i); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := m.Keep(ctx, i, &weights{w: []float32{0}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step := func(k int, ids ...int) {
+				t.Helper()
+				var wg sync.WaitGroup
+				for _, i := range ids {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						mu.Lock()
+						held[i] = fmt.Sprintf("it%d-%d", k, i)
+						mu.Unlock()
+						if _, err := members[i].AllReduce(ctx, i, nodes.Floats{1}); err != nil {
+							t.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			step(0, 0, 1, 2)
+			step(1, 0, 1, 2)
+			if tc.saves {
+				if err := members[0].Saved(ctx, 0, 2); err != nil { // the state of rounds 1 and 2
+					t.Fatal(err)
+				}
+			}
+			step(2, 0, 1, 2)
+			mu.Lock()
+			if want := map[bool]uint32{true: 2}[tc.saves]; heard[1] != want {
+				t.Errorf("member 1 heard the last save holds round %d, want %d", heard[1], want)
+			}
+			mu.Unlock()
+			if tc.leave {
+				if _, err := members[2].Leave(ctx, 2); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.lose(0, "w0")
+			h.lose(1, "w1")
+			if !tc.leave {
+				h.lose(2, "w2")
+			}
+			if tc.why != "" {
+				if !h.anyDue() || !strings.Contains(h.why(), tc.why) {
+					t.Fatalf("lost whole: due %v, why %q; want due, and %q", h.anyDue(), h.why(), tc.why)
+				}
+				return
+			}
+			if h.anyDue() || !h.restoring(0) || !h.restoring(2) {
+				t.Fatalf("lost whole: due %v, restoring %v %v; want none due, all restoring", h.anyDue(), h.restoring(0), h.restoring(2))
+			}
+			// The restarts: each told the save's step and what its lost
+			// member trained on up to the save.
+			skipped := make([]string, 3)
+			for i := range members {
+				members[i] = member(fmt.Sprintf("w%d-r1", i), true)
+				members[i].skip = func(i int, ids []string) { skipped[i] = strings.Join(ids, ",") }
+			}
+			var re *nodes.Restore
+			if err := members[1].Keep(ctx, 1, &weights{}); !errors.As(err, &re) || re.Step != 2 {
+				t.Fatalf("the restart's Keep: %v, want a restore of step 2", err)
+			}
+			if skipped[1] != "it0-1,it1-1" {
+				t.Errorf("restart 1 drops %q, want it0-1,it1-1 (it2-1 came after the save)", skipped[1])
+			}
+			// A step of restart 1 alone waits for the others.
+			done := make(chan error, 1)
+			go func() {
+				_, err := members[1].AllReduce(ctx, 1, nodes.Floats{1})
+				done <- err
+			}()
+			testutil.Eventually(t, 5*time.Second, func() bool {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				return len(h.arrived) == 1
+			}, "restart 1 in the step")
+			select {
+			case err := <-done:
+				t.Fatalf("a step of one restart of three completed: %v", err)
+			default:
+			}
+			for _, i := range []int{0, 2} {
+				if err := members[i].Keep(ctx, i, &weights{}); !errors.As(err, &re) || re.Step != 2 {
+					t.Fatalf("restart %d's Keep: %v, want a restore of step 2", i, err)
+				}
+			}
+			var wg sync.WaitGroup
+			for _, i := range []int{0, 2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					v := nodes.Floats{1}
+					if n, err := members[i].AllReduce(ctx, i, v); err != nil || n != 3 || v[0] != 3 {
+						t.Errorf("restart %d's first step: %d contributors, sum %v, %v; want 3, 3", i, n, v, err)
+					}
+				}()
+			}
+			wg.Wait()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

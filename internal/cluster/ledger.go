@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -161,6 +162,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		err := n.Run(ctx, tr)
 		if err == nil {
 			tr.finish() // a failed item is not finished: the run fails anyway
+			tr.saved(^uint32(0))
 		}
 		return err
 	})
@@ -186,9 +188,22 @@ type tracked struct {
 	mu   sync.Mutex
 	cur  *taken // the item in hand, nil when none or not followed
 	sent int    // what it has sent since it took cur
-	// skip is an item a restart drops if it comes back: the lost
-	// replica's last completed step trained on it (its group names it)
-	skip string
+	// skip are the items a restart drops if they come back: the group's
+	// state it took holds what they trained (its group names them)
+	skip map[string]bool
+	// hold: its group saves (nodes.Group.Saves), so what it finishes is
+	// kept, each with the round it was trained in, until a save holds
+	// that round; round is the cur's (0: none yet), last the replica's
+	// latest
+	hold        bool
+	kept        []keptItem
+	round, last uint32
+}
+
+// keptItem is a finished item waiting for a save.
+type keptItem struct {
+	t     *taken
+	round uint32
 }
 
 // replicaKey names a replica of a stage.
@@ -205,7 +220,14 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 		defer l.pmu.Unlock()
 		return l.replicas[replicaKey{s.Name, i}]
 	}
-	return &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart,
+	with := func(i int, f func(t *tracked)) {
+		if t := find(i); t != nil {
+			t.mu.Lock()
+			f(t)
+			t.mu.Unlock()
+		}
+	}
+	return &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart, lone: s.Replicas == 1,
 		held: func(i int) string {
 			if t := find(i); t != nil {
 				t.mu.Lock()
@@ -217,11 +239,21 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			return ""
 		},
 		settle: l.ledger.settle,
-		skip: func(i int, id string) {
+		skip: func(i int, ids []string) {
+			with(i, func(t *tracked) {
+				t.skip = map[string]bool{}
+				for _, id := range ids {
+					t.skip[id] = true
+				}
+			})
+		},
+		hold: func(i int) { with(i, func(t *tracked) { t.hold = true }) },
+		stepped: func(i int, round uint32) {
+			with(i, func(t *tracked) { t.round, t.last = round, round })
+		},
+		durable: func(i int, round uint32) {
 			if t := find(i); t != nil {
-				t.mu.Lock()
-				t.skip = id
-				t.mu.Unlock()
+				t.saved(round)
 			}
 		},
 	}
@@ -232,14 +264,42 @@ func (t *tracked) Out(port string) nodes.Output {
 	return &trackedOut{Output: t.Replica.Out(port), t: t}
 }
 
-// finish ends the work on the item in hand.
+// finish ends the work on the item in hand: settled, or, where the
+// group saves, kept until a save holds it.
 func (t *tracked) finish() {
 	t.mu.Lock()
 	cur := t.cur
 	t.cur = nil
+	if cur != nil && t.hold {
+		round := t.round
+		if round == 0 {
+			round = t.last + 1 // in no round: held until a save after the next
+		}
+		t.kept = append(t.kept, keptItem{cur, round})
+		cur = nil
+	}
+	t.round = 0
 	t.mu.Unlock()
 	if cur != nil {
 		cur.finish(t.l.ledger)
+	}
+}
+
+// saved settles the items kept for a save that holds their round (every
+// one where round is ^0: the replica has returned).
+func (t *tracked) saved(round uint32) {
+	t.mu.Lock()
+	var done []*taken
+	t.kept = slices.DeleteFunc(t.kept, func(k keptItem) bool {
+		if k.round <= round {
+			done = append(done, k.t)
+			return true
+		}
+		return false
+	})
+	t.mu.Unlock()
+	for _, d := range done {
+		d.finish(t.l.ledger)
 	}
 }
 
@@ -259,17 +319,19 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		rec := t.l.claim(item)
 		t.mu.Lock()
 		t.cur, t.sent = rec, 0
-		drop := rec != nil && t.skip != "" && rec.id == t.skip
+		drop := rec != nil && t.skip[rec.id]
 		if drop {
-			t.skip = ""
+			delete(t.skip, rec.id)
+			t.cur = nil
 		}
 		t.mu.Unlock()
 		if !drop {
 			return item, nil
 		}
-		// Trained on by the lost replica's last completed step: in the
-		// group's state already, settled now.
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which its lost replica's last step trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
+		// Trained on before the state the restart took was: in it
+		// already, settled now.
+		rec.finish(t.l.ledger)
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
 	}
 }
 

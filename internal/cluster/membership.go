@@ -305,8 +305,11 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		return nil
 	}
 	if h.lose(i, in.name) == 0 && h.keeps && h.anyDue() {
-		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-			in.worker, c.o.Timings.Lease, s.Name, s.Node, i)
+		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.why())
+	}
+	if h.restoring(i) {
+		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.saveSaid())
 	}
 	return nil
 }

@@ -40,8 +40,17 @@ const DefaultAnswer = 30 * time.Second
 // workers all pull from; the end-key bucket. A queue holds its capacity:
 // producers publish within the room they read (jsQueue.waitRoom), and the
 // stream's bound per subject, past what that allows, is only a backstop.
-func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration) error {
+//
+// A stage whose inputs may wait for a save (holds: its kind's state
+// moves, and its group may call nodes.Group.Saves) keeps what it trained
+// on unacked until then, checkpoint_every steps, say: its edges' stream and
+// consumers have no bound to speak of; the room still paces producers.
+func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
 	for ei, e := range g.Edges {
+		bound := backstop(e)
+		if holds != nil && holds(e.To.Stage) {
+			bound = 1 << 30 // none to speak of
+		}
 		var subjects []string
 		var queues []int
 		for qi := range e.Queues {
@@ -56,7 +65,7 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: streamEdge(run, ei), Subjects: subjects,
 			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
-			MaxMsgsPerSubject: int64(backstop(e)), Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+			MaxMsgsPerSubject: int64(bound), Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
 			Duplicates: 2 * time.Minute,
 		})
 		if err != nil {
@@ -66,7 +75,7 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 			if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 				Durable: consumerQueue(qi), FilterSubject: subjQueue(run, ei, qi),
 				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-				MaxAckPending: backstop(e), MaxWaiting: 512,
+				MaxAckPending: bound, MaxWaiting: 512,
 			}); err != nil {
 				return fmt.Errorf("edge %q queue %d: consumer: %w", e.Name, qi, err)
 			}

@@ -218,7 +218,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	var drainOnce sync.Once
 	groups := map[string]engine.RemoteGroup{}
 	for _, s := range g.Stages {
-		if spread(job.Place[s.Name]) {
+		if hosted(w.o.Registry, s, job.Place[s.Name]) {
 			groups[s.Name] = l.group(s, job.Restart)
 		}
 	}
@@ -370,6 +370,13 @@ func spread(place []string) bool {
 		}
 	}
 	return false
+}
+
+// hosted reports whether a stage's group is the coordinator's: its
+// replicas sit in more than one instance, or its state moves (a group
+// lost whole restarts through the host, even a group of one).
+func hosted(reg *nodes.Registry, s *graph.Stage, place []string) bool {
+	return spread(place) || moves(reg, s)
 }
 
 // placed says which replicas an instance runs.

@@ -166,3 +166,8 @@ func (m *member) Finish(context.Context) (bool, error) { return m.g.leave(m.r.in
 // Keep implements nodes.Group.Keep: in one process no member restarts, so
 // there is nothing to take over and nothing to record.
 func (m *member) Keep(context.Context, nodes.State) error { return nil }
+
+// Saves and Saved implement nodes.Group's: in one process no group is
+// lost whole, so no input waits for a save.
+func (m *member) Saves(context.Context) error      { return nil }
+func (m *member) Saved(context.Context, int) error { return nil }

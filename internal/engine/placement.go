@@ -50,6 +50,9 @@ type RemoteGroup interface {
 	// Keep records the replica's state, handed to a member restarted
 	// elsewhere; on a restarted member it first loads the group's.
 	Keep(ctx context.Context, replica int, st nodes.State) error
+	// Saves and Saved are nodes.Group's, for the replica.
+	Saves(ctx context.Context, replica int) error
+	Saved(ctx context.Context, replica, step int) error
 }
 
 // place applies Options.Here and Options.Group once the queues are wired.
@@ -149,6 +152,14 @@ func (m *remoteMember) Leave() {
 func (m *remoteMember) Keep(ctx context.Context, st nodes.State) error {
 	defer m.r.endWait(m.begin(ctx))
 	return m.g.Keep(ctx, m.r.index, st)
+}
+
+// Saves implements nodes.Group.Saves.
+func (m *remoteMember) Saves(ctx context.Context) error { return m.g.Saves(ctx, m.r.index) }
+
+// Saved implements nodes.Group.Saved.
+func (m *remoteMember) Saved(ctx context.Context, step int) error {
+	return m.g.Saved(ctx, m.r.index, step)
 }
 
 // Finish implements nodes.Group.Finish: the group across hosts says

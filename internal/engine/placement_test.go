@@ -60,6 +60,8 @@ func (s sharedGroup) AllReduce(ctx context.Context, i int, x nodes.Reducible) (i
 func (s sharedGroup) Leave(_ context.Context, i int) (bool, error) { return s.g.leave(i), nil }
 
 func (s sharedGroup) Keep(context.Context, int, nodes.State) error { return nil }
+func (s sharedGroup) Saves(context.Context, int) error             { return nil }
+func (s sharedGroup) Saved(context.Context, int, int) error        { return nil }
 
 // TestPlacementAcrossEngines: a graph split over three engines (edges b
 // and c under each policy; a stays shared, as round_robin from 2 sources

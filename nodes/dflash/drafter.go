@@ -192,10 +192,26 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			metrics.Set("acceptance_length_ngram", nb)
 		}
 	}
+	// Checkpoints every so many steps are the group's saves: on a
+	// cluster, what it trained on is settled only once a save holds it,
+	// so a group lost whole restores its last save.
+	every := n.cfg.Int("checkpoint_every")
+	if n.out != nil && every > 0 {
+		if err := group.Saves(ctx); err != nil {
+			return fmt.Errorf("drafter_train: %w", err)
+		}
+	}
 	// A replica restarted elsewhere (a cluster's worker lost) takes the
-	// group's weights, optimizer state and step over here.
+	// group's weights, optimizer state and step over here, or, the group
+	// lost whole, restores its last save.
 	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step}); err != nil {
-		return fmt.Errorf("drafter_train: %w", err)
+		var re *nodes.Restore
+		if !errors.As(err, &re) {
+			return fmt.Errorf("drafter_train: %w", err)
+		}
+		if err := n.restore(st, re.Step); err != nil {
+			return err
+		}
 	}
 	start, items := time.Now(), 0
 	for {
@@ -227,9 +243,14 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 					metrics.Set("acceptance_length", tau)
 				}
 			}
-			if every := n.cfg.Int("checkpoint_every"); every > 0 && st.step%every == 0 {
+			if every > 0 && st.step%every == 0 {
 				if err := n.save(st); err != nil {
 					return err
+				}
+				if n.out != nil {
+					if err := group.Saved(ctx, st.step); err != nil {
+						return n.saveOnCancel(ctx, st, err)
+					}
 				}
 			}
 		}
@@ -274,13 +295,41 @@ func (n *drafterNode) loadResume(path string) error {
 			"resume with that target, or set overwrite = true and resume = false to start afresh",
 			path, meta["target"], short(h), n.cfg.String("target"), short(n.targetHash))
 	}
-	opt := nn.NewAdamW(n.target.Backend(), n.dc.NumParams(), float32(n.cfg.Float("lr")))
-	d, meta, err := nn.LoadDrafter(path, n.target.P("wte"), opt)
+	d, opt, step, err := n.load(path)
 	if err != nil {
 		return err
 	}
-	n.resumed, n.resumedOpt = d, opt
-	n.resumedStep, _ = strconv.Atoi(meta["step"])
+	n.resumed, n.resumedOpt, n.resumedStep = d, opt, step
+	return nil
+}
+
+// load reads a checkpoint of this stage's, on the CPU.
+func (n *drafterNode) load(path string) (*nn.Drafter, *nn.AdamW, int, error) {
+	opt := nn.NewAdamW(n.target.Backend(), n.dc.NumParams(), float32(n.cfg.Float("lr")))
+	d, meta, err := nn.LoadDrafter(path, n.target.P("wte"), opt)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	step, _ := strconv.Atoi(meta["step"])
+	return d, opt, step, nil
+}
+
+// restore puts the group's save of step into the replica's state: a
+// group lost whole on a cluster, restarted (step < 0: nothing was saved,
+// and the state it started with is the group's).
+func (n *drafterNode) restore(st *state, step int) error {
+	if step < 0 {
+		return nil
+	}
+	path := n.cfg.String("checkpoint")
+	d, opt, got, err := n.load(path)
+	if err != nil {
+		return fmt.Errorf("drafter_train: the group was lost whole and restores its save of step %d: %w (a restart on another host reads the checkpoint at the same path: a shared filesystem)", step, err)
+	}
+	if got != step {
+		return fmt.Errorf("drafter_train: the group was lost whole and restores its save of step %d, but %s holds step %d", step, path, got)
+	}
+	n.copyInto(st, d, opt, got)
 	return nil
 }
 
@@ -307,23 +356,30 @@ func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 	opt := nn.NewAdamW(be, d.Params.Len(), float32(n.cfg.Float("lr")))
 	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
 	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
-	if n.resumed != nil { // read on the CPU: crosses to the replica's device once
-		m, v, t := n.resumedOpt.State()
-		if nn.Shares(be, n.resumed.Backend()) {
-			be.Copy(d.Params, n.resumed.Params)
-			opt.SetState(m, v, t)
-		} else {
-			fromCPU(be, d.Params, n.resumed.Params)
-			dm, dv := be.Alloc(m.Len()), be.Alloc(v.Len())
-			fromCPU(be, dm, m)
-			fromCPU(be, dv, v)
-			opt.SetState(dm, dv, t)
-			be.Free(dm)
-			be.Free(dv)
-		}
-		st.step = n.resumedStep
+	if n.resumed != nil {
+		n.copyInto(st, n.resumed, n.resumedOpt, n.resumedStep)
 	}
 	return st, nil
+}
+
+// copyInto sets a replica's state to a checkpoint's, read on the CPU: it
+// crosses to the replica's device once.
+func (n *drafterNode) copyInto(st *state, from *nn.Drafter, fromOpt *nn.AdamW, step int) {
+	be, d, opt := st.d.Backend(), st.d, st.opt
+	m, v, t := fromOpt.State()
+	if nn.Shares(be, from.Backend()) {
+		be.Copy(d.Params, from.Params)
+		opt.SetState(m, v, t)
+	} else {
+		fromCPU(be, d.Params, from.Params)
+		dm, dv := be.Alloc(m.Len()), be.Alloc(v.Len())
+		fromCPU(be, dm, m)
+		fromCPU(be, dv, v)
+		opt.SetState(dm, dv, t)
+		be.Free(dm)
+		be.Free(dv)
+	}
+	st.step = step
 }
 
 // fromCPU copies a CPU buffer into dst on be.

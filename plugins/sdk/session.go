@@ -169,3 +169,5 @@ func (noGroup) AllReduce(context.Context, nodes.Reducible) (int, error) { return
 func (noGroup) Leave()                                                  {}
 func (noGroup) Finish(context.Context) (bool, error)                    { return false, errNoGroup }
 func (noGroup) Keep(context.Context, nodes.State) error                 { return errNoGroup }
+func (noGroup) Saves(context.Context) error                             { return errNoGroup }
+func (noGroup) Saved(context.Context, int) error                        { return errNoGroup }
