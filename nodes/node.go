@@ -250,16 +250,18 @@ type Metrics interface {
 }
 
 // AllReduceMean replaces x with its mean over the replicas of r's stage
-// still training (a data-parallel gradient step); with one replica it
-// does nothing. Pass Floats(buf) for a host slice.
-func AllReduceMean(ctx context.Context, r Replica, x Reducible) error {
+// still training (a data-parallel gradient step), and returns how many
+// that is; with one replica it leaves x as it is and only marks the step
+// (a Barrier: its group counts steps, for Saved). Pass Floats(buf) for a
+// host slice.
+func AllReduceMean(ctx context.Context, r Replica, x Reducible) (int, error) {
 	if r.Replicas() == 1 {
-		return nil
+		return 1, r.Group().Barrier(ctx)
 	}
 	n, err := r.Group().AllReduce(ctx, x)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	x.Scale(1 / float32(n))
-	return nil
+	return n, nil
 }

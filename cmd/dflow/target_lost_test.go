@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
@@ -67,10 +68,10 @@ func TestDFlashLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	load := func(ckpt string) (*env, *graph.Graph, map[string]string, []string) {
+	load := func(ckpt string, more ...string) (*env, *graph.Graph, map[string]string, []string) {
 		vars := map[string]string{"batches": strconv.Itoa(batches), "corpus": corpus, "checkpoint": ckpt, "targets": "3"}
-		sets := []string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
-			"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0", "edge.tokens.capacity=4"}
+		sets := append([]string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
+			"stage.drafter.config.eval_prompts=4", "stage.drafter.config.eval_every=0", "edge.tokens.capacity=4"}, more...)
 		e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
 		sf := &specFlags{sets: sets}
 		for k, v := range vars {
@@ -101,17 +102,23 @@ func TestDFlashLost(t *testing.T) {
 		// into the drafters, and 12 more before each further kill
 		at    string
 		after int64
+		sets  []string
 	}{
 		{name: "two lost", pin: map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, kill: []int{1, 2}},
 		// early, while the reader has most of its batches to send
 		{name: "reader", pin: map[string][]string{"reader": {"w2"}, "target": {"w1", "w3"}, "drafter": {"w1", "w3"}}, kill: []int{1}, at: "reader", after: 8},
+		// every drafter on w2, lost after the save of step 4 (16 batches
+		// in: step 5 or 6): the group restores it on w1 or w3 and trains
+		// again on what came after it
+		{name: "drafters whole", pin: map[string][]string{"reader": {"w1"}, "target": {"w1", "w3"}, "drafter": {"w2"}}, kill: []int{1},
+			at: "drafter", after: 16, sets: []string{"stage.drafter.config.checkpoint_every=4"}},
 	} {
 		// One after another: three at once (nine workers loading the
 		// model, under the race detector) starve a worker of its
 		// coordinator's heartbeat past the lease on two cores.
 		t.Run(tc.name, func(t *testing.T) {
 			ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
-			e, g, vars, sets := load(ckpt)
+			e, g, vars, sets := load(ckpt, tc.sets...)
 			srv := startServer(t)
 			ws := workers(t, srv.URL, srv.Token, 3, "--read", root, "--read", dir, "--write", filepath.Dir(ckpt))
 			nc, err := cluster.Connect(cluster.ConnOptions{URL: srv.URL, Token: srv.Token, Name: "dflow run " + file})
@@ -183,12 +190,16 @@ func TestDFlashLost(t *testing.T) {
 					}
 				}
 			}
-			if _, err := os.Stat(ckpt); err != nil {
-				t.Errorf("no checkpoint: %v", err)
+			// Every batch's gradient in the model once, by the drafter's
+			// own count (the replicas in each step, summed).
+			if meta, err := nn.ReadSafetensorsMetadata(ckpt); err != nil {
+				t.Errorf("the checkpoint: %v", err)
+			} else if meta["batches"] != strconv.Itoa(batches) || rep.Stages["drafter"].Metrics["batches"] != batches {
+				t.Errorf("the checkpoint holds the gradients of %s batches (the report: %v), want %d\ncoordinator:\n%s", meta["batches"], rep.Stages["drafter"].Metrics["batches"], batches, e.stderr.(*syncBuffer).String())
 			}
 			tau := rep.Stages["drafter"].Metrics["acceptance_length"]
-			if math.Abs(tau-baseTau) > 0.1*baseTau {
-				t.Errorf("acceptance length %.3f, the undisturbed run's %.3f: more than 10%% apart", tau, baseTau)
+			if math.Abs(tau-baseTau) > 0.15*baseTau {
+				t.Errorf("acceptance length %.3f, the undisturbed run's %.3f: more than 15%% apart", tau, baseTau)
 			}
 			t.Logf("acceptance length %.3f, undisturbed %.3f", tau, baseTau)
 		})

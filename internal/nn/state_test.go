@@ -11,8 +11,8 @@ func TestTrainStateRoundTrip(t *testing.T) {
 		p := be.Alloc(5)
 		be.FromHost(p, []float32{seed, 2, 3, 4, 5})
 		opt := NewAdamW(be, 5, 0.01)
-		step := 0
-		return TrainState{Params: p, Opt: opt, Step: &step}, &step
+		step, batches := 0, 0
+		return TrainState{Params: p, Opt: opt, Step: &step, Batches: &batches}, &step
 	}
 	a, aStep := mk(1)
 	g := be.Alloc(5)
@@ -20,6 +20,7 @@ func TestTrainStateRoundTrip(t *testing.T) {
 	for range 3 {
 		a.Opt.Step(a.Params, g, Buffer{})
 		*aStep++
+		*a.Batches += 2
 	}
 	b, err := a.MarshalBinary()
 	if err != nil {
@@ -36,8 +37,8 @@ func TestTrainStateRoundTrip(t *testing.T) {
 	}
 	am, av, at := a.Opt.State()
 	cm, cv, ct := c.Opt.State()
-	if *cStep != 3 || ct != at {
-		t.Fatalf("step %d, count %d; want 3, %d", *cStep, ct, at)
+	if *cStep != 3 || ct != at || *c.Batches != 6 {
+		t.Fatalf("step %d, count %d, batches %d; want 3, %d, 6", *cStep, ct, *c.Batches, at)
 	}
 	for k, pair := range [][2]Buffer{{a.Params, c.Params}, {am, cm}, {av, cv}} {
 		x, y := host(pair[0]), host(pair[1])

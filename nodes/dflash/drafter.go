@@ -52,6 +52,7 @@ var drafterKind = graph.Kind{
 	Metrics: []graph.Metric{
 		{Name: "loss", Merge: graph.MergeMean, Doc: "weighted cross-entropy of the drafted tokens on the replica's latest batch"},
 		{Name: "step", Merge: graph.MergeMax, Doc: "optimizer steps the group has taken"},
+		{Name: "batches", Merge: graph.MergeMax, Doc: "batches whose gradients the drafter holds (each step adds the replicas that took part; a checkpoint records it)"},
 		{Name: "tokens_per_s", Merge: graph.MergeLast, Doc: "training tokens a second, the group's, measured by the lead"},
 		{Name: "acceptance_length", Merge: graph.MergeLast, Doc: "tokens accepted per drafting cycle on held-out text: the lead's latest evaluation, then the last member's at the end"},
 		{Name: "acceptance_length_initial", Merge: graph.MergeLast, Doc: "acceptance length before training"},
@@ -106,9 +107,7 @@ type drafterNode struct {
 	out        *nn.Output // the checkpoint file; nil: none
 	// resumed is the checkpoint resumed from (nil: a fresh start), read
 	// once when the stage is built; every replica starts from a copy.
-	resumed     *nn.Drafter
-	resumedOpt  *nn.AdamW
-	resumedStep int
+	resumed *checkpoint
 }
 
 func drafterOutputs(cfg *graph.Config) []string {
@@ -166,7 +165,10 @@ type state struct {
 	opt  *nn.AdamW
 	mask nn.Buffer
 	step int
-	rng  *rand.Rand
+	// batches counts the batches whose gradients the drafter holds: the
+	// replicas that took part, summed over its steps
+	batches int
+	rng     *rand.Rand
 	// group is the stage's replica group, which names the member that
 	// saves on the way out
 	group nodes.Group
@@ -204,7 +206,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 	// A replica restarted elsewhere (a cluster's worker lost) takes the
 	// group's weights, optimizer state and step over here, or, the group
 	// lost whole, restores its last save.
-	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step}); err != nil {
+	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step, Batches: &st.batches}); err != nil {
 		var re *nodes.Restore
 		if !errors.As(err, &re) {
 			return fmt.Errorf("drafter_train: %w", err)
@@ -236,6 +238,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 		items++
 		metrics.Set("loss", loss)
 		metrics.Set("step", float64(st.step))
+		metrics.Set("batches", float64(st.batches))
 		if lead {
 			metrics.Set("tokens_per_s", float64(items*hs.B*hs.T*r.Replicas())/time.Since(start).Seconds())
 			if every := n.cfg.Int("eval_every"); every > 0 && n.held != nil && st.step%every == 0 {
@@ -295,23 +298,32 @@ func (n *drafterNode) loadResume(path string) error {
 			"resume with that target, or set overwrite = true and resume = false to start afresh",
 			path, meta["target"], short(h), n.cfg.String("target"), short(n.targetHash))
 	}
-	d, opt, step, err := n.load(path)
+	ck, err := n.load(path)
 	if err != nil {
 		return err
 	}
-	n.resumed, n.resumedOpt, n.resumedStep = d, opt, step
+	n.resumed = ck
 	return nil
 }
 
-// load reads a checkpoint of this stage's, on the CPU.
-func (n *drafterNode) load(path string) (*nn.Drafter, *nn.AdamW, int, error) {
+// checkpoint is a drafter checkpoint read on the CPU.
+type checkpoint struct {
+	d             *nn.Drafter
+	opt           *nn.AdamW
+	step, batches int
+}
+
+// load reads a checkpoint of this stage's.
+func (n *drafterNode) load(path string) (*checkpoint, error) {
 	opt := nn.NewAdamW(n.target.Backend(), n.dc.NumParams(), float32(n.cfg.Float("lr")))
 	d, meta, err := nn.LoadDrafter(path, n.target.P("wte"), opt)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, err
 	}
-	step, _ := strconv.Atoi(meta["step"])
-	return d, opt, step, nil
+	ck := &checkpoint{d: d, opt: opt}
+	ck.step, _ = strconv.Atoi(meta["step"])
+	ck.batches, _ = strconv.Atoi(meta["batches"]) // 0 in a checkpoint from before it was counted
+	return ck, nil
 }
 
 // restore puts the group's save of step into the replica's state: a
@@ -322,14 +334,14 @@ func (n *drafterNode) restore(st *state, step int) error {
 		return nil
 	}
 	path := n.cfg.String("checkpoint")
-	d, opt, got, err := n.load(path)
+	ck, err := n.load(path)
 	if err != nil {
 		return fmt.Errorf("drafter_train: the group was lost whole and restores its save of step %d: %w (a restart on another host reads the checkpoint at the same path: a shared filesystem)", step, err)
 	}
-	if got != step {
-		return fmt.Errorf("drafter_train: the group was lost whole and restores its save of step %d, but %s holds step %d", step, path, got)
+	if ck.step != step {
+		return fmt.Errorf("drafter_train: the group was lost whole and restores its save of step %d, but %s holds step %d", step, path, ck.step)
 	}
-	n.copyInto(st, d, opt, got)
+	n.copyInto(st, ck)
 	return nil
 }
 
@@ -357,16 +369,16 @@ func (n *drafterNode) init(r nodes.Replica) (*state, error) {
 	opt.WeightDecay = float32(n.cfg.Float("weight_decay"))
 	st := &state{d: d, opt: opt, mask: d.DecayMask(), rng: rand.New(rand.NewPCG(uint64(n.cfg.Int("seed")), uint64(r.Index())))}
 	if n.resumed != nil {
-		n.copyInto(st, n.resumed, n.resumedOpt, n.resumedStep)
+		n.copyInto(st, n.resumed)
 	}
 	return st, nil
 }
 
 // copyInto sets a replica's state to a checkpoint's, read on the CPU: it
 // crosses to the replica's device once.
-func (n *drafterNode) copyInto(st *state, from *nn.Drafter, fromOpt *nn.AdamW, step int) {
-	be, d, opt := st.d.Backend(), st.d, st.opt
-	m, v, t := fromOpt.State()
+func (n *drafterNode) copyInto(st *state, ck *checkpoint) {
+	be, d, opt, from := st.d.Backend(), st.d, st.opt, ck.d
+	m, v, t := ck.opt.State()
 	if nn.Shares(be, from.Backend()) {
 		be.Copy(d.Params, from.Params)
 		opt.SetState(m, v, t)
@@ -379,7 +391,7 @@ func (n *drafterNode) copyInto(st *state, from *nn.Drafter, fromOpt *nn.AdamW, s
 		be.Free(dm)
 		be.Free(dv)
 	}
-	st.step = step
+	st.step, st.batches = ck.step, ck.batches
 }
 
 // fromCPU copies a CPU buffer into dst on be.
@@ -416,9 +428,11 @@ func (n *drafterNode) train(ctx context.Context, st *state, hs *HiddenStates, r 
 	loss := st.w.Loss(n.cfg.Float("gamma"))
 	st.d.Backend().Zero(st.d.Grads)
 	st.w.Backward()
-	if err := nodes.AllReduceMean(ctx, r, reduce.Of(st.d.Grads)); err != nil {
+	took, err := nodes.AllReduceMean(ctx, r, reduce.Of(st.d.Grads))
+	if err != nil {
 		return 0, err
 	}
+	st.batches += took
 	peak, warm := n.cfg.Float("lr"), n.cfg.Int("warmup")
 	st.opt.LR = float32(peak * math.Min(1, float64(st.step+1)/float64(max(warm, 1))))
 	st.opt.Step(st.d.Params, st.d.Grads, st.mask)
@@ -461,7 +475,7 @@ func (n *drafterNode) save(st *state) error {
 	if err != nil {
 		target = n.cfg.String("target")
 	}
-	meta["step"], meta["target"], meta["target_sha256"] = strconv.Itoa(st.step), target, n.targetHash
+	meta["step"], meta["batches"], meta["target"], meta["target_sha256"] = strconv.Itoa(st.step), strconv.Itoa(st.batches), target, n.targetHash
 	if err := st.d.Save(path, st.opt, meta); err != nil {
 		return fmt.Errorf("drafter_train: checkpoint: %w", err)
 	}

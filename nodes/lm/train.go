@@ -187,7 +187,7 @@ func (t *trainer) step(ctx context.Context, st *replicaState, b *text.Batch, ste
 	loss := st.w.Loss(st.tgt, nil)
 	st.m.ZeroGrad()
 	st.w.Backward(st.tgt, nil)
-	if err := nodes.AllReduceMean(ctx, r, reduce.Of(st.m.Grads)); err != nil {
+	if _, err := nodes.AllReduceMean(ctx, r, reduce.Of(st.m.Grads)); err != nil {
 		return 0, err
 	}
 	st.opt.LR = float32(t.lr(step))
