@@ -225,14 +225,33 @@ func (d *Drafter) Save(path string, opt *AdamW, meta map[string]string) error {
 	}
 	ts := d.Tensors()
 	if opt != nil {
-		mb, vb, t := opt.State()
-		m, v := make([]float32, mb.Len()), make([]float32, vb.Len())
-		opt.be.ToHost(m, mb)
-		opt.be.ToHost(v, vb)
-		ts = append(ts, Tensor{Name: "opt.m", Shape: []int{len(m)}, Data: m}, Tensor{Name: "opt.v", Shape: []int{len(v)}, Data: v})
-		md["opt.t"] = fmt.Sprint(t)
+		ts = append(ts, optTensors(opt, md)...)
 	}
 	return WriteSafetensors(path, ts, md)
+}
+
+// optTensors are AdamW's moments as tensors opt.m and opt.v, its count
+// in meta's "opt.t": a checkpoint that training resumes from exactly.
+func optTensors(opt *AdamW, meta map[string]string) []Tensor {
+	mb, vb, t := opt.State()
+	m, v := make([]float32, mb.Len()), make([]float32, vb.Len())
+	opt.be.ToHost(m, mb)
+	opt.be.ToHost(v, vb)
+	meta["opt.t"] = fmt.Sprint(t)
+	return []Tensor{{Name: "opt.m", Shape: []int{len(m)}, Data: m}, {Name: "opt.v", Shape: []int{len(v)}, Data: v}}
+}
+
+// loadOpt sets opt from the tensors optTensors wrote, for n parameters,
+// where a checkpoint has them.
+func loadOpt(byName map[string]Tensor, meta map[string]string, opt *AdamW, n int) {
+	m, v := byName["opt.m"], byName["opt.v"]
+	if len(m.Data) == n && len(v.Data) == n && opt.m.Len() == n {
+		var t int
+		fmt.Sscan(meta["opt.t"], &t)
+		opt.be.FromHost(opt.m, m.Data)
+		opt.be.FromHost(opt.v, v.Data)
+		opt.t = t
+	}
 }
 
 // LoadDrafter reads a drafter saved by Save; opt, when not nil, gets the
@@ -264,14 +283,7 @@ func LoadDrafter(path string, wte Buffer, opt *AdamW) (*Drafter, map[string]stri
 		d.be.FromHost(d.P(n), t.Data)
 	}
 	if opt != nil {
-		m, v := byName["opt.m"], byName["opt.v"]
-		if len(m.Data) == d.Params.Len() && len(v.Data) == d.Params.Len() && opt.m.Len() == d.Params.Len() {
-			var t int
-			fmt.Sscan(meta["opt.t"], &t)
-			opt.be.FromHost(opt.m, m.Data)
-			opt.be.FromHost(opt.v, v.Data)
-			opt.t = t
-		}
+		loadOpt(byName, meta, opt, d.Params.Len())
 	}
 	return d, meta, nil
 }

@@ -213,13 +213,32 @@ func (m *Model) Save(path string, extra map[string]string) error {
 	return WriteSafetensors(path, m.Tensors(), meta)
 }
 
-// LoadModel reads a model saved by Save onto the default backend,
-// checking every tensor's name and shape against the config in its
-// metadata.
+// SaveTraining is Save with AdamW's state (tensors opt.m and opt.v): a
+// checkpoint that training resumes from exactly (LoadTrainingOn). A
+// model loaded for use leaves them.
+func (m *Model) SaveTraining(path string, opt *AdamW, extra map[string]string) error {
+	cfg, _ := json.Marshal(m.Config)
+	meta := map[string]string{"config": string(cfg), "format": "dflow-lm"}
+	for k, v := range extra {
+		meta[k] = v
+	}
+	return WriteSafetensors(path, append(m.Tensors(), optTensors(opt, meta)...), meta)
+}
+
+// LoadModel reads a model saved by Save (or SaveTraining) onto the
+// default backend, checking every tensor's name and shape against the
+// config in its metadata.
 func LoadModel(path string) (*Model, map[string]string, error) { return LoadModelOn(Default(), path) }
 
 // LoadModelOn is LoadModel onto backend be.
 func LoadModelOn(be Backend, path string) (*Model, map[string]string, error) {
+	return LoadTrainingOn(be, path, nil)
+}
+
+// LoadTrainingOn is LoadModelOn that also sets opt, when not nil, from a
+// checkpoint SaveTraining wrote (left as it is where the file has no
+// optimizer state).
+func LoadTrainingOn(be Backend, path string, opt *AdamW) (*Model, map[string]string, error) {
 	ts, meta, err := ReadSafetensors(path)
 	if err != nil {
 		return nil, nil, err
@@ -247,6 +266,11 @@ func LoadModelOn(be Backend, path string) (*Model, map[string]string, error) {
 		be.FromHost(m.P(p.name), t.Data)
 		delete(got, p.name)
 	}
+	if opt != nil {
+		loadOpt(got, meta, opt, m.Params.Len())
+	}
+	delete(got, "opt.m") // the training state, not the model's
+	delete(got, "opt.v")
 	for name := range got {
 		return nil, nil, fmt.Errorf("nn: %s: unexpected tensor %q", path, name)
 	}

@@ -3,6 +3,7 @@ package nn
 import (
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -111,5 +112,60 @@ func TestCausalLM(t *testing.T) {
 		if a[i] != b[i] {
 			t.Fatal("position < 3 changed with later tokens")
 		}
+	}
+}
+
+// TestSaveTraining: a checkpoint with AdamW's state loads as a model (the
+// state left), and as training state gives the same weights, moments and
+// count; a model saved without it leaves the optimizer as it was.
+func TestSaveTraining(t *testing.T) {
+	m, _ := NewModel(tiny, 5)
+	opt := NewAdamW(m.Backend(), m.Params.Len(), 0.01)
+	g := m.be.Alloc(m.Params.Len())
+	grad := make([]float32, m.Params.Len())
+	for i := range 3 {
+		for j := range grad {
+			grad[j] = float32((i+j)%5) - 2
+		}
+		m.be.FromHost(g, grad)
+		opt.Step(m.Params, g, Buffer{})
+	}
+	path := filepath.Join(t.TempDir(), "ck.safetensors")
+	if err := m.SaveTraining(path, opt, map[string]string{"steps": "3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, meta, err := LoadModel(path); err != nil || meta["opt.t"] != "3" {
+		t.Fatalf("as a model: %v, opt.t %q", err, meta["opt.t"])
+	}
+	opt2 := NewAdamW(m.Backend(), m.Params.Len(), 0.01)
+	m2, _, err := LoadTrainingOn(m.Backend(), path, opt2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := func(b Buffer) []float32 {
+		out := make([]float32, b.Len())
+		b.Backend().ToHost(out, b)
+		return out
+	}
+	am, av, at := opt.State()
+	bm, bv, bt := opt2.State()
+	if at != bt {
+		t.Fatalf("count %d, want %d", bt, at)
+	}
+	for k, pair := range [][2]Buffer{{m.Params, m2.Params}, {am, bm}, {av, bv}} {
+		if x, y := host(pair[0]), host(pair[1]); !slices.Equal(x, y) {
+			t.Fatalf("buffer %d differs after the round trip", k)
+		}
+	}
+	plain := filepath.Join(t.TempDir(), "m.safetensors")
+	if err := m.Save(plain, nil); err != nil {
+		t.Fatal(err)
+	}
+	opt3 := NewAdamW(m.Backend(), m.Params.Len(), 0.01)
+	if _, _, err := LoadTrainingOn(m.Backend(), plain, opt3); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ct := opt3.State(); ct != 0 {
+		t.Errorf("a model without optimizer state set its count to %d", ct)
 	}
 }

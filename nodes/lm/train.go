@@ -40,7 +40,7 @@ var trainKind = graph.Kind{
 		graph.Field{Name: "warmup", Type: graph.Int, Default: cty.NumberIntVal(30), Doc: "steps of linear warmup"},
 		graph.Field{Name: "steps", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "length of the cosine schedule (0: constant after warmup)"},
 		graph.Field{Name: "weight_decay", Type: graph.Number, Default: cty.NumberFloatVal(0.1), Doc: "AdamW weight decay on matrices"},
-		graph.Field{Name: "checkpoint_every", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "also save every N steps (0: only at the end)"},
+		graph.Field{Name: "checkpoint_every", Type: graph.Int, Default: cty.NumberIntVal(0), Doc: "also save every N steps, with the optimizer's state (0: only at the end)"},
 		graph.Field{Name: "eval_batches", Type: graph.Int, Default: cty.NumberIntVal(16), Doc: "held-out sequences (of the batch's length) to evaluate on at the end"},
 		graph.Field{Name: "init_seed", Type: graph.Int, Default: cty.NumberIntVal(1), Doc: "seed of the weights' initialization"},
 	),
@@ -48,6 +48,7 @@ var trainKind = graph.Kind{
 		{Name: "loss", Merge: graph.MergeMean, Doc: "next-byte cross-entropy (nats) on the replica's latest batch"},
 		{Name: "loss_initial", Merge: graph.MergeLast, Doc: "the lead's loss on its first batch"},
 		{Name: "step", Merge: graph.MergeMax, Doc: "optimizer steps the group has taken"},
+		{Name: "batches", Merge: graph.MergeMax, Doc: "batches whose gradients the model holds (each step adds the replicas that took part; a checkpoint records it)"},
 		{Name: "tokens_per_s", Merge: graph.MergeLast, Doc: "training tokens a second, the group's, measured by the lead"},
 		{Name: "eval_bpb", Merge: graph.MergeLast, Doc: "held-out bits per byte of the final model"},
 		{Name: "ngram_bpb", Merge: graph.MergeLast, Doc: "held-out bits per byte of an order-3 byte n-gram, a baseline"},
@@ -106,6 +107,9 @@ type replicaState struct {
 	mask nn.Buffer
 	in   []int32
 	tgt  []int32
+	// batches counts the batches whose gradients the model holds: the
+	// replicas that took part, summed over its steps
+	batches int
 }
 
 func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
@@ -123,10 +127,26 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 	defer group.Leave()
 	start := time.Now()
 	var step, tokens int
+	every := t.cfg.Int("checkpoint_every")
+	// Checkpoints every so many steps are the group's saves: on a
+	// cluster, what it trained on is settled only once a save holds it,
+	// so a group lost whole restores its last save.
+	if every > 0 {
+		if err := group.Saves(ctx); err != nil {
+			return fmt.Errorf("lm_train: %w", err)
+		}
+	}
 	// A replica restarted elsewhere (a cluster's worker lost) takes the
-	// group's weights, optimizer state and step over here.
-	if err := group.Keep(ctx, nn.TrainState{Params: st.m.Params, Opt: st.opt, Step: &step}); err != nil {
-		return fmt.Errorf("lm_train: %w", err)
+	// group's weights, optimizer state and step over here, or, the group
+	// lost whole, restores its last save.
+	if err := group.Keep(ctx, nn.TrainState{Params: st.m.Params, Opt: st.opt, Step: &step, Batches: &st.batches}); err != nil {
+		var re *nodes.Restore
+		if !errors.As(err, &re) {
+			return fmt.Errorf("lm_train: %w", err)
+		}
+		if step, err = t.restore(st, re.Step); err != nil {
+			return err
+		}
 	}
 	for {
 		item, err := in.Recv(ctx)
@@ -148,14 +168,18 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		tokens += b.B * b.T
 		metrics.Set("loss", loss)
 		metrics.Set("step", float64(step))
+		metrics.Set("batches", float64(st.batches))
 		if r.Index() == 0 {
 			if step == 1 {
 				metrics.Set("loss_initial", loss)
 			}
 			metrics.Set("tokens_per_s", float64(tokens*r.Replicas())/time.Since(start).Seconds())
-			if every := t.cfg.Int("checkpoint_every"); every > 0 && step%every == 0 {
-				if err := t.save(st.m, step); err != nil {
+			if every > 0 && step%every == 0 {
+				if err := t.checkpoint(st, step); err != nil {
 					return err
+				}
+				if err := group.Saved(ctx, step); err != nil {
+					return t.saveOnCancel(ctx, group, st, step, err)
 				}
 			}
 		}
@@ -187,9 +211,11 @@ func (t *trainer) step(ctx context.Context, st *replicaState, b *text.Batch, ste
 	loss := st.w.Loss(st.tgt, nil)
 	st.m.ZeroGrad()
 	st.w.Backward(st.tgt, nil)
-	if _, err := nodes.AllReduceMean(ctx, r, reduce.Of(st.m.Grads)); err != nil {
+	took, err := nodes.AllReduceMean(ctx, r, reduce.Of(st.m.Grads))
+	if err != nil {
 		return 0, err
 	}
+	st.batches += took
 	st.opt.LR = float32(t.lr(step))
 	st.opt.Step(st.m.Params, st.m.Grads, st.mask)
 	return loss, nil
@@ -230,12 +256,51 @@ func (t *trainer) save(m *nn.Model, step int) error {
 	if err := t.out.Check(); err != nil {
 		return fmt.Errorf("lm_train: %w", err)
 	}
-	meta := nn.RunMetadata(t.cfg.Range("out").Filename)
-	meta["steps"], meta["corpus"] = strconv.Itoa(step), t.cfg.String("path")
-	if err := m.Save(t.cfg.String("out"), meta); err != nil {
+	if err := m.Save(t.cfg.String("out"), t.meta(step)); err != nil {
 		return fmt.Errorf("lm_train: %w", err)
 	}
 	return nil
+}
+
+func (t *trainer) meta(step int) map[string]string {
+	meta := nn.RunMetadata(t.cfg.Range("out").Filename)
+	meta["steps"], meta["corpus"] = strconv.Itoa(step), t.cfg.String("path")
+	return meta
+}
+
+// checkpoint saves the model as of step with AdamW's state and the
+// batches it holds: what a group lost whole restores (restore).
+func (t *trainer) checkpoint(st *replicaState, step int) error {
+	if err := t.out.Check(); err != nil {
+		return fmt.Errorf("lm_train: %w", err)
+	}
+	meta := t.meta(step)
+	meta["batches"] = strconv.Itoa(st.batches)
+	if err := st.m.SaveTraining(t.cfg.String("out"), st.opt, meta); err != nil {
+		return fmt.Errorf("lm_train: checkpoint: %w", err)
+	}
+	return nil
+}
+
+// restore puts the group's save of step into the replica's state and
+// returns the step it resumes from: a group lost whole on a cluster,
+// restarted (step < 0: nothing was saved, and the state it started with
+// is the group's).
+func (t *trainer) restore(st *replicaState, step int) (int, error) {
+	if step < 0 {
+		return 0, nil
+	}
+	path := t.cfg.String("out")
+	m, meta, err := nn.LoadTrainingOn(st.m.Backend(), path, st.opt)
+	if err != nil {
+		return 0, fmt.Errorf("lm_train: the group was lost whole and restores its save of step %d: %w (a restart on another host reads the checkpoint at the same path: a shared filesystem)", step, err)
+	}
+	if got := meta["steps"]; got != strconv.Itoa(step) || meta["opt.t"] == "" {
+		return 0, fmt.Errorf("lm_train: the group was lost whole and restores its save of step %d, but %s holds step %s (optimizer state %q)", step, path, got, meta["opt.t"])
+	}
+	st.m.Backend().Copy(st.m.Params, m.Params)
+	st.batches, _ = strconv.Atoi(meta["batches"])
+	return step, nil
 }
 
 // evaluate measures held-out bits per byte of the model and of an order-3
