@@ -299,7 +299,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	if h == nil {
 		// no group across workers: every replica was on the lost one
 		if moves(c.o.Registry, s) {
-			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), summing in that process, and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run; a group spread over workers, as the default placement spreads it, restores its last save instead)",
 				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas)
 		}
 		return nil

@@ -373,10 +373,12 @@ func spread(place []string) bool {
 }
 
 // hosted reports whether a stage's group is the coordinator's: its
-// replicas sit in more than one instance, or its state moves (a group
-// lost whole restarts through the host, even a group of one).
+// replicas sit in more than one instance, or it is a lone replica whose
+// state moves (lost, it restores its group's last save through the host;
+// its steps are barriers, which carry no vector). Several replicas on one
+// instance sum in process, on their devices.
 func hosted(reg *nodes.Registry, s *graph.Stage, place []string) bool {
-	return spread(place) || moves(reg, s)
+	return spread(place) || s.Replicas == 1 && moves(reg, s)
 }
 
 // placed says which replicas an instance runs.
