@@ -32,12 +32,16 @@ import (
 //     drafter_train's state moves: each lost drafter restarts on a live
 //     worker and takes the group's weights, optimizer state and step from
 //     a drafter still training; the reader and drafter 0 on w1 carry on;
+//
 //   - reader: the text_reader on w2, which resumes where its stored
 //     output ends.
 //
 //   - drafters whole: the drafters on w2 and w3, both SIGKILLed at once
 //     after the group's save of step 4: every drafter restarts on w1 and
-//     restores that save; what they trained on after it comes back.
+//     restores that save; what they trained on after it comes back;
+//
+//   - drafters on one: all three on w2, summing in its process, w2
+//     SIGKILLed after the save of step 4: restored alike.
 //
 // Each completes ok with every batch reaching the drafters once, the
 // checkpoint written and holding the gradients of exactly every batch,
@@ -120,6 +124,12 @@ func TestDFlashLost(t *testing.T) {
 		// w1 and trains again on what came after it
 		{name: "drafters whole", pin: map[string][]string{"reader": {"w1"}, "target": {"w1", "w3"}, "drafter": {"w2", "w3"}}, kill: []int{1, 2},
 			together: true, at: "drafter", after: 16, sets: []string{"stage.drafter.config.checkpoint_every=4"},
+			said: `stage "drafter" lost every member of its group: its restarts restore its last save (step 4;`},
+		// every drafter on w2, summing in its process, lost after the
+		// save of step 4: the share had told the coordinator of the save,
+		// which restarts the group from it on w1 or w3
+		{name: "drafters on one", pin: map[string][]string{"reader": {"w1"}, "target": {"w1", "w3"}, "drafter": {"w2"}}, kill: []int{1},
+			at: "drafter", after: 16, sets: []string{"stage.drafter.config.checkpoint_every=4"},
 			said: `stage "drafter" lost every member of its group: its restarts restore its last save (step 4;`},
 	} {
 		// One after another: three at once (nine workers loading the

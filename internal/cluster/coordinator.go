@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -66,6 +67,8 @@ type Coordinator struct {
 	instances map[string]*instance
 	seen      map[string]time.Time // worker -> last hello
 	paused    pauses               // the coordinator's own (seen by the heartbeat), not counted as workers' silence
+	saves     localSaves           // what groups summing on one worker saved
+	restores  map[string]*Restore  // for the restarts of such groups lost whole
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
@@ -248,6 +251,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		}
 	}
 	sub("dflow.hello.*", c.hello)
+	sub("dflow.r."+c.run+".saves.*", c.savesNote)
 	sub(subjAlive(c.run), func(m *nats.Msg) { m.Respond(c.lostShares()) }) // a worker that missed heartbeats asks
 	dones = make(chan *nats.Msg, 64)
 	if err == nil {
@@ -531,6 +535,9 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	}
 	c.mu.Unlock()
 	job.Remote = c.remote
+	c.mu.Lock()
+	job.Restore = maps.Clone(c.restores)
+	c.mu.Unlock()
 	b, err := json.Marshal(&job)
 	if err != nil {
 		return err

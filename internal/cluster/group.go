@@ -527,10 +527,15 @@ func (h *groupHost) restoring(replica int) bool {
 func (h *groupHost) saveSaid() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.saveStep < 0 {
+	return saveSaid(h.saveStep)
+}
+
+// saveSaid names the save of step (-1: none) a group lost whole restores.
+func saveSaid(step int) string {
+	if step < 0 {
 		return "none yet: it starts again, and everything it trained on comes back"
 	}
-	return fmt.Sprintf("step %d; what it trained on since comes back", h.saveStep)
+	return fmt.Sprintf("step %d; what it trained on since comes back", step)
 }
 
 // why says why a group with no member left cannot go on.

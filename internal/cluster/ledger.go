@@ -156,6 +156,9 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		tr := &tracked{Replica: r, l: l}
+		if l.summing != nil && l.summing(s) {
+			tr.local = l.localGroupFor(s)
+		}
 		l.pmu.Lock()
 		l.replicas[replicaKey{s.Name, r.Index()}] = tr
 		l.pmu.Unlock()
@@ -198,6 +201,17 @@ type tracked struct {
 	hold        bool
 	kept        []keptItem
 	round, last uint32
+	// local is its group's record where the group sums in this process
+	local *localGroup
+}
+
+// Group is the replica's group, with the share's record of its rounds and
+// saves where it sums in this process.
+func (t *tracked) Group() nodes.Group {
+	if t.local != nil {
+		return savingGroup{Group: t.Replica.Group(), lg: t.local, t: t}
+	}
+	return t.Replica.Group()
 }
 
 // keptItem is a finished item waiting for a save.

@@ -292,15 +292,28 @@ func replicaDone(s *report.Snapshot, stage string, i int) bool {
 func (c *Coordinator) restartable(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
 
 // loseMember takes replica i of s, lost with in, out of its group across
-// workers. A group whose state moves needs a member left to take it from:
-// without one, the run fails.
+// workers. A group whose state moves needs a member left to take it from,
+// or a save to restore (a hosted group's, or what the share of a group
+// summing on the lost worker said: saves.go): without either, the run
+// fails.
 func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	h := c.groups[s.Name]
 	if h == nil {
-		// no group across workers: every replica was on the lost one
+		// no group across workers: every replica was on the lost one,
+		// summing there; it restores its last save where it saves
+		if r, ok := c.restoreFor(s.Name); ok && moves(c.o.Registry, s) {
+			if c.restores == nil {
+				c.restores = map[string]*Restore{}
+			}
+			if i == slices.Index(c.place[s.Name], in.name) { // said once, at its first replica
+				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, saveSaid(r.Step))
+			}
+			c.restores[s.Name] = r
+			return nil
+		}
 		if moves(c.o.Registry, s) {
-			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), summing in that process, and its state is gone with them; the run fails (a checkpointing node resumes from its last checkpoint on the next run; a group spread over workers, as the default placement spreads it, restores its last save instead)",
-				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas)
+			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), and its state is gone with them, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas, c.whyNot(s.Name))
 		}
 		return nil
 	}

@@ -41,6 +41,9 @@ type Job struct {
 	// DataThreshold is the size past which an item's bytes go over the
 	// data plane (0: 256 KiB).
 	DataThreshold int `json:"data_threshold,omitempty"`
+	// Restore, by stage, restarts a group lost whole that summed on one
+	// worker from its last save (saves.go).
+	Restore map[string]*Restore `json:"restore,omitempty"`
 }
 
 // hello is a worker's announcement.

@@ -161,10 +161,14 @@ type links struct {
 	// finished and acked by the coordinator with their counts (ledger.go),
 	// so a loss redelivers what they had not finished.
 	restartable func(*graph.Stage) bool
-	ledger      *ledger
-	started     time.Time
-	afterSend   func(stage string) // WorkerOptions.AfterSend
-	logw        io.Writer          // the worker's log (nil: none)
+	// summing says whether a stage is a group of a kind that moves whose
+	// members sum in this process (localGroup); locals their records
+	summing   func(*graph.Stage) bool
+	locals    map[string]*localGroup
+	ledger    *ledger
+	started   time.Time
+	afterSend func(stage string) // WorkerOptions.AfterSend
+	logw      io.Writer          // the worker's log (nil: none)
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.

@@ -195,6 +195,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	defer l.close()
 	l.worker = w.o.Name
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	l.summing = func(s *graph.Stage) bool {
+		return moves(w.o.Registry, s) && !hosted(w.o.Registry, s, job.Place[s.Name])
+	}
 	l.afterSend = w.o.AfterSend
 	l.logw = w.o.Log
 	var lostErr atomic.Pointer[error] // the first

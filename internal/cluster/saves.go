@@ -1,0 +1,279 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go"
+)
+
+// A group that sums in one worker's process (several replicas of a kind
+// that moves, all placed on one instance) has no host to count its rounds
+// and saves, so the share does (localGroup): each member's collectives
+// are its rounds (in process they go in lockstep, so the k-th of every
+// member is the same round), a save holds the rounds up to its member's
+// last, and the members' inputs are settled up to there. With every save
+// the share tells the coordinator (dflow.r.RUN.saves.STAGE) the save's
+// step and the ids of the items trained since the save before the last;
+// with its first member leaving, that the group has begun to finish. The
+// worker lost, the coordinator restarts the group from that save
+// (Job.Restore) as it restarts a hosted group lost whole.
+
+// savesNote is what a share says of a local group's saves.
+type savesNote struct {
+	Share    string `json:"share"`
+	Stage    string `json:"stage"`
+	Saves    bool   `json:"saves,omitempty"`
+	Finished bool   `json:"finished,omitempty"`
+	// Step is the last save's (-1: none yet); Skip[replica] the ids of
+	// the items trained up to it that may not be settled
+	Step int        `json:"step"`
+	Skip [][]string `json:"skip,omitempty"`
+}
+
+// Restore is the coordinator's order to the restart of a group lost whole
+// that summed on one worker: restore the save of Step, dropping the items
+// of Skip[replica] if they come back.
+type Restore struct {
+	Step int        `json:"step"`
+	Skip [][]string `json:"skip,omitempty"`
+}
+
+func subjSaves(run, stage string) string { return "dflow.r." + run + ".saves." + token(stage) }
+
+// localGroup is a share's record of a local group's rounds and saves.
+type localGroup struct {
+	l     *links
+	stage *graph.Stage
+
+	mu          sync.Mutex
+	saves       bool
+	finished    bool
+	step        int // the last save's, -1: none
+	durable     uint32
+	prevDurable uint32
+	rounds      map[int]uint32        // each member's collectives
+	trained     map[int][]trainedItem // since the save before the last
+}
+
+// trackedReplica is replica i of stage, as the share follows it.
+func (l *links) trackedReplica(stage string, i int) *tracked {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return l.replicas[replicaKey{stage, i}]
+}
+
+// localGroupFor is the share's record of s's group, made once.
+func (l *links) localGroupFor(s *graph.Stage) *localGroup {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	if l.locals == nil {
+		l.locals = map[string]*localGroup{}
+	}
+	lg := l.locals[s.Name]
+	if lg == nil {
+		lg = &localGroup{l: l, stage: s, step: -1, rounds: map[int]uint32{}, trained: map[int][]trainedItem{}}
+		l.locals[s.Name] = lg
+	}
+	return lg
+}
+
+// noteLocked tells the coordinator (lg.mu held).
+func (lg *localGroup) noteLocked() {
+	n := savesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Finished: lg.finished, Step: lg.step,
+		Skip: make([][]string, lg.stage.Replicas)}
+	for r, items := range lg.trained {
+		for _, t := range items {
+			if t.round <= lg.durable && r < len(n.Skip) {
+				n.Skip[r] = append(n.Skip[r], t.id)
+			}
+		}
+	}
+	b, _ := json.Marshal(n)
+	// Asked, not published: a save's acks wait until the coordinator has
+	// the ids they cover.
+	lg.l.nc.Request(subjSaves(lg.l.job.Run, lg.stage.Name), b, lg.l.job.Timings.Lease)
+}
+
+// savingGroup is a replica's local group, with the share's record.
+type savingGroup struct {
+	nodes.Group
+	lg *localGroup
+	t  *tracked
+}
+
+// stepped records the round the replica's collective just completed.
+func (g savingGroup) stepped() {
+	lg, t, i := g.lg, g.t, g.t.Index()
+	lg.mu.Lock()
+	lg.rounds[i]++
+	round := lg.rounds[i]
+	t.mu.Lock()
+	t.round, t.last = round, round
+	id := ""
+	if t.cur != nil {
+		id = t.cur.id
+	}
+	t.mu.Unlock()
+	if id != "" && lg.saves {
+		items := lg.trained[i]
+		if n := len(items); n > 0 && items[n-1].id == id {
+			items[n-1].round = round
+		} else {
+			lg.trained[i] = append(items, trainedItem{round, id})
+		}
+	}
+	lg.mu.Unlock()
+}
+
+func (g savingGroup) Barrier(ctx context.Context) error {
+	err := g.Group.Barrier(ctx)
+	if err == nil {
+		g.stepped()
+	}
+	return err
+}
+
+func (g savingGroup) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
+	n, err := g.Group.AllReduce(ctx, x)
+	if err == nil {
+		g.stepped()
+	}
+	return n, err
+}
+
+func (g savingGroup) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
+	return g.AllReduce(ctx, nodes.Floats(buf))
+}
+
+func (g savingGroup) Leave() {
+	g.finish()
+	g.Group.Leave()
+}
+
+func (g savingGroup) Finish(ctx context.Context) (bool, error) {
+	g.finish()
+	return g.Group.Finish(ctx)
+}
+
+// finish records that the group has begun to finish: what its members
+// settle from now may not be in a save.
+func (g savingGroup) finish() {
+	lg := g.lg
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if lg.saves && !lg.finished {
+		lg.finished = true
+		lg.noteLocked()
+	}
+}
+
+func (g savingGroup) Saves(ctx context.Context) error {
+	lg := g.lg
+	g.t.mu.Lock()
+	g.t.hold = true
+	g.t.mu.Unlock()
+	lg.mu.Lock()
+	defer lg.mu.Unlock()
+	if !lg.saves {
+		lg.saves = true
+		lg.noteLocked()
+	}
+	return nil
+}
+
+// Saved records the save as of the replica's last round, tells the
+// coordinator, then settles what every member here trained up to it.
+func (g savingGroup) Saved(ctx context.Context, step int) error {
+	lg := g.lg
+	lg.mu.Lock()
+	lg.prevDurable, lg.durable, lg.step = lg.durable, lg.rounds[g.t.Index()], step
+	for r, items := range lg.trained {
+		lg.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return t.round <= lg.prevDurable })
+	}
+	lg.noteLocked()
+	durable := lg.durable
+	lg.mu.Unlock()
+	for i := range lg.stage.Replicas {
+		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
+			t.saved(durable)
+		}
+	}
+	return nil
+}
+
+// Keep restores the group's last save where the coordinator says so (the
+// group was lost whole), or records st as the in-process group does.
+func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
+	if r, ok := g.lg.l.job.Restore[g.lg.stage.Name]; ok && r != nil {
+		if i := g.t.Index(); i < len(r.Skip) && len(r.Skip[i]) > 0 {
+			g.t.mu.Lock()
+			g.t.skip = map[string]bool{}
+			for _, id := range r.Skip[i] {
+				g.t.skip[id] = true
+			}
+			g.t.mu.Unlock()
+		}
+		return &nodes.Restore{Step: r.Step}
+	}
+	return g.Group.Keep(ctx, st)
+}
+
+// localSaves is the coordinator's record of the local groups' saves, by
+// stage, from what their shares say.
+type localSaves struct {
+	mu    sync.Mutex
+	notes map[string]savesNote
+}
+
+func (c *Coordinator) savesNote(m *nats.Msg) {
+	var n savesNote
+	if json.Unmarshal(m.Data, &n) != nil {
+		return
+	}
+	stage := n.Stage
+	c.mu.Lock()
+	in := c.instances[n.Share]
+	counted := in != nil && !in.lost
+	c.mu.Unlock()
+	if counted { // a share counted lost speaks for a group that restarts
+		c.saves.mu.Lock()
+		if c.saves.notes == nil {
+			c.saves.notes = map[string]savesNote{}
+		}
+		old := c.saves.notes[stage]
+		if n.Step < 0 && old.Step >= 0 && old.Share != n.Share {
+			n.Step, n.Skip = old.Step, old.Skip // a restored group's, until its first save
+		}
+		c.saves.notes[stage] = n
+		c.saves.mu.Unlock()
+	}
+	m.Respond(nil)
+}
+
+// restoreFor says how a local group lost whole restarts: from its last
+// save, or not at all (false: it saves nothing, or had begun to finish).
+func (c *Coordinator) restoreFor(stage string) (*Restore, bool) {
+	c.saves.mu.Lock()
+	defer c.saves.mu.Unlock()
+	n, ok := c.saves.notes[stage]
+	if !ok || !n.Saves || n.Finished {
+		return nil, false
+	}
+	return &Restore{Step: n.Step, Skip: n.Skip}, true
+}
+
+// whyNot says why a group summing on one worker, lost whole, cannot
+// restore.
+func (c *Coordinator) whyNot(stage string) string {
+	c.saves.mu.Lock()
+	defer c.saves.mu.Unlock()
+	if n := c.saves.notes[stage]; n.Saves && n.Finished {
+		return "its members had begun to finish, settling what their save may not hold"
+	}
+	return "and it saves nothing to restore (a checkpoint, for a kind that writes one)"
+}
