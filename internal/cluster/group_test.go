@@ -191,6 +191,24 @@ func (s *weights) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
+// connector starts a server for the test and returns a way to connect
+// to it, each connection closed at the test's end.
+func connector(t *testing.T) func() *nats.Conn {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	return func() *nats.Conn {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+}
+
 // TestGroupLostMember: a member lost mid-step adds nothing to the step
 // (its vector is dropped); at the next step a member still present hands
 // the group's state over for the lost member's restart, and the step
@@ -199,19 +217,7 @@ func (s *weights) UnmarshalBinary(b []byte) error {
 // lost share asks after is refused.
 func TestGroupLostMember(t *testing.T) {
 	t.Parallel()
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	conn := func() *nats.Conn {
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	conn := connector(t)
 	host := conn()
 	h := newGroupHost("train", 3, host.MaxPayload(), true)
 	sub, err := host.Subscribe(subjGroup("r", "train"), h.handle)
@@ -373,19 +379,7 @@ func TestLoseMember(t *testing.T) {
 // saves nothing, or whose members had begun to finish, cannot restore.
 func TestGroupLostWhole(t *testing.T) {
 	t.Parallel()
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	conn := func() *nats.Conn {
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
+	conn := connector(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
