@@ -41,9 +41,8 @@ const DefaultAnswer = 30 * time.Second
 // producers publish within the room they read (jsQueue.waitRoom), and the
 // stream's bound per subject, past what that allows, is only a backstop.
 //
-// A stage whose inputs may wait for a save (holds: its kind's state
-// moves, and its group may call nodes.Group.Saves) keeps what it trained
-// on unacked until then, checkpoint_every steps, say: its edges' stream and
+// A stage whose inputs may wait for a save (holds: heldBack) keeps them
+// unacked until then, checkpoint_every steps, say: its edges' stream and
 // consumers have no bound to speak of; the room still paces producers.
 func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
 	for ei, e := range g.Edges {
@@ -121,6 +120,33 @@ func backstop(e *graph.Edge) int {
 		}
 	}
 	return capacity*(n+1) + held
+}
+
+// heldBack says which stages' inputs may stay unacked until a save
+// downstream: a stage whose kind moves (its group may save, and settles
+// what it trained on only once a save holds it), and every stage that
+// feeds one, however far up: the producer of a large item settles its
+// input once its consumer has released the bytes.
+func heldBack(reg *nodes.Registry, g *graph.Graph) func(*graph.Stage) bool {
+	held := map[*graph.Stage]bool{}
+	var mark func(s *graph.Stage)
+	mark = func(s *graph.Stage) {
+		if held[s] {
+			return
+		}
+		held[s] = true
+		for _, e := range g.Edges {
+			if e.To.Stage == s {
+				mark(e.From.Stage)
+			}
+		}
+	}
+	for _, s := range g.Stages {
+		if moves(reg, s) {
+			mark(s)
+		}
+	}
+	return func(s *graph.Stage) bool { return held[s] }
 }
 
 // teardownRun deletes what setupRun made.
