@@ -492,7 +492,7 @@ func (h *groupHost) lose(replica int, share string) (present int) {
 
 // restorable reports whether a group with no member left restores its
 // last save: it saves, and none of its members has finished (what one
-// settled on leaving may not be in the save). c.mu or h.mu held.
+// settled on leaving may not be in the save). h.mu held.
 func (h *groupHost) restorable() bool { return h.keeps && h.saves && !h.finished }
 
 // restoreLocked makes every due member of a group lost whole present
