@@ -248,10 +248,17 @@ func TestServe(t *testing.T) {
 
 // workers starts n worker processes joined to url.
 func workers(t *testing.T, url, token string, n int, extra ...string) []*proc {
+	return workersOf(t, os.Args[0], url, token, n, extra...)
+}
+
+// workersOf starts n worker processes of bin, this test binary or a dflow
+// (installed), joined to url.
+func workersOf(t *testing.T, bin, url, token string, n int, extra ...string) []*proc {
 	var ps []*proc
 	for i := range n {
-		ps = append(ps, startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + token},
-			append([]string{"worker", "--join", url, "--name", fmt.Sprintf("w%d", i+1)}, extra...)...))
+		cmd := exec.Command(bin, append([]string{"worker", "--join", url, "--name", fmt.Sprintf("w%d", i+1)}, extra...)...)
+		cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1", "DFLOW_CLUSTER_TOKEN="+token)
+		ps = append(ps, startProc(t, cmd))
 	}
 	return ps
 }
@@ -304,18 +311,7 @@ func TestExternalServer(t *testing.T) {
 
 func startDflowBin(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	p := &proc{cmd: cmd, out: &syncBuffer{}, waited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { cmd.Wait(); close(p.waited) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.waited
-	})
-	return p
+	return startProc(t, exec.Command(bin, args...))
 }
 
 // coordinate runs a spec over the cluster from this process, calling

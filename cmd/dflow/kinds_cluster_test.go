@@ -25,6 +25,10 @@ type kindCase struct {
 	// report's step metric says
 	outputs map[string]string // stage -> format
 	file    map[string]string // stage -> path, filled in per run
+	// model: the run is a model's arithmetic, which -race slows 3-4
+	// times; its workers are dflow as installed (the run in one process
+	// and the coordinator stay this binary)
+	model bool
 }
 
 // TestKindsAcrossWorkers: every built-in node kind, through the specs
@@ -59,10 +63,10 @@ func TestKindsAcrossWorkers(t *testing.T) {
 			// the spec names the model relative to the repository
 			"--set", "stage.target.config.model=../../models/target.safetensors",
 			"--set", "stage.drafter.config.target=../../models/target.safetensors"},
-			outputs: map[string]string{"drafter": "drafter"}},
+			outputs: map[string]string{"drafter": "drafter"}, model: true},
 		{name: "pretrain", args: []string{"../../specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=32",
 			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
-			outputs: map[string]string{"train": "lm"}},
+			outputs: map[string]string{"train": "lm"}, model: true},
 	}
 	var mu sync.Mutex
 	covered := map[string]bool{}
@@ -116,7 +120,14 @@ func runKindCase(t *testing.T, c kindCase, corpus string, cluster bool) *report.
 		args = append(args, "--local-cluster", "2")
 		where = "over two workers"
 	}
-	code, _, stderr := dflow(t, args...)
+	var stdout strings.Builder
+	errb := &syncBuffer{}
+	e := &env{stdout: &stdout, stderr: errb, registry: nodes.Default.Clone()}
+	if cluster && c.model {
+		e.workerCommand = []string{installed(t)}
+	}
+	code := e.main(args)
+	stderr := errb.String()
 	if code != exitOK {
 		t.Fatalf("%s: code %d\n%s", where, code, stderr)
 	}

@@ -40,6 +40,9 @@ type env struct {
 	signals <-chan os.Signal
 	// plugins owns the plugin processes; created on first use.
 	plugins *host.Host
+	// workerCommand is what --local-cluster starts as each worker; nil:
+	// this executable (tests give a dflow built without -race).
+	workerCommand []string
 }
 
 var commands []command

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,9 +69,9 @@ func writeCorpus(t *testing.T, path string, n int) {
 
 // TestReadmeDflashCommands runs the README's commands on the main job one
 // after another, as written, in a folder of their own (a fresh clone's:
-// the specs and the model, no drafter yet), each a process of its own as
-// a user's would be, scaled down by flags added at the end (a small
-// corpus, few batches). Each must succeed: the second run writes its
+// the specs and the model, no drafter yet), each a process of dflow as
+// the README installs it (installed), as a user's would be, scaled down
+// by flags added at the end (a small corpus, few batches). Each must succeed: the second run writes its
 // drafter beside the first one, which stays the first run's. Running the
 // main job again as written is refused before any work, with the error
 // and nothing else: no summary of a run that never started.
@@ -92,9 +95,10 @@ func TestReadmeDflashCommands(t *testing.T) {
 		"run":  {"--var", "batches=16", "--var", "corpus=corpus.txt", "--set", "stage.drafter.config.eval_prompts=2", "--interval", "0"},
 		"eval": {"--corpus", "corpus.txt", "--prompts", "2", "--cycles", "2"},
 	}
+	bin := installed(t)
 	dflowRun := func(args []string) (int, string) {
 		t.Helper()
-		cmd := dflowCmd(nil, append(append([]string{}, args...), quick[args[0]]...)...)
+		cmd := exec.Command(bin, append(append([]string{}, args...), quick[args[0]]...)...)
 		cmd.Dir = dir
 		p := startProc(t, cmd)
 		return p.wait(t, 5*time.Minute), p.output()
@@ -145,8 +149,8 @@ func TestReadmeDflashCommands(t *testing.T) {
 
 // TestReadmeInstall: the README says how to get the dflow command the
 // docs type, and where it lands: its `go install` line, run as written
-// from the clone with GOBIN set to a folder of the test's, makes a dflow
-// there that answers --version.
+// from the clone with GOBIN set to a folder of the test binary's
+// (installed), makes a dflow there that answers --version.
 func TestReadmeInstall(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -161,27 +165,55 @@ func TestReadmeInstall(t *testing.T) {
 			t.Errorf("the README does not say where dflow lands: no %q", want)
 		}
 	}
-	var install []string
-	for _, b := range shBlocks(t, "../../README.md") {
-		for _, line := range b {
-			line, _, _ = strings.Cut(line, "#")
-			if f := strings.Fields(line); len(f) >= 3 && f[0] == "go" && f[1] == "install" && strings.HasSuffix(f[len(f)-1], "cmd/dflow") {
-				install = f
+	bin := installed(t)
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "dflow ") {
+		t.Errorf("%s --version: %v %q", bin, err, out)
+	}
+}
+
+var (
+	// installDir is where installed puts dflow: TestMain's, removed
+	// after the tests.
+	installDir  string
+	installOnce = sync.OnceValues(install)
+)
+
+// installed returns dflow as the README's go install line builds it, as a
+// user's is: without the race detector. The tests whose cost is a model's
+// arithmetic (3-4 times slower under -race) run their workers with it.
+// It is built once, by the first test that asks.
+func installed(t *testing.T) string {
+	t.Helper()
+	bin, err := installOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func install() (string, error) {
+	blocks, err := readShBlocks(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		return "", err
+	}
+	var line []string
+	for _, b := range blocks {
+		for _, l := range b {
+			l, _, _ = strings.Cut(l, "#")
+			if f := strings.Fields(l); len(f) >= 3 && f[0] == "go" && f[1] == "install" && strings.HasSuffix(f[len(f)-1], "cmd/dflow") {
+				line = f
 			}
 		}
 	}
-	if install == nil {
-		t.Fatal("the README's commands have no go install of ./cmd/dflow")
+	if line == nil {
+		return "", errors.New("the README's commands have no go install of ./cmd/dflow")
 	}
-	bin := t.TempDir()
-	cmd := exec.Command(install[0], install[1:]...)
-	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "GOBIN="+bin)
+	cmd := exec.Command(line[0], line[1:]...)
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), "GOBIN="+installDir)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%q: %v\n%s", install, err, out)
+		return "", fmt.Errorf("%q: %v\n%s", line, err, out)
 	}
-	out, err := exec.Command(filepath.Join(bin, "dflow"), "--version").Output()
-	if err != nil || !strings.HasPrefix(string(out), "dflow ") {
-		t.Errorf("%s --version: %v %q", filepath.Join(bin, "dflow"), err, out)
-	}
+	return filepath.Join(installDir, "dflow"), nil
 }

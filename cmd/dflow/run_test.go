@@ -46,8 +46,20 @@ func TestMain(m *testing.M) {
 	if !set && runtime.GOMAXPROCS(0) < 4 {
 		flag.Set("test.parallel", "4")
 	}
-	os.Exit(m.Run())
+	var err error
+	if repoRoot, err = filepath.Abs("../.."); err != nil {
+		panic(err)
+	}
+	if installDir, err = os.MkdirTemp("", "dflow-installed"); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(installDir)
+	os.Exit(code)
 }
+
+// repoRoot is the repository's root, absolute.
+var repoRoot string
 
 func readReport(t *testing.T, path string) *report.Report {
 	t.Helper()

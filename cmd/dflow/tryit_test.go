@@ -18,9 +18,18 @@ import (
 // as its lines.
 func shBlocks(t *testing.T, path string) [][]string {
 	t.Helper()
-	src, err := os.ReadFile(path)
+	blocks, err := readShBlocks(path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return blocks
+}
+
+// readShBlocks is shBlocks for callers without a test.
+func readShBlocks(path string) ([][]string, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
 	var blocks [][]string
 	var cur []string
@@ -36,7 +45,7 @@ func shBlocks(t *testing.T, path string) [][]string {
 			cur = append(cur, line)
 		}
 	}
-	return blocks
+	return blocks, nil
 }
 
 // TestTryItKill follows docs/cluster.md's "Kill a worker mid-run": the

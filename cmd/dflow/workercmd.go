@@ -327,7 +327,7 @@ func (f *clusterFlags) cluster(e *env, sf *specFlags) *run.Cluster {
 	}
 	c := &run.Cluster{URL: f.url, Local: f.local, Serve: f.serve, Workers: f.workers,
 		Token: token, Creds: creds, CA: f.ca, TLSCert: f.cert, TLSKey: f.key, Place: f.place, Lease: f.lease,
-		Vars: sf.overrides().Vars, VarFiles: sf.varFiles, Sets: sf.sets, Log: e.stderr}
+		Vars: sf.overrides().Vars, VarFiles: sf.varFiles, Sets: sf.sets, Log: e.stderr, WorkerCommand: e.workerCommand}
 	if f.serve != "" {
 		given := token != ""
 		c.OnServe = func(url, token string) {
