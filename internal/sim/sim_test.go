@@ -295,6 +295,10 @@ edge "e" {
 // match exactly and simulated wall time stays close to the measured one.
 // The bound is loose (15%) because a loaded CI machine stretches real
 // sleeps; docs/policies.md records the fidelity measured on a quiet one.
+// A load that comes and goes stretches one run's sleeps and not the next
+// (a replay at 1.27x its run, once, beside the whole suite on 2 cores):
+// each case has three tries to land within the bounds, and a simulator
+// that has drifted misses all three.
 func TestFidelity(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs real pipelines")
@@ -305,24 +309,29 @@ func TestFidelity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := load(t, tc.src)
-			real, err := engine.Run(context.Background(), g, engine.Options{Registry: registry()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			simd := simulate(t, g, Options{})
-			for name, e := range real.Edges {
-				if simd.Edges[name].Consumed != e.Consumed {
-					t.Errorf("edge %s: real %d items, simulated %d", name, e.Consumed, simd.Edges[name].Consumed)
+			var missed []string
+			for range 3 {
+				real, err := engine.Run(context.Background(), g, engine.Options{Registry: registry()})
+				if err != nil {
+					t.Fatal(err)
 				}
+				simd := simulate(t, g, Options{})
+				for name, e := range real.Edges {
+					if simd.Edges[name].Consumed != e.Consumed {
+						t.Fatalf("edge %s: real %d items, simulated %d", name, e.Consumed, simd.Edges[name].Consumed)
+					}
+				}
+				// Replaying the measured service times lands close too.
+				replay := simulate(t, g, Options{From: real})
+				ratio, rratio := simd.WallSeconds/real.WallSeconds, replay.WallSeconds/real.WallSeconds
+				if ratio >= 0.85 && ratio <= 1.05 && rratio >= 0.85 && rratio <= 1.15 {
+					return
+				}
+				missed = append(missed, fmt.Sprintf("simulated %.3fs, replayed %.3fs against real %.3fs (ratios %.3f, %.3f)",
+					simd.WallSeconds, replay.WallSeconds, real.WallSeconds, ratio, rratio))
+				t.Log(missed[len(missed)-1])
 			}
-			if ratio := simd.WallSeconds / real.WallSeconds; ratio < 0.85 || ratio > 1.05 {
-				t.Errorf("simulated %.3fs against real %.3fs (ratio %.3f)", simd.WallSeconds, real.WallSeconds, ratio)
-			}
-			// Replaying the measured service times lands close too.
-			replay := simulate(t, g, Options{From: real})
-			if ratio := replay.WallSeconds / real.WallSeconds; ratio < 0.85 || ratio > 1.15 {
-				t.Errorf("replay %.3fs against real %.3fs", replay.WallSeconds, real.WallSeconds)
-			}
+			t.Errorf("outside 0.85-1.05 simulated or 0.85-1.15 replayed in every try:\n%s", strings.Join(missed, "\n"))
 		})
 	}
 }
