@@ -149,10 +149,8 @@ func TestDFlashLost(t *testing.T) {
 			at: "drafter", after: 16, sets: []string{"stage.drafter.config.checkpoint_every=4"},
 			said: `stage "drafter" lost every member of its group: its restarts restore its last save (step 4;`},
 	} {
-		// One after another: three at once (nine workers loading the
-		// model, under the race detector) starve a worker of its
-		// coordinator's heartbeat past the lease on two cores.
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
 			e, g, vars, sets := load(ckpt, tc.sets...)
 			srv := startServer(t)
