@@ -169,18 +169,22 @@ func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
 	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) {
 		o.Drain = drain
 		o.Observe = func(s *report.Snapshot) {
-			// mid waits for room on b: the deadlock has formed. (Not any
-			// wait: a drain begun while mid waits for its first input
-			// ends the source before the cycle forms, and that run
-			// completes.)
-			if st := s.Stage("mid"); st != nil && slices.ContainsFunc(st.Replicas[0].Waits, func(w report.Wait) bool { return w.Kind == "send" }) {
+			// The deadlock has formed once mid, having taken a fourth
+			// item, waits for room on b: step[0] holds the first at the
+			// group's step, b[0] the next two. Not before: a drain begun
+			// while the source has sent three or fewer ends the source
+			// in time for mid to end, step[1]'s input with it, and the
+			// run completes (seen under load, with a drain begun at
+			// mid's first wait, and even at a transient wait for room).
+			if st := s.Stage("mid"); st != nil && st.Replicas[0].ItemsIn >= 4 &&
+				slices.ContainsFunc(st.Replicas[0].Waits, func(w report.Wait) bool { return w.Kind == "send" }) {
 				once.Do(func() { close(drain) })
 			}
 		}
 	})
 	var d *engine.Deadlock
 	if !errors.As(err, &d) || !d.Draining {
-		t.Fatalf("err = %v, want a drain's *engine.Deadlock (placement %s)", err, c.Placement())
+		t.Fatalf("err = %v, want a drain's *engine.Deadlock (placement %s); status %s %q, edges %+v", err, c.Placement(), rep.Status, rep.Error, rep.Edges)
 	}
 	t.Log(err)
 	if rep.Status != report.Aborted || !strings.HasPrefix(rep.Error, "drain cannot complete: deadlock") {
