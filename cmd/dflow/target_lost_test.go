@@ -238,9 +238,12 @@ func TestDFlashLost(t *testing.T) {
 				t.Errorf("the checkpoint holds the gradients of %s batches (the report: %v), want %d\ncoordinator:\n%s", meta["batches"], rep.Stages["drafter"].Metrics["batches"], batches, e.stderr.(*syncBuffer).String())
 			}
 			// The losses set training back by no more than the measure's
-			// noise with 4 prompts. A higher figure is that noise too
-			// (1.458 against 1.229 undisturbed, in one run of 240
-			// batches); that every batch trained once is the check above.
+			// noise with 4 prompts. A higher figure is no harm (1.458
+			// against 1.229 undisturbed, once at 240 batches): that noise,
+			// and a group across workers takes more, smaller steps as its
+			// members' inputs end unevenly (14-15 steps for 36 batches,
+			// against 12 in one process); that every batch trained once
+			// is the check above.
 			tau := rep.Stages["drafter"].Metrics["acceptance_length"]
 			if tau < 0.85*baseTau {
 				t.Errorf("acceptance length %.3f, more than 15%% below the undisturbed run's %.3f", tau, baseTau)
