@@ -149,6 +149,9 @@ func TestDFlashLost(t *testing.T) {
 			at: "drafter", after: 16, sets: []string{"stage.drafter.config.checkpoint_every=4"},
 			said: `stage "drafter" lost every member of its group: its restarts restore its last save (step 4;`},
 	} {
+		// Side by side: twelve uninstrumented workers, whose heartbeats
+		// no longer starve on two cores (they starved, one case beside
+		// another, while the workers were this race-built binary).
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
