@@ -18,7 +18,7 @@ func build(g *graph.Graph, opts Options) (*sim, error) {
 	if opts.Seed == 0 {
 		opts.Seed = 1
 	}
-	s := &sim{g: g, opts: opts}
+	s := &sim{g: g, opts: opts, scale: 1}
 	byName := map[string]*sstage{}
 	for si, gs := range g.Stages {
 		st, err := s.buildStage(gs, uint64(si))
@@ -28,6 +28,7 @@ func build(g *graph.Graph, opts Options) (*sim, error) {
 		s.stages = append(s.stages, st)
 		byName[gs.Name] = st
 	}
+	s.scaleSources()
 	for _, ge := range g.Edges {
 		e := &sedge{g: ge}
 		for _, gq := range ge.Queues {
@@ -123,12 +124,43 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 		default:
 			return nil, fmt.Errorf("stage %q: node kind %q has no simulation model; give the stage a sim { service_time = \"40ms\" } block, or simulate --from a report of a real run", gs.Name, gs.Node)
 		}
-		if st.source {
-			p.remaining = share(st.total, i, gs.Replicas)
-		}
 		st.procs = append(st.procs, p)
 	}
+	st.share = share
+	st.split()
 	return st, nil
+}
+
+// split gives a source's replicas their shares of its total.
+func (st *sstage) split() {
+	if st.source {
+		for i, p := range st.procs {
+			p.remaining = st.share(st.total, i, len(st.procs))
+		}
+	}
+}
+
+// scaleSources scales every source's total down by one factor, so that
+// none emits more than opts.maxItems, and records the factor in s.scale.
+// A run long enough to need it is in its steady state for most of its
+// items, so its wall time scales with them.
+func (s *sim) scaleSources() {
+	var most int64
+	for _, st := range s.stages {
+		if st.source {
+			most = max(most, st.total)
+		}
+	}
+	if s.opts.maxItems <= 0 || most <= s.opts.maxItems {
+		return
+	}
+	s.scale = float64(most) / float64(s.opts.maxItems)
+	for _, st := range s.stages {
+		if st.source {
+			st.total = max(1, int64(math.Round(float64(st.total)/s.scale)))
+			st.split()
+		}
+	}
 }
 
 // evenShare is how many of total items replica i of n sources emits when

@@ -19,19 +19,33 @@ import (
 // Predictor puts a figure on the diagnosis's suggestion (monitor.Diagnose):
 // for an edge, it simulates g as it is and g with that edge shared, both
 // with opts' models (opts.From, a real run's report, replays its service
-// times), and predicts their wall times. opts' Interval and Observe are
+// times), and predicts their wall times. A spec whose sources emit more
+// than predictItems is simulated with their totals scaled down alike, and
+// the wall times scaled back up: a drained run of a million items is
+// diagnosed in milliseconds, not seconds. opts' Interval and Observe are
 // ignored. g as it is is simulated once, on the first call; the returned
 // function is safe for concurrent use.
 func Predictor(g *graph.Graph, opts Options) monitor.Predictor {
-	opts.Interval, opts.Observe = 0, nil
+	return predictor(g, opts, predictItems)
+}
+
+// predictItems is the most items a source emits in Predictor's
+// simulations: enough for the steady state to be most of the run.
+const predictItems = 20_000
+
+func predictor(g *graph.Graph, opts Options, maxItems int64) monitor.Predictor {
+	opts.Interval, opts.Observe, opts.maxItems = 0, nil, maxItems
 	var once sync.Once
 	var before float64
 	wall := func(g *graph.Graph) float64 {
-		rep, err := Run(g, opts)
-		if err != nil || rep.WallSeconds <= 0 {
+		s, err := build(g, opts)
+		if err != nil {
 			return 0
 		}
-		return rep.WallSeconds
+		if s.run(); s.err != nil {
+			return 0
+		}
+		return s.report().WallSeconds * s.scale
 	}
 	return func(edge string) (monitor.Prediction, bool) {
 		once.Do(func() { before = wall(g) })

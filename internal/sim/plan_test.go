@@ -64,6 +64,33 @@ func TestPredictor(t *testing.T) {
 	}
 }
 
+// TestPredictorScalesLongRuns: a spec whose source emits more than the
+// predictor simulates is simulated with its totals scaled down alike and
+// its wall times scaled back up, within 1% of simulating every item, and
+// with a replayed report's service times too; a spec within the bound is
+// simulated whole, exactly.
+func TestPredictorScalesLongRuns(t *testing.T) {
+	g := load(t, fmt.Sprintf(seed, 50_000, "lognormal(10ms, 0.3)", "4ms"))
+	rep, err := Run(g, Options{Registry: registry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range []Options{{Registry: registry()}, {Registry: registry(), From: rep}} {
+		whole, ok := predictor(g, opts, 0)("hs")
+		scaled, ok2 := predictor(g, opts, 10_000)("hs")
+		if !ok || !ok2 {
+			t.Fatalf("no prediction: %v %v", ok, ok2)
+		}
+		if math.Abs(scaled.Before/whole.Before-1) > 0.01 || math.Abs(scaled.After/whole.After-1) > 0.01 {
+			t.Errorf("from a report %v: scaled %+v, every item %+v: more than 1%% apart", opts.From != nil, scaled, whole)
+		}
+		if within, _ := predictor(g, opts, 50_000)("hs"); within != whole {
+			t.Errorf("from a report %v: a bound of the source's total gave %+v, want %+v", opts.From != nil, within, whole)
+		}
+		t.Logf("from a report %v: every item %+v, scaled from 10000 %+v", opts.From != nil, whole, scaled)
+	}
+}
+
 // TestSplits: Splits ranks the seed's splits of 8 replicas as `dflow sim
 // --split target,drafter=8` did by re-reading the spec per split (and as
 // docs/policies.md prints them), with the bottleneck.

@@ -33,6 +33,10 @@ type Options struct {
 	// probe: stages without a model take probeService an item and
 	// sources without a total emit probeItems (ProbeDeadlock).
 	probe bool
+	// maxItems, when set, scales every source's total down alike so that
+	// none emits more than this many items; sim.scale is the factor back
+	// (Predictor).
+	maxItems int64
 }
 
 type state int8
@@ -103,6 +107,7 @@ type sstage struct {
 	failAfter int
 	itemBytes int64
 	total     int64
+	share     func(total int64, i, n int) int64 // a source's split of total over its replicas
 	source    bool
 	members   int
 	arrived   []*proc
@@ -171,6 +176,9 @@ type sim struct {
 	Events int64
 	series []report.Sample
 	prev   *report.Snapshot
+	// scale is what the sources' totals were divided by (maxItems): 1,
+	// or more when they were scaled down.
+	scale float64
 }
 
 // Run simulates g and returns its report ("simulated": true).
