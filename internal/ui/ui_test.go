@@ -89,9 +89,8 @@ func livePipeline(t *testing.T, g *graph.Graph, title string, drain chan struct{
 // diagnosis arrive.
 func TestPageInBrowser(t *testing.T) {
 	exe := browser(t)
-	// A long run (about 3 minutes), drained once the page has shown what
-	// it should: its diagnosis, after, simulates all 100000 items twice.
-	g := loadSpec(t, "../../specs/seed.hcl", "stage.reader.config.count=100000",
+	// A long run, drained once the page has shown what it should.
+	g := loadSpec(t, "../../specs/seed.hcl", "stage.reader.config.count=1000000",
 		"stage.target.config.service_time=5ms", "stage.drafter.config.service_time=2500us")
 	drain := make(chan struct{})
 	url, wait, shutdown := livePipeline(t, g, "seed", drain)
