@@ -77,8 +77,20 @@ func TestKindsAcrossWorkers(t *testing.T) {
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
 				t.Parallel()
-				local := runKindCase(t, c, corpus, false)
-				across := runKindCase(t, c, corpus, true)
+				var local, across *report.Report
+				t.Run("runs", func(t *testing.T) { // both side by side
+					t.Run("one process", func(t *testing.T) {
+						t.Parallel()
+						local = runKindCase(t, c, corpus, false)
+					})
+					t.Run("two workers", func(t *testing.T) {
+						t.Parallel()
+						across = runKindCase(t, c, corpus, true)
+					})
+				})
+				if local == nil || across == nil {
+					return // a run failed, and said why
+				}
 				for name, st := range local.Stages {
 					mu.Lock()
 					covered[st.Node] = true

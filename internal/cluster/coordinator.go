@@ -544,7 +544,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	}
 	m, err := c.o.Conn.Request(subjRun(worker), b, 30*time.Second)
 	if err != nil {
-		return fmt.Errorf("worker %s did not take its share: %v", worker, err)
+		return fmt.Errorf("worker %s did not take its share: %w", worker, err)
 	}
 	var r reply
 	json.Unmarshal(m.Data, &r)

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -572,5 +573,52 @@ edge "tap" {
 		if got := held(g.Stage(name)); got != want {
 			t.Errorf("stage %s held back: %v, want %v", name, got, want)
 		}
+	}
+}
+
+// TestRestartPassesOverGoneWorker: a worker lost at the same time as
+// another, not yet silent for a lease, may be picked for the first one's
+// restart; nobody answers the request to it (its connection is gone), and
+// the restart goes to the next live worker instead of failing the run.
+func TestRestartPassesOverGoneWorker(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	ports := func(*graph.Config) []graph.PortSpec { return nil }
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "stepper", Ports: ports}, Stateless: true, Resumes: true}) // restartable, wired or not
+	g := &graph.Graph{Stages: []*graph.Stage{{Name: "src", Node: "stepper", Replicas: 1}, {Name: "work", Node: "stepper", Replicas: 3}}}
+	conn := connector(t)
+	nc := conn()
+	var log strings.Builder // written by recover, in this goroutine
+	c := &Coordinator{o: CoordOptions{Registry: reg, Conn: nc, Log: &log, Timings: Timings{Lease: time.Minute}}, g: g,
+		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*groupHost{},
+		place:     map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w3"}},
+		instances: map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}, "w3": {name: "w3", worker: "w3"}},
+		seen:      map[string]time.Time{"w1": time.Now(), "w3": time.Now()}}
+	// w1 answers; w3, the least loaded, has gone: nobody listens for it
+	started := make(chan string, 1)
+	sub, err := conn().Subscribe(subjRun("w1"), func(m *nats.Msg) {
+		var j Job
+		json.Unmarshal(m.Data, &j)
+		started <- j.Instance
+		m.Respond([]byte("{}"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	c.instances["w2"].lost = true
+	if err := c.recover(c.instances["w2"]); err != nil {
+		t.Fatalf("recover: %v\n%s", err, log.String())
+	}
+	if inst := <-started; c.place["work"][1] != inst || !strings.HasPrefix(inst, "w1-") {
+		t.Errorf("work[1] placed on %q, w1 started %q; want a restart on w1", c.place["work"][1], inst)
+	}
+	for name := range c.instances {
+		if strings.HasPrefix(name, "w3-") {
+			t.Errorf("the restart that never started is still an instance: %s", name)
+		}
+	}
+	if out := log.String(); !strings.Contains(out, "restarting work[1] on w3") || !strings.Contains(out, "worker w3 did not answer (gone too): restarting work[1] elsewhere") {
+		t.Errorf("log:\n%s", out)
 	}
 }

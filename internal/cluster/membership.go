@@ -6,6 +6,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -238,21 +239,36 @@ func (c *Coordinator) recover(in *instance) error {
 		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, c.o.Timings.Lease)
 		return nil
 	}
-	target := c.leastLoaded(in.worker)
-	if target == "" {
-		return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
+	// A worker lost at the same time, not yet silent for a lease, may be
+	// picked: nobody answers its request (its connection is gone), and
+	// the restart goes to the next. Its own share is recovered once its
+	// lease runs out.
+	gone := []string{in.worker}
+	for {
+		target := c.leastLoaded(gone...)
+		if target == "" {
+			return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
+		}
+		c.mu.Lock()
+		c.restarts++
+		inst := fmt.Sprintf("%s-r%d", target, c.restarts)
+		for _, r := range move {
+			c.place[r.s.Name][r.i] = inst
+		}
+		c.instances[inst] = &instance{name: inst, worker: target}
+		c.mu.Unlock()
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
+			in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)
+		err := c.startInstance(target, inst)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		c.mu.Lock()
+		delete(c.instances, inst) // it never started
+		c.mu.Unlock()
+		fmt.Fprintf(c.o.Log, "dflow: worker %s did not answer (gone too): restarting %s elsewhere\n", target, strings.Join(moved, ", "))
+		gone = append(gone, target)
 	}
-	c.mu.Lock()
-	c.restarts++
-	inst := fmt.Sprintf("%s-r%d", target, c.restarts)
-	for _, r := range move {
-		c.place[r.s.Name][r.i] = inst
-	}
-	c.instances[inst] = &instance{name: inst, worker: target}
-	c.mu.Unlock()
-	fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
-		in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)
-	return c.startInstance(target, inst)
 }
 
 // writeEnds writes the end keys of replica i of s, a producer that has
@@ -327,14 +343,14 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	return nil
 }
 
-// leastLoaded is the live worker other than not running the fewest
-// replicas.
-func (c *Coordinator) leastLoaded(not string) string {
+// leastLoaded is the live worker, other than those in not, running the
+// fewest replicas.
+func (c *Coordinator) leastLoaded(not ...string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	load := map[string]int{}
 	for _, w := range c.workers {
-		if w != not && c.silent(w) < c.o.Timings.Lease {
+		if !slices.Contains(not, w) && c.silent(w) < c.o.Timings.Lease {
 			load[w] = 0
 		}
 	}
