@@ -394,6 +394,11 @@ func TestWorkerKilled(t *testing.T) {
 		place map[string][]string
 		after int64    // items at the sink before the kill
 		sets  []string // more --set
+		// also kills w3 too, a second before w2: w3 is counted lost a
+		// lease (2s) after, when w2, the least loaded live worker (3
+		// replicas against w1's 4), has been silent for only a second:
+		// w3's restart picks w2, which does not answer, and goes to w1
+		also bool
 	}{
 		// w2: targets 0 and 3 and drafter 1, no source, no sink
 		{name: "targets", after: 60},
@@ -402,6 +407,7 @@ func TestWorkerKilled(t *testing.T) {
 		// one target on w2 rotating over the 3 drafters' queues: what it
 		// sends again after the restart goes where it went first
 		{name: "rotation", after: 60, sets: []string{"stage.target.replicas=1", "stage.target.config.service_time=5ms"}},
+		{name: "two a second apart", after: 60, also: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -411,6 +417,10 @@ func TestWorkerKilled(t *testing.T) {
 				if !sinkGot(c, tc.after, 30*time.Second) {
 					t.Error("the run did not get going")
 					return
+				}
+				if tc.also {
+					ws[2].cmd.Process.Signal(syscall.SIGKILL)
+					time.Sleep(time.Second) // the scenario: w2 dies while w3's lease runs
 				}
 				ws[1].cmd.Process.Signal(syscall.SIGKILL)
 			}, append([]string{"stage.drafter.config.sync=false", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms"}, tc.sets...)...)
