@@ -244,6 +244,7 @@ func (c *Coordinator) recover(in *instance) error {
 	// the restart goes to the next. Its own share is recovered once its
 	// lease runs out.
 	gone := []string{in.worker}
+	failed := "" // the instance that never started, replaced with the placement
 	for {
 		target := c.leastLoaded(gone...)
 		if target == "" {
@@ -255,6 +256,7 @@ func (c *Coordinator) recover(in *instance) error {
 		for _, r := range move {
 			c.place[r.s.Name][r.i] = inst
 		}
+		delete(c.instances, failed)
 		c.instances[inst] = &instance{name: inst, worker: target}
 		c.mu.Unlock()
 		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
@@ -263,9 +265,7 @@ func (c *Coordinator) recover(in *instance) error {
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return err
 		}
-		c.mu.Lock()
-		delete(c.instances, inst) // it never started
-		c.mu.Unlock()
+		failed = inst
 		fmt.Fprintf(c.o.Log, "dflow: worker %s did not answer (gone too): restarting %s elsewhere\n", target, strings.Join(moved, ", "))
 		gone = append(gone, target)
 	}
