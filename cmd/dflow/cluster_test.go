@@ -257,7 +257,7 @@ func workersOf(t *testing.T, bin, url, token string, n int, extra ...string) []*
 	var ps []*proc
 	for i := range n {
 		cmd := exec.Command(bin, append([]string{"worker", "--join", url, "--name", fmt.Sprintf("w%d", i+1)}, extra...)...)
-		cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1", "DFLOW_CLUSTER_TOKEN="+token)
+		cmd.Env = append(os.Environ(), "DFLOW_CLUSTER_TOKEN="+token) // DFLOW_AS_MAIN=1 from TestMain, for this binary
 		ps = append(ps, startProc(t, cmd))
 	}
 	return ps

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"math"
 	"os"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
@@ -27,8 +27,8 @@ type kindCase struct {
 	// report's step metric says
 	outputs map[string]string // stage -> format
 	file    map[string]string // stage -> path, filled in per run
-	// model: the run is a model's arithmetic, which -race slows 3-4
-	// times: the run in one process, dflow eval of the outputs and the
+	// model: the run is a model's arithmetic, which -race slows about
+	// 3 times: the run in one process, dflow eval of the outputs and the
 	// workers are dflow as installed (the kinds' own tests run them
 	// under -race); the coordinator stays in this process
 	model bool
@@ -127,15 +127,8 @@ func (c kindCase) dflow(t *testing.T, cluster bool, args ...string) (code int, s
 		}
 		return e.main(args), errb.String()
 	}
-	out, err := exec.Command(installed(t), args...).CombinedOutput()
-	var exit *exec.ExitError
-	switch {
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	case err != nil:
-		t.Fatal(err)
-	}
-	return code, string(out)
+	p := startProc(t, exec.Command(installed(t), args...))
+	return p.wait(t, 5*time.Minute), p.output()
 }
 
 // runKindCase runs c in one process or over two workers and checks what

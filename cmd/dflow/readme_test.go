@@ -71,10 +71,11 @@ func writeCorpus(t *testing.T, path string, n int) {
 // after another, as written, in a folder of their own (a fresh clone's:
 // the specs and the model, no drafter yet), each a process of dflow as
 // the README installs it (installed), as a user's would be, scaled down
-// by flags added at the end (a small corpus, few batches). Each must succeed: the second run writes its
-// drafter beside the first one, which stays the first run's. Running the
-// main job again as written is refused before any work, with the error
-// and nothing else: no summary of a run that never started.
+// by flags added at the end (a small corpus, few batches). Each must
+// succeed: the second run writes its drafter beside the first one, which
+// stays the first run's. Running the main job again as written is refused
+// before any work, with the error and nothing else: no summary of a run
+// that never started.
 func TestReadmeDflashCommands(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -181,7 +182,7 @@ var (
 
 // installed returns dflow as the README's go install line builds it, as a
 // user's is: without the race detector. The tests whose cost is a model's
-// arithmetic (3-4 times slower under -race) run their workers with it.
+// arithmetic (about 3 times slower under -race) run their workers with it.
 // It is built once, by the first test that asks.
 func installed(t *testing.T) string {
 	t.Helper()

@@ -101,7 +101,7 @@ func TestDFlashLost(t *testing.T) {
 	}
 	// The workers, and the undisturbed run in one process, are dflow as
 	// the README installs it: the model's arithmetic is most of this
-	// test, and 3-4 times slower under -race. The coordinator runs in
+	// test, and about 3 times slower under -race. The coordinator runs in
 	// this test's process, under it when the suite is.
 	bin := installed(t)
 	_, _, vars, sets := load(filepath.Join(dir, "undisturbed.safetensors"))
