@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/plugintest"
@@ -168,16 +169,31 @@ func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
 	var once sync.Once
 	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) {
 		o.Drain = drain
+		// The deadlock has formed once mid has waited for room on b,
+		// taking nothing more, for a second (the coordinator confirms a
+		// deadlock after 2 s and three looks). Not before: a drain begun while
+		// the cycle is still forming completes. Seen under load: a drain
+		// at mid's first wait (for input), and one at a wait for room
+		// after 4 items in, which was transient (across workers, room
+		// opens as step[0]'s worker fetches its queue, though its replica
+		// waits at the group's step): mid sent all 7, ended, step[1]'s
+		// input ended with it and the run completed.
+		var mu sync.Mutex
+		var in int64
+		var since time.Time
 		o.Observe = func(s *report.Snapshot) {
-			// The deadlock has formed once mid, having taken a fourth
-			// item, waits for room on b: step[0] holds the first at the
-			// group's step, b[0] the next two. Not before: a drain begun
-			// while the source has sent three or fewer ends the source
-			// in time for mid to end, step[1]'s input with it, and the
-			// run completes (seen under load, with a drain begun at
-			// mid's first wait, and even at a transient wait for room).
-			if st := s.Stage("mid"); st != nil && st.Replicas[0].ItemsIn >= 4 &&
-				slices.ContainsFunc(st.Replicas[0].Waits, func(w report.Wait) bool { return w.Kind == "send" }) {
+			st := s.Stage("mid")
+			if st == nil {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			r := st.Replicas[0]
+			if r.ItemsIn != in || !slices.ContainsFunc(r.Waits, func(w report.Wait) bool { return w.Kind == "send" }) {
+				in, since = r.ItemsIn, time.Now()
+				return
+			}
+			if time.Since(since) >= time.Second {
 				once.Do(func() { close(drain) })
 			}
 		}
