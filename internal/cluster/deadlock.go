@@ -36,12 +36,10 @@ import (
 // snapshot yet, a worker lost lately (restartQuiet), and a replica
 // working or in a wait its engine can see end all count as able to move.
 
-// deadlockConfirm is how long a stuck state across workers must hold,
-// unchanged, before the run fails; looks is how many judgements it takes.
-const (
-	deadlockConfirm = 2 * time.Second
-	deadlockLooks   = 3
-)
+// deadlockLooks is how many judgements a stuck state across workers
+// takes, unchanged, besides holding for Timings.DeadlockConfirm, before
+// the run fails.
+const deadlockLooks = 3
 
 // deadlockWatch is the coordinator's detector state.
 type deadlockWatch struct {
@@ -63,7 +61,7 @@ func (c *Coordinator) watchDeadlock(ctx context.Context, draining bool) *engine.
 		*d = deadlockWatch{since: time.Now(), mark: mark, looks: 1}
 		return nil
 	}
-	if d.looks++; d.looks < deadlockLooks || time.Since(d.since) < deadlockConfirm {
+	if d.looks++; d.looks < deadlockLooks || time.Since(d.since) < c.o.Timings.DeadlockConfirm {
 		return nil
 	}
 	return engine.NewDeadlock(waits, draining)

@@ -169,9 +169,12 @@ func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
 	var once sync.Once
 	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) {
 		o.Drain = drain
+		o.Timings.DeadlockConfirm = 6 * time.Second
 		// The deadlock has formed once mid has waited for room on b,
-		// taking nothing more, for a second (the coordinator confirms a
-		// deadlock after 2 s and three looks). Not before: a drain begun while
+		// taking nothing more, for a second; the coordinator confirms it
+		// after 6 s here, so that the drain comes first even when a loaded
+		// machine delays the snapshots (at the default 2 s it once
+		// confirmed first, and the run failed undrained). Not before: a drain begun while
 		// the cycle is still forming completes. Seen under load: a drain
 		// at mid's first wait (for input), and one at a wait for room
 		// after 4 items in, which was transient (across workers, room

@@ -134,18 +134,26 @@ type Timings struct {
 	// are answered within the default, DefaultAnswer, whatever a job says).
 	// A wait for room has no bound.
 	Answer time.Duration `json:"answer,omitempty"`
+	// DeadlockConfirm is how long a stuck state across workers must hold,
+	// unchanged and seen three times, before the coordinator judges it a
+	// deadlock. Default DefaultDeadlockConfirm.
+	DeadlockConfirm time.Duration `json:"deadlock_confirm,omitempty"`
 }
 
 // The defaults: long enough that a GC pause or a loaded host does not
 // count a working worker lost, short enough that a lost one's work moves
 // within seconds.
 const (
-	DefaultLease   = 5 * time.Second
-	DefaultAckWait = 5 * time.Second
+	DefaultLease           = 5 * time.Second
+	DefaultAckWait         = 5 * time.Second
+	DefaultDeadlockConfirm = 2 * time.Second
 )
 
 // withDefaults fills what is unset.
 func (t Timings) withDefaults() Timings {
+	if t.DeadlockConfirm <= 0 {
+		t.DeadlockConfirm = DefaultDeadlockConfirm
+	}
 	if t.Lease <= 0 {
 		t.Lease = DefaultLease
 	}
