@@ -59,7 +59,11 @@ func cmdRun(e *env, args []string) int {
 	ctx, abort := context.WithCancel(context.Background())
 	defer abort()
 	drain := make(chan struct{})
-	var waiting atomic.Bool // for a cluster's workers: a Ctrl-C ends the wait
+	// For a cluster's workers a Ctrl-C ends the wait. It is set before
+	// "dflow: running" is printed, so that an interrupt after that line
+	// (a script's, a test's) never finds a drain with nothing begun.
+	var waiting atomic.Bool
+	waiting.Store(cf.on())
 	stopSignals := sync.OnceFunc(e.watchSignals(drain, abort, &waiting))
 	defer stopSignals()
 
@@ -76,7 +80,6 @@ func cmdRun(e *env, args []string) int {
 	}
 	if cf.on() { // across hosts (workercmd.go)
 		opts.Cluster = cf.cluster(e, &sf)
-		waiting.Store(true)
 	}
 	p, err := run.NewContext(ctx, g, opts)
 	waiting.Store(false)
