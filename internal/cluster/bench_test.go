@@ -46,7 +46,10 @@ func BenchmarkRemoteEdge(b *testing.B) {
 			name += "-cap" + strconv.Itoa(bc.capacity)
 		}
 		b.Run(name, func(b *testing.B) {
-			ctx := context.Background()
+			// a failed send ends the receiving too (it hung, waiting for
+			// items that would never come)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			send, recv, _, cleanup := edgePairCap(b, srv, "bench"+strconv.Itoa(size)+"x"+strconv.Itoa(bc.capacity), bc.capacity)
 			defer cleanup()
 			item := &items.Blob{Data: make([]byte, size)}
@@ -57,6 +60,7 @@ func BenchmarkRemoteEdge(b *testing.B) {
 				for range b.N {
 					if err := send.Send(ctx, item); err != nil {
 						errs <- err
+						cancel()
 						return
 					}
 				}
@@ -65,6 +69,11 @@ func BenchmarkRemoteEdge(b *testing.B) {
 			}()
 			for range b.N {
 				if _, ok, err := recv.Recv(ctx); err != nil || !ok {
+					select {
+					case serr := <-errs:
+						b.Fatalf("send: %v", serr)
+					default:
+					}
 					b.Fatalf("recv: %v %v", ok, err)
 				}
 			}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	_ "github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // loader is the workers' and the test's way to build a job's graph with
@@ -37,6 +39,14 @@ func loader(reg *nodes.Registry) func(*Job) (*graph.Graph, error) {
 // serverConn starts an embedded server for the test and connects to it.
 func serverConn(t *testing.T) *nats.Conn {
 	t.Helper()
+	_, nc := testServer(t)
+	return nc
+}
+
+// testServer starts an embedded server and connects to it, both ended
+// with the test.
+func testServer(t *testing.T) (*Server, *nats.Conn) {
+	t.Helper()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +57,29 @@ func serverConn(t *testing.T) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return nc
+	return srv, nc
+}
+
+// setUp makes job's streams and consumers, removed once the test and its
+// shares (shareOf) have ended.
+func setUp(t *testing.T, js jetstream.JetStream, job *Job, g *graph.Graph) {
+	t.Helper()
+	if err := setupRun(context.Background(), js, job.Run, g, job.Remote, DefaultAckWait, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { teardownRun(js, job.Run, g, job.Remote) })
+}
+
+// shareOf is instance's share of job (its links), closed at the test's
+// end, before the streams are removed.
+func shareOf(t *testing.T, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance string) *links {
+	t.Helper()
+	l, err := newLinks(context.Background(), nc, js, job, g, instance, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.close)
+	return l
 }
 
 // writeSpec writes a spec into the test's folder and returns its path.
@@ -419,7 +451,11 @@ func TestHolderGone(t *testing.T) {
 
 // TestSlowConsumer: a producer may wait for room on a remote queue longer
 // than one request to the server may take (Timings.Answer, made short
-// here): the wait has no bound, as in process, and nothing fails.
+// here: 1 s, against waits of 2.5 s for the items past those the
+// consumer's worker has fetched ahead; at 100 ms and at 300 ms a request
+// itself took longer beside the whole suite, and failed the run: "reading
+// its room: context deadline exceeded"): the wait has no bound, as in
+// process, and nothing fails.
 func TestSlowConsumer(t *testing.T) {
 	t.Parallel()
 	tc := startCluster(t, 2)
@@ -427,13 +463,13 @@ func TestSlowConsumer(t *testing.T) {
 stage "src" {
   node = "synthetic_source"
   config {
-    count = 6
+    count = 4
   }
 }
 stage "sink" {
   node = "sink"
   config {
-    service_time = "250ms"
+    service_time = "2500ms"
   }
 }
 edge "a" {
@@ -442,12 +478,12 @@ edge "a" {
   capacity = 1
 }
 `)
-	rep, _, err := tc.runWith(t, spec, 2, func(o *CoordOptions) { o.Timings.Answer = 100 * time.Millisecond })
+	rep, _, err := tc.runWith(t, spec, 2, func(o *CoordOptions) { o.Timings.Answer = time.Second })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := rep.Edges["a"]; e.Produced != 6 || e.Consumed != 6 {
-		t.Errorf("produced %d, consumed %d, want 6", e.Produced, e.Consumed)
+	if e := rep.Edges["a"]; e.Produced != 4 || e.Consumed != 4 {
+		t.Errorf("produced %d, consumed %d, want 4", e.Produced, e.Consumed)
 	}
 }
 
@@ -535,19 +571,8 @@ edge "b" {
 	job := &Job{Run: "rr", Remote: map[string][]bool{"a": {false}, "b": {true, true, true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w2"}, "sink": {"w3", "w3", "w3"}}}
 	ctx := context.Background()
-	if err := setupRun(ctx, js, job.Run, g, job.Remote, DefaultAckWait, nil); err != nil {
-		t.Fatal(err)
-	}
-	defer teardownRun(js, job.Run, g, job.Remote)
-	share := func(name string) *links {
-		l, err := newLinks(ctx, nc, js, job, g, name, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.close)
-		return l
-	}
-	first, second := share("w1"), share("w2")
+	setUp(t, js, job, g)
+	first, second := shareOf(t, nc, js, job, g, "w1"), shareOf(t, nc, js, job, g, "w2")
 	e := g.Edges[1]
 	send := func(l *links, qi, k int) {
 		t.Helper()
@@ -577,15 +602,11 @@ edge "b" {
 	}
 }
 
-// TestSettleLost: a lost share's replicas of a restartable stage are
-// counted so that the stage adds up to what its edges' streams say: an
-// item the lost share took and had not settled was done again by the
-// share that took over (counted twice by the shares' own figures), and one
-// it settled after its last snapshot is in no snapshot. The difference
-// goes to the lost share's part, never below nothing.
-func TestSettleLost(t *testing.T) {
-	t.Parallel()
-	g, err := loader(nodes.Default)(&Job{Filename: "w.hcl", Src: []byte(`
+// chain is the graph src -> work (replicas of synthetic_work) -> sink,
+// over edges a and b.
+func chain(t *testing.T, replicas int) *graph.Graph {
+	t.Helper()
+	g, err := loader(nodes.Default)(&Job{Filename: "chain.hcl", Src: []byte(fmt.Sprintf(`
 stage "src" {
   node = "synthetic_source"
   config {
@@ -594,7 +615,7 @@ stage "src" {
 }
 stage "work" {
   node     = "synthetic_work"
-  replicas = 2
+  replicas = %d
 }
 stage "sink" {
   node = "sink"
@@ -607,10 +628,61 @@ edge "b" {
   from = work.out
   to   = sink.in
 }
-`)})
+`, replicas))})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return g
+}
+
+// TestEndWaitsForLocalRestart: a producer replica that had finished when
+// its worker was lost restarts (to settle what it left), here beside its
+// consumer. The end key its first incarnation wrote does not end the
+// queue for that consumer while the restart runs: it ends once the
+// restart returns. (Taken from the earlier key, the consumer returned
+// first and the engine failed the run: "stage sink returned while stage
+// work still produces"; TestDFlashLost's "two lost" met it.)
+func TestEndWaitsForLocalRestart(t *testing.T) {
+	t.Parallel()
+	nc := serverConn(t)
+	js, _ := newJS(nc)
+	g := chain(t, 1)
+	job := &Job{Run: "end", Remote: map[string][]bool{"a": {false}, "b": {true}},
+		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
+	ctx := context.Background()
+	setUp(t, js, job, g)
+	share := func(job *Job, name string) *jsQueue {
+		l := shareOf(t, nc, js, job, g, name)
+		l.started = time.Now().Add(-time.Hour) // past a restart's guard
+		return l.For(g.Edges[1], 0).(*jsQueue)
+	}
+	share(job, "w2").Close() // work's first incarnation finished: its end is written
+	restart := *job          // w2 lost: work and sink restart on w2-r1
+	restart.Restart = true
+	restart.Place = map[string][]string{"src": {"w1"}, "work": {"w2-r1"}, "sink": {"w2-r1"}}
+	q := share(&restart, "w2-r1")
+	wait, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if _, ok, err := q.Recv(wait); ok || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("while the restarted producer runs, the consumer's Recv gave ok=%v err=%v; want it to wait", ok, err)
+	}
+	q.Close() // the restart returns
+	end, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, ok, err := q.Recv(end); ok || err != nil {
+		t.Fatalf("once the restarted producer returned, Recv gave ok=%v err=%v; want the queue's end", ok, err)
+	}
+}
+
+// TestSettleLost: a lost share's replicas of a restartable stage are
+// counted so that the stage adds up to what its edges' streams say: an
+// item the lost share took and had not settled was done again by the
+// share that took over (counted twice by the shares' own figures), and one
+// it settled after its last snapshot is in no snapshot. The difference
+// goes to the lost share's part, never below nothing.
+func TestSettleLost(t *testing.T) {
+	t.Parallel()
+	g := chain(t, 2)
 	c := &Coordinator{g: g}
 	edges := map[string]report.Edge{"a": {Produced: 20, Consumed: 20}, "b": {Produced: 20, Consumed: 20}}
 	for _, tc := range []struct {
@@ -696,5 +768,78 @@ func TestDataPlaneAddresses(t *testing.T) {
 	r := ref{addr: "127.0.0.1:1," + addrs[0], size: 5}
 	if got, err := dp.fetch(context.Background(), r, "x"); err != nil || string(got) != "bytes" {
 		t.Errorf("fetch past an address that does not answer: %q, %v", got, err)
+	}
+}
+
+// TestFullQueueWaitIsQuiet: a sender held back by a full queue across
+// workers reads its room less often the longer it waits, up to every
+// maxRoomWait: blocked for two seconds (a consumer that takes nothing, as
+// in a deadlock) it costs the server a few dozen API requests, where it
+// cost about two thousand when it read its room every 2 ms (two requests
+// a read) for as long as the wait lasted. Where the queue's consumer is in
+// the sender's own instance, the reads are only a fallback: its fetch
+// wakes the sender.
+func TestFullQueueWaitIsQuiet(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name      string
+		consumer  string // where stage work runs
+		requests  uint64 // at most, in a wait of 2 s
+		thenTaken bool   // the consumer takes an item: the send goes
+	}{
+		{"consumer elsewhere", "w2", 200, false},
+		{"consumer here", "w1", 100, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv, nc := testServer(t)
+			js, _ := newJS(nc)
+			g := chain(t, 1)
+			g.Edges[0].Capacity = 2
+			job := &Job{Run: "quiet", Remote: map[string][]bool{"a": {true}, "b": {false}},
+				Place: map[string][]string{"src": {"w1"}, "work": {c.consumer}, "sink": {c.consumer}}}
+			ctx := context.Background()
+			setUp(t, js, job, g)
+			q := shareOf(t, nc, js, job, g, "w1").For(g.Edges[0], 0).(*jsQueue)
+			for i := range 2 {
+				if err := q.Send(ctx, &items.Blob{Data: []byte{byte(i)}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			api := func() uint64 {
+				js, err := srv.s.Jsz(nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return js.API.Total
+			}
+			before := api()
+			blocked, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if err := q.Send(blocked, &items.Blob{Data: []byte{2}}); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("a send to a full queue: %v, want it held until its context ended", err)
+			}
+			if n := api() - before; n > c.requests {
+				t.Errorf("%d JetStream API requests while a send waited 2 s for room, want at most %d: it reads its room too often", n, c.requests)
+			} else {
+				t.Logf("%d JetStream API requests while a send waited 2 s for room", n)
+			}
+			if !c.thenTaken {
+				return
+			}
+			sent := make(chan error, 1)
+			go func() { sent <- q.Send(ctx, &items.Blob{Data: []byte{3}}) }()
+			if _, _, err := q.Recv(ctx); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-sent:
+				if err != nil {
+					t.Errorf("the send once the consumer took an item: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the send waited on after the consumer here took an item")
+			}
+		})
 	}
 }

@@ -242,14 +242,17 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 			subs = append(subs, s)
 		}
 	}
-	c.groups = map[string]*groupHost{}
+	groups := map[string]*groupHost{}
 	for _, s := range c.g.Stages {
 		if hosted(c.o.Registry, s, c.place[s.Name]) {
 			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
-			c.groups[s.Name] = h
+			groups[s.Name] = h
 			sub(subjGroup(c.run, s.Name), h.handle)
 		}
 	}
+	c.mu.Lock() // for LastSave, which may be called while Run runs
+	c.groups = groups
+	c.mu.Unlock()
 	sub("dflow.hello.*", c.hello)
 	sub("dflow.r."+c.run+".saves.*", c.savesNote)
 	sub(subjAlive(c.run), func(m *nats.Msg) { m.Respond(c.lostShares()) }) // a worker that missed heartbeats asks

@@ -300,8 +300,8 @@ func (t *tracked) finish() {
 }
 
 // saved settles the items kept for a save that holds their round (every
-// one where round is ^0: the replica has returned).
-func (t *tracked) saved(round uint32) {
+// one where round is ^0: the replica has returned), and returns them.
+func (t *tracked) saved(round uint32) []*taken {
 	t.mu.Lock()
 	var done []*taken
 	t.kept = slices.DeleteFunc(t.kept, func(k keptItem) bool {
@@ -315,6 +315,7 @@ func (t *tracked) saved(round uint32) {
 	for _, d := range done {
 		d.finish(t.l.ledger)
 	}
+	return done
 }
 
 type trackedIn struct {

@@ -50,7 +50,7 @@ type pub struct {
 // as long as it takes, as in process).
 func (q *jsQueue) waitRoom(ctx context.Context) error {
 	wait := 50 * time.Microsecond
-	lastLook := time.Now()
+	began, lastLook := time.Now(), time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -70,7 +70,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			q.pmu.Unlock()
 			return nil
 		}
-		under := q.unanswered
+		under, fetched := q.unanswered, q.fetched
 		q.pmu.Unlock()
 		stored, err := q.stored(ctx)
 		if err != nil {
@@ -98,8 +98,15 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			continue
 		}
 		// No room: read again less and less often (a read costs the
-		// server as much as a few publishes, and the consumers need the
-		// CPU to make room).
+		// server two API requests, as much as a few publishes, and the
+		// consumers need the CPU to make room): every 2 ms at most while
+		// the wait is short, as a consumer's turn of an item is, and at
+		// most a tenth of the wait so far past that, up to maxRoomWait
+		// (a queue that stays full, a deadlock: a sender blocked there
+		// polled the server 500 times a second). Where every consumer
+		// replica of the queue is in this instance, its fetches make the
+		// room and say so (q.fetched): the reads between are only a
+		// fallback, at maxRoomWait.
 		if time.Since(lastLook) > 250*time.Millisecond {
 			lastLook = time.Now()
 			if q.consumersGone(ctx, q.qi) {
@@ -108,12 +115,22 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		}
 		select {
 		case <-time.After(wait):
+		case <-fetched:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		wait = min(2*wait, 2*time.Millisecond)
+		if q.consumers == len(q.edge.Queues[q.qi].Consumers) {
+			wait = min(2*wait, maxRoomWait)
+		} else {
+			wait = min(2*wait, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
+		}
 	}
 }
+
+// maxRoomWait is the longest a sender on a full queue waits between two
+// reads of its room: a room made after a long wait is seen within this
+// (or a tenth of the wait, if less).
+const maxRoomWait = 100 * time.Millisecond
 
 // stored is how many messages the queue's stream stores for it: delivered
 // and not yet acked, and not yet delivered (the stream's own count of the

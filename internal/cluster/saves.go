@@ -18,7 +18,7 @@ import (
 // member is the same round), a save holds the rounds up to its member's
 // last, and the members' inputs are settled up to there. With every save
 // the share tells the coordinator (dflow.r.RUN.saves.STAGE) the save's
-// step and the ids of the items trained since the save before the last;
+// step and the ids of the items trained up to it and not yet settled;
 // with its first member leaving, that the group has begun to finish. The
 // worker lost, the coordinator restarts the group from that save
 // (Job.Restore) as it restarts a hosted group lost whole.
@@ -50,14 +50,14 @@ type localGroup struct {
 	l     *links
 	stage *graph.Stage
 
-	mu          sync.Mutex
-	saves       bool
-	finished    bool
-	step        int // the last save's, -1: none
-	durable     uint32
-	prevDurable uint32
-	rounds      map[int]uint32        // each member's collectives
-	trained     map[int][]trainedItem // since the save before the last
+	mu       sync.Mutex
+	saves    bool
+	finished bool
+	step     int // the last save's, -1: none
+	durable  uint32
+	rounds   map[int]uint32        // each member's collectives
+	trained  map[int][]trainedItem // not yet settled by a save before the last
+	settled  map[string]bool       // the ids the last save settled
 }
 
 // trackedReplica is replica i of stage, as the share follows it.
@@ -106,8 +106,16 @@ type savingGroup struct {
 	t  *tracked
 }
 
-// stepped records the round the replica's collective just completed.
-func (g savingGroup) stepped() {
+// joining records the round the replica's collective is about to join,
+// and the item it trains in it, before the round can complete: the
+// member whose arrival completes it may save it at once, before this
+// member's goroutine runs again, and what that save's note names as
+// trained must hold this member's item of the round (recorded after the
+// collective, it was missing there: the item came back after a restore
+// and was trained twice). A collective that fails does not undo it: it
+// fails only as the group ends (cancelled, or a replica's fault that
+// fails the run), which then saves nothing more.
+func (g savingGroup) joining() {
 	lg, t, i := g.lg, g.t, g.t.Index()
 	lg.mu.Lock()
 	lg.rounds[i]++
@@ -131,19 +139,13 @@ func (g savingGroup) stepped() {
 }
 
 func (g savingGroup) Barrier(ctx context.Context) error {
-	err := g.Group.Barrier(ctx)
-	if err == nil {
-		g.stepped()
-	}
-	return err
+	g.joining()
+	return g.Group.Barrier(ctx)
 }
 
 func (g savingGroup) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
-	n, err := g.Group.AllReduce(ctx, x)
-	if err == nil {
-		g.stepped()
-	}
-	return n, err
+	g.joining()
+	return g.Group.AllReduce(ctx, x)
 }
 
 func (g savingGroup) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
@@ -188,22 +190,35 @@ func (g savingGroup) Saves(ctx context.Context) error {
 
 // Saved records the save as of the replica's last round, tells the
 // coordinator, then settles what every member here trained up to it.
+// What the note names stays named until a save after the one that
+// settled it: an item still in hand at a save (every member's of its
+// last round) is settled only at the next, after that one's note.
 func (g savingGroup) Saved(ctx context.Context, step int) error {
 	lg := g.lg
 	lg.mu.Lock()
-	lg.prevDurable, lg.durable, lg.step = lg.durable, lg.rounds[g.t.Index()], step
+	lg.durable, lg.step = lg.rounds[g.t.Index()], step
 	for r, items := range lg.trained {
-		lg.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return t.round <= lg.prevDurable })
+		lg.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return lg.settled[t.id] })
 	}
 	lg.noteLocked()
 	durable := lg.durable
 	lg.mu.Unlock()
+	settled := map[string]bool{}
 	for i := range lg.stage.Replicas {
 		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
-			t.saved(durable)
+			for _, d := range t.saved(durable) {
+				settled[d.id] = true
+			}
 		}
 	}
-	return nil
+	// Acked before the next save's note leaves them out (an item with
+	// publishes unanswered is acked once they are, which a save interval
+	// outlasts).
+	err := lg.l.ledger.settle()
+	lg.mu.Lock()
+	lg.settled = settled
+	lg.mu.Unlock()
+	return err
 }
 
 // Keep restores the group's last save where the coordinator says so (the
@@ -245,8 +260,10 @@ func (c *Coordinator) savesNote(m *nats.Msg) {
 		if c.saves.notes == nil {
 			c.saves.notes = map[string]savesNote{}
 		}
-		old := c.saves.notes[stage]
-		if n.Step < 0 && old.Step >= 0 && old.Share != n.Share {
+		// (a first note has no old one: its step stands, -1 included;
+		// taken from a zero note it read as a save of step 0, which a
+		// group lost before its first save then failed to restore)
+		if old, had := c.saves.notes[stage]; had && n.Step < 0 && old.Step >= 0 && old.Share != n.Share {
 			n.Step, n.Skip = old.Step, old.Skip // a restored group's, until its first save
 		}
 		c.saves.notes[stage] = n
@@ -265,6 +282,27 @@ func (c *Coordinator) restoreFor(stage string) (*Restore, bool) {
 		return nil, false
 	}
 	return &Restore{Step: n.Step, Skip: n.Skip}, true
+}
+
+// LastSave is the step of stage's last save that the coordinator holds:
+// what its group restores if it is lost whole (false: none yet, or the
+// stage's group saves nothing on the cluster). A save is the
+// coordinator's once a member has told it, after the checkpoint is
+// written: one lost in between is not, and the group restores the save
+// before it.
+func (c *Coordinator) LastSave(stage string) (step int, ok bool) {
+	c.mu.Lock()
+	h := c.groups[stage]
+	c.mu.Unlock()
+	if h != nil {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.saveStep, h.saveStep >= 0
+	}
+	c.saves.mu.Lock()
+	defer c.saves.mu.Unlock()
+	n, had := c.saves.notes[stage]
+	return n.Step, had && n.Saves && n.Step >= 0
 }
 
 // whyNot says why a group summing on one worker, lost whole, cannot

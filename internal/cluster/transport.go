@@ -272,7 +272,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	ei := edgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
 		producers: e.Queues[qi].Producers, seen: seenIDs{window: 4 * l.job.Timings.AckWait},
-		held: map[string]jetstream.Msg{}, following: map[string]bool{}}
+		held: map[string]jetstream.Msg{}, following: map[string]bool{}, fetched: make(chan struct{})}
 	for _, p := range q.producers {
 		if l.job.Place[e.From.Stage.Name][p] == l.instance {
 			q.local = append(q.local, p)
@@ -435,6 +435,10 @@ type jsQueue struct {
 	pstream    jetstream.Stream   // the edge's stream, read for room
 	pcons      jetstream.Consumer // the queue's consumer, read for room
 	stopped    bool               // the answerer has stopped
+	// fetched is closed (and replaced) when this instance's consumer
+	// side has fetched messages, which makes room: the producers waiting
+	// for room here read it again at once
+	fetched chan struct{}
 
 	// the consumer side, used by the engine's pump only
 	cons     jetstream.Consumer
@@ -640,6 +644,12 @@ func (q *jsQueue) fetch() {
 			case <-q.l.stop:
 				return
 			}
+		}
+		if got {
+			q.pmu.Lock()
+			close(q.fetched)
+			q.fetched = make(chan struct{})
+			q.pmu.Unlock()
 		}
 		if !got {
 			select {
@@ -1047,6 +1057,15 @@ func (q *jsQueue) touch() {
 // told it is lost, before the restart starts).
 func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 	if q.l.job.Restart && time.Since(q.l.started) < q.l.job.Timings.restartGuard() {
+		return false, nil
+	}
+	// A producer replica of this instance ends when it returns here: an
+	// end key there already is an earlier incarnation's (one that had
+	// finished when its worker was lost, restarted to settle what it
+	// left), and the consumer that took it would return while the
+	// restart still runs, which the engine counts as leaving its input
+	// unread.
+	if len(q.local) > 0 && !q.closed.Load() {
 		return false, nil
 	}
 	for _, p := range q.producers {

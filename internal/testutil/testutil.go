@@ -3,7 +3,11 @@
 package testutil
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -34,5 +38,37 @@ func Within(within time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(min(pause, time.Until(deadline)+time.Millisecond))
+	}
+}
+
+// RaceExitAtOnce makes the processes a test binary starts (workers,
+// plugins, dflow itself) exit as soon as they are done when they are
+// built with -race: the race runtime otherwise sleeps a second at exit
+// (GORACE's atexit_sleep_ms, 1000 by default) so that goroutines still
+// running may report, and a package that starts a hundred processes
+// spends minutes so. A race is still reported when it happens, and a
+// process that saw one still exits 66; only one found in that last
+// second is missed. A GORACE that sets atexit_sleep_ms itself is kept.
+// Call it from TestMain, in the parent, before any test starts a process.
+func RaceExitAtOnce() {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return
+	}
+	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+}
+
+// WaitingTests lets n tests marked t.Parallel run at once, where the
+// package's tests mostly wait (on worker processes, leases, drains,
+// timeouts) rather than compute, and the machine has fewer than n
+// cores: go test's default is one at a time per core. A -parallel given
+// on the command line stands. Call it from TestMain, before m.Run; it
+// parses the flags.
+func WaitingTests(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		flag.Set("test.parallel", fmt.Sprint(n))
 	}
 }
