@@ -83,8 +83,8 @@ type Pass struct {
 	// Int is an int config attribute, for BadConfig to give a string;
 	// Crash by default.
 	Int string
-	// Slow is a config attribute (HCL, "sleep = 2") that has its node
-	// work about 2 s on each item outside any call of the protocol's
+	// Slow is a config attribute (HCL, "sleep = 1") that has its node
+	// work about 1 s on each item outside any call of the protocol's
 	// library; "" if none.
 	Slow string
 }
@@ -314,9 +314,9 @@ func (s *suite) items(t *testing.T) {
 	}
 }
 
-// large: a dozen 16 MiB items, past gRPC's 4 MiB message limit, arrive
-// whole: in chunks of at most 1 MiB with shared memory off (dflow
-// refuses a larger message), and by reference where the plugin maps the
+// large: 16 MiB items, past gRPC's 4 MiB message limit, arrive whole:
+// four in chunks of at most 1 MiB with shared memory off (dflow refuses
+// a larger message), and a dozen by reference where the plugin maps the
 // pools.
 func (s *suite) large(t *testing.T) {
 	if s.p.Pass.Source != "" {
@@ -329,12 +329,15 @@ func (s *suite) large(t *testing.T) {
 			}
 			s := &suite{p: s.p}
 			s.load(t)
-			const n, size = 12, 16 << 20
+			n, size := 12, 16<<20
+			if shm == "off" {
+				n = 4 // each one 16 chunks
+			}
 			rep, err := s.run(t, s.passSpec(n, 1, fmt.Sprintf("size_bytes = %d", size), ""), 2*time.Minute)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, s.stderr.String())
 			}
-			if rep.Edges["b"].Consumed != n || len(s.got) != n {
+			if rep.Edges["b"].Consumed != int64(n) || len(s.got) != n {
 				t.Fatalf("got %d items, want %d", len(s.got), n)
 			}
 			for i, item := range s.got {
@@ -454,9 +457,9 @@ func (s *suite) deadlock(t *testing.T) {
 	}
 }
 
-// computing: a node that works 2 s on each item, outside any protocol
+// computing: a node that works 1 s on each item, outside any protocol
 // call, while everything else waits for it, is no deadlock, with the
-// detector confirming in 100 ms (twenty times less than an item takes):
+// detector confirming in 100 ms (ten times less than an item takes):
 // the plugin says Waiting only while its node waits in a call.
 func (s *suite) computing(t *testing.T) {
 	if s.p.Pass.Slow == "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/conformance"
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 		sdk.Serve(passKind, zipKind, forkKind)
 		return
 	}
+	testutil.RaceExitAtOnce()
 	conformance.Main(m)
 }
 
@@ -46,7 +48,7 @@ func TestGoSDK(t *testing.T) {
 	conformance.Run(t, conformance.Plugin{
 		Path: path,
 		Pass: conformance.Pass{Kind: "pass", Items: "items", Crash: "crash_after",
-			CrashLine: "pass: crashing on purpose after 7 items", Slow: "sleep_ms = 2000"},
+			CrashLine: "pass: crashing on purpose after 7 items", Slow: "sleep_ms = 1000"},
 		Zip:  "zip",
 		Fork: "fork",
 	})

@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 		Path:   "dflow-plugin-pystats",
 		Marker: stats, // the launcher execs python3 .../stats.py
 		Pass: conformance.Pass{Kind: "stats", Items: "items", Crash: "crash_after",
-			CrashLine: "stats: crashing on purpose after 7 items", Slow: "sleep = 2"},
+			CrashLine: "stats: crashing on purpose after 7 items", Slow: "sleep = 1"},
 		Zip:  "zip",
 		Fork: "fork",
 	})

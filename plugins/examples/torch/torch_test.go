@@ -161,7 +161,7 @@ func TestParity(t *testing.T) {
 }
 
 // TestDFlashWithTorchTarget: specs/dflash.hcl with its target stage's node
-// changed, and nothing else, runs the PyTorch target into the Go
+// changed, and nothing else in its text, runs the PyTorch target into the Go
 // drafters; every batch is read, forwarded and trained on once.
 func TestDFlashWithTorchTarget(t *testing.T) {
 	reg, errs, corpus := setup(t)
@@ -174,8 +174,11 @@ func TestDFlashWithTorchTarget(t *testing.T) {
 		t.Fatalf("specs/dflash.hcl has no one line %q", line)
 	}
 	spec := strings.Replace(string(src), line, `  node     = "torch/target_forward"`, 1)
+	// Smaller batches and one evaluation prompt: the drafters train in
+	// this race-built process.
 	g, diags := (&graph.Loader{Catalog: reg, Vars: map[string]string{
-		"corpus": corpus, "batches": "12", "targets": "2", "checkpoint": filepath.Join(t.TempDir(), "d.safetensors")}}).Load("dflash.hcl", []byte(spec))
+		"corpus": corpus, "batches": "12", "targets": "2", "checkpoint": filepath.Join(t.TempDir(), "d.safetensors")},
+		Sets: []string{"stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4", "stage.drafter.config.eval_prompts=1"}}).Load("dflash.hcl", []byte(spec))
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
