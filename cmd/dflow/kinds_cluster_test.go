@@ -62,12 +62,12 @@ func TestKindsAcrossWorkers(t *testing.T) {
 			"--set", "stage.target.config.service_time=2ms", "--set", "stage.drafter.config.service_time=1ms"}},
 		{name: "fan", args: []string{"../../specs/fan.hcl", "--set", "stage.wide.config.service_time=1ms"}},
 		{name: "dflash", args: []string{"../../specs/dflash.hcl", "--var", "batches=48", "--var", "corpus=" + corpus,
-			"--set", "stage.drafter.config.eval_prompts=4",
+			"--set", "stage.drafter.config.eval_prompts=2", "--set", "stage.reader.config.seq_len=32", "--set", "stage.reader.config.batch_size=4",
 			// the spec names the model relative to the repository
 			"--set", "stage.target.config.model=../../models/target.safetensors",
 			"--set", "stage.drafter.config.target=../../models/target.safetensors"},
 			outputs: map[string]string{"drafter": "drafter"}, model: true},
-		{name: "pretrain", args: []string{"../../specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=32",
+		{name: "pretrain", args: []string{"../../specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=16", "--set", "stage.reader.config.batch_size=4",
 			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
 			outputs: map[string]string{"train": "lm"}, model: true},
 	}

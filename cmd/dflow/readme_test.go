@@ -93,7 +93,8 @@ func TestReadmeDflashCommands(t *testing.T) {
 	}
 	writeCorpus(t, filepath.Join(dir, "corpus.txt"), 200_000)
 	quick := map[string][]string{
-		"run":  {"--var", "batches=16", "--var", "corpus=corpus.txt", "--set", "stage.drafter.config.eval_prompts=2", "--interval", "0"},
+		"run": {"--var", "batches=16", "--var", "corpus=corpus.txt", "--set", "stage.drafter.config.eval_prompts=2", "--interval", "0",
+			"--set", "stage.reader.config.seq_len=32", "--set", "stage.reader.config.batch_size=4"},
 		"eval": {"--corpus", "corpus.txt", "--prompts", "2", "--cycles", "2"},
 	}
 	bin := installed(t)

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -82,7 +83,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 SlurmdParameters=config_overrides
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=4 State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs=12 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 `, ctldPort, slurmdPort, me.Username, me.Username, auth,
 		mkdir(t, dir, "state"), mkdir(t, dir, "spool"),
@@ -128,7 +129,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 		t.Fatal(err)
 	}
 	token := randomHex(t)
-	jobEnv := append(env, "DFLOW="+dflow, "DFLOW_CLUSTER_TOKEN="+token, fmt.Sprintf("DFLOW_PORT=%d", freePort(t)))
+	jobEnv := append(env, "DFLOW="+dflow, "DFLOW_CLUSTER_TOKEN="+token)
 	// The recipe's workers join the first node by its hostname; where it
 	// does not resolve, by loopback.
 	if h, err := os.Hostname(); err != nil || !resolves(h) {
@@ -139,11 +140,13 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 		b, _ := os.ReadFile(filepath.Join(dir, "job-"+id+".out"))
 		return string(b)
 	}
-	submit := func(args ...string) (id string) {
+	// The jobs run side by side, each 3 of the node's 12 CPUs (as
+	// slurm.conf declares them), each its own server's port.
+	submit := func(t *testing.T, args ...string) (id string) {
 		t.Helper()
 		// The coordinator and three workers on the one node: the
 		// recipe's one task per node is the cluster's, not this test's.
-		sb := command(jobEnv, bins["sbatch"],
+		sb := command(append(slices.Clip(jobEnv), fmt.Sprintf("DFLOW_PORT=%d", freePort(t))), bins["sbatch"],
 			append([]string{"--parsable", "--nodes=1", "--ntasks-per-node=3", "--chdir=" + dir,
 				"--output=" + filepath.Join(dir, "job-%j.out"), recipe}, args...)...)
 		out, err := sb.CombinedOutput()
@@ -157,7 +160,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 	// wait waits until the job has ended, or, with a pattern, until its
 	// output matches it (reading every 100ms, for at most 90s), looking
 	// meanwhile at every command line on the machine for the token.
-	wait := func(id, pattern string) (state, exitCode, out string) {
+	wait := func(t *testing.T, id, pattern string) (state, exitCode, out string) {
 		t.Helper()
 		deadline := time.Now().Add(90 * time.Second)
 		for {
@@ -183,8 +186,9 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 	}
 
 	t.Run("ok", func(t *testing.T) {
-		id := submit(spec, "--var", "items=120", "--interval", "0", "--place", "drafter=w2")
-		state, code, out := wait(id, "")
+		t.Parallel()
+		id := submit(t, spec, "--var", "items=120", "--interval", "0", "--place", "drafter=w2")
+		state, code, out := wait(t, id, "")
 		t.Logf("job %s: %s, exit %s; its output:\n%s", id, state, code, out)
 		if state != "COMPLETED" || code != "0:0" {
 			t.Errorf("job %s ended %s, exit %s; want COMPLETED, 0:0", id, state, code)
@@ -219,25 +223,27 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 	})
 
 	t.Run("failed", func(t *testing.T) {
+		t.Parallel()
 		// A run that fails (here: a spec that is not there) fails the
 		// job with dflow run's exit status.
-		id := submit(filepath.Join(dir, "missing.hcl"))
-		state, code, out := wait(id, "")
+		id := submit(t, filepath.Join(dir, "missing.hcl"))
+		state, code, out := wait(t, id, "")
 		if state != "FAILED" || code != "1:0" || !strings.Contains(out, "cannot read spec") {
 			t.Errorf("job %s ended %s, exit %s; want FAILED, 1:0 and the error. Its output:\n%s", id, state, code, out)
 		}
 	})
 
 	t.Run("drain", func(t *testing.T) {
+		t.Parallel()
 		// SIGINT to the batch shell (what --signal=B:INT@120 sends before
 		// the time limit) drains the run: exit 130, interrupted, every
 		// item produced consumed.
-		id := submit(spec, "--var", "items=1000000", "--interval", "0")
-		wait(id, `(?m)^dflow worker w\d: run \S+: reader\[0\]`)
+		id := submit(t, spec, "--var", "items=1000000", "--interval", "0")
+		wait(t, id, `(?m)^dflow worker w\d: run \S+: reader\[0\]`)
 		if out, err := command(env, bins["scancel"], "--batch", "--signal=INT", id).CombinedOutput(); err != nil {
 			t.Fatalf("scancel --batch --signal=INT %s: %v\n%s", id, err, out)
 		}
-		state, code, out := wait(id, "")
+		state, code, out := wait(t, id, "")
 		t.Logf("job %s: %s, exit %s; its output:\n%s", id, state, code, out)
 		if state != "FAILED" || code != "130:0" || !regexp.MustCompile(`(?m)^run interrupted in `).MatchString(out) {
 			t.Errorf("job %s ended %s, exit %s; want FAILED, 130:0 and the run interrupted. Its output:\n%s", id, state, code, out)

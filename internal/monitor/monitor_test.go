@@ -97,6 +97,7 @@ func run(t *testing.T, g *graph.Graph, opts engine.Options) *report.Report {
 // TestDiagnoseSeed: under round_robin the diagnosis names the starved
 // drafter, its wiring and the fix; under shared it does not.
 func TestDiagnoseSeed(t *testing.T) {
+	t.Parallel()
 	g := load(t)
 	rep := run(t, g, engine.Options{})
 	diag := strings.Join(Diagnose(g, rep, nil), "\n")
@@ -236,6 +237,7 @@ func TestStatusLine(t *testing.T) {
 // the report has a series showing the starved queue, and the plot is
 // written; Prometheus serves the live figures meanwhile.
 func TestLiveRun(t *testing.T) {
+	t.Parallel()
 	g := load(t)
 	var lines bytes.Buffer
 	st := &Status{W: &lines}

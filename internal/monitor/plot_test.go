@@ -51,6 +51,7 @@ func countColor(img image.Image, c color.Color, maxX int) int {
 // drafters in lockstep) each leave their own colour in the data area, not
 // only in the legend; the legend stands right of the data.
 func TestPlotShowsCoincidingSeries(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "p.png")
 	if err := Plot(starved(), path); err != nil {
 		t.Fatal(err)
@@ -76,6 +77,7 @@ func TestPlotShowsCoincidingSeries(t *testing.T) {
 // TestImageFormats: the extension picks PNG or JPEG; anything else is
 // refused before drawing.
 func TestImageFormats(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, name := range []string{"a.png", "a.PNG", "a.jpg", "a.jpeg"} {
 		path := filepath.Join(dir, name)

@@ -23,6 +23,7 @@ import (
 // blocked more than all of the time between two scrapes. It skips where
 // prometheus is not installed (apt-get install prometheus).
 func TestRealPrometheus(t *testing.T) {
+	t.Parallel()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Skip("prometheus not installed (apt-get install prometheus): skipping the real-Prometheus check")
