@@ -596,7 +596,8 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 		seen:      map[string]time.Time{"w1": time.Now(), "w3": time.Now()}}
 	// w1 answers; w3, the least loaded, has gone: nobody listens for it
 	started := make(chan string, 1)
-	sub, err := conn().Subscribe(subjRun("w1"), func(m *nats.Msg) {
+	w1 := conn()
+	sub, err := w1.Subscribe(subjRun("w1"), func(m *nats.Msg) {
 		var j Job
 		json.Unmarshal(m.Data, &j)
 		started <- j.Instance
@@ -606,6 +607,12 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	// the server has w1's subscription before the coordinator asks (a
+	// Subscribe returns before, and the request then met "no
+	// responders": w1 too counted gone)
+	if err := w1.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	c.instances["w2"].lost = true
 	if err := c.recover(c.instances["w2"]); err != nil {
 		t.Fatalf("recover: %v\n%s", err, log.String())

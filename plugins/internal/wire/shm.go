@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -55,6 +56,7 @@ type Pool struct {
 
 	mu   sync.Mutex
 	free []span          // free spans, sorted by offset, coalesced
+	next int64           // where the next Alloc looks first
 	live map[int64]*Held // allocated regions by offset
 }
 
@@ -131,21 +133,41 @@ func (p *Pool) Bytes(off, n int64) []byte {
 	return p.mem[off : off+n : off+n]
 }
 
-// Alloc takes a region of n bytes, first fit; false when none is free.
+// Alloc takes a region of n bytes, next fit: from where the last region
+// taken ended, coming round to the pool's start only once the rest is
+// taken, so that a region freed is reused as late as the pool allows
+// (an item kept past its lifetime is still told from the next one in
+// its place: Containing finds no region there); false when none is free.
 func (p *Pool) Alloc(n int64) (*Held, bool) {
 	size := (max(n, 1) + poolAlign - 1) &^ (poolAlign - 1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, s := range p.free {
-		if s.n < size {
+	if len(p.free) == 0 {
+		return nil, false
+	}
+	first := sort.Search(len(p.free), func(i int) bool { return p.free[i].off+p.free[i].n > p.next }) % len(p.free)
+	// The span that holds p.next from there first, the others in turn,
+	// and that span again from its start.
+	for k := range len(p.free) + 1 {
+		i := (first + k) % len(p.free)
+		s := p.free[i]
+		start := s.off
+		if k == 0 {
+			start = max(s.off, p.next)
+		}
+		if s.off+s.n-start < size {
 			continue
 		}
-		h := &Held{Off: s.off, Len: n}
-		if s.n == size {
-			p.free = append(p.free[:i], p.free[i+1:]...)
-		} else {
-			p.free[i] = span{s.off + size, s.n - size}
+		var rest []span
+		if start > s.off {
+			rest = append(rest, span{s.off, start - s.off})
 		}
+		if end := start + size; end < s.off+s.n {
+			rest = append(rest, span{end, s.off + s.n - end})
+		}
+		p.free = slices.Replace(p.free, i, i+1, rest...)
+		p.next = (start + size) % int64(len(p.mem))
+		h := &Held{Off: start, Len: n}
 		p.live[h.Off] = h
 		return h, true
 	}

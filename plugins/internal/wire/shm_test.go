@@ -6,7 +6,7 @@ import (
 	"github.com/dflow-dev/dflow/items"
 )
 
-// TestPoolAlloc: first fit, aligned regions; freed ones coalesce, so the
+// TestPoolAlloc: aligned regions, in turn; freed ones coalesce, so the
 // whole pool is one region again; a full pool says so instead of waiting.
 func TestPoolAlloc(t *testing.T) {
 	t.Parallel()
@@ -30,6 +30,45 @@ func TestPoolAlloc(t *testing.T) {
 	}
 	if whole, ok := p.Alloc(1024); !ok || whole.Off != 0 || p.Live() != 1 {
 		t.Errorf("after freeing all, the whole pool: %v %v", whole, ok)
+	}
+}
+
+// TestPoolNextFit: a region freed is not the next one taken while the
+// pool has room past the last region taken; the pool comes round to its
+// start once the rest is taken, and to the free part below where it
+// looks first, so nothing free is out of reach.
+func TestPoolNextFit(t *testing.T) {
+	t.Parallel()
+	p := newPool(0, make([]byte, 1024), -1)
+	a, _ := p.Alloc(256)
+	b, _ := p.Alloc(256)
+	p.Free(a.Off)
+	c, _ := p.Alloc(256)
+	if c.Off != 512 {
+		t.Fatalf("the region after a's release at %d, want 512 (past b), not a's 0", c.Off)
+	}
+	d, ok := p.Alloc(256)
+	if !ok || d.Off != 768 {
+		t.Fatalf("the last quarter: %v %v", d, ok)
+	}
+	e, ok := p.Alloc(256) // the pool's end reached: round to its start
+	if !ok || e.Off != 0 {
+		t.Fatalf("coming round: %v %v, want offset 0", e, ok)
+	}
+	for _, h := range []*Held{b, c, d, e} {
+		p.Free(h.Off)
+	}
+	// All free, one span, looked at from 256 first: a region that fits
+	// only from the span's start is found there.
+	if whole, ok := p.Alloc(1024); !ok || whole.Off != 0 {
+		t.Errorf("the whole pool, looking from 256: %v %v", whole, ok)
+	}
+	p.Free(0)
+	if f, ok := p.Alloc(64); !ok || f.Off != 0 { // next wrapped to 0
+		t.Errorf("after the whole pool: %v %v, want offset 0", f, ok)
+	}
+	if g, ok := p.Alloc(64); !ok || g.Off != 64 {
+		t.Errorf("then: %v %v, want offset 64", g, ok)
 	}
 }
 
