@@ -11,6 +11,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
@@ -26,6 +27,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(testWorker(os.Args[2:]))
 	}
+	testutil.RaceExitAtOnce()
 	// and fails the package's tests if a goroutine they started outlives
 	// them
 	goleak.VerifyTestMain(m)

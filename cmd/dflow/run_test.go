@@ -4,13 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,15 +35,10 @@ func TestMain(m *testing.M) {
 		return
 	}
 	os.Setenv("DFLOW_AS_MAIN", "1")
+	testutil.RaceExitAtOnce()
 	// Most of these tests wait, on worker processes, leases and drains,
-	// more than they compute: run 4 at a time even on 2 cores, unless
-	// -parallel says otherwise.
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set && runtime.GOMAXPROCS(0) < 4 {
-		flag.Set("test.parallel", "4")
-	}
+	// more than they compute: 4 at a time even on 2 cores.
+	testutil.WaitingTests(4)
 	var err error
 	if repoRoot, err = filepath.Abs("../.."); err != nil {
 		panic(err)
