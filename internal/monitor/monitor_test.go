@@ -97,7 +97,9 @@ func run(t *testing.T, g *graph.Graph, opts engine.Options) *report.Report {
 // TestDiagnoseSeed: under round_robin the diagnosis names the starved
 // drafter, its wiring and the fix; under shared it does not.
 func TestDiagnoseSeed(t *testing.T) {
-	t.Parallel()
+	// Not parallel: what it asserts rests on a run's measured busy and
+	// idle times, which the package's parallel plots upset (TestDiagnoseSeed
+	// failed so beside them).
 	g := load(t)
 	rep := run(t, g, engine.Options{})
 	diag := strings.Join(Diagnose(g, rep, nil), "\n")
@@ -237,7 +239,9 @@ func TestStatusLine(t *testing.T) {
 // the report has a series showing the starved queue, and the plot is
 // written; Prometheus serves the live figures meanwhile.
 func TestLiveRun(t *testing.T) {
-	t.Parallel()
+	// Not parallel: what it asserts rests on a run's measured busy and
+	// idle times, which the package's parallel plots upset (TestDiagnoseSeed
+	// failed so beside them).
 	g := load(t)
 	var lines bytes.Buffer
 	st := &Status{W: &lines}

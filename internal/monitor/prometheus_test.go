@@ -23,7 +23,9 @@ import (
 // blocked more than all of the time between two scrapes. It skips where
 // prometheus is not installed (apt-get install prometheus).
 func TestRealPrometheus(t *testing.T) {
-	t.Parallel()
+	// Not parallel: what it asserts rests on a run's measured busy and
+	// idle times, which the package's parallel plots upset (TestDiagnoseSeed
+	// failed so beside them).
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Skip("prometheus not installed (apt-get install prometheus): skipping the real-Prometheus check")
