@@ -45,8 +45,8 @@ func Within(within time.Duration, cond func() bool) bool {
 // plugins, dflow itself) exit as soon as they are done when they are
 // built with -race: the race runtime otherwise sleeps a second at exit
 // (GORACE's atexit_sleep_ms, 1000 by default) so that goroutines still
-// running may report, and a package that starts a hundred processes
-// spends minutes so. A race is still reported when it happens, and a
+// running may report, and a test that waits for its processes to end
+// waits that second for each. A race is still reported when it happens, and a
 // process that saw one still exits 66; only one found in that last
 // second is missed. A GORACE that sets atexit_sleep_ms itself is kept.
 // Call it from TestMain, in the parent, before any test starts a process.
