@@ -50,7 +50,8 @@ type pub struct {
 // as long as it takes, as in process).
 func (q *jsQueue) waitRoom(ctx context.Context) error {
 	wait := 50 * time.Microsecond
-	began, lastLook := time.Now(), time.Now()
+	began := time.Now()
+	lastLook := began
 	for {
 		if err := ctx.Err(); err != nil {
 			return err

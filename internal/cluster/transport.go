@@ -645,13 +645,12 @@ func (q *jsQueue) fetch() {
 				return
 			}
 		}
-		if got {
+		if got && len(q.local) > 0 { // a producer here may wait for the room made
 			q.pmu.Lock()
 			close(q.fetched)
 			q.fetched = make(chan struct{})
 			q.pmu.Unlock()
-		}
-		if !got {
+		} else if !got {
 			select {
 			case q.idle <- struct{}{}:
 				select {
