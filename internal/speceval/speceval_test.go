@@ -1,6 +1,7 @@
 package speceval
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -44,4 +45,113 @@ func TestEvaluator(t *testing.T) {
 	if tau > 1.2 {
 		t.Errorf("garbage tau %v, want about 1", tau)
 	}
+}
+
+// TestTauReusesTheVerifyPass: Tau takes each cycle's anchor and hidden
+// states from the previous cycle's verify pass; a proposer gets what
+// running the target again over the accepted context gives, bit for bit,
+// across a window shifted to make room too (64 positions, 16 + 20 cycles
+// of up to 4), and the measure is the same.
+func TestTauReusesTheVerifyPass(t *testing.T) {
+	m, err := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 40))
+	// proposer drafts the target's own greedy tokens with every third
+	// one wrong, so that cycles accept 0 to 3, and records what it is
+	// given.
+	type call struct {
+		ctx    []int32
+		anchor int32
+		hidden []float32
+	}
+	proposer := func(calls *[]call) Proposer {
+		n := 0
+		return func(ctx []int32, anchor int32, hidden []float32, k int) []int32 {
+			*calls = append(*calls, call{append([]int32{}, ctx...), anchor, append([]float32{}, hidden...)})
+			seq := append(append([]int32{}, ctx...), anchor)
+			var out []int32
+			for range k {
+				ws, _ := m.NewWorkspace(1, len(seq))
+				l := make([]float32, 256)
+				m.Backend().ToHost(l, ws.Forward(seq).Slice((len(seq)-1)*256, 256))
+				next := nn.Argmax(l)
+				if n++; n%3 == 0 {
+					next = 255
+				}
+				out = append(out, next)
+				seq = append(seq, next)
+			}
+			return out
+		}
+	}
+	e := &Evaluator{Target: m, Layers: []int{0, 1}, Block: 4, Prompt: 16, Cycles: 20, Prompts: 3}
+	var got, want []call
+	tau, err := e.Tau(held, proposer(&got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := tauTwoPasses(e, held, proposer(&want)); tau != w {
+		t.Errorf("tau %v, want %v (a forward pass per cycle)", tau, w)
+	}
+	if tau <= 1.5 || tau >= 4 {
+		t.Errorf("tau %v: the comparison needs cycles that accept some drafts and reject others", tau)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d proposals, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if !slices.Equal(got[i].ctx, want[i].ctx) || got[i].anchor != want[i].anchor || !slices.Equal(got[i].hidden, want[i].hidden) {
+			t.Fatalf("proposal %d: context of %d, anchor %d, hidden %v; want %d, %d, %v", i,
+				len(got[i].ctx), got[i].anchor, got[i].hidden[:4], len(want[i].ctx), want[i].anchor, want[i].hidden[:4])
+		}
+	}
+}
+
+// tauTwoPasses is Tau as it was first written: a forward pass over the
+// context for the anchor, and another to verify, every cycle.
+func tauTwoPasses(e *Evaluator, held []byte, propose Proposer) float64 {
+	c, be := e.Target.Config, e.Target.Backend()
+	row := make([]float32, c.Vocab)
+	argmax := func(logits nn.Buffer, pos int) int32 {
+		be.ToHost(row, logits.Slice(pos*c.Vocab, c.Vocab))
+		return nn.Argmax(row)
+	}
+	hidden := make([]float32, len(e.Layers)*c.DModel)
+	stride := len(held) / e.Prompts
+	var accepted, cycles int
+	for p := 0; p < e.Prompts; p++ {
+		var ctx []int32
+		for _, b := range held[p*stride : p*stride+e.Prompt] {
+			ctx = append(ctx, int32(b))
+		}
+		for range e.Cycles {
+			if len(ctx) > c.MaxSeq-e.Block {
+				ctx = append([]int32{}, ctx[len(ctx)-(c.MaxSeq-e.Block):]...)
+			}
+			L := len(ctx)
+			w, _ := e.Target.NewWorkspace(1, L)
+			logits := w.Forward(ctx)
+			anchor := argmax(logits, L-1)
+			for k, l := range e.Layers {
+				be.ToHost(hidden[k*c.DModel:(k+1)*c.DModel], w.Hidden(l).Slice((L-1)*c.DModel, c.DModel))
+			}
+			draft := propose(ctx, anchor, hidden, e.Block-1)
+			seq := append(append(append([]int32{}, ctx...), anchor), draft...)
+			vw, _ := e.Target.NewWorkspace(1, len(seq))
+			vl := vw.Forward(seq)
+			a := 0
+			for j, d := range draft {
+				if argmax(vl, L+j) != d {
+					break
+				}
+				a++
+			}
+			accepted += a
+			cycles++
+			ctx = append(append(ctx, anchor), draft[:a]...)
+		}
+	}
+	return float64(accepted)/float64(cycles) + 1
 }
