@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -303,9 +304,7 @@ func (h *groupHost) fetchLocked(m *nats.Msg) {
 		return
 	}
 	ans := make([]byte, 1+4*n)
-	for i, v := range h.last[off : off+n] {
-		binary.LittleEndian.PutUint32(ans[1+4*i:], math.Float32bits(v))
-	}
+	encode(ans[1:], h.last[off:off+n])
 	m.Respond(ans)
 }
 
@@ -578,9 +577,7 @@ func (h *groupHost) completeLocked() {
 		binary.LittleEndian.PutUint32(ans[5:], h.round)
 		if inline {
 			ans = ans[:9+4*len(h.last)]
-			for i, v := range h.last {
-				binary.LittleEndian.PutUint32(ans[9+4*i:], math.Float32bits(v))
-			}
+			encode(ans[9:], h.last)
 		}
 		for _, r := range h.arrived {
 			h.trainedLocked(r)
@@ -839,9 +836,7 @@ func (g *remoteGroup) reduce(ctx context.Context, replica int, f []float32) (int
 		binary.LittleEndian.PutUint32(req[1:], uint32(replica))
 		binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
 		binary.LittleEndian.PutUint32(req[9:], uint32(off))
-		for i, v := range part {
-			binary.LittleEndian.PutUint32(req[13+4*i:], math.Float32bits(v))
-		}
+		encode(req[13:], part)
 		a, err := g.request(ctx, req)
 		if err != nil {
 			return 0, err
@@ -874,8 +869,42 @@ func (g *remoteGroup) reduce(ctx context.Context, replica int, f []float32) (int
 	return n, nil
 }
 
+// littleEndian: this machine's float32s are the wire's bytes, so that
+// encode and decode copy them whole (the vectors are a model's gradient).
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// bytesOf is f's memory as bytes.
+func bytesOf(f []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
+// encode writes f into b as little-endian float32s.
+func encode(b []byte, f []float32) {
+	if littleEndian {
+		copy(b[:4*len(f)], bytesOf(f))
+		return
+	}
+	encodeEach(b, f)
+}
+
 // decode reads little-endian float32s into f.
 func decode(f []float32, b []byte) {
+	if littleEndian {
+		copy(bytesOf(f), b[:4*len(f)])
+		return
+	}
+	decodeEach(f, b)
+}
+
+// encodeEach and decodeEach are encode and decode value by value, for a
+// big-endian machine.
+func encodeEach(b []byte, f []float32) {
+	for i, v := range f {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+}
+
+func decodeEach(f []float32, b []byte) {
 	for i := range f {
 		f[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
