@@ -2,13 +2,13 @@ package run_test
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // TestEmbedExample builds and runs examples/embed, a module of its own
@@ -25,12 +25,9 @@ func TestEmbedExample(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin := filepath.Join(t.TempDir(), "embed")
-	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
-	build.Dir = dir
-	build.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build in examples/embed: %v\n%s", err, out)
+	bin, err := testutil.Built(dir, ".", []string{"GOWORK=off", "GOFLAGS="})
+	if err != nil {
+		t.Fatal(err)
 	}
 	out, err := exec.CommandContext(ctx, bin, "-n", "1000").CombinedOutput()
 	if err != nil {

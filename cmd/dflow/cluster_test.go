@@ -272,10 +272,9 @@ func TestExternalServer(t *testing.T) {
 		t.Skip("builds nats-server")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "nats-server")
-	build := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Skipf("cannot build nats-server: %v\n%s", err, out)
+	bin, err := testutil.Built(repoRoot, "github.com/nats-io/nats-server/v2", nil)
+	if err != nil {
+		t.Skipf("cannot build nats-server: %v", err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

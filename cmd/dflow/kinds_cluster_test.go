@@ -68,7 +68,11 @@ func TestKindsAcrossWorkers(t *testing.T) {
 			"--set", "stage.drafter.config.target=../../models/target.safetensors"},
 			outputs: map[string]string{"drafter": "drafter"}, model: true},
 		{name: "pretrain", args: []string{"../../specs/pretrain.hcl", "--var", "steps=24", "--var", "corpus=" + corpus, "--var", "seq_len=16", "--set", "stage.reader.config.batch_size=4",
-			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4"},
+			"--set", "stage.train.replicas=2", "--set", "stage.train.config.eval_batches=4",
+			// a model of 29 thousand values, not the spec's 840 thousand:
+			// each step's gradient crosses the race-built coordinator
+			"--set", "stage.train.config.d_model=32", "--set", "stage.train.config.layers=2",
+			"--set", "stage.train.config.heads=2", "--set", "stage.train.config.hidden=64"},
 			outputs: map[string]string{"train": "lm"}, model: true},
 	}
 	var mu sync.Mutex

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // readmeCommands returns the dflow command lines of the README's sh
@@ -174,17 +174,13 @@ func TestReadmeInstall(t *testing.T) {
 	}
 }
 
-var (
-	// installDir is where installed puts dflow: TestMain's, removed
-	// after the tests.
-	installDir  string
-	installOnce = sync.OnceValues(install)
-)
+var installOnce = sync.OnceValues(install)
 
 // installed returns dflow as the README's go install line builds it, as a
 // user's is: without the race detector. The tests whose cost is a model's
 // arithmetic (about 3 times slower under -race) run their workers with it.
-// It is built once, by the first test that asks.
+// It is built once, by the first test that asks, and linked only when the
+// build cache does not hold it yet (testutil.Built).
 func installed(t *testing.T) string {
 	t.Helper()
 	bin, err := installOnce()
@@ -211,11 +207,6 @@ func install() (string, error) {
 	if line == nil {
 		return "", errors.New("the README's commands have no go install of ./cmd/dflow")
 	}
-	cmd := exec.Command(line[0], line[1:]...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "GOBIN="+installDir)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%q: %v\n%s", line, err, out)
-	}
-	return filepath.Join(installDir, "dflow"), nil
+	// go install's flags, on go run's line (testutil.Built)
+	return testutil.Built(repoRoot, line[len(line)-1], nil, line[2:len(line)-1]...)
 }

@@ -43,12 +43,7 @@ func TestMain(m *testing.M) {
 	if repoRoot, err = filepath.Abs("../.."); err != nil {
 		panic(err)
 	}
-	if installDir, err = os.MkdirTemp("", "dflow-installed"); err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	os.RemoveAll(installDir)
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // repoRoot is the repository's root, absolute.
@@ -342,18 +337,20 @@ func TestEval(t *testing.T) {
 	}
 }
 
-// buildChecksum builds the example plugin once for the CLI tests.
+// buildChecksum builds the example plugin once for the CLI tests, and
+// links it under the name dflow looks for (a link: an executable this
+// process wrote could be busy for a child another test forks meanwhile).
 var buildChecksum = sync.OnceValues(func() (string, error) {
+	bin, err := testutil.Built(repoRoot, "./plugins/examples/checksum", nil)
+	if err != nil {
+		return "", err
+	}
 	dir, err := os.MkdirTemp("", "dflow-plugin-build")
 	if err != nil {
 		return "", err
 	}
 	path := filepath.Join(dir, "dflow-plugin-checksum")
-	out, err := exec.Command("go", "build", "-o", path, "../../plugins/examples/checksum").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("%v: %s", err, out)
-	}
-	return path, nil
+	return path, os.Symlink(bin, path)
 })
 
 const pluginSpec = `

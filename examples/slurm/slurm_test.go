@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // TestSlurmRecipe starts a Slurm of one node on localhost (slurmctld and
@@ -92,11 +94,9 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
 	// dflow itself, built without -race (the race detector is for the
 	// test's own code; the binary only has to be the one the docs run).
-	dflow := filepath.Join(dir, "dflow")
-	build := exec.Command("go", "build", "-o", dflow, "./cmd/dflow")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/dflow: %v\n%s", err, out)
+	dflow, err := testutil.Built("../..", "./cmd/dflow", nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	ctld := startDaemon(t, dir, env, bins["slurmctld"], "-D", "-i", "-f", conf)

@@ -2,6 +2,9 @@ package testutil
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +45,45 @@ func TestEventuallyMessage(t *testing.T) {
 	Eventually(f, time.Second, func() bool { return true }, "nothing")
 	if f.msg != "" {
 		t.Errorf("a condition that held failed: %q", f.msg)
+	}
+}
+
+// TestBuilt: a program built by Built runs, is built without the race
+// detector whatever the test's build, is the same file when asked again
+// (the build cache's, not linked anew), and a program that does not
+// compile is an error that says why.
+func TestBuilt(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs the go command")
+	}
+	dir := t.TempDir()
+	files := map[string]string{
+		"go.mod":      "module example.com/hello\n\ngo 1.22\n",
+		"main.go":     "package main\n\nimport (\n\t\"fmt\"\n\t\"runtime/debug\"\n)\n\nfunc main() {\n\tb, _ := debug.ReadBuildInfo()\n\tfor _, s := range b.Settings {\n\t\tif s.Key == \"-race\" {\n\t\t\tfmt.Print(\"race \")\n\t\t}\n\t}\n\tfmt.Print(\"hello\")\n}\n",
+		"bad/go.mod":  "module example.com/bad\n\ngo 1.22\n",
+		"bad/main.go": "package main\n\nfunc main() { undefined() }\n",
+	}
+	for name, text := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := []string{"GOWORK=off", "GOFLAGS=-mod=mod"}
+	bin, err := Built(dir, ".", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin).Output(); err != nil || string(out) != "hello" {
+		t.Errorf("%s: %q %v, want hello (and no -race)", bin, out, err)
+	}
+	if again, err := Built(dir, ".", env); err != nil || again != bin {
+		t.Errorf("asked again: %s %v, want the same file %s", again, err, bin)
+	}
+	if _, err := Built(filepath.Join(dir, "bad"), ".", env); err == nil || !strings.Contains(err.Error(), "undefined") {
+		t.Errorf("a program that does not compile: %v, want the compiler's words", err)
 	}
 }
