@@ -16,7 +16,6 @@ import (
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
-	"go.uber.org/goleak"
 )
 
 // TestMain makes this test binary a local cluster's worker when started
@@ -30,7 +29,7 @@ func TestMain(m *testing.M) {
 	testutil.RaceExitAtOnce()
 	// and fails the package's tests if a goroutine they started outlives
 	// them
-	goleak.VerifyTestMain(m)
+	testutil.Main(m)
 }
 
 // testWorker is `dflow worker` for the synthetic kinds: it joins, runs

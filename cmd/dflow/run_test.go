@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 	if repoRoot, err = filepath.Abs("../.."); err != nil {
 		panic(err)
 	}
-	os.Exit(m.Run())
+	testutil.Main(m)
 }
 
 // repoRoot is the repository's root, absolute.

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/internal/testutil"
-	"go.uber.org/goleak"
 )
 
 // TestMain runs 4 tests at a time even on 2 cores (most wait on leases,
@@ -14,5 +13,5 @@ import (
 // server must be gone once their test has cleaned up.
 func TestMain(m *testing.M) {
 	testutil.WaitingTests(4)
-	goleak.VerifyTestMain(m)
+	testutil.Main(m)
 }

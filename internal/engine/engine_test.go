@@ -15,10 +15,9 @@ import (
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 const seedLike = `
 stage "src" {

@@ -19,10 +19,9 @@ import (
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // seedSpec is specs/seed.hcl scaled down: 5 targets (5ms) on 3 drafters
 // (2.5ms) stepping together, 150 items.

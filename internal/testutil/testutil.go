@@ -1,6 +1,6 @@
 // Package testutil holds what the tests of several packages share: one
 // way to wait for a condition, instead of a poll loop written in each,
-// and one way to build a program a test runs.
+// one way to build a program a test runs, and one TestMain.
 package testutil
 
 import (
@@ -11,8 +11,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // Eventually polls cond until it holds, failing t (Fatalf) if it still
@@ -105,3 +108,23 @@ func Built(dir, pkg string, env []string, args ...string) (string, error) {
 	}
 	return "", fmt.Errorf("go %s (in %s) names no program that stays: is GOCACHE off?", strings.Join(line, " "), dir)
 }
+
+// Main is a package's TestMain: it runs the tests, fails the binary if a
+// goroutine they started is still running after them (goleak, with
+// opts), and exits with their code at once (Exit). The thread that
+// plugins/host starts plugins from lives as long as the process, by
+// design (plugins/host/proc_linux.go): it is no leak.
+func Main(m *testing.M, opts ...goleak.Option) {
+	opts = append(opts, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"), goleak.Cleanup(Exit))
+	goleak.VerifyTestMain(m, opts...)
+}
+
+// Exit ends a test binary with code as os.Exit does, without the second
+// the race runtime otherwise sleeps first (GORACE's atexit_sleep_ms) so
+// that goroutines still running may report a race: a race found while a
+// test ran has failed it already (the testing package checks after each
+// test, and code is not 0), and Main has just checked that no goroutine
+// is left to find one. go test runs two test binaries at a time on two
+// cores, and 34 of them: the seconds add up. Only a race in a goroutine
+// that a TestMain without goleak leaves running at exit is missed.
+func Exit(code int) { syscall.Exit(code) }

@@ -3,9 +3,9 @@ package lm
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/dflow-dev/dflow/internal/testutil"
 )
 
 // TestMain fails the package's tests if a goroutine they started
 // outlives them.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.Main(m) }

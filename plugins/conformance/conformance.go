@@ -26,7 +26,6 @@ import (
 	"github.com/dflow-dev/dflow/nodes/text"
 	"github.com/dflow-dev/dflow/plugins/host"
 	"github.com/dflow-dev/dflow/report"
-	"go.uber.org/goleak"
 )
 
 // Plugin is an implementation of the protocol under test: the executable
@@ -150,7 +149,7 @@ func Main(m *testing.M) {
 	if js := os.Getenv(asDflowEnv); js != "" {
 		os.Exit(asDflow(js))
 	}
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"))
+	testutil.Main(m)
 }
 
 // asDflow runs 2 replicas of the plugin's Pass, fed an item a

@@ -26,7 +26,6 @@ import (
 	"github.com/dflow-dev/dflow/report"
 	"github.com/hashicorp/go-plugin"
 	"github.com/zclconf/go-cty/cty"
-	"go.uber.org/goleak"
 )
 
 // TestMain re-runs the test binary as a plugin when DFLOW_TEST_PLUGIN
@@ -35,9 +34,7 @@ func TestMain(m *testing.M) {
 	switch os.Getenv("DFLOW_TEST_PLUGIN") {
 	case "":
 		testutil.RaceExitAtOnce()
-		// The thread that starts plugins lives as long as the process
-		// (proc_linux.go): by design, not a leak.
-		goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"))
+		testutil.Main(m) // which knows forkingThread for no leak
 	case "serve":
 		sdk.Serve(passKind, pickyKind, upperKind, oddKind, remakeKind, lateKind)
 	case "opaque":

@@ -26,16 +26,25 @@ import (
 // python is the interpreter the plugin runs with ($DFLOW_PYTHON, or
 // Debian's); the test skips without torch, grpcio, protobuf and numpy.
 func python(t *testing.T) {
+	py, err := checkPython()
+	if err != nil {
+		t.Skipf("%s lacks torch, grpcio, protobuf or numpy (Debian: python3-torch python3-grpcio python3-protobuf python3-numpy): %v", py, err)
+	}
+	t.Setenv("DFLOW_PYTHON", py)
+}
+
+// checkPython imports what the plugin needs, once for the test binary
+// (an import of torch costs about 2 s of CPU).
+var checkPython = sync.OnceValues(func() (string, error) {
 	py := os.Getenv("DFLOW_PYTHON")
 	if py == "" {
 		py = "/usr/bin/python3"
 	}
-	out, err := exec.Command(py, "-c", "import torch, grpc, google.protobuf, numpy").CombinedOutput()
-	if err != nil {
-		t.Skipf("%s lacks torch, grpcio, protobuf or numpy (Debian: python3-torch python3-grpcio python3-protobuf python3-numpy): %s", py, bytes.TrimSpace(out))
+	if out, err := exec.Command(py, "-c", "import torch, grpc, google.protobuf, numpy").CombinedOutput(); err != nil {
+		return py, fmt.Errorf("%v: %s", err, bytes.TrimSpace(out))
 	}
-	t.Setenv("DFLOW_PYTHON", py)
-}
+	return py, nil
+})
 
 type stderr struct {
 	mu sync.Mutex
