@@ -67,12 +67,13 @@ func TestLocalClusterSeed(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()
 			out := filepath.Join(t.TempDir(), "r.json")
+			// 120 items, not the seed's 300: each crosses race-built workers
 			code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "3", "--report", out, "--interval", "500ms",
-				"--set", "edge.hs.policy="+policy, "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+				"--var", "items=120", "--set", "edge.hs.policy="+policy, "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
 			if code != exitOK || !strings.Contains(stderr, "run ok") || !strings.Contains(stderr, "edge  hs         "+policy) {
 				t.Fatalf("code %d\n%s", code, stderr)
 			}
-			checkClusterReport(t, readReport(t, out), 300, 3)
+			checkClusterReport(t, readReport(t, out), 120, 3)
 		})
 	}
 }
@@ -83,12 +84,12 @@ func TestPlaceFlag(t *testing.T) {
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "r.json")
 	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "2", "--report", out, "--place", "drafter=local2",
-		"--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+		"--var", "items=120", "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
 	if code != exitOK || !strings.Contains(stderr, "drafter local2,local2,local2") {
 		t.Fatalf("code %d\n%s", code, stderr)
 	}
 	rep := readReport(t, out)
-	checkClusterReport(t, rep, 300, 2)
+	checkClusterReport(t, rep, 120, 2)
 	for _, r := range rep.Stages["drafter"].Replicas {
 		if r.Worker != "local2" {
 			t.Errorf("drafter[%d] ran on %s", r.Index, r.Worker)
@@ -264,7 +265,7 @@ func workersOf(t *testing.T, bin, url, token string, n int, extra ...string) []*
 }
 
 // TestExternalServer: the seed over three workers on a nats-server process
-// built from the module (go build github.com/nats-io/nats-server/v2), not
+// built from the module (github.com/nats-io/nats-server/v2, by testutil.Built), not
 // the embedded one.
 func TestExternalServer(t *testing.T) {
 	t.Parallel()
@@ -297,11 +298,11 @@ func TestExternalServer(t *testing.T) {
 	ws := workers(t, url, token, 3)
 	out := filepath.Join(dir, "r.json")
 	code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--cluster", url, "--token", token, "--workers", "3", "--report", out,
-		"--set", "edge.hs.policy=shared", "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
+		"--var", "items=120", "--set", "edge.hs.policy=shared", "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
 	if code != exitOK {
 		t.Fatalf("code %d\n%s\nworker 1:\n%s", code, stderr, ws[0].output())
 	}
-	checkClusterReport(t, readReport(t, out), 300, 3)
+	checkClusterReport(t, readReport(t, out), 120, 3)
 	for _, w := range ws {
 		w.cmd.Process.Signal(os.Interrupt)
 		w.wait(t, 10*time.Second)

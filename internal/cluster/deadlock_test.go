@@ -25,6 +25,7 @@ func TestDeadlockAcrossWorkers(t *testing.T) {
 	spec := writeSpec(t, "deadlock.hcl", plugintest.DeadlockSpec("synthetic_work"))
 	for _, workers := range []int{2, 3} {
 		t.Run(strings.Repeat("w", workers), func(t *testing.T) {
+			t.Parallel() // a cluster each
 			tc := startCluster(t, workers)
 			rep, c, err := tc.run(t, spec, workers)
 			var d *engine.Deadlock
