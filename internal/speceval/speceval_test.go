@@ -18,17 +18,7 @@ func TestEvaluator(t *testing.T) {
 	held := []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 40))
 	e := &Evaluator{Target: m, Layers: []int{0, 1}, Block: 4, Prompt: 16, Cycles: 5, Prompts: 3}
 	oracle := func(ctx []int32, anchor int32, _ []float32, n int) []int32 {
-		seq := append(append([]int32{}, ctx...), anchor)
-		var out []int32
-		for range n {
-			ws, _ := m.NewWorkspace(1, len(seq))
-			l := make([]float32, 256)
-			m.Backend().ToHost(l, ws.Forward(seq).Slice((len(seq)-1)*256, 256))
-			next := nn.Argmax(l)
-			out = append(out, next)
-			seq = append(seq, next)
-		}
-		return out
+		return greedy(m, ctx, anchor, n, func(next int32) int32 { return next })
 	}
 	tau, err := e.Tau(held, oracle)
 	if err != nil || tau != 4 {
@@ -70,20 +60,12 @@ func TestTauReusesTheVerifyPass(t *testing.T) {
 		n := 0
 		return func(ctx []int32, anchor int32, hidden []float32, k int) []int32 {
 			*calls = append(*calls, call{append([]int32{}, ctx...), anchor, append([]float32{}, hidden...)})
-			seq := append(append([]int32{}, ctx...), anchor)
-			var out []int32
-			for range k {
-				ws, _ := m.NewWorkspace(1, len(seq))
-				l := make([]float32, 256)
-				m.Backend().ToHost(l, ws.Forward(seq).Slice((len(seq)-1)*256, 256))
-				next := nn.Argmax(l)
+			return greedy(m, ctx, anchor, k, func(next int32) int32 {
 				if n++; n%3 == 0 {
-					next = 255
+					return 255
 				}
-				out = append(out, next)
-				seq = append(seq, next)
-			}
-			return out
+				return next
+			})
 		}
 	}
 	e := &Evaluator{Target: m, Layers: []int{0, 1}, Block: 4, Prompt: 16, Cycles: 20, Prompts: 3}
@@ -154,4 +136,20 @@ func tauTwoPasses(e *Evaluator, held []byte, propose Proposer) float64 {
 		}
 	}
 	return float64(accepted)/float64(cycles) + 1
+}
+
+// greedy drafts n tokens after ctx and anchor with the target's own
+// greedy choices, each passed through alter before it is drafted.
+func greedy(m *nn.Model, ctx []int32, anchor int32, n int, alter func(int32) int32) []int32 {
+	seq := append(append([]int32{}, ctx...), anchor)
+	var out []int32
+	l := make([]float32, m.Config.Vocab)
+	for range n {
+		ws, _ := m.NewWorkspace(1, len(seq))
+		m.Backend().ToHost(l, ws.Forward(seq).Slice((len(seq)-1)*m.Config.Vocab, m.Config.Vocab))
+		next := alter(nn.Argmax(l))
+		out = append(out, next)
+		seq = append(seq, next)
+	}
+	return out
 }
