@@ -151,8 +151,9 @@ func TestReadmeDflashCommands(t *testing.T) {
 
 // TestReadmeInstall: the README says how to get the dflow command the
 // docs type, and where it lands: its `go install` line, run as written
-// from the clone with GOBIN set to a folder of the test binary's
-// (installed), makes a dflow there that answers --version.
+// from the clone with GOBIN set to a folder of the test's, makes a dflow
+// there that answers --version (one link of dflow: the other tests' comes
+// from the build cache, installed).
 func TestReadmeInstall(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -167,7 +168,18 @@ func TestReadmeInstall(t *testing.T) {
 			t.Errorf("the README does not say where dflow lands: no %q", want)
 		}
 	}
-	bin := installed(t)
+	line, err := installLine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gobin := t.TempDir()
+	cmd := exec.Command(line[0], line[1:]...)
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), "GOBIN="+gobin)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%q: %v\n%s", line, err, out)
+	}
+	bin := filepath.Join(gobin, "dflow")
 	out, err := exec.Command(bin, "--version").Output()
 	if err != nil || !strings.HasPrefix(string(out), "dflow ") {
 		t.Errorf("%s --version: %v %q", bin, err, out)
@@ -176,11 +188,14 @@ func TestReadmeInstall(t *testing.T) {
 
 var installOnce = sync.OnceValues(install)
 
-// installed returns dflow as the README's go install line builds it, as a
-// user's is: without the race detector. The tests whose cost is a model's
-// arithmetic (about 3 times slower under -race) run their workers with it.
-// It is built once, by the first test that asks, and linked only when the
-// build cache does not hold it yet (testutil.Built).
+// installed returns dflow built with the README's go install line's
+// flags and package, as a user's is: without the race detector (and,
+// coming from go run's cache, without debug information or a VCS stamp,
+// which the tests do not read; TestReadmeInstall runs the line itself).
+// The tests whose cost is a model's arithmetic (about 3 times slower
+// under -race) run their workers with it. It is built once, by the first
+// test that asks, and linked only when the build cache does not hold it
+// yet (testutil.Built).
 func installed(t *testing.T) string {
 	t.Helper()
 	bin, err := installOnce()
@@ -191,9 +206,19 @@ func installed(t *testing.T) string {
 }
 
 func install() (string, error) {
-	blocks, err := readShBlocks(filepath.Join(repoRoot, "README.md"))
+	line, err := installLine()
 	if err != nil {
 		return "", err
+	}
+	// go install's flags, on go run's line (testutil.Built)
+	return testutil.Built(repoRoot, line[len(line)-1], nil, line[2:len(line)-1]...)
+}
+
+// installLine is the README's go install line of ./cmd/dflow, in words.
+func installLine() ([]string, error) {
+	blocks, err := readShBlocks(filepath.Join(repoRoot, "README.md"))
+	if err != nil {
+		return nil, err
 	}
 	var line []string
 	for _, b := range blocks {
@@ -205,8 +230,7 @@ func install() (string, error) {
 		}
 	}
 	if line == nil {
-		return "", errors.New("the README's commands have no go install of ./cmd/dflow")
+		return nil, errors.New("the README's commands have no go install of ./cmd/dflow")
 	}
-	// go install's flags, on go run's line (testutil.Built)
-	return testutil.Built(repoRoot, line[len(line)-1], nil, line[2:len(line)-1]...)
+	return line, nil
 }

@@ -39,18 +39,20 @@ func TestEvaluator(t *testing.T) {
 
 // TestTauReusesTheVerifyPass: Tau takes each cycle's anchor and hidden
 // states from the previous cycle's verify pass; a proposer gets what
-// running the target again over the accepted context gives, bit for bit,
-// across a window shifted to make room too (64 positions, 16 + 20 cycles
-// of up to 4), and the measure is the same.
+// running the target again over the accepted context gives, bit for bit
+// (on the CPU backend, whose sums at a position run in the same order
+// whatever the sequence's length), across a window shifted to make room
+// too (64 positions, 16 + 20 cycles of up to 4), and the measure is the
+// same.
 func TestTauReusesTheVerifyPass(t *testing.T) {
 	m, err := nn.NewModel(nn.Config{Vocab: 256, DModel: 16, Layers: 2, Heads: 2, Hidden: 24, MaxSeq: 64}, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
 	held := []byte(strings.Repeat("func main() { fmt.Println(\"hello\") }\n", 40))
-	// proposer drafts the target's own greedy tokens with every third
-	// one wrong, so that cycles accept 0 to 3, and records what it is
-	// given.
+	// proposer drafts the target's own greedy tokens with every fourth
+	// one wrong (3 a cycle: the cycles accept 3, 0, 1, 2 in turn), and
+	// records what it is given.
 	type call struct {
 		ctx    []int32
 		anchor int32
@@ -61,7 +63,7 @@ func TestTauReusesTheVerifyPass(t *testing.T) {
 		return func(ctx []int32, anchor int32, hidden []float32, k int) []int32 {
 			*calls = append(*calls, call{append([]int32{}, ctx...), anchor, append([]float32{}, hidden...)})
 			return greedy(m, ctx, anchor, k, func(next int32) int32 {
-				if n++; n%3 == 0 {
+				if n++; n%4 == 0 {
 					return 255
 				}
 				return next
@@ -74,8 +76,12 @@ func TestTauReusesTheVerifyPass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := tauTwoPasses(e, held, proposer(&want)); tau != w {
+	w, accepts := tauTwoPasses(e, held, proposer(&want))
+	if tau != w {
 		t.Errorf("tau %v, want %v (a forward pass per cycle)", tau, w)
+	}
+	if accepts[0] == 0 || accepts[e.Block-1] == 0 {
+		t.Errorf("cycles by drafts accepted %v: the comparison needs cycles that accept none and all", accepts)
 	}
 	if tau <= 1.5 || tau >= 4 {
 		t.Errorf("tau %v: the comparison needs cycles that accept some drafts and reject others", tau)
@@ -92,8 +98,10 @@ func TestTauReusesTheVerifyPass(t *testing.T) {
 }
 
 // tauTwoPasses is Tau as it was first written: a forward pass over the
-// context for the anchor, and another to verify, every cycle.
-func tauTwoPasses(e *Evaluator, held []byte, propose Proposer) float64 {
+// context for the anchor, and another to verify, every cycle. It also
+// counts the cycles by drafts accepted.
+func tauTwoPasses(e *Evaluator, held []byte, propose Proposer) (float64, map[int]int) {
+	accepts := map[int]int{}
 	c, be := e.Target.Config, e.Target.Backend()
 	row := make([]float32, c.Vocab)
 	argmax := func(logits nn.Buffer, pos int) int32 {
@@ -131,11 +139,12 @@ func tauTwoPasses(e *Evaluator, held []byte, propose Proposer) float64 {
 				a++
 			}
 			accepted += a
+			accepts[a]++
 			cycles++
 			ctx = append(append(ctx, anchor), draft[:a]...)
 		}
 	}
-	return float64(accepted)/float64(cycles) + 1
+	return float64(accepted)/float64(cycles) + 1, accepts
 }
 
 // greedy drafts n tokens after ctx and anchor with the target's own

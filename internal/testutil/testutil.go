@@ -79,34 +79,56 @@ func WaitingTests(n int) {
 	}
 }
 
-// Built returns the path of the program pkg, built in dir (and with env
-// added to the go command's) as go build builds it: without the race
-// detector, whatever the test binary's build. It comes from the build
-// cache, where go run keeps the programs it links, so that the same
-// program is linked once for every test binary and run that asks for it
-// (a link of dflow costs about 4 s of CPU), not once each. args come
-// before pkg on the go command's line (build flags).
+// Built returns the path of the program pkg, built in dir (with env
+// added to the go command's) without the race detector, whatever the
+// test binary's build or GOFLAGS say. It comes from the build cache,
+// where go run keeps the programs it links, so that the same program is
+// linked once for every test binary and run that asks for it (a link of
+// dflow costs about 4 s of CPU), not once each; such a program has no
+// debug information and no VCS stamp (go run's build). args come before
+// pkg on the go command's line (build flags).
 func Built(dir, pkg string, env []string, args ...string) (string, error) {
-	line := append(append([]string{"run", "-exec", "printf %s"}, args...), pkg)
+	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if runtime.GOROOT() == "" {
+		goCmd = "go"
+	}
+	env = append(append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS"))), env...)
+	run := func(line ...string) ([]byte, error) {
+		cmd := exec.Command(goCmd, line...)
+		cmd.Dir, cmd.Env = dir, env
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, fmt.Errorf("go %s (in %s): %v\n%s", strings.Join(line, " "), dir, err, stderr.String())
+		}
+		return out, nil
+	}
 	// The go command links a program it does not hold yet in a folder
 	// of its own, which it removes once the program (printf here) has
 	// run, and keeps the program in the cache: asked again, it names
 	// the cache's.
 	for range 2 {
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), line...)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), env...)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
+		out, err := run(append(append([]string{"run", "-exec", "printf %s"}, args...), pkg)...)
 		if err != nil {
-			return "", fmt.Errorf("go %s (in %s): %v\n%s", strings.Join(line, " "), dir, err, stderr.String())
+			return "", err
 		}
 		if _, err := os.Stat(string(out)); err == nil {
 			return string(out), nil
 		}
 	}
-	return "", fmt.Errorf("go %s (in %s) names no program that stays: is GOCACHE off?", strings.Join(line, " "), dir)
+	return "", fmt.Errorf("go run in %s names no program that stays in the build cache (a GOCACHEPROG cache keeps none): unset GOCACHEPROG for the tests", dir)
+}
+
+// withoutRace is GOFLAGS less -race.
+func withoutRace(goflags string) string {
+	var keep []string
+	for _, f := range strings.Fields(goflags) {
+		if f != "-race" && f != "-race=true" && f != "--race" {
+			keep = append(keep, f)
+		}
+	}
+	return strings.Join(keep, " ")
 }
 
 // Main is a package's TestMain: it runs the tests, fails the binary if a
@@ -124,7 +146,9 @@ func Main(m *testing.M, opts ...goleak.Option) {
 // that goroutines still running may report a race: a race found while a
 // test ran has failed it already (the testing package checks after each
 // test, and code is not 0), and Main has just checked that no goroutine
-// is left to find one. go test runs two test binaries at a time on two
-// cores, and 34 of them: the seconds add up. Only a race in a goroutine
-// that a TestMain without goleak leaves running at exit is missed.
+// the tests started is left. go test runs two test binaries at a time on
+// two cores, and 34 of them: the seconds add up. What is given up: a
+// race reported after the last test (in a goroutine that goleak waits
+// out as it ends, or in plugins/host's forking thread) prints its report
+// but no longer makes the binary exit 66.
 func Exit(code int) { syscall.Exit(code) }

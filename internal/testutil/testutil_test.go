@@ -87,3 +87,20 @@ func TestBuilt(t *testing.T) {
 		t.Errorf("a program that does not compile: %v, want the compiler's words", err)
 	}
 }
+
+// TestWithoutRace: Built's programs are built without -race whatever
+// GOFLAGS says, and with the rest of it.
+func TestWithoutRace(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"":                         "",
+		"-race":                    "",
+		"-mod=mod -race -trimpath": "-mod=mod -trimpath",
+		"-race=true -v":            "-v",
+		"-raceful":                 "-raceful",
+	} {
+		if got := withoutRace(in); got != want {
+			t.Errorf("withoutRace(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
