@@ -260,6 +260,15 @@ func TestDFlashLost(t *testing.T) {
 			// members' inputs end unevenly (14-15 steps for 36 batches,
 			// against 12 in one process); that every batch trained once
 			// is the check above.
+			// The measures before training, taken once: a lead restarted
+			// with the group's state does not take them again, and the
+			// report keeps its first incarnation's (the same as the
+			// undisturbed run's: the same drafter before any step).
+			for _, k := range []string{"acceptance_length_initial", "acceptance_length_ngram"} {
+				if got, want := rep.Stages["drafter"].Metrics[k], base.Stages["drafter"].Metrics[k]; got != want || want == 0 {
+					t.Errorf("%s %v, the undisturbed run's %v", k, got, want)
+				}
+			}
 			tau := rep.Stages["drafter"].Metrics["acceptance_length"]
 			if tau < 0.85*baseTau {
 				t.Errorf("acceptance length %.3f, more than 15%% below the undisturbed run's %.3f", tau, baseTau)

@@ -141,6 +141,9 @@ func TestPipeline(t *testing.T) {
 	if err != nil || after <= before || rep.Stages["drafter"].Metrics["step"] <= steps {
 		t.Errorf("resume: %v, steps %v then %v", err, steps, rep.Stages["drafter"].Metrics["step"])
 	}
+	if _, ok := rep.Stages["drafter"].Metrics["acceptance_length_initial"]; !ok {
+		t.Errorf("resume: acceptance before training not measured: %v", rep.Stages["drafter"].Metrics)
+	}
 }
 
 // TestTypeMismatch: tokens into a hidden_states port, and a drafter whose
@@ -297,5 +300,58 @@ func TestCheckpointOnDeadlock(t *testing.T) {
 	_, meta, lerr := nn.LoadDrafter(ckpt, wte.P("wte"), nil)
 	if lerr != nil || steps < 1 || meta["step"] != fmt.Sprint(steps) {
 		t.Fatalf("checkpoint: %v, meta %v, the run's last step %v", lerr, meta, steps)
+	}
+}
+
+// restoredGroup is a group whose Keep restores, as a cluster's group lost
+// whole before its first save does.
+type restoredGroup struct{ nodes.Group }
+
+func (restoredGroup) Keep(context.Context, nodes.State) error { return &nodes.Restore{Step: -1} }
+
+type restoredReplica struct{ nodes.Replica }
+
+func (r restoredReplica) Group() nodes.Group { return restoredGroup{r.Replica.Group()} }
+
+// TestRestartMeasuresNothingTwice: a lead restarted with its group's
+// state (here restored) does not measure acceptance before training
+// again (its first incarnation did, and the coordinator's report keeps
+// what it published); a lead that starts the run, or resumes a
+// checkpoint, does.
+func TestRestartMeasuresNothingTwice(t *testing.T) {
+	target, corpus, ckpt := fixture(t)
+	for _, restarted := range []bool{false, true} {
+		reg := registry()
+		if restarted {
+			s, _ := reg.Spec("drafter_train")
+			build := s.New
+			s.New = func(cfg *graph.Config) (nodes.Node, error) {
+				n, err := build(cfg)
+				if err != nil {
+					return nil, err
+				}
+				return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+					return n.Run(ctx, restoredReplica{r})
+				}), nil
+			}
+		}
+		src := strings.Replace(spec(corpus, target, ckpt, "2"), `eval_prompts  = 2`, "eval_prompts  = 2\n    overwrite = true", 1)
+		g, diags := (&graph.Loader{Catalog: reg}).Load("p.hcl", []byte(src))
+		if diags.HasErrors() {
+			t.Fatal(diags)
+		}
+		rep, err := engine.Run(context.Background(), g, engine.Options{Registry: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := rep.Stages["drafter"].Metrics
+		for _, k := range []string{"acceptance_length_initial", "acceptance_length_ngram"} {
+			if _, ok := m[k]; ok == restarted {
+				t.Errorf("restarted %v: metric %s measured %v, want %v: %v", restarted, k, ok, !restarted, m)
+			}
+		}
+		if _, ok := m["acceptance_length"]; !ok {
+			t.Errorf("restarted %v: no final acceptance_length: %v", restarted, m)
+		}
 	}
 }

@@ -183,17 +183,6 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 	defer group.Leave()
 	st.group = group
 	lead := r.Index() == 0
-	if lead && n.held != nil {
-		tau, err := n.tau(st.d)
-		if err != nil {
-			return err
-		}
-		metrics.Set("acceptance_length_initial", tau)
-		metrics.Set("acceptance_length", tau)
-		if nb, err := n.ngramTau(); err == nil {
-			metrics.Set("acceptance_length_ngram", nb)
-		}
-	}
 	// Checkpoints every so many steps are the group's saves: on a
 	// cluster, what it trained on is settled only once a save holds it,
 	// so a group lost whole restores its last save.
@@ -206,6 +195,7 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 	// A replica restarted elsewhere (a cluster's worker lost) takes the
 	// group's weights, optimizer state and step over here, or, the group
 	// lost whole, restores its last save.
+	began, restarted := st.step, false // a resumed checkpoint's step, or 0
 	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step, Batches: &st.batches}); err != nil {
 		var re *nodes.Restore
 		if !errors.As(err, &re) {
@@ -213,6 +203,21 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 		}
 		if err := n.restore(st, re.Step); err != nil {
 			return err
+		}
+		restarted = true
+	}
+	// The measures before training, once per run: a lead restarted on a
+	// cluster with the group's state (taken over or restored) has them
+	// from its first incarnation, which the coordinator's report keeps.
+	if lead && n.held != nil && !restarted && st.step == began {
+		tau, err := n.tau(st.d)
+		if err != nil {
+			return err
+		}
+		metrics.Set("acceptance_length_initial", tau)
+		metrics.Set("acceptance_length", tau)
+		if nb, err := n.ngramTau(); err == nil {
+			metrics.Set("acceptance_length_ngram", nb)
 		}
 	}
 	start, items := time.Now(), 0
