@@ -132,16 +132,15 @@ func withoutRace(goflags string) string {
 }
 
 // Main is a package's TestMain: it runs the tests, fails the binary if a
-// goroutine they started is still running after them (goleak, with
-// opts), and exits with their code at once (Exit). The thread that
-// plugins/host starts plugins from lives as long as the process, by
-// design (plugins/host/proc_linux.go): it is no leak.
-func Main(m *testing.M, opts ...goleak.Option) {
-	opts = append(opts, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"), goleak.Cleanup(Exit))
-	goleak.VerifyTestMain(m, opts...)
+// goroutine they started is still running after them (goleak), and exits
+// with their code at once (exit). The thread that plugins/host starts
+// plugins from lives as long as the process, by design
+// (plugins/host/proc_linux.go): it is no leak.
+func Main(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/dflow-dev/dflow/plugins/host.forkingThread"), goleak.Cleanup(exit))
 }
 
-// Exit ends a test binary with code as os.Exit does, without the second
+// exit ends a test binary with code as os.Exit does, without the second
 // the race runtime otherwise sleeps first (GORACE's atexit_sleep_ms) so
 // that goroutines still running may report a race: a race found while a
 // test ran has failed it already (the testing package checks after each
@@ -151,4 +150,4 @@ func Main(m *testing.M, opts ...goleak.Option) {
 // race reported after the last test (in a goroutine that goleak waits
 // out as it ends, or in plugins/host's forking thread) prints its report
 // but no longer makes the binary exit 66.
-func Exit(code int) { syscall.Exit(code) }
+func exit(code int) { syscall.Exit(code) }

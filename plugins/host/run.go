@@ -85,11 +85,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 			}()
 		}
 	}
-	// A Send that fails with io.EOF found the stream ended by the plugin's
-	// side: why it ended (a protocol error in what the plugin sent, its
-	// Done, its status) is the reader's to find, so the replica goes on to
-	// read. Only an error of dflow's own side ends it here.
-	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); err != nil && !errors.Is(err, io.EOF) {
+	if err := st.Send(&proto.Message{Msg: &proto.Message_Start{Start: start}}); sendFailed(err) {
 		return err
 	}
 	if startSent != nil {
@@ -114,6 +110,12 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	}
 	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, inputs, inTypes, outs.put))
 }
+
+// sendFailed says whether a Send's error is dflow's side's. A Send that
+// fails with io.EOF found the stream ended by the plugin's side: why it
+// ended (a protocol error in what the plugin sent, its Done, its status)
+// is the reader's to find and say, so the replica goes on to read.
+func sendFailed(err error) bool { return err != nil && !errors.Is(err, io.EOF) }
 
 // startSent, when set (by tests), runs once a replica's Start is on the
 // stream, before dflow grants the plugin credit on its outputs.
@@ -237,9 +239,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	go func() {
 		defer close(fed)
 		err := n.feed(sctx, r, st, locked, sh, q, inputs, inTypes, credits)
-		// io.EOF from a Send: the plugin's side ended the stream, which
-		// the reader below sees and explains.
-		if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) && sctx.Err() == nil {
+		if sendFailed(err) && !errors.Is(err, context.Canceled) && sctx.Err() == nil {
 			feedFailed.Store(&err)
 			cancel() // the stream, which the reader below then sees end
 		}
@@ -316,9 +316,9 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 				return errors.New(v.Done.Error)
 			}
 			if len(inputs) > 0 {
-				// Cancelled, or io.EOF from a Send the plugin's end of the
-				// stream met: either way the plugin's Done came first.
-				if err := <-sendErr; err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, io.EOF) {
+				// Cancelled, or the plugin's end of the stream met: either
+				// way the plugin's Done came first.
+				if err := <-sendErr; sendFailed(err) && !errors.Is(err, context.Canceled) {
 					return err
 				}
 			}
@@ -415,7 +415,7 @@ func newOutlets(ctx context.Context, r nodes.Replica, sh *shared, outputs map[st
 		p := &outlet{port: port, typ: typ, out: r.Out(port), ch: make(chan outItem, outletItems),
 			w: wire.Window{Items: outletItems, Bytes: outletBytes}}
 		first := p.w.Open(outletFirst)
-		if err := send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: first, Port: port}}}); err != nil && !errors.Is(err, io.EOF) {
+		if err := send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: first, Port: port}}}); sendFailed(err) {
 			o.cancel()
 			return nil, err
 		}
