@@ -141,6 +141,9 @@ func (lg *ledger) settle() error {
 		}
 		t.q.committed(t)
 		t.q.release(t.id, t.ref) // acked: its bytes' holder may drop them
+		if t.by != nil {
+			t.by.settledOne()
+		}
 	}
 	return lg.record(moved)
 }
@@ -166,6 +169,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		if err == nil {
 			tr.finish() // a failed item is not finished: the run fails anyway
 			tr.saved(^uint32(0))
+			tr.returned()
 		}
 		return err
 	})
@@ -203,7 +207,61 @@ type tracked struct {
 	round, last uint32
 	// local is its group's record where the group sums in this process
 	local *localGroup
+	// open counts what it took and is not yet settled; ok says it has
+	// returned without error (all it took is then finished); idle is
+	// closed once both hold, for the end of its output queues (ended)
+	open int
+	ok   bool
+	idle chan struct{}
 }
+
+// settledOne notes that an item it took is settled.
+func (t *tracked) settledOne() {
+	t.mu.Lock()
+	t.open--
+	t.wakeLocked()
+	t.mu.Unlock()
+}
+
+// returned notes that its Run returned without error.
+func (t *tracked) returned() {
+	t.mu.Lock()
+	t.ok = true
+	t.wakeLocked()
+	t.mu.Unlock()
+}
+
+func (t *tracked) wakeLocked() {
+	if t.ok && t.open == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
+	}
+}
+
+// ended is closed once the replica has returned without error and every
+// item it took is settled (nil if it failed: the share fails, and no
+// wait is owed). Its output queues' ends are written then, not before: a
+// replica whose every end is there has nothing left that could come back
+// to a restart, so a lost worker's finished replica is not restarted
+// (Coordinator.recover), and no item comes from it after the end its
+// consumers may already have ended on.
+func (t *tracked) ended() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ok {
+		return nil
+	}
+	if t.open == 0 {
+		return closedChan
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	return t.idle
+}
+
+// closedChan is a channel closed from the start.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Group is the replica's group, with the share's record of its rounds and
 // saves where it sums in this process.
@@ -334,6 +392,10 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		rec := t.l.claim(item)
 		t.mu.Lock()
 		t.cur, t.sent = rec, 0
+		if rec != nil {
+			rec.by = t
+			t.open++
+		}
 		drop := rec != nil && t.skip[rec.id]
 		if drop {
 			delete(t.skip, rec.id)

@@ -187,6 +187,7 @@ func (c *Coordinator) recover(in *instance) error {
 	// Whatever it still does, the share is over: told so, it stops keeping
 	// its items from redelivery (a worker that was only slow, say).
 	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
+	ended := c.endedOn(in)
 	c.mu.Lock()
 	c.lastLoss = time.Now()
 	c.markRan(in)
@@ -203,9 +204,15 @@ func (c *Coordinator) recover(in *instance) error {
 				continue
 			}
 			switch {
+			case ended[replicaKey{s.Name, i}]:
+				// its ends are written, so it had settled all it took
+				// (tracked.ended), and its consumers may have ended
+				// on them: run again, it could take an item another
+				// lost replica held and send it after its end
+				stay = append(stay, rep{s, i})
 			case c.restartable(s):
-				// done or not: a finished one may have left its last
-				// item unsettled, which comes back to its restart
+				// not seen ended: it may have left an item unsettled,
+				// which comes back to its restart
 				move = append(move, rep{s, i})
 				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
 				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
@@ -228,15 +235,16 @@ func (c *Coordinator) recover(in *instance) error {
 		return stateful
 	}
 	// A finished replica that stays where it was lost has sent all it
-	// will: its queues' end keys are written for it (its share wrote them
-	// only once all its producers there had returned).
+	// will.
+	var stayed []string
 	for _, r := range stay {
+		stayed = append(stayed, fmt.Sprintf("%s[%d]", r.s.Name, r.i))
 		if err := c.writeEnds(r.s, r.i); err != nil {
 			return fmt.Errorf("worker %s lost: stage %q replica %d had finished, but its end of input could not be recorded: %v", in.worker, r.s.Name, r.i, err)
 		}
 	}
 	if len(move) == 0 {
-		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished\n", in.worker, c.o.Timings.Lease)
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished (%s)\n", in.worker, c.o.Timings.Lease, strings.Join(stayed, ", "))
 		return nil
 	}
 	// A worker lost at the same time, not yet silent for a lease, may be
@@ -259,8 +267,12 @@ func (c *Coordinator) recover(in *instance) error {
 		delete(c.instances, failed)
 		c.instances[inst] = &instance{name: inst, worker: target}
 		c.mu.Unlock()
-		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s; its unfinished items are redelivered\n",
-			in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target)
+		finished := ""
+		if len(stayed) > 0 {
+			finished = " (" + strings.Join(stayed, ", ") + " had finished)"
+		}
+		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s%s; its unfinished items are redelivered\n",
+			in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target, finished)
 		err := c.startInstance(target, inst)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return err
@@ -271,8 +283,60 @@ func (c *Coordinator) recover(in *instance) error {
 	}
 }
 
-// writeEnds writes the end keys of replica i of s, a producer that has
-// finished, on every queue it feeds.
+// endedOn reads which restartable replicas placed on in had ended there
+// as producers: the end of every queue they feed is written, and every
+// such queue rides a stream (one in process on the lost worker has none).
+// A replica without outputs, or whose ends cannot be read, is not.
+func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
+	type queue struct{ ei, qi int }
+	feeds := map[replicaKey][]queue{}
+	c.mu.Lock()
+	for ei, e := range c.g.Edges {
+		s := e.From.Stage
+		if !c.restartable(s) {
+			continue
+		}
+		for qi, q := range e.Queues {
+			for _, p := range q.Producers {
+				if c.place[s.Name][p] != in.name {
+					continue
+				}
+				k := replicaKey{s.Name, p}
+				if !c.remote[e.Name][qi] {
+					feeds[k] = append(feeds[k], queue{-1, -1})
+					continue
+				}
+				feeds[k] = append(feeds[k], queue{ei, qi})
+			}
+		}
+	}
+	c.mu.Unlock()
+	if len(feeds) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	if err != nil {
+		return nil // restarted: what it left comes back to the restart
+	}
+	ended := map[replicaKey]bool{}
+	for k, qs := range feeds {
+		ended[k] = !slices.ContainsFunc(qs, func(q queue) bool {
+			if q.ei < 0 {
+				return true
+			}
+			_, err := kv.Get(ctx, keyEnd(q.ei, q.qi, k.i))
+			return err != nil
+		})
+	}
+	return ended
+}
+
+// writeEnds writes the end keys of replica i of s, a replica that has
+// finished, on every queue it feeds, and that it has gone on every queue
+// it reads (its share wrote those only once all its consumers there had
+// returned).
 func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -281,11 +345,13 @@ func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 		return err
 	}
 	for ei, e := range c.g.Edges {
-		if e.From.Stage != s {
-			continue
-		}
 		for qi, q := range e.Queues {
-			if slices.Contains(q.Producers, i) {
+			if e.To.Stage == s && slices.Contains(q.Consumers, i) {
+				if _, err := kv.Put(ctx, keyGone(ei, qi, i), []byte("coordinator")); err != nil {
+					return err
+				}
+			}
+			if e.From.Stage == s && slices.Contains(q.Producers, i) {
 				if _, err := kv.Put(ctx, keyEnd(ei, qi, i), []byte("coordinator")); err != nil {
 					return err
 				}

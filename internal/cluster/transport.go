@@ -879,7 +879,8 @@ func (q *jsQueue) release(id string, r *ref) {
 type taken struct {
 	q   *jsQueue
 	id  string
-	ref *ref // its bytes are on a data plane, released once acked
+	ref *ref     // its bytes are on a data plane, released once acked
+	by  *tracked // the replica that took it (nil: none followed)
 	// a resuming source's item (q nil): its replica's position, its index
 	pos *sourcePos
 	k   int64
@@ -1059,11 +1060,11 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	// A producer replica of this instance ends when it returns here: an
-	// end key there already is an earlier incarnation's (one that had
-	// finished when its worker was lost, restarted to settle what it
-	// left), and the consumer that took it would return while the
-	// restart still runs, which the engine counts as leaving its input
-	// unread.
+	// end key there already is an earlier incarnation's (one that wrote
+	// it after the coordinator read the ends of its lost worker: a
+	// worker only slow), and the consumer that took it would return
+	// while the restart still runs, which the engine counts as leaving
+	// its input unread.
 	if len(q.local) > 0 && !q.closed.Load() {
 		return false, nil
 	}
@@ -1142,6 +1143,9 @@ func (q *jsQueue) Close() {
 	if err := q.flush(); err != nil {
 		return // the share fails (answered): no end is written ahead of an item
 	}
+	if !q.producersSettled() {
+		return // aborted or lost meanwhile: not this share's end to write
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
@@ -1160,6 +1164,32 @@ func (q *jsQueue) Close() {
 		}
 	}
 	q.closed.Store(true)
+}
+
+// producersSettled waits until every followed producer replica of this
+// instance has settled all it took (tracked.ended), and reports false if
+// the share stopped or was aborted first.
+func (q *jsQueue) producersSettled() bool {
+	for _, p := range q.local {
+		q.l.pmu.Lock()
+		t := q.l.replicas[replicaKey{q.edge.From.Stage.Name, p}]
+		q.l.pmu.Unlock()
+		if t == nil {
+			continue
+		}
+		ended := t.ended()
+		if ended == nil {
+			continue // it failed: so does the share
+		}
+		select {
+		case <-ended:
+		case <-q.l.stop:
+			return false
+		case <-q.l.runCtx().Done():
+			return false
+		}
+	}
+	return !q.l.aborting()
 }
 
 // Depth is the stream's depth as last read: the messages it stores, at
