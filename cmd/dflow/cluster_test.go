@@ -394,17 +394,14 @@ func finishedSaid(log string) map[string]bool {
 
 // sinkGot polls the coordinator until the sink has n items.
 func sinkGot(c *cluster.Coordinator, n int64, within time.Duration) bool {
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		s := c.Snapshot()
-		for _, st := range s.Stages {
+	return testutil.Within(within, func() bool {
+		for _, st := range c.Snapshot().Stages {
 			if st.Name == "done" && len(st.Replicas) > 0 && st.Replicas[0].ItemsIn >= n {
 				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return false
+		return false
+	})
 }
 
 // TestWorkerKilled: a worker SIGKILLed mid-run. Its replicas are

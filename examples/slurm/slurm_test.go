@@ -102,22 +102,23 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 	ctld := startDaemon(t, dir, env, bins["slurmctld"], "-D", "-i", "-f", conf)
 	slurmd := startDaemon(t, dir, env, bins["slurmd"], "-D", "-N", "localhost", "-f", conf)
 	// The node is up once slurmctld counts it idle.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, _ := command(env, bins["scontrol"], "show", "node", "localhost", "-o").Output()
-		if bytes.Contains(out, []byte("State=IDLE")) {
-			break
-		}
+	var out []byte
+	var exited *daemon
+	idle := testutil.Within(30*time.Second, func() bool {
+		out, _ = command(env, bins["scontrol"], "show", "node", "localhost", "-o").Output()
 		for _, d := range []*daemon{ctld, slurmd} {
 			if d.exited() {
-				t.Skipf("Slurm cannot start here: %s exited: %s", filepath.Base(d.cmd.Path), d.log())
+				exited = d
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Skipf("Slurm cannot start here: the node is not idle within 30s (%s)\nslurmctld: %s\nslurmd: %s",
-				strings.TrimSpace(string(out)), ctld.log(), slurmd.log())
-		}
-		time.Sleep(100 * time.Millisecond)
+		return exited != nil || bytes.Contains(out, []byte("State=IDLE"))
+	})
+	switch {
+	case exited != nil:
+		t.Skipf("Slurm cannot start here: %s exited: %s", filepath.Base(exited.cmd.Path), exited.log())
+	case !idle:
+		t.Skipf("Slurm cannot start here: the node is not idle within 30s (%s)\nslurmctld: %s\nslurmd: %s",
+			strings.TrimSpace(string(out)), ctld.log(), slurmd.log())
 	}
 
 	recipe, err := filepath.Abs("dflow.sbatch")
@@ -359,15 +360,11 @@ func startMunge(t *testing.T, dir string) string {
 	startDaemon(t, mdir, os.Environ(), munged, "--foreground", "--force", "--socket="+sock,
 		"--key-file="+filepath.Join(mdir, "munge.key"), "--pid-file="+filepath.Join(mdir, "munged.pid"),
 		"--seed-file="+filepath.Join(mdir, "munged.seed"), "--log-file="+filepath.Join(mdir, "munged.log"))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Skipf("Slurm cannot start here: munged made no socket within 10s")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testutil.Within(10*time.Second, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	}) {
+		t.Skipf("Slurm cannot start here: munged made no socket within 10s")
 	}
 	return "AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket=" + sock + "\n"
 }
