@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/synthetic"
@@ -727,6 +728,71 @@ func TestEndAfterSettle(t *testing.T) {
 	}
 	if tr.open != 0 {
 		t.Errorf("%d items open after the settle, want 0", tr.open)
+	}
+}
+
+// TestRoomWithinBound: what a consumer's worker has delivered and not
+// acked is out of a queue's room, but the stream's own bound (backstop,
+// 52 here) counts it: a producer keeps within the bound whatever the room
+// says. The server applies acks on its own time, so a consumer that takes
+// fast leaves dozens of acked messages the stream still stores and counts
+// delivered; a producer that took that room was refused ("the stream
+// refused an item for room past its bound of 52", BenchmarkRemoteEdge's
+// 64B case, most runs). Here a consumer holds every message unacked: the
+// producer stops at the bound, unrefused, and goes on once they are acked.
+func TestRoomWithinBound(t *testing.T) {
+	t.Parallel()
+	srv, _ := testServer(t)
+	send, _, js, cleanup := edgePairCap(t, srv, "bound", 16)
+	defer cleanup()
+	q := send.(*jsQueue)
+	bound := backstop(q.edge)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n := bound + 8
+	errs := make(chan error, 1)
+	go func() {
+		for range n {
+			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- q.flush()
+	}()
+	cons, err := js.Consumer(ctx, streamEdge("bound", 0), consumerQueue(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []jetstream.Msg
+	take := func(max int) {
+		b, err := cons.Fetch(max, jetstream.FetchMaxWait(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			held = append(held, m)
+		}
+	}
+	if !testutil.Within(30*time.Second, func() bool {
+		take(bound - len(held))
+		return len(held) >= bound
+	}) {
+		t.Fatalf("the consumer holds %d messages, want the bound, %d", len(held), bound)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("the producer, at the bound: %v", err)
+	case <-time.After(500 * time.Millisecond): // it waits for room
+	}
+	for _, m := range held {
+		m.Ack()
+	}
+	for len(held) < n {
+		take(n - len(held))
+	}
+	if err := <-errs; err != nil {
+		t.Fatalf("the producer, once the consumer acked: %v", err)
 	}
 }
 

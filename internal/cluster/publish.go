@@ -91,6 +91,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 				credit += held
 			}
 		}
+		credit = min(credit, q.boundRoom(stored, under))
 		q.pmu.Lock()
 		q.credit = credit
 		q.pmu.Unlock()
@@ -126,6 +127,18 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			wait = min(2*wait, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
 		}
 	}
+}
+
+// boundRoom is what this share may still publish within the stream's own
+// bound (backstop), its part of it as one producer replica among the
+// queue's: the bound counts every message the stream stores, and the
+// server applies acks on its own time, behind the deliveries and the
+// publishes. A consumer that takes fast had dozens of acked messages the
+// stream still stored and counted delivered (so out of the room): the
+// room read said a capacity free while the store stood at its bound, and
+// the next publish was refused (BenchmarkRemoteEdge's 64B, most runs).
+func (q *jsQueue) boundRoom(stored, under int) int {
+	return (backstop(q.edge)-stored)*max(1, len(q.local))/max(1, len(q.producers)) - under
 }
 
 // maxRoomWait is the longest a sender on a full queue waits between two
