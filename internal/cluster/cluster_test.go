@@ -677,16 +677,11 @@ func TestEndWaitsForLocalRestart(t *testing.T) {
 	}
 }
 
-// TestEndAfterSettle: a followed producer's end is written only once
-// everything its replica took is settled, so that a lost worker's replica
-// whose every end is there has nothing that could come back to a restart
-// (endedOn). Written before (at the publishes' answers), a worker lost
-// between the end and the settle had its replica restarted, and a restart
-// that took an item another lost replica had held sent it after the end
-// its consumer had ended on: TestWorkerKilled's "two a second apart" at
-// 200 items failed 1 run in 6 with 'edge "hs" queue 0: stage "drafter"
-// returned with 1 items of stage "target" unread'.
-func TestEndAfterSettle(t *testing.T) {
+// TestSettledRecorded: a followed replica that has returned is recorded
+// settled (keySettled, the instance that ran it) only once everything it
+// took is settled, so that a lost worker's replica recorded so has nothing
+// that could come back to a restart (endedOn).
+func TestSettledRecorded(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
 	js, _ := newJS(nc)
@@ -696,38 +691,68 @@ func TestEndAfterSettle(t *testing.T) {
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
 	l.start() // the ledger settles
-	in, out := l.For(g.Edges[0], 0).(*jsQueue), l.For(g.Edges[1], 0).(*jsQueue)
+	in := l.For(g.Edges[0], 0).(*jsQueue)
 	tr := &tracked{l: l}
-	l.replicas[replicaKey{"work", 0}] = tr
 	tk := &taken{q: in, id: "in-1", by: tr}
-	tr.open = 1 // taken, and what it sent answered, but not yet finished
+	tr.open = 1 // taken, not yet finished
 	tr.returned()
-	closed := make(chan struct{})
-	go func() {
-		defer close(closed)
-		out.Close()
-	}()
+	l.wg.Add(1)
+	go l.recordSettled(keySettled(1, 0), tr)
 	ctx := context.Background()
-	ended := func() bool {
-		_, err := l.ends.Get(ctx, keyEnd(1, 0, 0))
-		return err == nil
+	settled := func() string {
+		e, err := l.ends.Get(ctx, keySettled(1, 0))
+		if err != nil {
+			return ""
+		}
+		return string(e.Value())
 	}
-	select {
-	case <-closed:
-		t.Fatalf("the output queue closed (end written: %v) while its producer's input was unsettled", ended())
-	case <-time.After(500 * time.Millisecond):
+	if testutil.Within(500*time.Millisecond, func() bool { return settled() != "" }) {
+		t.Fatalf("recorded settled (%q) with an item unsettled", settled())
 	}
 	tk.finish(l.ledger) // settled now: acked, flushed
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the output queue did not close once its producer's input was settled")
+	if !testutil.Within(10*time.Second, func() bool { return settled() == "w2" }) {
+		t.Fatalf("not recorded settled by w2 once its item was: %q", settled())
 	}
-	if !ended() {
-		t.Error("no end written once the producer's input was settled")
+}
+
+// TestFinishedReplicaStays: a lost worker's replica of a restartable
+// stage stays finished only where that worker recorded it settled; one
+// that feeds a queue in process there, or recorded by another instance
+// (an earlier incarnation's, on a worker only slow), is restarted, and so
+// is every replica on the worker of a stage with no group across workers
+// unless all of them had finished.
+func TestFinishedReplicaStays(t *testing.T) {
+	t.Parallel()
+	nc := serverConn(t)
+	js, _ := newJS(nc)
+	g := chain(t, 3)
+	job := &Job{Run: "stays", Remote: map[string][]bool{"a": {true}, "b": {true}},
+		Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w2", "w2"}, "sink": {"w3"}}}
+	setUp(t, js, job, g)
+	l := shareOf(t, nc, js, job, g, "w2")
+	ctx := context.Background()
+	for i, by := range []string{"", "w2", "w9"} { // work[0] not settled, work[2] by another
+		if by != "" {
+			if _, err := l.ends.Put(ctx, keySettled(1, i), []byte(by)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if tr.open != 0 {
-		t.Errorf("%d items open after the settle, want 0", tr.open)
+	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote, place: job.Place,
+		groups: map[string]*groupHost{"work": {}}}
+	want := map[replicaKey]bool{{"work", 0}: false, {"work", 1}: true, {"work", 2}: false, {"sink", 0}: false}
+	c.place["sink"] = []string{"w2"}
+	if got := c.endedOn(&instance{name: "w2"}); !maps.Equal(got, want) {
+		t.Errorf("ended on w2: %v, want %v", got, want)
+	}
+	c.groups = nil // no group across workers: work[1] would be one apart from work[0] and [2]
+	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
+		t.Errorf("ended on w2 with no group host: %v, want every work replica restarted", got)
+	}
+	c.groups = map[string]*groupHost{"work": {}}
+	c.remote = map[string][]bool{"a": {true}, "b": {false}} // b in process on the lost worker
+	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
+		t.Errorf("ended on w2 with its output in process: %v, want work[1] restarted", got)
 	}
 }
 
@@ -793,35 +818,6 @@ func TestRoomWithinBound(t *testing.T) {
 	}
 	if err := <-errs; err != nil {
 		t.Fatalf("the producer, once the consumer acked: %v", err)
-	}
-}
-
-// TestFinishedReplicaStays: a lost worker's replica of a restartable
-// stage is restarted unless the end of every queue it feeds is written
-// (it had finished and settled all it took); one that feeds a queue in
-// process on the lost worker (no end written there) is restarted.
-func TestFinishedReplicaStays(t *testing.T) {
-	t.Parallel()
-	nc := serverConn(t)
-	js, _ := newJS(nc)
-	g := chain(t, 3)
-	job := &Job{Run: "stays", Remote: map[string][]bool{"a": {true}, "b": {true}},
-		Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w2", "w3"}, "sink": {"w3"}}}
-	setUp(t, js, job, g)
-	l := shareOf(t, nc, js, job, g, "w2")
-	ctx := context.Background()
-	if _, err := l.ends.Put(ctx, keyEnd(1, 0, 1), []byte("w2")); err != nil { // work[1] ended, work[0] did not
-		t.Fatal(err)
-	}
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote, place: job.Place}
-	got := c.endedOn(&instance{name: "w2"})
-	want := map[replicaKey]bool{{"work", 0}: false, {"work", 1}: true}
-	if !maps.Equal(got, want) {
-		t.Errorf("ended on w2: %v, want %v", got, want)
-	}
-	c.remote = map[string][]bool{"a": {true}, "b": {false}} // b in process on the lost worker
-	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
-		t.Errorf("ended on w2 with its output in process: %v, want work[1] restarted", got)
 	}
 }
 

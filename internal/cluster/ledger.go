@@ -170,6 +170,8 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 			tr.finish() // a failed item is not finished: the run fails anyway
 			tr.saved(^uint32(0))
 			tr.returned()
+			l.wg.Add(1)
+			go l.recordSettled(keySettled(stageIndex(l.g, s), r.Index()), tr)
 		}
 		return err
 	})
@@ -239,12 +241,7 @@ func (t *tracked) wakeLocked() {
 }
 
 // ended is closed once the replica has returned without error and every
-// item it took is settled (nil if it failed: the share fails, and no
-// wait is owed). Its output queues' ends are written then, not before: a
-// replica whose every end is there has nothing left that could come back
-// to a restart, so a lost worker's finished replica is not restarted
-// (Coordinator.recover), and no item comes from it after the end its
-// consumers may already have ended on.
+// item it took is settled (nil if it failed).
 func (t *tracked) ended() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -258,6 +255,42 @@ func (t *tracked) ended() <-chan struct{} {
 		t.idle = make(chan struct{})
 	}
 	return t.idle
+}
+
+// recordSettled writes key (keySettled) once replica t has returned and
+// settled everything it took: such a replica has nothing
+// left that could come back to a restart, so a lost worker's finished
+// replica is not run again (Coordinator.recover). Run again, it could take
+// an item that another lost replica held (a shared input's) and send it
+// after the end its consumers may have ended on. The settle can wait long
+// after the end (a large item's input settles once its consumer has its
+// bytes, and a stage that saves releases them at a save), so it is
+// written on its own, not before the end. A share that stops or is
+// aborted first writes nothing: its replica restarts, as one not settled.
+func (l *links) recordSettled(key string, t *tracked) {
+	defer l.wg.Done()
+	select {
+	case <-t.ended():
+	case <-l.stop:
+		return
+	case <-l.runCtx().Done():
+		return
+	}
+	if l.aborting() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.runCtx(), 10*time.Second)
+	defer cancel()
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if _, err := l.ends.Put(ctx, key, []byte(l.instance)); err == nil || ctx.Err() != nil {
+			return // not written: the replica restarts if its worker is lost
+		}
+		select {
+		case <-time.After(wait):
+		case <-l.stop:
+			return
+		}
+	}
 }
 
 // closedChan is a channel closed from the start.

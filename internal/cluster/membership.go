@@ -283,52 +283,66 @@ func (c *Coordinator) recover(in *instance) error {
 	}
 }
 
-// endedOn reads which restartable replicas placed on in had ended there
-// as producers: the end of every queue they feed is written, and every
-// such queue rides a stream (one in process on the lost worker has none).
-// A replica without outputs, or whose ends cannot be read, is not.
+// endedOn reads which restartable replicas placed on in had finished
+// there: returned, with everything they took settled (keySettled, written
+// by in itself), so that nothing of theirs can come back to a restart. Not
+// one that feeds a queue in process on the lost worker (its consumer is
+// gone with it), and, where a stage has no group across workers, none of
+// its replicas on in unless all of them had finished (those that stayed
+// and those that moved would be a group spread over two workers, with no
+// host). What cannot be read is not finished: restarted, as before.
 func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
-	type queue struct{ ei, qi int }
-	feeds := map[replicaKey][]queue{}
+	type rep struct {
+		si, i int
+		s     *graph.Stage
+	}
+	var reps []rep
+	local := map[replicaKey]bool{} // feeds a queue in process
+	hosted := map[string]bool{}
 	c.mu.Lock()
-	for ei, e := range c.g.Edges {
-		s := e.From.Stage
+	for si, s := range c.g.Stages {
 		if !c.restartable(s) {
 			continue
 		}
+		hosted[s.Name] = c.groups[s.Name] != nil
+		for i, p := range c.place[s.Name] {
+			if p == in.name {
+				reps = append(reps, rep{si, i, s})
+			}
+		}
+	}
+	for _, e := range c.g.Edges {
 		for qi, q := range e.Queues {
+			if c.remote[e.Name][qi] {
+				continue
+			}
 			for _, p := range q.Producers {
-				if c.place[s.Name][p] != in.name {
-					continue
-				}
-				k := replicaKey{s.Name, p}
-				if !c.remote[e.Name][qi] {
-					feeds[k] = append(feeds[k], queue{-1, -1})
-					continue
-				}
-				feeds[k] = append(feeds[k], queue{ei, qi})
+				local[replicaKey{e.From.Stage.Name, p}] = true
 			}
 		}
 	}
 	c.mu.Unlock()
-	if len(feeds) == 0 {
+	if len(reps) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
 	if err != nil {
-		return nil // restarted: what it left comes back to the restart
+		return nil
 	}
 	ended := map[replicaKey]bool{}
-	for k, qs := range feeds {
-		ended[k] = !slices.ContainsFunc(qs, func(q queue) bool {
-			if q.ei < 0 {
-				return true
-			}
-			_, err := kv.Get(ctx, keyEnd(q.ei, q.qi, k.i))
-			return err != nil
-		})
+	partial := map[string]bool{} // a stage with a replica on in that had not finished
+	for _, r := range reps {
+		k := replicaKey{r.s.Name, r.i}
+		e, err := kv.Get(ctx, keySettled(r.si, r.i))
+		ended[k] = err == nil && string(e.Value()) == in.name && !local[k]
+		partial[r.s.Name] = partial[r.s.Name] || !ended[k]
+	}
+	for k := range ended {
+		if partial[k.stage] && !hosted[k.stage] {
+			ended[k] = false
+		}
 	}
 	return ended
 }

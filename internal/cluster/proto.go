@@ -95,6 +95,13 @@ func keyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }
 
+// keySettled says replica i of stage si, a followed one, has returned and
+// everything it took is settled (tracked.ended); its value is the
+// instance that ran it.
+func keySettled(si, i int) string {
+	return fmt.Sprintf("s%d.r%d.settled", si, i)
+}
+
 // keyGone says a consumer replica of a queue has returned.
 func keyGone(e, q, consumer int) string {
 	return fmt.Sprintf("e%d.q%d.c%d", e, q, consumer)

@@ -130,7 +130,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 }
 
 // boundRoom is what this share may still publish within the stream's own
-// bound (backstop), its part of it as one producer replica among the
+// bound (backstop; setupRun), its part of it as one producer replica among the
 // queue's: the bound counts every message the stream stores, and the
 // server applies acks on its own time, behind the deliveries and the
 // publishes. A consumer that takes fast had dozens of acked messages the
@@ -138,7 +138,14 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 // room read said a capacity free while the store stood at its bound, and
 // the next publish was refused (BenchmarkRemoteEdge's 64B, most runs).
 func (q *jsQueue) boundRoom(stored, under int) int {
-	return (backstop(q.edge)-stored)*max(1, len(q.local))/max(1, len(q.producers)) - under
+	q.pmu.Lock()
+	s := q.pstream
+	q.pmu.Unlock()
+	bound := backstop(q.edge)
+	if s != nil { // read with stored: the stream's own, none to speak of where a stage holds its inputs for a save
+		bound = int(min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30))
+	}
+	return (bound-stored)*max(1, len(q.local))/max(1, len(q.producers)) - under
 }
 
 // maxRoomWait is the longest a sender on a full queue waits between two

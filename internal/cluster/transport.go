@@ -400,6 +400,15 @@ func (l *links) queueList() []*jsQueue {
 	return append([]*jsQueue(nil), l.queues...)
 }
 
+func stageIndex(g *graph.Graph, s *graph.Stage) int {
+	for i, gs := range g.Stages {
+		if gs == s || gs.Name == s.Name {
+			return i
+		}
+	}
+	return -1
+}
+
 func edgeIndex(g *graph.Graph, e *graph.Edge) int {
 	for i, ge := range g.Edges {
 		if ge == e || ge.Name == e.Name {
@@ -1143,9 +1152,6 @@ func (q *jsQueue) Close() {
 	if err := q.flush(); err != nil {
 		return // the share fails (answered): no end is written ahead of an item
 	}
-	if !q.producersSettled() {
-		return // aborted or lost meanwhile: not this share's end to write
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
@@ -1164,32 +1170,6 @@ func (q *jsQueue) Close() {
 		}
 	}
 	q.closed.Store(true)
-}
-
-// producersSettled waits until every followed producer replica of this
-// instance has settled all it took (tracked.ended), and reports false if
-// the share stopped or was aborted first.
-func (q *jsQueue) producersSettled() bool {
-	for _, p := range q.local {
-		q.l.pmu.Lock()
-		t := q.l.replicas[replicaKey{q.edge.From.Stage.Name, p}]
-		q.l.pmu.Unlock()
-		if t == nil {
-			continue
-		}
-		ended := t.ended()
-		if ended == nil {
-			continue // it failed: so does the share
-		}
-		select {
-		case <-ended:
-		case <-q.l.stop:
-			return false
-		case <-q.l.runCtx().Done():
-			return false
-		}
-	}
-	return !q.l.aborting()
 }
 
 // Depth is the stream's depth as last read: the messages it stores, at
