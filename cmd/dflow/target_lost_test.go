@@ -135,18 +135,27 @@ func TestDFlashLost(t *testing.T) {
 		after    int64
 		saved    int
 		together bool // the workers killed at once
-		sets     []string
-		said     string // what the coordinator says, a regular expression
+		// threshold, if set, is the size past which an item's bytes go
+		// on the data plane (256 KiB by default; a hidden-state batch
+		// here is about 190 KiB)
+		threshold int
+		sets      []string
+		said      string // what the coordinator says, a regular expression
 	}{
-		{name: "two lost", pin: map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, kill: []int{1, 2}},
+		// the hidden states on the data plane: the targets' worker, lost,
+		// held the bytes of what it had sent; sent again, the restarts'
+		// copies stand in for them
+		{name: "two lost", pin: map[string][]string{"reader": {"w1"}, "target": {"w2"}, "drafter": {"w1", "w2", "w3"}}, kill: []int{1, 2}, threshold: 64 << 10},
 		// early, while the reader has most of its batches to send
 		{name: "reader", pin: map[string][]string{"reader": {"w2"}, "target": {"w1", "w3"}, "drafter": {"w1", "w3"}}, kill: []int{1}, at: "reader", after: 8},
 		// the drafters on w2 and w3, both lost at once once the
 		// coordinator holds the save of step 4 (or of step 8, where the
 		// kill lands late): the group restores it on w1 and trains again
 		// on what came after it
+		// (and the hidden states on the data plane: a drafter that saves
+		// releases their bytes for good only at a save)
 		{name: "drafters whole", pin: map[string][]string{"reader": {"w1"}, "target": {"w1", "w3"}, "drafter": {"w2", "w3"}}, kill: []int{1, 2},
-			together: true, saved: 4, sets: []string{"stage.drafter.config.checkpoint_every=4"},
+			together: true, saved: 4, sets: []string{"stage.drafter.config.checkpoint_every=4"}, threshold: 64 << 10,
 			said: `stage "drafter" lost every member of its group: its restarts restore its last save \(step [48];`},
 		// every drafter on w2, summing in its process, lost after the
 		// save of step 4 (or 8): the share had told the coordinator of the save,
@@ -171,7 +180,7 @@ func TestDFlashLost(t *testing.T) {
 			defer nc.Close()
 			c, err := cluster.NewCoordinator(context.Background(), cluster.CoordOptions{
 				Conn: nc, Graph: g, Workers: 3, Registry: e.registry,
-				Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets},
+				Job:      cluster.Job{Filename: file, Src: src, Vars: vars, Sets: sets, DataThreshold: tc.threshold},
 				Interval: 200 * time.Millisecond, Log: e.stderr, Pin: tc.pin,
 				// a lease past what a worker of a loaded machine may miss
 				Timings: cluster.Timings{Lease: 6 * time.Second, AckWait: 3 * time.Second},
