@@ -899,6 +899,7 @@ type taken struct {
 	mu       sync.Mutex
 	under    int  // publishes derived from it, unanswered
 	finished bool // its replica has asked for the next item, or returned
+	queued   bool // handed to the ledger: once, whatever a node does
 }
 
 // derive notes a publish of an item sent from t, under way.
@@ -913,7 +914,8 @@ func (t *taken) derive() {
 func (t *taken) answered(lg *ledger) {
 	t.mu.Lock()
 	t.under--
-	settle := t.under == 0 && t.finished
+	settle := t.under == 0 && t.finished && !t.queued
+	t.queued = t.queued || settle
 	t.mu.Unlock()
 	if settle {
 		lg.done(t)
@@ -925,7 +927,8 @@ func (t *taken) answered(lg *ledger) {
 func (t *taken) finish(lg *ledger) {
 	t.mu.Lock()
 	t.finished = true
-	settle := t.under == 0
+	settle := t.under == 0 && !t.queued
+	t.queued = t.queued || settle
 	t.mu.Unlock()
 	if settle {
 		lg.done(t)
