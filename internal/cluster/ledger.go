@@ -211,7 +211,8 @@ type tracked struct {
 	local *localGroup
 	// open counts what it took and is not yet settled; ok says it has
 	// returned without error (all it took is then finished); idle is
-	// closed once both hold, for the end of its output queues (ended)
+	// closed once it has returned so and nothing is open, for its
+	// record of that (recordSettled)
 	open int
 	ok   bool
 	idle chan struct{}
@@ -258,8 +259,8 @@ func (t *tracked) ended() <-chan struct{} {
 }
 
 // recordSettled writes key (keySettled) once replica t has returned and
-// settled everything it took: such a replica has nothing
-// left that could come back to a restart, so a lost worker's finished
+// settled everything it took: such a replica has nothing left that could
+// come back to a restart, so a lost worker's finished
 // replica is not run again (Coordinator.recover). Run again, it could take
 // an item that another lost replica held (a shared input's) and send it
 // after the end its consumers may have ended on. The settle can wait long

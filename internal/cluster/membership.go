@@ -205,14 +205,14 @@ func (c *Coordinator) recover(in *instance) error {
 			}
 			switch {
 			case ended[replicaKey{s.Name, i}]:
-				// its ends are written, so it had settled all it took
-				// (tracked.ended), and its consumers may have ended
-				// on them: run again, it could take an item another
+				// its worker recorded it settled (endedOn): nothing of
+				// it can come back, and its consumers may have ended on
+				// its ends; run again, it could take an item another
 				// lost replica held and send it after its end
 				stay = append(stay, rep{s, i})
 			case c.restartable(s):
-				// not seen ended: it may have left an item unsettled,
-				// which comes back to its restart
+				// done or not: not recorded settled, it may have left
+				// an item unsettled, which comes back to its restart
 				move = append(move, rep{s, i})
 				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
 				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
