@@ -38,6 +38,11 @@ import (
 //     worker lost before that has its input redelivered to the share that
 //     takes over, which does it again: nothing is lost, and what it sends
 //     again is dropped;
+//   - a followed replica that has returned is recorded settled once all
+//     it took is (recordSettled); a lost worker's replica recorded so is
+//     not run again (Coordinator.recover, endedOn): nothing of it can come
+//     back, and run again it could take another lost replica's item from
+//     a shared input and send it after the end its consumers ended on;
 //   - on an edge of several queues that a restartable stage sends on,
 //     every queue rides the stream (remoteQueues), so a duplicate is
 //     dropped even where the replica that sends it again feeds another
