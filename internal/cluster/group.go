@@ -445,6 +445,17 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 	return h.members == 0
 }
 
+// leftLost records a member that had finished on share, counted lost, and
+// that stays finished (not restarted): the share is gone, and the member
+// has left, if its leave never came (a failed Leave is not the replica's
+// error), so that no round waits for it.
+func (h *groupHost) leftLost(replica int, share string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.gone[share] = true
+	h.leaveLocked(replica)
+}
+
 // dropLocked takes what replica sent for the round under way out of it.
 func (h *groupHost) dropLocked(replica int) {
 	delete(h.partial, replica) // a vector it did not finish adds nothing

@@ -663,3 +663,16 @@ func TestVectorWire(t *testing.T) {
 		}
 	}
 }
+
+// TestLeftLost: a member that had finished on a lost worker, and stays
+// finished, has left its group even where its leave never came, once: no
+// round waits for it, and its share is gone.
+func TestLeftLost(t *testing.T) {
+	t.Parallel()
+	h := newGroupHost("drafter", 3, 1<<20, false)
+	h.leftLost(2, "w3")
+	h.leftLost(2, "w3") // its leave came after all, or a second word of the loss
+	if !h.left[2] || h.members != 2 || !h.gone["w3"] {
+		t.Errorf("left %v, members %d, gone %v; want replica 2 left, 2 members, w3 gone", h.left, h.members, h.gone)
+	}
+}

@@ -210,6 +210,9 @@ func (c *Coordinator) recover(in *instance) error {
 				// its ends; run again, it could take an item another
 				// lost replica held and send it after its end
 				stay = append(stay, rep{s, i})
+				if h := c.groups[s.Name]; h != nil {
+					h.leftLost(i, in.name)
+				}
 			case c.restartable(s):
 				// done or not: not recorded settled, it may have left
 				// an item unsettled, which comes back to its restart
