@@ -716,7 +716,8 @@ func TestSettledRecorded(t *testing.T) {
 }
 
 // TestFinishedReplicaStays: a lost worker's replica of a restartable
-// stage stays finished only where that worker recorded it settled; one
+// stage stays finished only where that worker recorded it settled and its
+// last snapshot had it done; one
 // that feeds a queue in process there, or recorded by another instance
 // (an earlier incarnation's, on a worker only slow), is restarted, and so
 // is every replica on the worker of a stage with no group across workers
@@ -742,16 +743,28 @@ func TestFinishedReplicaStays(t *testing.T) {
 		groups: map[string]*groupHost{"work": {}}}
 	want := map[replicaKey]bool{{"work", 0}: false, {"work", 1}: true, {"work", 2}: false, {"sink", 0}: false}
 	c.place["sink"] = []string{"w2"}
-	if got := c.endedOn(&instance{name: "w2"}); !maps.Equal(got, want) {
+	done := func(work ...bool) *instance { // w2, as its last snapshot had its work replicas
+		var reps []report.ReplicaSnapshot
+		for _, d := range work {
+			reps = append(reps, report.ReplicaSnapshot{Done: d})
+		}
+		return &instance{name: "w2", last: &report.Snapshot{Stages: []report.StageSnapshot{{Name: "work", Replicas: reps}}}}
+	}
+	if got := c.endedOn(done(true, true, true)); !maps.Equal(got, want) {
 		t.Errorf("ended on w2: %v, want %v", got, want)
 	}
+	// recorded settled after the last snapshot: the figures and the
+	// deadlock watch would not have its end
+	if got := c.endedOn(done(true, false, true)); got[replicaKey{"work", 1}] {
+		t.Errorf("ended on w2, not done in its last snapshot: %v, want work[1] restarted", got)
+	}
 	c.groups = nil // no group across workers: work[1] would be one apart from work[0] and [2]
-	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
+	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
 		t.Errorf("ended on w2 with no group host: %v, want every work replica restarted", got)
 	}
 	c.groups = map[string]*groupHost{"work": {}}
 	c.remote = map[string][]bool{"a": {true}, "b": {false}} // b in process on the lost worker
-	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
+	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
 		t.Errorf("ended on w2 with its output in process: %v, want work[1] restarted", got)
 	}
 }

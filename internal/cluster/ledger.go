@@ -175,8 +175,12 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 			tr.finish() // a failed item is not finished: the run fails anyway
 			tr.saved(^uint32(0))
 			tr.returned()
-			l.wg.Add(1)
-			go l.recordSettled(keySettled(stageIndex(l.g, s), r.Index()), tr)
+			l.mu.Lock()
+			if !l.closing { // a replica that outlived the share's end (its Grace) records nothing
+				l.wg.Add(1)
+				go l.recordSettled(keySettled(stageIndex(l.g, s), r.Index()), tr)
+			}
+			l.mu.Unlock()
 		}
 		return err
 	})
@@ -285,7 +289,7 @@ func (l *links) recordSettled(key string, t *tracked) {
 	if l.aborting() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(l.runCtx(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(l.stopCtx, 10*time.Second)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		if _, err := l.ends.Put(ctx, key, []byte(l.instance)); err == nil || ctx.Err() != nil {

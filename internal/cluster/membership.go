@@ -288,12 +288,15 @@ func (c *Coordinator) recover(in *instance) error {
 
 // endedOn reads which restartable replicas placed on in had finished
 // there: returned, with everything they took settled (keySettled, written
-// by in itself), so that nothing of theirs can come back to a restart. Not
-// one that feeds a queue in process on the lost worker (its consumer is
-// gone with it), and, where a stage has no group across workers, none of
-// its replicas on in unless all of them had finished (those that stayed
-// and those that moved would be a group spread over two workers, with no
-// host). What cannot be read is not finished: restarted, as before.
+// by in itself), so that nothing of theirs can come back to a restart, and
+// done in in's last snapshot, so that the run's figures and its deadlock
+// watch have what it did to the end (a replica recorded settled after
+// that snapshot restarts, as before). Not one that feeds a queue in
+// process on the lost worker (its consumer is gone with it), and, where a
+// stage has no group across workers, none of its replicas on in unless all
+// of them had finished (those that stayed and those that moved would be a
+// group spread over two workers, with no host). What cannot be read is not
+// finished: restarted, as before.
 func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	type rep struct {
 		si, i int
@@ -302,6 +305,7 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	var reps []rep
 	local := map[replicaKey]bool{} // feeds a queue in process
 	hosted := map[string]bool{}
+	seen := map[replicaKey]bool{} // done in the lost share's last snapshot
 	c.mu.Lock()
 	for si, s := range c.g.Stages {
 		if !c.restartable(s) {
@@ -311,6 +315,7 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 		for i, p := range c.place[s.Name] {
 			if p == in.name {
 				reps = append(reps, rep{si, i, s})
+				seen[replicaKey{s.Name, i}] = in.last != nil && replicaDone(in.last, s.Name, i)
 			}
 		}
 	}
@@ -339,7 +344,7 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	for _, r := range reps {
 		k := replicaKey{r.s.Name, r.i}
 		e, err := kv.Get(ctx, keySettled(r.si, r.i))
-		ended[k] = err == nil && string(e.Value()) == in.name && !local[k]
+		ended[k] = err == nil && string(e.Value()) == in.name && !local[k] && seen[k]
 		partial[r.s.Name] = partial[r.s.Name] || !ended[k]
 	}
 	for k := range ended {

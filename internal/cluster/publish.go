@@ -145,7 +145,7 @@ func (q *jsQueue) boundRoom(stored, under int) int {
 	if s != nil { // read with stored: the stream's own, none to speak of where a stage holds its inputs for a save
 		bound = int(min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30))
 	}
-	return (bound-stored)*max(1, len(q.local))/max(1, len(q.producers)) - under
+	return int(int64(bound-stored)*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
 }
 
 // maxRoomWait is the longest a sender on a full queue waits between two

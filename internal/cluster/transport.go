@@ -214,9 +214,10 @@ type links struct {
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 
-	mu     sync.Mutex
-	queues []*jsQueue
-	stop   chan struct{}
+	mu      sync.Mutex
+	queues  []*jsQueue
+	closing bool // close has begun: no more background work is started
+	stop    chan struct{}
 	// stopCtx is done once close begins: fetches and releases under way
 	// end with it, so that close's wait for them ends
 	stopCtx    context.Context
@@ -325,6 +326,9 @@ func (l *links) aborting() bool {
 
 // close stops the background work and the data plane.
 func (l *links) close() {
+	l.mu.Lock()
+	l.closing = true
+	l.mu.Unlock()
 	close(l.stop)
 	l.stopCancel()
 	l.wg.Wait()
