@@ -638,9 +638,9 @@ edge "b" {
 }
 
 // TestEndWaitsForLocalRestart: a producer replica whose end an earlier
-// incarnation wrote restarts (a worker only slow, that wrote it after
-// the coordinator read its ends: TestFinishedReplicaStays), here beside
-// its consumer. The end key its first incarnation wrote does not end the
+// incarnation wrote restarts (its worker was lost after that end but
+// before the replica was recorded settled and seen done:
+// TestFinishedReplicaStays), here beside its consumer. The end key its first incarnation wrote does not end the
 // queue for that consumer while the restart runs: it ends once the
 // restart returns. (Taken from the earlier key, the consumer returned
 // first and the engine failed the run: "stage sink returned while stage
@@ -695,9 +695,7 @@ func TestSettledRecorded(t *testing.T) {
 	tr := &tracked{l: l}
 	tk := &taken{q: in, id: "in-1", by: tr}
 	tr.open = 1 // taken, not yet finished
-	tr.returned()
-	l.wg.Add(1)
-	go l.recordSettled(keySettled(1, 0), tr)
+	tr.returned(keySettled(1, 0))
 	ctx := context.Background()
 	settled := func() string {
 		e, err := l.ends.Get(ctx, keySettled(1, 0))

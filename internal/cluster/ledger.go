@@ -174,13 +174,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		if err == nil {
 			tr.finish() // a failed item is not finished: the run fails anyway
 			tr.saved(^uint32(0))
-			tr.returned()
-			l.mu.Lock()
-			if !l.closing { // a replica that outlived the share's end (its Grace) records nothing
-				l.wg.Add(1)
-				go l.recordSettled(keySettled(stageIndex(l.g, s), r.Index()), tr)
-			}
-			l.mu.Unlock()
+			tr.returned(keySettled(stageIndex(l.g, s), r.Index()))
 		}
 		return err
 	})
@@ -218,74 +212,60 @@ type tracked struct {
 	round, last uint32
 	// local is its group's record where the group sums in this process
 	local *localGroup
-	// open counts what it took and is not yet settled; ok says it has
-	// returned without error (all it took is then finished); idle is
-	// closed once it has returned so and nothing is open, for its
-	// record of that (recordSettled)
-	open int
-	ok   bool
-	idle chan struct{}
+	// open counts what it took and is not yet settled; once it has
+	// returned without error (key set) and none is open, its record of
+	// that goes, once (recordSettled)
+	open     int
+	key      string
+	recorded bool
 }
 
 // settledOne notes that an item it took is settled.
 func (t *tracked) settledOne() {
 	t.mu.Lock()
 	t.open--
-	t.wakeLocked()
+	t.recordLocked()
 	t.mu.Unlock()
 }
 
-// returned notes that its Run returned without error.
-func (t *tracked) returned() {
+// returned notes that its Run returned without error; key is its
+// keySettled.
+func (t *tracked) returned(key string) {
 	t.mu.Lock()
-	t.ok = true
-	t.wakeLocked()
+	t.key = key
+	t.recordLocked()
 	t.mu.Unlock()
 }
 
-func (t *tracked) wakeLocked() {
-	if t.ok && t.open == 0 && t.idle != nil {
-		close(t.idle)
-		t.idle = nil
+// recordLocked starts the replica's record once it has returned and all
+// it took is settled, unless the share is closing (a replica that
+// outlived the share's end, past its Grace, records nothing). t.mu held.
+func (t *tracked) recordLocked() {
+	if t.key == "" || t.open > 0 || t.recorded {
+		return
+	}
+	t.recorded = true
+	l := t.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closing {
+		l.wg.Add(1)
+		go l.recordSettled(t.key)
 	}
 }
 
-// ended is closed once the replica has returned without error and every
-// item it took is settled (nil if it failed).
-func (t *tracked) ended() <-chan struct{} {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.ok {
-		return nil
-	}
-	if t.open == 0 {
-		return closedChan
-	}
-	if t.idle == nil {
-		t.idle = make(chan struct{})
-	}
-	return t.idle
-}
-
-// recordSettled writes key (keySettled) once replica t has returned and
-// settled everything it took: such a replica has nothing left that could
-// come back to a restart, so a lost worker's finished
-// replica is not run again (Coordinator.recover). Run again, it could take
-// an item that another lost replica held (a shared input's) and send it
-// after the end its consumers may have ended on. The settle can wait long
-// after the end (a large item's input settles once its consumer has its
-// bytes, and a stage that saves releases them at a save), so it is
-// written on its own, not before the end. A share that stops or is
-// aborted first writes nothing: its replica restarts, as one not settled.
-func (l *links) recordSettled(key string, t *tracked) {
+// recordSettled writes key (keySettled) for a replica that has returned
+// and settled everything it took: such a replica has nothing left that
+// could come back to a restart, so a lost worker's finished replica is
+// not run again (Coordinator.recover). Run again, it could take an item
+// that another lost replica held (a shared input's) and send it after the
+// end its consumers may have ended on. The settle can come long after the
+// end (a large item's input settles once its consumer has its bytes, and
+// a stage that saves takes them for good at a save), so the record is
+// apart from the end. A share aborted writes nothing: its replica
+// restarts, as one not settled.
+func (l *links) recordSettled(key string) {
 	defer l.wg.Done()
-	select {
-	case <-t.ended():
-	case <-l.stop:
-		return
-	case <-l.runCtx().Done():
-		return
-	}
 	if l.aborting() {
 		return
 	}
@@ -302,9 +282,6 @@ func (l *links) recordSettled(key string, t *tracked) {
 		}
 	}
 }
-
-// closedChan is a channel closed from the start.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Group is the replica's group, with the share's record of its rounds and
 // saves where it sums in this process.

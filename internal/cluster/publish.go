@@ -130,7 +130,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 }
 
 // boundRoom is what this share may still publish within the stream's own
-// bound (backstop; setupRun), its part of it as one producer replica among the
+// bound (backstop, or none where setupRun says so), its part of it as one producer replica among the
 // queue's: the bound counts every message the stream stores, and the
 // server applies acks on its own time, behind the deliveries and the
 // publishes. A consumer that takes fast had dozens of acked messages the
@@ -139,13 +139,10 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 // the next publish was refused (BenchmarkRemoteEdge's 64B, most runs).
 func (q *jsQueue) boundRoom(stored, under int) int {
 	q.pmu.Lock()
-	s := q.pstream
+	s := q.pstream // read by stored, its bound with it: none to speak of where a stage holds its inputs for a save
 	q.pmu.Unlock()
-	bound := backstop(q.edge)
-	if s != nil { // read with stored: the stream's own, none to speak of where a stage holds its inputs for a save
-		bound = int(min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30))
-	}
-	return int(int64(bound-stored)*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
+	bound := min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30)
+	return int((bound-int64(stored))*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
 }
 
 // maxRoomWait is the longest a sender on a full queue waits between two

@@ -1076,11 +1076,11 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	// A producer replica of this instance ends when it returns here: an
-	// end key there already is an earlier incarnation's (one that wrote
-	// it after the coordinator read the ends of its lost worker: a
-	// worker only slow), and the consumer that took it would return
-	// while the restart still runs, which the engine counts as leaving
-	// its input unread.
+	// end key there already is an earlier incarnation's (its worker lost
+	// after that end but before the replica was recorded settled and
+	// seen done, so restarted to settle what it left), and the consumer
+	// that took it would return while the restart still runs, which the
+	// engine counts as leaving its input unread.
 	if len(q.local) > 0 && !q.closed.Load() {
 		return false, nil
 	}
