@@ -137,7 +137,8 @@ func TestDFlashLost(t *testing.T) {
 		together bool // the workers killed at once
 		// threshold, if set, is the size past which an item's bytes go
 		// on the data plane (256 KiB by default; a hidden-state batch
-		// here is about 190 KiB)
+		// here is past 64 KiB: 4 x 32 tokens of 128 float32s is
+		// 64 KiB for one layer alone)
 		threshold int
 		sets      []string
 		said      string // what the coordinator says, a regular expression
