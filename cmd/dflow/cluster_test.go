@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -137,6 +138,12 @@ func startProc(t *testing.T, cmd *exec.Cmd) *proc {
 			cmd.Process.Kill()
 			<-p.waited
 		}
+		// This race-built binary, as dflow, says a race on its output
+		// when it sees one, and would exit 66 only at its end, which a
+		// killed process never reaches.
+		if out := p.output(); strings.Contains(out, "WARNING: DATA RACE") {
+			t.Errorf("%v saw a data race:\n%s", cmd.Args, out)
+		}
 	})
 	return p
 }
@@ -159,21 +166,60 @@ func (p *proc) output() string {
 	return p.out.b.String()
 }
 
-func startServer(t *testing.T) *cluster.Server {
+// natsServer is a cluster's server, as workers and a coordinator join it.
+type natsServer struct{ URL, Token string }
+
+// startServer starts a nats-server process with JetStream for the test,
+// built from the module (testutil.Built) without the race detector: in
+// this race-built process, the server's own work was a third of what
+// the cluster tests cost, and none of it is dflow's code. Where it cannot
+// be built, the server is embedded in this process, as dflow run
+// --local-cluster's is (TestLocalClusterSeed and internal/cluster test
+// that one).
+func startServer(t *testing.T) *natsServer {
 	t.Helper()
+	bin, err := testutil.Built(repoRoot, "github.com/nats-io/nats-server/v2", nil)
+	if err != nil {
+		t.Logf("cannot build nats-server (%v): the server is embedded", err)
+		srv, err := cluster.StartServer(cluster.ServerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Shutdown)
+		return &natsServer{URL: srv.URL, Token: srv.Token}
+	}
+	dir := t.TempDir()
+	token := cluster.NewToken()
+	// -p -1: a free port, written to the ports file
+	p := startDflowBin(t, bin, "-a", "127.0.0.1", "-p", "-1", "-js", "-sd", filepath.Join(dir, "js"), "--auth", token, "--ports_file_dir", dir)
+	var url string
+	if !testutil.Within(20*time.Second, func() bool {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.ports"))
+		if len(files) == 0 {
+			return false
+		}
+		b, _ := os.ReadFile(files[0])
+		var ports struct{ Nats []string }
+		if json.Unmarshal(b, &ports) != nil || len(ports.Nats) == 0 {
+			return false // not yet written whole
+		}
+		url = ports.Nats[0]
+		return true
+	}) {
+		t.Fatalf("nats-server did not say where it listens:\n%s", p.output())
+	}
+	return &natsServer{URL: url, Token: token}
+}
+
+// TestWorkerWithoutToken: a worker without the cluster's token, or with
+// a wrong one, is refused by the embedded server with words that say so.
+func TestWorkerWithoutToken(t *testing.T) {
+	t.Parallel()
 	srv, err := cluster.StartServer(cluster.ServerOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	return srv
-}
-
-// TestWorkerWithoutToken: a worker without the cluster's token, or with
-// a wrong one, is refused with words that say so.
-func TestWorkerWithoutToken(t *testing.T) {
-	t.Parallel()
-	srv := startServer(t)
 	for _, env := range [][]string{{"DFLOW_CLUSTER_TOKEN="}, {"DFLOW_CLUSTER_TOKEN=wrong"}} {
 		p := startDflow(t, env, "worker", "--join", srv.URL, "--name", "intruder")
 		if code := p.wait(t, 20*time.Second); code != exitFailed || !strings.Contains(p.output(), "refused the connection") ||
@@ -248,9 +294,12 @@ func TestServe(t *testing.T) {
 	}
 }
 
-// workers starts n worker processes joined to url.
+// workers starts n worker processes joined to url: dflow as the README
+// installs it, without the race detector. internal/cluster runs the
+// workers' code (shares, queues, the data plane) under it, in process;
+// here the coordinator is, in this process.
 func workers(t *testing.T, url, token string, n int, extra ...string) []*proc {
-	return workersOf(t, os.Args[0], url, token, n, extra...)
+	return workersOf(t, installed(t), url, token, n, extra...)
 }
 
 // workersOf starts n worker processes of bin, this test binary or a dflow
@@ -317,13 +366,13 @@ func startDflowBin(t *testing.T, bin string, args ...string) *proc {
 
 // coordinate runs a spec over the cluster from this process, calling
 // during with the coordinator once the run has begun.
-func coordinate(t *testing.T, srv *cluster.Server, n int, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
+func coordinate(t *testing.T, srv *natsServer, n int, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
 	t.Helper()
 	return coordinatePlaced(t, srv, n, nil, during, sets...)
 }
 
 // coordinatePlaced is coordinate with stages pinned to workers (--place).
-func coordinatePlaced(t *testing.T, srv *cluster.Server, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
+func coordinatePlaced(t *testing.T, srv *natsServer, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
 	t.Helper()
 	var args []string
 	for _, s := range sets {
