@@ -1018,3 +1018,56 @@ func TestTakenSettledOnce(t *testing.T) {
 		t.Errorf("the input went to the ledger %d times, want once", n)
 	}
 }
+
+// TestRoomSaid: a producer waiting for room in a queue whose consumer is
+// on another worker is told when that consumer fetches (on the queue's
+// room subject), and reads the room about once for each item it then
+// sends, not every few milliseconds while it waits: reading every 2 ms, a
+// blocked target of the seed read it about ten times for each item its
+// slower drafter took, two JetStream API requests a read.
+func TestRoomSaid(t *testing.T) {
+	t.Parallel()
+	srv, _ := testServer(t)
+	send, recv, js, cleanup := edgePairCap(t, srv, "said", 4)
+	defer cleanup()
+	if send.(*jsQueue).roomSub == nil {
+		t.Fatal("the producer does not listen for the room its consumer makes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	requests := func() uint64 {
+		info, err := js.AccountInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.API.Total
+	}
+	const n = 40
+	errs := make(chan error, 1)
+	go func() {
+		for range n {
+			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		send.Close()
+		errs <- nil
+	}()
+	before := requests()
+	for range n {
+		if _, ok, err := recv.Recv(ctx); err != nil || !ok {
+			t.Fatalf("recv: %v %v", ok, err)
+		}
+		time.Sleep(20 * time.Millisecond) // a consumer slower than its producer
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	// About two reads an item (one that finds the room, one that finds it
+	// gone, two requests each), and both sides' depth reads and
+	// keep-alives; reading every 2 ms, 10 or more an item.
+	if got := requests() - before; got > 6*n {
+		t.Errorf("%d JetStream API requests for %d items through a full queue, want at most %d", got, n, 6*n)
+	}
+}

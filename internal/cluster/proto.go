@@ -82,6 +82,11 @@ func subjSnap(run, inst string) string       { return "dflow.r." + run + ".snap.
 func subjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + token(stage) }
 func subjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
 
+// subjRoom is where a queue's consumer side says it has fetched, which
+// makes room, to the producers on other workers waiting for it
+// (publish.go); apart from the queue's subject, which its stream stores.
+func subjRoom(run string, e, q int) string { return fmt.Sprintf("dflow.r.%s.room.%d.%d", run, e, q) }
+
 // streamEdge is an edge's stream: every remote queue of the edge is a
 // subject of it (subjQueue) read by a consumer of its own (consumerQueue),
 // and its ids are one namespace, so a duplicate is dropped whichever queue

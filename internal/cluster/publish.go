@@ -91,6 +91,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 				credit += held
 			}
 		}
+		room := credit
 		credit = min(credit, q.boundRoom(stored, under))
 		q.pmu.Lock()
 		q.credit = credit
@@ -99,16 +100,25 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			wait = 50 * time.Microsecond
 			continue
 		}
-		// No room: read again less and less often (a read costs the
-		// server two API requests, as much as a few publishes, and the
-		// consumers need the CPU to make room): every 2 ms at most while
-		// the wait is short, as a consumer's turn of an item is, and at
-		// most a tenth of the wait so far past that, up to maxRoomWait
-		// (a queue that stays full, a deadlock: a sender blocked there
-		// polled the server 500 times a second). Where every consumer
-		// replica of the queue is in this instance, its fetches make the
-		// room and say so (q.fetched): the reads between are only a
-		// fallback, at maxRoomWait.
+		// No room. Where the queue is full, only a consumer's fetch makes
+		// room, and the consumers say so (q.fetched: this instance's own
+		// fetches, and other workers' on the queue's room subject,
+		// roomSub): the producer waits for that word, and reads again
+		// without it only at maxRoomWait, for a word lost (core NATS keeps
+		// none). Reading every 2 ms instead, a blocked target of the seed
+		// read the room about ten times for each item its slower drafter
+		// took, two API requests a read (TestRoomSaid). Otherwise (within
+		// the capacity, not the stream's bound: acks the server has not
+		// yet applied), or with no word to wait for, it reads again less
+		// and less often: every 2 ms at most while the wait is short, as a
+		// consumer's turn of an item is, and at most a tenth of the wait so
+		// far past that, up to maxRoomWait (a queue that stays full, a
+		// deadlock: a sender blocked there polled the server 500 times a
+		// second).
+		said := q.consumers == len(q.edge.Queues[q.qi].Consumers) || q.roomSub != nil
+		if said && room <= 0 {
+			wait = maxRoomWait
+		}
 		if time.Since(lastLook) > 250*time.Millisecond {
 			lastLook = time.Now()
 			if q.consumersGone(ctx, q.qi) {
@@ -121,7 +131,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if q.consumers == len(q.edge.Queues[q.qi].Consumers) {
+		if said {
 			wait = min(2*wait, maxRoomWait)
 		} else {
 			wait = min(2*wait, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)

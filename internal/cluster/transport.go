@@ -287,6 +287,11 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	}
 	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
 	q.pcond.L = &q.pmu
+	if len(q.local) > 0 && q.consumers < len(e.Queues[qi].Consumers) {
+		// A failed subscription leaves the producers to read the room
+		// more often (waitRoom), as they did before it was said.
+		q.roomSub, _ = l.nc.Subscribe(subjRoom(l.job.Run, ei, qi), func(*nats.Msg) { q.madeRoom() })
+	}
 	q.inbox = make(chan jetstream.Msg, 2*q.batch()) // here, not at the first Recv: Held reads it
 	l.mu.Lock()
 	l.queues = append(l.queues, q)
@@ -332,6 +337,11 @@ func (l *links) close() {
 	close(l.stop)
 	l.stopCancel()
 	l.wg.Wait()
+	for _, q := range l.queueList() {
+		if q.roomSub != nil {
+			q.roomSub.Unsubscribe()
+		}
+	}
 	l.dp.close()
 }
 
@@ -448,10 +458,12 @@ type jsQueue struct {
 	pstream    jetstream.Stream   // the edge's stream, read for room
 	pcons      jetstream.Consumer // the queue's consumer, read for room
 	stopped    bool               // the answerer has stopped
-	// fetched is closed (and replaced) when this instance's consumer
-	// side has fetched messages, which makes room: the producers waiting
-	// for room here read it again at once
+	// fetched is closed (and replaced) when the queue's consumer side has
+	// fetched messages, which makes room: the producers waiting for room
+	// here read it again at once. Said by this instance's consumer side
+	// itself, or on the queue's room subject by another's (roomSub).
 	fetched chan struct{}
+	roomSub *nats.Subscription // where the consumers are elsewhere, or some of them; nil if none or the subscription failed
 
 	// the consumer side, used by the engine's pump only
 	cons     jetstream.Consumer
@@ -658,12 +670,14 @@ func (q *jsQueue) fetch() {
 				return
 			}
 		}
-		if got && len(q.local) > 0 { // a producer here may wait for the room made
-			q.pmu.Lock()
-			close(q.fetched)
-			q.fetched = make(chan struct{})
-			q.pmu.Unlock()
-		} else if !got {
+		if got {
+			if len(q.local) > 0 { // a producer here may wait for the room made
+				q.madeRoom()
+			}
+			if len(q.local) < len(q.producers) { // and one elsewhere
+				q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), nil)
+			}
+		} else {
 			select {
 			case q.idle <- struct{}{}:
 				select {
@@ -676,6 +690,14 @@ func (q *jsQueue) fetch() {
 			}
 		}
 	}
+}
+
+// madeRoom wakes the producers here waiting for room (waitRoom).
+func (q *jsQueue) madeRoom() {
+	q.pmu.Lock()
+	close(q.fetched)
+	q.fetched = make(chan struct{})
+	q.pmu.Unlock()
 }
 
 // seenIDs are the ids of the items a queue's consumer side has handed
