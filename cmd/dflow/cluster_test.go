@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -166,6 +167,12 @@ func (p *proc) output() string {
 	return p.out.b.String()
 }
 
+// natsServerOnce builds nats-server once for the tests of this process
+// (on a cold cache, a dozen links of it at once starved the others).
+var natsServerOnce = sync.OnceValues(func() (string, error) {
+	return testutil.Built(repoRoot, "github.com/nats-io/nats-server/v2", nil)
+})
+
 // natsServer is a cluster's server, as workers and a coordinator join it.
 type natsServer struct{ URL, Token string }
 
@@ -178,7 +185,7 @@ type natsServer struct{ URL, Token string }
 // that one).
 func startServer(t *testing.T) *natsServer {
 	t.Helper()
-	bin, err := testutil.Built(repoRoot, "github.com/nats-io/nats-server/v2", nil)
+	bin, err := natsServerOnce()
 	if err != nil {
 		t.Logf("cannot build nats-server (%v): the server is embedded", err)
 		srv, err := cluster.StartServer(cluster.ServerOptions{})
@@ -323,7 +330,7 @@ func TestExternalServer(t *testing.T) {
 		t.Skip("builds nats-server")
 	}
 	dir := t.TempDir()
-	bin, err := testutil.Built(repoRoot, "github.com/nats-io/nats-server/v2", nil)
+	bin, err := natsServerOnce()
 	if err != nil {
 		t.Skipf("cannot build nats-server: %v", err)
 	}

@@ -49,7 +49,8 @@ type pub struct {
 // wait honours ctx and has no bound (a slow consumer holds a producer back
 // as long as it takes, as in process).
 func (q *jsQueue) waitRoom(ctx context.Context) error {
-	wait := 50 * time.Microsecond
+	poll := 50 * time.Microsecond // between reads with no word to wait for
+	full := 0                     // reads in a row that found the queue full, with a word to wait for
 	began := time.Now()
 	lastLook := began
 	for {
@@ -97,27 +98,42 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		q.credit = credit
 		q.pmu.Unlock()
 		if credit > 0 {
-			wait = 50 * time.Microsecond
+			poll, full = 50*time.Microsecond, 0
 			continue
 		}
 		// No room. Where the queue is full, only a consumer's fetch makes
 		// room, and the consumers say so (q.fetched: this instance's own
 		// fetches, and other workers' on the queue's room subject,
-		// roomSub): the producer waits for that word, and reads again
+		// roomSub): the producer reads once more after 2 ms (the read may
+		// have raced a publish of its own or an ack, and counted the queue
+		// fuller than it is), then waits for that word, and reads again
 		// without it only at maxRoomWait, for a word lost (core NATS keeps
 		// none). Reading every 2 ms instead, a blocked target of the seed
 		// read the room about ten times for each item its slower drafter
-		// took, two API requests a read (TestRoomSaid). Otherwise (within
-		// the capacity, not the stream's bound: acks the server has not
-		// yet applied), or with no word to wait for, it reads again less
-		// and less often: every 2 ms at most while the wait is short, as a
-		// consumer's turn of an item is, and at most a tenth of the wait so
-		// far past that, up to maxRoomWait (a queue that stays full, a
-		// deadlock: a sender blocked there polled the server 500 times a
-		// second).
-		said := q.consumers == len(q.edge.Queues[q.qi].Consumers) || q.roomSub != nil
-		if said && room <= 0 {
+		// took, two API requests a read (TestRoomSaid). Otherwise (held
+		// back by the stream's bound: acks the server has not yet applied,
+		// which no word says), or with no word to wait for, it reads again
+		// less and less often: every 2 ms at most while the wait is short,
+		// as a consumer's turn of an item is, and at most a tenth of the
+		// wait so far past that, up to maxRoomWait (a queue that stays
+		// full, a deadlock: a sender blocked there polled the server 500
+		// times a second).
+		local := q.consumers == len(q.edge.Queues[q.qi].Consumers)
+		wait := poll
+		if told := (local || q.roomSub != nil) && room <= 0; told {
 			wait = maxRoomWait
+			if full == 0 {
+				wait = 2 * time.Millisecond
+			}
+			full++
+		} else {
+			full = 0
+			switch {
+			case local: // its fetches say so: the reads between are a fallback
+				poll = min(2*poll, maxRoomWait)
+			default:
+				poll = min(2*poll, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
+			}
 		}
 		if time.Since(lastLook) > 250*time.Millisecond {
 			lastLook = time.Now()
@@ -130,11 +146,6 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		case <-fetched:
 		case <-ctx.Done():
 			return ctx.Err()
-		}
-		if said {
-			wait = min(2*wait, maxRoomWait)
-		} else {
-			wait = min(2*wait, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
 		}
 	}
 }

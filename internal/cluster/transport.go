@@ -659,9 +659,9 @@ func (q *jsQueue) fetch() {
 			}
 			return
 		}
-		got := false
+		n := 0
 		for m := range b.Messages() {
-			got = true
+			n++
 			q.hold(m)
 			q.fetchAhead(m)
 			select {
@@ -669,15 +669,15 @@ func (q *jsQueue) fetch() {
 			case <-q.l.stop:
 				return
 			}
+			if n == 1 {
+				// the room is made as the server delivers: said at the
+				// first, not after a batch that may wait for more
+				q.saidRoom()
+			}
 		}
-		if got {
-			if len(q.local) > 0 { // a producer here may wait for the room made
-				q.madeRoom()
-			}
-			if len(q.local) < len(q.producers) { // and one elsewhere
-				q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), nil)
-			}
-		} else {
+		if n > 1 {
+			q.saidRoom()
+		} else if n == 0 {
 			select {
 			case q.idle <- struct{}{}:
 				select {
@@ -689,6 +689,17 @@ func (q *jsQueue) fetch() {
 				return
 			}
 		}
+	}
+}
+
+// saidRoom says the consumer side fetched: to the producer replicas here
+// at once, to those elsewhere on the queue's room subject.
+func (q *jsQueue) saidRoom() {
+	if len(q.local) > 0 {
+		q.madeRoom()
+	}
+	if len(q.local) < len(q.producers) {
+		q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), nil)
 	}
 }
 
