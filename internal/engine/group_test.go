@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 )
 
@@ -106,6 +107,37 @@ func TestGroupCancel(t *testing.T) {
 	cancel()
 	if err := ms[0].Barrier(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled barrier: %v", err)
+	}
+}
+
+// TestGroupCompletedStandsOnCancel: a member that arrives last at an
+// all-reduce with its context already ended completes the round, and the
+// round stands for it as for the others: it gets the sum, every time (left
+// to a select's chance, it got the context's error half the time, having
+// given its vector to a step the others took).
+func TestGroupCompletedStandsOnCancel(t *testing.T) {
+	t.Parallel()
+	ms := members(2)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 100 {
+		first := make(chan error, 1)
+		go func() {
+			_, err := ms[0].AllReduceSum(context.Background(), []float32{1})
+			first <- err
+		}()
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			ms[0].g.mu.Lock()
+			defer ms[0].g.mu.Unlock()
+			return ms[0].g.round != nil && ms[0].g.round.arrived == 1
+		}, "member 0 at round %d", i)
+		buf := []float32{2}
+		if n, err := ms[1].AllReduceSum(ended, buf); err != nil || n != 2 || buf[0] != 3 {
+			t.Fatalf("round %d: the last to arrive, its context ended, got %v %d %v; want the sum of 2", i, buf, n, err)
+		}
+		if err := <-first; err != nil {
+			t.Fatalf("round %d: member 0: %v", i, err)
+		}
 	}
 }
 
