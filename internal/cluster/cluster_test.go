@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -786,16 +787,7 @@ func TestRoomWithinBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n := bound + 8
-	errs := make(chan error, 1)
-	go func() {
-		for range n {
-			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
-				errs <- err
-				return
-			}
-		}
-		errs <- q.flush()
-	}()
+	errs := sendSmall(ctx, send, n, q.flush)
 	cons, err := js.Consumer(ctx, streamEdge("bound", 0), consumerQueue(0))
 	if err != nil {
 		t.Fatal(err)
@@ -1043,17 +1035,7 @@ func TestRoomSaid(t *testing.T) {
 		return info.API.Total
 	}
 	const n = 40
-	errs := make(chan error, 1)
-	go func() {
-		for range n {
-			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
-				errs <- err
-				return
-			}
-		}
-		send.Close()
-		errs <- nil
-	}()
+	errs := sendSmall(ctx, send, n, func() error { send.Close(); return nil })
 	before := requests()
 	for range n {
 		if _, ok, err := recv.Recv(ctx); err != nil || !ok {
@@ -1077,4 +1059,20 @@ func TestRoomSaid(t *testing.T) {
 	if said, err := send.(*jsQueue).roomSub.Delivered(); err != nil || said < n/2 {
 		t.Errorf("the producer was told of room %d times (%v) for %d items, want one for most", said, err, n)
 	}
+}
+
+// sendSmall sends n items of 64 bytes on send from a goroutine, then
+// end's error, or the first Send's, on the channel it returns.
+func sendSmall(ctx context.Context, send engine.Transport, n int, end func() error) <-chan error {
+	errs := make(chan error, 1)
+	go func() {
+		for range n {
+			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- end()
+	}()
+	return errs
 }
