@@ -1013,8 +1013,8 @@ func TestTakenSettledOnce(t *testing.T) {
 
 // TestRoomSaid: a producer waiting for room in a queue whose consumer is
 // on another worker is told when that consumer fetches (on the queue's
-// room subject), and reads the room about once for each item it then
-// sends, not every few milliseconds while it waits: reading every 2 ms, a
+// room subject), and reads the room two or three times for each item it
+// then sends, not every few milliseconds while it waits: reading every 2 ms, a
 // blocked target of the seed read it about ten times for each item its
 // slower drafter took, two JetStream API requests a read.
 func TestRoomSaid(t *testing.T) {

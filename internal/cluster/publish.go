@@ -120,20 +120,17 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		// times a second).
 		local := q.consumers == len(q.edge.Queues[q.qi].Consumers)
 		wait := poll
-		if told := (local || q.roomSub != nil) && room <= 0; told {
+		switch {
+		case (local || q.roomSub != nil) && room <= 0: // a word will come
 			wait = maxRoomWait
 			if full == 0 {
 				wait = 2 * time.Millisecond
 			}
 			full++
-		} else {
-			full = 0
-			switch {
-			case local: // its fetches say so: the reads between are a fallback
-				poll = min(2*poll, maxRoomWait)
-			default:
-				poll = min(2*poll, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
-			}
+		case local: // its fetches say so: the reads between are a fallback
+			full, poll = 0, min(2*poll, maxRoomWait)
+		default:
+			full, poll = 0, min(2*poll, max(2*time.Millisecond, time.Since(began)/10), maxRoomWait)
 		}
 		if time.Since(lastLook) > 250*time.Millisecond {
 			lastLook = time.Now()
