@@ -92,6 +92,10 @@ func (rp *replica) read(start time.Time) times {
 	if !start.IsZero() {
 		t.life = end.Sub(start)
 	}
+	if o := rp.own.Load(); o != nil {
+		ownIdle, ownBlocked := o.until(end)
+		idleNs, blockedNs = int64(ownIdle), int64(ownBlocked)
+	}
 	t.idle, t.blocked = fitWaits(time.Duration(idleNs), time.Duration(blockedNs), t.life)
 	t.busy = t.life - t.idle - t.blocked
 	markOf(rp).advance(&t)

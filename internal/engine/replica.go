@@ -35,6 +35,9 @@ type replica struct {
 	done   <-chan struct{}
 	coarse *coarseClock // the run's; nil times every wait exactly
 	stop   *stopFlag    // set once ctx may be done (see stopping)
+	// own is the node's own account of its time (own.go), nil for a
+	// replica measured at its ports
+	own atomic.Pointer[ownTimes]
 
 	_       linePad
 	idle    waitTotal    // ns spent blocked in Recv

@@ -87,6 +87,10 @@ func unbuilt(rep *report.Report, g *graph.Graph) {
 func (rp *replica) figures(start time.Time) report.Replica {
 	t := rp.read(start) // a replica stuck past the grace period is still waiting
 	busy, idle, blocked := t.busy, t.idle, t.blocked
+	service := &rp.clock.service
+	if o := rp.own.Load(); o != nil {
+		service = &o.service // the node's own (own.go)
+	}
 	out := report.Replica{
 		Index:          rp.index,
 		Device:         rp.device,
@@ -97,9 +101,9 @@ func (rp *replica) figures(start time.Time) report.Replica {
 		BlockedSeconds: seconds(blocked),
 		Utilization:    report.Utilization(seconds(busy), seconds(idle), seconds(blocked)),
 		ServiceSeconds: report.Summary{
-			Mean: seconds(rp.clock.service.mean()),
-			P50:  seconds(rp.clock.service.quantile(0.5)),
-			P99:  seconds(rp.clock.service.quantile(0.99)),
+			Mean: seconds(service.mean()),
+			P50:  seconds(service.quantile(0.5)),
+			P99:  seconds(service.quantile(0.99)),
 		},
 	}
 	return out

@@ -303,7 +303,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
-		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory,
+		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory, times: desc.Times,
 			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
 		reg.Register(nodes.Spec{
@@ -331,6 +331,7 @@ type remoteKind struct {
 	portCredit   bool // the plugin grants credit per input port
 	outputCredit bool // the plugin sends on an output port as dflow's credit allows
 	sharedMemory bool // the plugin maps shared memory pools and sends items by reference
+	times        bool // the plugin says where its replicas' time goes (Times; times.go)
 	// waiting: the plugin says when its node waits (Waiting), so that its
 	// stages are quiescent to the deadlock detector (quiet.go); only with
 	// credit per input and output port, which the argument rests on

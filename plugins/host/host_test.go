@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		testutil.RaceExitAtOnce()
 		testutil.Main(m) // which knows forkingThread for no leak
 	case "serve":
-		sdk.Serve(passKind, pickyKind, upperKind, oddKind, remakeKind, lateKind)
+		sdk.Serve(passKind, pickyKind, upperKind, oddKind, remakeKind, lateKind, spinKind)
 	case "opaque":
 		// A plugin that does not say Waiting, as one built before it was.
 		sdk.ServeWith(sdk.Options{Concurrent: true}, passKind)

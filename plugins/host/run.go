@@ -67,6 +67,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
 		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true,
 		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting}
+	start.Times = ownClockOf(r, n.k.times).begin() // the plugin's figures for the replica's (times.go)
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}
 	if n.k.sharedMemory && wire.SharedMemoryEnabled() {
@@ -309,6 +310,10 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			}
 		case *proto.Message_Waiting:
 			q.said(v.Waiting)
+		case *proto.Message_Times:
+			if err := ownClockOf(r, n.k.times).take(v.Times); err != nil {
+				return err
+			}
 		case *proto.Message_Done:
 			q.said(nil)
 			cancel()

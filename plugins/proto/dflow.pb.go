@@ -25,6 +25,55 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type Activity int32
+
+const (
+	Activity_ACTIVITY_BUSY    Activity = 0
+	Activity_ACTIVITY_IDLE    Activity = 1
+	Activity_ACTIVITY_BLOCKED Activity = 2
+)
+
+// Enum value maps for Activity.
+var (
+	Activity_name = map[int32]string{
+		0: "ACTIVITY_BUSY",
+		1: "ACTIVITY_IDLE",
+		2: "ACTIVITY_BLOCKED",
+	}
+	Activity_value = map[string]int32{
+		"ACTIVITY_BUSY":    0,
+		"ACTIVITY_IDLE":    1,
+		"ACTIVITY_BLOCKED": 2,
+	}
+)
+
+func (x Activity) Enum() *Activity {
+	p := new(Activity)
+	*p = x
+	return p
+}
+
+func (x Activity) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Activity) Descriptor() protoreflect.EnumDescriptor {
+	return file_dflow_proto_enumTypes[0].Descriptor()
+}
+
+func (Activity) Type() protoreflect.EnumType {
+	return &file_dflow_proto_enumTypes[0]
+}
+
+func (x Activity) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Activity.Descriptor instead.
+func (Activity) EnumDescriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{0}
+}
+
 type DescribeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -84,7 +133,11 @@ type DescribeResponse struct {
 	// (Waiting), so that dflow's deadlock detector can see through the
 	// stage (docs/runtime.md, "Deadlock"). A plugin that does not say it is
 	// opaque to the detector.
-	Waiting       bool `protobuf:"varint,6,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Waiting bool `protobuf:"varint,6,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// times: the plugin measures where its replicas' time goes and says so
+	// (Times), and dflow shows those figures for its replicas. A plugin
+	// that does not say it is measured from dflow's side of the stream.
+	Times         bool `protobuf:"varint,7,opt,name=times,proto3" json:"times,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -157,6 +210,13 @@ func (x *DescribeResponse) GetSharedMemory() bool {
 func (x *DescribeResponse) GetWaiting() bool {
 	if x != nil {
 		return x.Waiting
+	}
+	return false
+}
+
+func (x *DescribeResponse) GetTimes() bool {
+	if x != nil {
+		return x.Times
 	}
 	return false
 }
@@ -555,6 +615,7 @@ type Message struct {
 	//	*Message_Attached
 	//	*Message_Release
 	//	*Message_Waiting
+	//	*Message_Times
 	Msg           isMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -687,6 +748,15 @@ func (x *Message) GetWaiting() *Waiting {
 	return nil
 }
 
+func (x *Message) GetTimes() *Times {
+	if x != nil {
+		if x, ok := x.Msg.(*Message_Times); ok {
+			return x.Times
+		}
+	}
+	return nil
+}
+
 type isMessage_Msg interface {
 	isMessage_Msg()
 }
@@ -731,6 +801,10 @@ type Message_Waiting struct {
 	Waiting *Waiting `protobuf:"bytes,10,opt,name=waiting,proto3,oneof"`
 }
 
+type Message_Times struct {
+	Times *Times `protobuf:"bytes,11,opt,name=times,proto3,oneof"`
+}
+
 func (*Message_Start) isMessage_Msg() {}
 
 func (*Message_Item) isMessage_Msg() {}
@@ -750,6 +824,8 @@ func (*Message_Attached) isMessage_Msg() {}
 func (*Message_Release) isMessage_Msg() {}
 
 func (*Message_Waiting) isMessage_Msg() {}
+
+func (*Message_Times) isMessage_Msg() {}
 
 // Start opens a replica.
 type Start struct {
@@ -772,7 +848,10 @@ type Start struct {
 	Pools *Pools `protobuf:"bytes,9,opt,name=pools,proto3" json:"pools,omitempty"`
 	// waiting: dflow takes Waiting messages (from a plugin that said
 	// DescribeResponse.waiting); the plugin sends them only then.
-	Waiting       bool `protobuf:"varint,10,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Waiting bool `protobuf:"varint,10,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// times: dflow takes Times messages (from a plugin that said
+	// DescribeResponse.times); the plugin sends them only then.
+	Times         bool `protobuf:"varint,11,opt,name=times,proto3" json:"times,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -873,6 +952,13 @@ func (x *Start) GetPools() *Pools {
 func (x *Start) GetWaiting() bool {
 	if x != nil {
 		return x.Waiting
+	}
+	return false
+}
+
+func (x *Start) GetTimes() bool {
+	if x != nil {
+		return x.Times
 	}
 	return false
 }
@@ -1487,6 +1573,166 @@ func (x *Waiting) GetSeen() uint64 {
 	return 0
 }
 
+// Times, from the plugin (Start.times), is its own account of where the
+// replica's time goes, which dflow shows as the replica's busy, idle and
+// blocked time and its service times (docs/plugins.md, "Busy, idle and
+// blocked"). Seen from dflow's side of the stream, a plugin that computes
+// while it holds credit to take more input looks idle or blocked while it
+// works; only the plugin knows. The three totals are since the replica's
+// Start, in nanoseconds: idle is the time the node waited for an input
+// item (a receive on a port with nothing received and no Eof), blocked
+// the time it waited to send (for dflow's credit on an output port, or
+// for room in the plugin's own queue to dflow), busy the rest. now says
+// what the node is doing as the plugin sends this: dflow counts the time
+// from then to the next Times towards it. The service times are those of
+// the items since the previous Times: an item's service time is the time
+// from the node receiving it to its next receive (for a node without
+// inputs, from one send to the next), less the node's waits meanwhile.
+// Sent every so often while any of it changes (the SDKs: at most every
+// 100 ms) and once more before Done, never per item.
+type Times struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	BusyNs    int64                  `protobuf:"varint,1,opt,name=busy_ns,json=busyNs,proto3" json:"busy_ns,omitempty"`
+	IdleNs    int64                  `protobuf:"varint,2,opt,name=idle_ns,json=idleNs,proto3" json:"idle_ns,omitempty"`
+	BlockedNs int64                  `protobuf:"varint,3,opt,name=blocked_ns,json=blockedNs,proto3" json:"blocked_ns,omitempty"`
+	Now       Activity               `protobuf:"varint,4,opt,name=now,proto3,enum=dflow.plugin.v1.Activity" json:"now,omitempty"`
+	// service_ns: the sum of the items' service times, in nanoseconds
+	ServiceNs int64 `protobuf:"varint,5,opt,name=service_ns,json=serviceNs,proto3" json:"service_ns,omitempty"`
+	// service: how many of the items fall in each bucket of service time,
+	// the buckets that have any, in any order
+	Service       []*ServiceBucket `protobuf:"bytes,6,rep,name=service,proto3" json:"service,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Times) Reset() {
+	*x = Times{}
+	mi := &file_dflow_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Times) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Times) ProtoMessage() {}
+
+func (x *Times) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Times.ProtoReflect.Descriptor instead.
+func (*Times) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Times) GetBusyNs() int64 {
+	if x != nil {
+		return x.BusyNs
+	}
+	return 0
+}
+
+func (x *Times) GetIdleNs() int64 {
+	if x != nil {
+		return x.IdleNs
+	}
+	return 0
+}
+
+func (x *Times) GetBlockedNs() int64 {
+	if x != nil {
+		return x.BlockedNs
+	}
+	return 0
+}
+
+func (x *Times) GetNow() Activity {
+	if x != nil {
+		return x.Now
+	}
+	return Activity_ACTIVITY_BUSY
+}
+
+func (x *Times) GetServiceNs() int64 {
+	if x != nil {
+		return x.ServiceNs
+	}
+	return 0
+}
+
+func (x *Times) GetService() []*ServiceBucket {
+	if x != nil {
+		return x.Service
+	}
+	return nil
+}
+
+// ServiceBucket counts items by service time: bucket 0 holds those under
+// 1 microsecond, bucket b >= 1 those of t microseconds with
+// floor(18 * log2(t)) = b - 1, that is from 2^((b-1)/18) up to 2^(b/18)
+// microseconds (18 buckets per doubling, each about 4% wide).
+type ServiceBucket struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bucket        int32                  `protobuf:"varint,1,opt,name=bucket,proto3" json:"bucket,omitempty"`
+	Count         int64                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServiceBucket) Reset() {
+	*x = ServiceBucket{}
+	mi := &file_dflow_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServiceBucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServiceBucket) ProtoMessage() {}
+
+func (x *ServiceBucket) ProtoReflect() protoreflect.Message {
+	mi := &file_dflow_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServiceBucket.ProtoReflect.Descriptor instead.
+func (*ServiceBucket) Descriptor() ([]byte, []int) {
+	return file_dflow_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ServiceBucket) GetBucket() int32 {
+	if x != nil {
+		return x.Bucket
+	}
+	return 0
+}
+
+func (x *ServiceBucket) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // Done ends a replica; error is empty on success.
 type Done struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1497,7 +1743,7 @@ type Done struct {
 
 func (x *Done) Reset() {
 	*x = Done{}
-	mi := &file_dflow_proto_msgTypes[20]
+	mi := &file_dflow_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1755,7 @@ func (x *Done) String() string {
 func (*Done) ProtoMessage() {}
 
 func (x *Done) ProtoReflect() protoreflect.Message {
-	mi := &file_dflow_proto_msgTypes[20]
+	mi := &file_dflow_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1768,7 @@ func (x *Done) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Done.ProtoReflect.Descriptor instead.
 func (*Done) Descriptor() ([]byte, []int) {
-	return file_dflow_proto_rawDescGZIP(), []int{20}
+	return file_dflow_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Done) GetError() string {
@@ -1537,7 +1783,7 @@ var File_dflow_proto protoreflect.FileDescriptor
 const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"\vdflow.proto\x12\x0fdflow.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"\xde\x01\n" +
+	"\x0fDescribeRequest\"\xf4\x01\n" +
 	"\x10DescribeResponse\x12+\n" +
 	"\x05kinds\x18\x01 \x03(\v2\x15.dflow.plugin.v1.KindR\x05kinds\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\bR\abatches\x12\x1f\n" +
@@ -1545,7 +1791,8 @@ const file_dflow_proto_rawDesc = "" +
 	"portCredit\x12#\n" +
 	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\x12#\n" +
 	"\rshared_memory\x18\x05 \x01(\bR\fsharedMemory\x12\x18\n" +
-	"\awaiting\x18\x06 \x01(\bR\awaiting\"\\\n" +
+	"\awaiting\x18\x06 \x01(\bR\awaiting\x12\x14\n" +
+	"\x05times\x18\a \x01(\bR\x05times\"\\\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
@@ -1573,7 +1820,7 @@ const file_dflow_proto_rawDesc = "" +
 	"\n" +
 	"FieldError\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xff\x03\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xaf\x04\n" +
 	"\aMessage\x12.\n" +
 	"\x05start\x18\x01 \x01(\v2\x16.dflow.plugin.v1.StartH\x00R\x05start\x12+\n" +
 	"\x04item\x18\x02 \x01(\v2\x15.dflow.plugin.v1.ItemH\x00R\x04item\x12(\n" +
@@ -1585,8 +1832,9 @@ const file_dflow_proto_rawDesc = "" +
 	"\battached\x18\b \x01(\v2\x19.dflow.plugin.v1.AttachedH\x00R\battached\x124\n" +
 	"\arelease\x18\t \x01(\v2\x18.dflow.plugin.v1.ReleaseH\x00R\arelease\x124\n" +
 	"\awaiting\x18\n" +
-	" \x01(\v2\x18.dflow.plugin.v1.WaitingH\x00R\awaitingB\x05\n" +
-	"\x03msg\"\xa7\x02\n" +
+	" \x01(\v2\x18.dflow.plugin.v1.WaitingH\x00R\awaiting\x12.\n" +
+	"\x05times\x18\v \x01(\v2\x16.dflow.plugin.v1.TimesH\x00R\x05timesB\x05\n" +
+	"\x03msg\"\xbd\x02\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -1599,7 +1847,8 @@ const file_dflow_proto_rawDesc = "" +
 	"\routput_credit\x18\b \x01(\bR\foutputCredit\x12,\n" +
 	"\x05pools\x18\t \x01(\v2\x16.dflow.plugin.v1.PoolsR\x05pools\x12\x18\n" +
 	"\awaiting\x18\n" +
-	" \x01(\bR\awaiting\"\x97\x01\n" +
+	" \x01(\bR\awaiting\x12\x14\n" +
+	"\x05times\x18\v \x01(\bR\x05times\"\x97\x01\n" +
 	"\x05Pools\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12\x13\n" +
 	"\x05in_fd\x18\x02 \x01(\x05R\x04inFd\x12\x17\n" +
@@ -1635,9 +1884,25 @@ const file_dflow_proto_rawDesc = "" +
 	"\acounter\x18\x03 \x01(\bR\acounter\"7\n" +
 	"\aWaiting\x12\x18\n" +
 	"\awaiting\x18\x01 \x01(\bR\awaiting\x12\x12\n" +
-	"\x04seen\x18\x02 \x01(\x04R\x04seen\"\x1c\n" +
+	"\x04seen\x18\x02 \x01(\x04R\x04seen\"\xde\x01\n" +
+	"\x05Times\x12\x17\n" +
+	"\abusy_ns\x18\x01 \x01(\x03R\x06busyNs\x12\x17\n" +
+	"\aidle_ns\x18\x02 \x01(\x03R\x06idleNs\x12\x1d\n" +
+	"\n" +
+	"blocked_ns\x18\x03 \x01(\x03R\tblockedNs\x12+\n" +
+	"\x03now\x18\x04 \x01(\x0e2\x19.dflow.plugin.v1.ActivityR\x03now\x12\x1d\n" +
+	"\n" +
+	"service_ns\x18\x05 \x01(\x03R\tserviceNs\x128\n" +
+	"\aservice\x18\x06 \x03(\v2\x1e.dflow.plugin.v1.ServiceBucketR\aservice\"=\n" +
+	"\rServiceBucket\x12\x16\n" +
+	"\x06bucket\x18\x01 \x01(\x05R\x06bucket\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\"\x1c\n" +
 	"\x04Done\x12\x14\n" +
-	"\x05error\x18\x01 \x01(\tR\x05error2\xde\x01\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error*F\n" +
+	"\bActivity\x12\x11\n" +
+	"\rACTIVITY_BUSY\x10\x00\x12\x11\n" +
+	"\rACTIVITY_IDLE\x10\x01\x12\x14\n" +
+	"\x10ACTIVITY_BLOCKED\x10\x022\xde\x01\n" +
 	"\x04Node\x12O\n" +
 	"\bDescribe\x12 .dflow.plugin.v1.DescribeRequest\x1a!.dflow.plugin.v1.DescribeResponse\x12F\n" +
 	"\x05Check\x12\x1d.dflow.plugin.v1.CheckRequest\x1a\x1e.dflow.plugin.v1.CheckResponse\x12=\n" +
@@ -1655,60 +1920,67 @@ func file_dflow_proto_rawDescGZIP() []byte {
 	return file_dflow_proto_rawDescData
 }
 
-var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_dflow_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_dflow_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_dflow_proto_goTypes = []any{
-	(*DescribeRequest)(nil),  // 0: dflow.plugin.v1.DescribeRequest
-	(*DescribeResponse)(nil), // 1: dflow.plugin.v1.DescribeResponse
-	(*Kind)(nil),             // 2: dflow.plugin.v1.Kind
-	(*Field)(nil),            // 3: dflow.plugin.v1.Field
-	(*Port)(nil),             // 4: dflow.plugin.v1.Port
-	(*CheckRequest)(nil),     // 5: dflow.plugin.v1.CheckRequest
-	(*CheckResponse)(nil),    // 6: dflow.plugin.v1.CheckResponse
-	(*FieldError)(nil),       // 7: dflow.plugin.v1.FieldError
-	(*Message)(nil),          // 8: dflow.plugin.v1.Message
-	(*Start)(nil),            // 9: dflow.plugin.v1.Start
-	(*Pools)(nil),            // 10: dflow.plugin.v1.Pools
-	(*Attached)(nil),         // 11: dflow.plugin.v1.Attached
-	(*Ref)(nil),              // 12: dflow.plugin.v1.Ref
-	(*Release)(nil),          // 13: dflow.plugin.v1.Release
-	(*Item)(nil),             // 14: dflow.plugin.v1.Item
-	(*Batch)(nil),            // 15: dflow.plugin.v1.Batch
-	(*Eof)(nil),              // 16: dflow.plugin.v1.Eof
-	(*Credit)(nil),           // 17: dflow.plugin.v1.Credit
-	(*Metric)(nil),           // 18: dflow.plugin.v1.Metric
-	(*Waiting)(nil),          // 19: dflow.plugin.v1.Waiting
-	(*Done)(nil),             // 20: dflow.plugin.v1.Done
+	(Activity)(0),            // 0: dflow.plugin.v1.Activity
+	(*DescribeRequest)(nil),  // 1: dflow.plugin.v1.DescribeRequest
+	(*DescribeResponse)(nil), // 2: dflow.plugin.v1.DescribeResponse
+	(*Kind)(nil),             // 3: dflow.plugin.v1.Kind
+	(*Field)(nil),            // 4: dflow.plugin.v1.Field
+	(*Port)(nil),             // 5: dflow.plugin.v1.Port
+	(*CheckRequest)(nil),     // 6: dflow.plugin.v1.CheckRequest
+	(*CheckResponse)(nil),    // 7: dflow.plugin.v1.CheckResponse
+	(*FieldError)(nil),       // 8: dflow.plugin.v1.FieldError
+	(*Message)(nil),          // 9: dflow.plugin.v1.Message
+	(*Start)(nil),            // 10: dflow.plugin.v1.Start
+	(*Pools)(nil),            // 11: dflow.plugin.v1.Pools
+	(*Attached)(nil),         // 12: dflow.plugin.v1.Attached
+	(*Ref)(nil),              // 13: dflow.plugin.v1.Ref
+	(*Release)(nil),          // 14: dflow.plugin.v1.Release
+	(*Item)(nil),             // 15: dflow.plugin.v1.Item
+	(*Batch)(nil),            // 16: dflow.plugin.v1.Batch
+	(*Eof)(nil),              // 17: dflow.plugin.v1.Eof
+	(*Credit)(nil),           // 18: dflow.plugin.v1.Credit
+	(*Metric)(nil),           // 19: dflow.plugin.v1.Metric
+	(*Waiting)(nil),          // 20: dflow.plugin.v1.Waiting
+	(*Times)(nil),            // 21: dflow.plugin.v1.Times
+	(*ServiceBucket)(nil),    // 22: dflow.plugin.v1.ServiceBucket
+	(*Done)(nil),             // 23: dflow.plugin.v1.Done
 }
 var file_dflow_proto_depIdxs = []int32{
-	2,  // 0: dflow.plugin.v1.DescribeResponse.kinds:type_name -> dflow.plugin.v1.Kind
-	3,  // 1: dflow.plugin.v1.Kind.config:type_name -> dflow.plugin.v1.Field
-	7,  // 2: dflow.plugin.v1.CheckResponse.errors:type_name -> dflow.plugin.v1.FieldError
-	4,  // 3: dflow.plugin.v1.CheckResponse.ports:type_name -> dflow.plugin.v1.Port
-	9,  // 4: dflow.plugin.v1.Message.start:type_name -> dflow.plugin.v1.Start
-	14, // 5: dflow.plugin.v1.Message.item:type_name -> dflow.plugin.v1.Item
-	16, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
-	17, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
-	18, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
-	20, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
-	15, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
-	11, // 11: dflow.plugin.v1.Message.attached:type_name -> dflow.plugin.v1.Attached
-	13, // 12: dflow.plugin.v1.Message.release:type_name -> dflow.plugin.v1.Release
-	19, // 13: dflow.plugin.v1.Message.waiting:type_name -> dflow.plugin.v1.Waiting
-	10, // 14: dflow.plugin.v1.Start.pools:type_name -> dflow.plugin.v1.Pools
-	12, // 15: dflow.plugin.v1.Release.refs:type_name -> dflow.plugin.v1.Ref
-	12, // 16: dflow.plugin.v1.Item.ref:type_name -> dflow.plugin.v1.Ref
-	14, // 17: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
-	0,  // 18: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
-	5,  // 19: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
-	8,  // 20: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
-	1,  // 21: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
-	6,  // 22: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
-	8,  // 23: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
-	21, // [21:24] is the sub-list for method output_type
-	18, // [18:21] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	3,  // 0: dflow.plugin.v1.DescribeResponse.kinds:type_name -> dflow.plugin.v1.Kind
+	4,  // 1: dflow.plugin.v1.Kind.config:type_name -> dflow.plugin.v1.Field
+	8,  // 2: dflow.plugin.v1.CheckResponse.errors:type_name -> dflow.plugin.v1.FieldError
+	5,  // 3: dflow.plugin.v1.CheckResponse.ports:type_name -> dflow.plugin.v1.Port
+	10, // 4: dflow.plugin.v1.Message.start:type_name -> dflow.plugin.v1.Start
+	15, // 5: dflow.plugin.v1.Message.item:type_name -> dflow.plugin.v1.Item
+	17, // 6: dflow.plugin.v1.Message.eof:type_name -> dflow.plugin.v1.Eof
+	18, // 7: dflow.plugin.v1.Message.credit:type_name -> dflow.plugin.v1.Credit
+	19, // 8: dflow.plugin.v1.Message.metric:type_name -> dflow.plugin.v1.Metric
+	23, // 9: dflow.plugin.v1.Message.done:type_name -> dflow.plugin.v1.Done
+	16, // 10: dflow.plugin.v1.Message.batch:type_name -> dflow.plugin.v1.Batch
+	12, // 11: dflow.plugin.v1.Message.attached:type_name -> dflow.plugin.v1.Attached
+	14, // 12: dflow.plugin.v1.Message.release:type_name -> dflow.plugin.v1.Release
+	20, // 13: dflow.plugin.v1.Message.waiting:type_name -> dflow.plugin.v1.Waiting
+	21, // 14: dflow.plugin.v1.Message.times:type_name -> dflow.plugin.v1.Times
+	11, // 15: dflow.plugin.v1.Start.pools:type_name -> dflow.plugin.v1.Pools
+	13, // 16: dflow.plugin.v1.Release.refs:type_name -> dflow.plugin.v1.Ref
+	13, // 17: dflow.plugin.v1.Item.ref:type_name -> dflow.plugin.v1.Ref
+	15, // 18: dflow.plugin.v1.Batch.items:type_name -> dflow.plugin.v1.Item
+	0,  // 19: dflow.plugin.v1.Times.now:type_name -> dflow.plugin.v1.Activity
+	22, // 20: dflow.plugin.v1.Times.service:type_name -> dflow.plugin.v1.ServiceBucket
+	1,  // 21: dflow.plugin.v1.Node.Describe:input_type -> dflow.plugin.v1.DescribeRequest
+	6,  // 22: dflow.plugin.v1.Node.Check:input_type -> dflow.plugin.v1.CheckRequest
+	9,  // 23: dflow.plugin.v1.Node.Run:input_type -> dflow.plugin.v1.Message
+	2,  // 24: dflow.plugin.v1.Node.Describe:output_type -> dflow.plugin.v1.DescribeResponse
+	7,  // 25: dflow.plugin.v1.Node.Check:output_type -> dflow.plugin.v1.CheckResponse
+	9,  // 26: dflow.plugin.v1.Node.Run:output_type -> dflow.plugin.v1.Message
+	24, // [24:27] is the sub-list for method output_type
+	21, // [21:24] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_dflow_proto_init() }
@@ -1727,19 +1999,21 @@ func file_dflow_proto_init() {
 		(*Message_Attached)(nil),
 		(*Message_Release)(nil),
 		(*Message_Waiting)(nil),
+		(*Message_Times)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dflow_proto_rawDesc), len(file_dflow_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   21,
+			NumEnums:      1,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_dflow_proto_goTypes,
 		DependencyIndexes: file_dflow_proto_depIdxs,
+		EnumInfos:         file_dflow_proto_enumTypes,
 		MessageInfos:      file_dflow_proto_msgTypes,
 	}.Build()
 	File_dflow_proto = out.File

@@ -152,6 +152,7 @@ type inItem struct {
 // bytes lie within it) on, when it passes on with the Send. A node that
 // keeps an item longer copies it (Detach).
 func (in *input) Recv(ctx context.Context) (any, error) {
+	in.s.times.next()
 	if in.cur != nil {
 		in.s.drop(in.cur)
 		in.cur = nil
@@ -162,16 +163,19 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 	default:
 	}
 	defer in.s.block(func() bool { return len(in.ch) == 0 && !in.ended.Load() })()
+	defer in.s.times.wait(waitIdle)()
 	select {
 	case it, ok := <-in.ch:
 		return in.took(it, ok)
 	case <-ctx.Done():
+		in.s.times.none()
 		return nil, ctx.Err()
 	}
 }
 
 func (in *input) took(it inItem, ok bool) (any, error) {
 	if !ok {
+		in.s.times.none()
 		return nil, io.EOF
 	}
 	// The item is taken: credit for one more, which the sender grants

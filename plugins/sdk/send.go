@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/dflow-dev/dflow/plugins/internal/wire"
 	"github.com/dflow-dev/dflow/plugins/proto"
@@ -76,7 +77,9 @@ func (sn *sender) lookAgain() {
 // already waiting, to go as one Batch when dflow takes them
 // (Start.batches). It also grants the input credit the node's Recvs owe,
 // all that is owed on a port in one message: with credit coming back a
-// few items at a time, dflow batches its items too. It returns when run
+// few items at a time, dflow batches its items too. With Start.times it
+// says Times every timesEvery while the node's times change (times.go).
+// It returns when run
 // closes outq, or when the stream fails (then it lets the node's Sends
 // through, failing, until outq is closed).
 func (s *session) sendItems() {
@@ -108,9 +111,17 @@ func (s *session) sendItems() {
 		}
 		return nil
 	}
+	var tick <-chan time.Time // Times, every timesEvery while anything changes
+	if s.times.on {
+		t := time.NewTicker(timesEvery)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		var err error
 		select {
+		case <-tick:
+			err = s.sayTimes(false)
 		case <-s.kick:
 			err = grant()
 		case <-s.look:
@@ -176,9 +187,14 @@ func (o *output) Send(ctx context.Context, item any) error {
 	if err := wire.CheckPortItem(o.typ, item); err != nil {
 		return fmt.Errorf("sdk: output %q: %w", o.port, err)
 	}
+	if len(s.inputs) == 0 {
+		s.times.next() // a source's Sends delimit its items
+	}
 	if o.held && !o.credit.TryTake() {
 		unblock := s.block(func() bool { return o.credit.Available() <= 0 })
+		waited := s.times.wait(waitBlocked)
 		err := o.credit.Take(ctx, s.dead)
+		waited()
 		unblock()
 		if err != nil {
 			return err
@@ -187,6 +203,14 @@ func (o *output) Send(ctx context.Context, item any) error {
 	it, err := s.prepare(o.port, item)
 	if err != nil {
 		return fmt.Errorf("sdk: output %q: %w", o.port, err)
+	}
+	if s.times.on {
+		select {
+		case s.outq <- it:
+			return nil
+		default: // outq is full: a wait, timed
+			defer s.times.wait(waitBlocked)()
+		}
 	}
 	select {
 	case s.outq <- it:

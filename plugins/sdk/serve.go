@@ -104,7 +104,7 @@ func newServer(o Options, specs ...nodes.Spec) *server {
 
 // Describe implements proto.NodeServer.
 func (s *server) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
-	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: wire.SharedMemoryEnabled(), Waiting: !s.opts.Concurrent}
+	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: wire.SharedMemoryEnabled(), Waiting: !s.opts.Concurrent, Times: timesEnabled()}
 	for _, name := range s.order {
 		sp := s.specs[name]
 		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: wire.FieldsToProto(sp.Config)})

@@ -15,8 +15,9 @@ import (
 // began with a Start, the node it runs, its ports. Its parts, each in a
 // file of its own: sender (send.go) puts what the node sends on the
 // stream, receiver (receive.go) takes dflow's messages off it, waits
-// (waiting.go) tells dflow when the node is blocked, shm (pools.go) is
-// the shared memory dflow offered.
+// (waiting.go) tells dflow when the node is blocked, times (times.go)
+// measures where the node's time goes, shm (pools.go) is the shared
+// memory dflow offered.
 //
 // Its goroutines, who starts them and what ends them:
 //
@@ -41,6 +42,7 @@ type session struct {
 	opts    Options
 	inputs  map[string]*input
 	outputs map[string]*output
+	times   times
 
 	sender
 	receiver
@@ -75,6 +77,7 @@ func newSession(stream proto.Node_RunServer, start *proto.Start, ports []graph.P
 			s.outputs[p.Name] = &output{s: s, port: p.Name, typ: p.Type, credit: wire.NewCredit(), held: start.OutputCredit}
 		}
 	}
+	s.times.init(start.Times, len(s.inputs) == 0)
 	return s
 }
 
@@ -109,8 +112,14 @@ func (s *session) run(node nodes.Node) error {
 	if perr := recovered(func() { runErr = node.Run(ctx, s) }); perr != nil {
 		runErr = perr
 	}
+	if len(s.inputs) > 0 {
+		s.times.next() // the item in hand, if the node left before the end of its input
+	}
 	close(s.outq) // the node is done with its ports: send what it left
 	<-s.sent
+	if err := s.sayTimes(true); err != nil && runErr == nil {
+		runErr = err
+	}
 	if err := s.sendFailed(); err != nil && runErr == nil {
 		runErr = err
 	}
