@@ -116,11 +116,12 @@ edge "b" {
 	t.Run("paced", func(t *testing.T) {
 		r := run(t, "", "20ms")
 		// Busy holds every item's 5 ms (and the plugin's start); idle the
-		// rest of each 20 ms, most of the run.
+		// rest of each 20 ms once the plugin has started (the items sent
+		// meanwhile wait for it).
 		if busy := seconds(r.BusySeconds); busy < n*spin*9/10 {
 			t.Errorf("busy %v, want at least %v (%d items of %v)", busy, n*spin*9/10, n, spin)
 		}
-		if sh := r.Shares(); sh.Idle < 0.2 || sh.Blocked > 0.2 {
+		if sh := r.Shares(); sh.Idle < 0.1 || sh.Blocked > 0.2 {
 			t.Errorf("idle %.0f%%, blocked %.0f%%: want idle between items, seldom blocked", 100*sh.Idle, 100*sh.Blocked)
 		}
 		if p50 := seconds(r.ServiceSeconds.P50); p50 < minP50 {

@@ -25,6 +25,7 @@ python3-numpy). The layouts of the wire types are in docs/plugins.md.
 
 import contextlib
 import json
+import math
 import mmap
 import os
 import queue
@@ -288,6 +289,16 @@ class Replica:
         self._lock = threading.Lock()
         self._pools = None  # shared memory, when dflow offered it and it mapped
         self._watch = _Watch(False, out)
+        self._times = _Times(False, False)
+
+    def _put(self, m):
+        """Queues a message for dflow; a wait for room is the node's blocked
+        time."""
+        try:
+            self._out.put_nowait(m)
+        except queue.Full:
+            with self._times.wait(_BLOCKED):
+                self._out.put(m)
 
     def recv(self, port):
         """The items arriving on an input port, until every producer has
@@ -298,19 +309,21 @@ class Replica:
         q = self._inputs[port]
         held = None
         while True:
+            self._times.next()  # the node asks for an item: the one in hand is done
             try:
                 item = q.get_nowait()
             except queue.Empty:
-                with self._watch.blocked(q.empty):
+                with self._watch.blocked(q.empty), self._times.wait(_IDLE):
                     item = q.get()
             if held is not None:  # the previous item's region goes back to dflow
                 self._drop(held)
                 held = None
             if item is _EOF:
+                self._times.none()
                 return
             item, held = item
             # The item is taken: credit for one more on this port.
-            self._out.put(pb.Message(credit=pb.Credit(n=1, port=port)))
+            self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
             yield item
 
     def _drop(self, off):
@@ -379,13 +392,15 @@ class Replica:
         bytes, the first giving the whole size. It waits for dflow's
         credit on the port, so that a full edge holds back this port's
         items only."""
+        if not self._inputs:
+            self._times.next()  # a source's sends delimit its items
         credit = self._credit.get(port)
         if credit is not None and not credit.try_take():
-            with self._watch.blocked(credit.none):
+            with self._watch.blocked(credit.none), self._times.wait(_BLOCKED):
                 credit.take()
         ref = self._by_reference(port, item)
         if ref is not None:
-            self._out.put(pb.Message(item=ref))
+            self._put(pb.Message(item=ref))
             return
         typ, b = encode(item)
         view = memoryview(b)
@@ -395,7 +410,7 @@ class Replica:
                                 more=i + CHUNK < len(b))
                 if i == 0:
                     chunk.size = len(b)
-                self._out.put(pb.Message(item=chunk))
+                self._put(pb.Message(item=chunk))
 
     def metric(self, name, value, counter=False):
         """Sets a gauge, or adds to a counter."""
@@ -510,6 +525,111 @@ class _Watch:
 
 _LOOK = object()  # in the output queue: the sender looks at the node's waits
 
+TIMES_EVERY = 0.1  # seconds: how often the sender says Times while they change
+_IDLE, _BLOCKED = 0, 1
+
+
+def _times_enabled():
+    return os.environ.get("DFLOW_PLUGIN_TIMES", "").lower() != "off"
+
+
+class _Times:
+    """Times (Start.times): where the node's time goes, which dflow shows
+    as the replica's busy, idle and blocked time and its service times
+    (seen from dflow's side of the stream, a node that computes while it
+    holds credit for more input looks as if it waited). Idle is the time
+    the node waited in recv for an item, blocked the time it waited in send
+    for dflow's credit or for room in the queue to dflow, busy the rest; an
+    item's service time runs from the node getting it to its asking for
+    the next (a source's: from one send to the next), less its waits
+    meanwhile. Waits may overlap (a node that sends from threads): each
+    kind keeps how many are in progress and the sum of their starts. The
+    sender says Times every TIMES_EVERY while anything changed, and once
+    more before Done."""
+
+    def __init__(self, on, source):
+        self.on = on
+        self.lock = threading.Lock()
+        self.begin = time.monotonic_ns()
+        self.done = [0, 0]  # ns in ended waits: idle, blocked
+        self.n = [0, 0]  # waits in progress
+        self.starts = [0, 0]  # the sum of their starts
+        self.item = 0 if source else -1  # when the item in hand began; -1: none
+        self.item_waited = 0
+        self.service_sum, self.service = 0, {}
+        self.changed, self.said = False, 0
+
+    def _now(self):
+        return time.monotonic_ns() - self.begin
+
+    def _waited(self, now):
+        return sum(self.done) + (self.n[0] + self.n[1]) * now - sum(self.starts)
+
+    def next(self):
+        """Ends the item in hand, if any, and begins the next."""
+        if not self.on:
+            return
+        with self.lock:
+            now = self._now()
+            if self.item >= 0:
+                d = max(now - self.item - (self._waited(now) - self.item_waited), 0)
+                self.service_sum += d
+                b = _bucket(d)
+                self.service[b] = self.service.get(b, 0) + 1
+                self.changed = True
+            self.item, self.item_waited = now, self._waited(now)
+
+    def none(self):
+        """No item came: takes back the one begun."""
+        with self.lock:
+            self.item = -1
+
+    @contextlib.contextmanager
+    def wait(self, kind):
+        if not self.on:
+            yield
+            return
+        with self.lock:
+            start = self._now()
+            self.n[kind] += 1
+            self.starts[kind] += start
+            self.changed = True
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.n[kind] -= 1
+                self.starts[kind] -= start
+                self.done[kind] += self._now() - start
+                self.changed = True
+
+    def message(self, final=False):
+        """The Times to say now: None when nothing changed, or when the
+        last was said under TIMES_EVERY ago (unless final, before Done)."""
+        if not self.on:
+            return None
+        with self.lock:
+            now = self._now()
+            if not final and (not self.changed or now - self.said < TIMES_EVERY * 1e9):
+                return None
+            idle = self.done[0] + self.n[0] * now - self.starts[0]
+            blocked = self.done[1] + self.n[1] * now - self.starts[1]
+            activity = pb.ACTIVITY_BLOCKED if self.n[1] else pb.ACTIVITY_IDLE if self.n[0] else pb.ACTIVITY_BUSY
+            t = pb.Times(busy_ns=max(now - idle - blocked, 0), idle_ns=idle, blocked_ns=blocked, now=activity,
+                         service_ns=self.service_sum,
+                         service=[pb.ServiceBucket(bucket=b, count=n) for b, n in self.service.items()])
+            self.service_sum, self.service = 0, {}
+            self.changed, self.said = False, now
+        return pb.Message(times=t)
+
+
+def _bucket(ns):
+    """A service time's bucket (ServiceBucket): 0 under 1 microsecond,
+    else floor(18 log2(microseconds)) + 1."""
+    if ns < 1000:
+        return 0
+    return min(int(math.floor(18 * math.log2(ns / 1000.0))), 1 << 20) + 1
+
 
 # --- the service -----------------------------------------------------------
 
@@ -538,7 +658,8 @@ class _Service:
 
     def describe(self, request, context):
         resp = pb.DescribeResponse(batches=True, port_credit=True, output_credit=True,
-                                   shared_memory=_shm_enabled(), waiting=not CONCURRENT)
+                                   shared_memory=_shm_enabled(), waiting=not CONCURRENT,
+                                   times=_times_enabled())
         for k in self.kinds.values():
             kind = resp.kinds.add(name=k.name, doc=k.doc)
             for f in k.config:
@@ -573,7 +694,9 @@ class _Service:
         out = queue.Queue(OUTPUT_WINDOW)
         r = Replica(start, config, out)
         r._watch = _Watch(start.waiting and not CONCURRENT, out)
-        for p in kind.ports(config):
+        ports = kind.ports(config)
+        r._times = _Times(start.times, not any(not p.output for p in ports))
+        for p in ports:
             if not p.output:
                 # Unbounded: credit bounds it (deliver checks), and the end
                 # of input must go in even when it is full.
@@ -665,6 +788,12 @@ class _Service:
                 error = traceback.format_exc(limit=3).strip()
             if failure:
                 error = "input: %s" % failure[0]
+            if r._inputs:
+                r._times.next()  # the item in hand, if the node left before the end of its input
+                r._times.none()
+            t = r._times.message(final=True)
+            if t is not None:
+                out.put(t)
             out.put(pb.Message(done=pb.Done(error=error)))
             out.put(_DONE)
 
@@ -672,7 +801,16 @@ class _Service:
         threading.Thread(target=work, daemon=True).start()
         done = None  # Done goes last, after everything queued before it
         while True:
-            m = out.get()
+            if r._times.on:
+                try:
+                    m = out.get(timeout=TIMES_EVERY)
+                except queue.Empty:
+                    m = _LOOK  # no message: only Times to say, if due
+                t = r._times.message()
+                if t is not None:
+                    yield t
+            else:
+                m = out.get()
             if m is _DONE:
                 # Done may have come alone in the batch before this, its
                 # end (_DONE) not yet queued: it goes now. (It was dropped,
