@@ -88,8 +88,11 @@ type Coordinator struct {
 type instance struct {
 	name, worker string
 	done, lost   bool
-	rep          *report.Report
-	last         *report.Snapshot
+	// evict: counted lost though heard from (a group's restore needs
+	// the member it ran back)
+	evict bool
+	rep   *report.Report
+	last  *report.Snapshot
 	// ran lists, once it is lost, the replicas it ran: stage -> indices.
 	ran map[string][]int
 }

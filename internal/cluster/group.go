@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/dflow-dev/dflow/nodes"
@@ -53,6 +54,12 @@ import (
 // The restart fetches the state in parts (opStateFetch, an offset and a
 // count). A stage whose state does not move (synchronized stateless work)
 // takes its restart back at the restart's first collective.
+//
+// Where the group saves, a member that has returned asks opDone: its
+// inputs stay unsettled until the answer, which comes once the group's
+// final save holds them (the last member to leave has returned: it wrote
+// that save). Until then a group lost whole, its finished members
+// included, restores its last save (restoreLocked).
 const (
 	opBarrier byte = iota
 	opReduce
@@ -63,6 +70,7 @@ const (
 	opStateFetch
 	opSaves
 	opSaved
+	opDone
 )
 
 // The headers of a group request, and of an answer (hdrSaved: the round
@@ -88,6 +96,10 @@ type groupHost struct {
 	// keeps: the members' state moves to a restart (Spec.Moves)
 	keeps bool
 	gone  map[string]bool // shares counted lost
+	// share is the share each member asked from last; lastRound the
+	// round it completed last
+	share     []string
+	lastRound []uint32
 	// held is the item each member had in hand at its arrival in the
 	// round under way; trained the items of its completed rounds that
 	// may not be settled yet: its last where the group does not save,
@@ -96,13 +108,21 @@ type groupHost struct {
 	trained [][]trainedItem
 	// saves: a member said the group saves (opSaves); durable the round
 	// its last save holds, saveStep its step (-1: none yet), prevDurable
-	// the round of the save before; finished: a member left the group
-	// (its input ended), settling what it had trained on
+	// the round of the save before
 	saves       bool
 	durable     uint32
 	prevDurable uint32
 	saveStep    int
-	finished    bool
+	// lastMember is the member whose leave left none present (-1: none,
+	// or a restore since): it holds the group's state until it returns,
+	// its final save written; final: it has (opDone), and done holds the
+	// opDone of members waiting for that
+	lastMember int
+	final      bool
+	done       map[int]*nats.Msg
+	// evict lists the shares of finished members that a restore needs
+	// back, still counted live: the coordinator counts them lost
+	evict []string
 	// restore marks the members of a group lost whole that restore its
 	// last save, until their restart's opJoin is answered
 	restore []bool
@@ -140,6 +160,7 @@ type groupHost struct {
 func newGroupHost(stage string, replicas int, maxPayload int64, keeps bool) *groupHost {
 	h := &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
 		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]trainedItem, replicas),
+		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
 		saveStep: -1, restore: make([]bool, replicas),
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
@@ -168,10 +189,12 @@ func (h *groupHost) handle(m *nats.Msg) {
 		m.Respond(errAnswer(fmt.Sprintf("replica %d: no such member", replica)))
 		return
 	}
-	if share := m.Header.Get(hdrShare); h.gone[share] {
+	share := m.Header.Get(hdrShare)
+	if h.gone[share] {
 		m.Respond(errAnswer(fmt.Sprintf("the share %s was counted lost: stage %q replica %d runs elsewhere now", share, h.stage, replica)))
 		return
 	}
+	h.share[replica] = share
 	switch op {
 	case opFetch:
 		h.fetchLocked(m)
@@ -191,6 +214,9 @@ func (h *groupHost) handle(m *nats.Msg) {
 		return
 	case opSaved:
 		h.savedLocked(m)
+		return
+	case opDone:
+		h.doneLocked(replica, m)
 		return
 	}
 	if h.due[replica] && !h.keeps {
@@ -367,7 +393,12 @@ func (h *groupHost) savedLocked(m *nats.Msg) {
 	h.saveStep = int(int32(binary.LittleEndian.Uint32(m.Data[5:])))
 	// What was trained before the save before this one has been settled
 	// (its members heard of that save a save ago): no restart needs it.
+	// A member that has finished hears of no save: its items wait for the
+	// final one, and a restart of it drops them all.
 	for r, items := range h.trained {
+		if h.left[r] && !h.due[r] {
+			continue
+		}
 		h.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return t.round <= h.prevDurable })
 	}
 	h.respondLocked(m, []byte{0})
@@ -388,11 +419,14 @@ func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
 // answerJoinLocked answers a restart's opJoin: 0 ok; then 0 (nothing to
 // take), 1 (the state, of the length that follows as a uint32) or 2
 // (restore the save of the step that follows, an int32; -1: none yet);
-// then the ids of the items the restart drops if they come back, one a
-// line: their gradient is in the state it takes.
+// then the items the restart drops if they come back, one a line: their
+// gradient is in the state it takes. A line is the item's id, and, where
+// the group saves and no save holds it yet, a tab and the round it was
+// trained in: the restart settles it only once a save holds that round.
 func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
 	ans := make([]byte, 6)
 	skip := h.trained[replica]
+	saved := h.durable // the items of rounds up to here are in a save
 	switch st := h.stash[replica]; {
 	case h.restore[replica]:
 		h.restore[replica] = false
@@ -403,11 +437,17 @@ func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
 	}
+	if h.final {
+		saved = h.round
+	}
 	for i, t := range skip {
 		if i > 0 {
 			ans = append(ans, '\n')
 		}
 		ans = append(ans, t.id...)
+		if h.saves && t.round > saved {
+			ans = append(append(ans, '\t'), strconv.FormatUint(uint64(t.round), 10)...)
+		}
 	}
 	h.respondLocked(m, ans)
 }
@@ -439,10 +479,31 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 	}
 	h.left[replica] = true
 	h.members--
-	h.finished = true
 	h.dropLocked(replica)
 	h.completeLocked()
+	if h.members == 0 {
+		h.lastMember = replica
+	}
 	return h.members == 0
+}
+
+// doneLocked takes a returned member's opDone: answered 0 then 1 once the
+// group's final save holds what every member trained, which the last
+// member's return says (it wrote the save before). Until then the
+// member's inputs stay unsettled, and the request waits.
+func (h *groupHost) doneLocked(replica int, m *nats.Msg) {
+	if !h.final && replica == h.lastMember && h.members == 0 {
+		h.final = true
+		for r, w := range h.done {
+			delete(h.done, r)
+			h.respondLocked(w, []byte{0, 1})
+		}
+	}
+	if h.final || !h.saves {
+		h.respondLocked(m, []byte{0, 1})
+		return
+	}
+	h.done[replica] = m
 }
 
 // leftLost records a member that had finished on share, counted lost, and
@@ -480,6 +541,7 @@ func (h *groupHost) lose(replica int, share string) (present int) {
 	delete(h.joiner, replica)
 	delete(h.stash, replica)
 	delete(h.incoming, replica)
+	delete(h.done, replica)
 	h.donor[replica] = -1
 	for to, d := range h.donor {
 		if d == replica { // it was sending a state: another member will
@@ -487,43 +549,77 @@ func (h *groupHost) lose(replica int, share string) (present int) {
 			delete(h.incoming, to)
 		}
 	}
-	if !h.left[replica] {
+	switch {
+	case h.restore[replica]:
+		// it was to restore the last save: so does its next restart
+	case !h.left[replica]:
 		h.left[replica] = true
 		h.members--
 		h.due[replica] = true
 		h.dropLocked(replica)
 		h.completeLocked()
 	}
-	if h.members == 0 && h.restorable() {
+	if h.members == 0 && h.restorable() && h.stateLostLocked() {
 		h.restoreLocked()
 	}
 	return h.members
 }
 
 // restorable reports whether a group with no member left restores its
-// last save: it saves, and none of its members has finished (what one
-// settled on leaving may not be in the save). h.mu held.
-func (h *groupHost) restorable() bool { return h.keeps && h.saves && !h.finished }
+// last save: it saves, and its final save is not written yet (after it,
+// nothing is left to train). h.mu held.
+func (h *groupHost) restorable() bool { return h.keeps && h.saves && !h.final }
 
-// restoreLocked makes every due member of a group lost whole present
-// again, to restore the last save at its restart's opJoin: the rounds
-// after the save are trained again by the restarts, all of them present
-// from their first step, and what they trained before it is dropped.
+// stateLostLocked reports whether the group's state is gone, no member
+// being present: none left the group last (a member present was lost),
+// or the one that did, which holds the state until its final save, was
+// lost before it returned. h.mu held.
+func (h *groupHost) stateLostLocked() bool {
+	return h.lastMember < 0 || h.gone[h.share[h.lastMember]]
+}
+
+// restoreLocked makes the members of a group lost whole present again,
+// to restore the last save at their restart's opJoin: every due member,
+// and every member that had finished after the save (what it trained
+// since waits for the final save, unsettled): the rounds after the save
+// are trained again by the restarts, all of them present from their
+// first step, and what they trained before it is dropped. A member that
+// finished before the save stays finished: the save holds all it
+// trained. A finished member's share still counted live is evicted: its
+// restart restores too.
 func (h *groupHost) restoreLocked() {
-	for i, d := range h.due {
-		if !d {
+	for i := range h.due {
+		switch {
+		case h.due[i]:
+		case h.left[i] && h.lastRound[i] > h.durable:
+			if sh := h.share[i]; !h.gone[sh] {
+				h.evict = append(h.evict, sh)
+				h.gone[sh] = true // what it asks from now on is refused
+			}
+			delete(h.done, i) // its restart asks again
+		default:
 			continue
 		}
 		h.due[i], h.left[i], h.restore[i], h.donor[i] = false, false, true, -1
 		h.members++
 		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t trainedItem) bool { return t.round > h.durable })
 	}
+	h.lastMember = -1
 	clear(h.incoming)
 	clear(h.stash)
 	for r, j := range h.joiner {
 		delete(h.joiner, r)
 		h.answerJoinLocked(r, j)
 	}
+}
+
+// evictions returns, once, the shares a restore needs counted lost.
+func (h *groupHost) evictions() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.evict
+	h.evict = nil
+	return e
 }
 
 // restoring reports whether replica waits to restore the last save.
@@ -553,8 +649,8 @@ func (h *groupHost) why() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
-	case h.saves && h.finished:
-		return "its members had begun to finish, settling what their save may not hold"
+	case h.keeps && h.saves:
+		return "and its members had finished before the lost member's restart could take it"
 	case h.keeps:
 		return "and it saves nothing to restore (a checkpoint, for a kind that writes one)"
 	}
@@ -592,6 +688,7 @@ func (h *groupHost) completeLocked() {
 		}
 		for _, r := range h.arrived {
 			h.trainedLocked(r)
+			h.lastRound[r] = h.round
 		}
 	}
 	for _, r := range h.arrived {
@@ -833,6 +930,26 @@ func (g *remoteGroup) Saves(ctx context.Context, replica int) error {
 func (g *remoteGroup) Saved(ctx context.Context, replica, step int) error {
 	_, err := g.call(ctx, opSaved, replica, uint32(int32(step)))
 	return err
+}
+
+// done says that replica has returned, and waits until the group's final
+// save holds what it trained (true), or ctx ends (false). A request the
+// host could not take is asked again.
+func (g *remoteGroup) done(ctx context.Context, replica int) bool {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		ans, err := g.call(ctx, opDone, replica)
+		if err == nil {
+			return len(ans) >= 2 && ans[1] == 1
+		}
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return false // the share counted lost, or the run over
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
 }
 
 // reduce sends f in parts, the last of which waits for the round, and

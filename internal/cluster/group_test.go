@@ -377,8 +377,9 @@ func TestLoseMember(t *testing.T) {
 // save: every restart is told the save's step and the items trained on
 // up to it (dropped if they come back), not those after it (trained
 // again); the restarts are all waited for from their first step; members
-// hear the round the last save holds with every answer. A group that
-// saves nothing, or whose members had begun to finish, cannot restore.
+// hear the round the last save holds with every answer; a member that
+// finished after the save restores with the others (its share, counted
+// live, is evicted for it). A group that saves nothing cannot restore.
 func TestGroupLostWhole(t *testing.T) {
 	t.Parallel()
 	conn := connector(t)
@@ -391,7 +392,9 @@ func TestGroupLostWhole(t *testing.T) {
 	}{
 		{name: "saves", saves: true},
 		{name: "saves nothing", why: "saves nothing"},
-		{name: "finishing", saves: true, leave: true, why: "begun to finish"},
+		// member 2 finished after the save: it restores too, its share
+		// (still counted live) evicted
+		{name: "finishing", saves: true, leave: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host := conn()
@@ -459,9 +462,12 @@ func TestGroupLostWhole(t *testing.T) {
 			}
 			h.lose(0, "w0")
 			h.lose(1, "w1")
-			if !tc.leave {
-				h.lose(2, "w2")
+			if tc.leave {
+				if e := h.evictions(); !slices.Equal(e, []string{"w2"}) {
+					t.Fatalf("lost whole after member 2 finished: evicts %q, want w2", e)
+				}
 			}
+			h.lose(2, "w2") // (for the finished member: its share evicted)
 			if tc.why != "" {
 				if !h.anyDue() || !strings.Contains(h.why(), tc.why) {
 					t.Fatalf("lost whole: due %v, why %q; want due, and %q", h.anyDue(), h.why(), tc.why)

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -173,7 +174,9 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		err := n.Run(ctx, tr)
 		if err == nil {
 			tr.finish() // a failed item is not finished: the run fails anyway
-			tr.saved(^uint32(0))
+			if !tr.ended(ctx, s) {
+				return nil // the share is over: what it kept comes back to a restart
+			}
 			tr.returned(keySettled(stageIndex(l.g, s), r.Index()))
 		}
 		return err
@@ -201,8 +204,10 @@ type tracked struct {
 	cur  *taken // the item in hand, nil when none or not followed
 	sent int    // what it has sent since it took cur
 	// skip are the items a restart drops if they come back: the group's
-	// state it took holds what they trained (its group names them)
-	skip map[string]bool
+	// state it took holds what they trained (its group names them), each
+	// with the round it was trained in where no save holds that yet (0:
+	// one does, or its group does not save)
+	skip map[string]uint32
 	// hold: its group saves (nodes.Group.Saves), so what it finishes is
 	// kept, each with the round it was trained in, until a save holds
 	// that round; round is the cur's (0: none yet), last the replica's
@@ -319,7 +324,7 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			t.mu.Unlock()
 		}
 	}
-	return &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart, lone: s.Replicas == 1,
+	g := &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart, lone: s.Replicas == 1,
 		held: func(i int) string {
 			if t := find(i); t != nil {
 				t.mu.Lock()
@@ -331,11 +336,13 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			return ""
 		},
 		settle: l.ledger.settle,
-		skip: func(i int, ids []string) {
+		skip: func(i int, lines []string) {
 			with(i, func(t *tracked) {
-				t.skip = map[string]bool{}
-				for _, id := range ids {
-					t.skip[id] = true
+				t.skip = map[string]uint32{}
+				for _, line := range lines {
+					id, round, _ := strings.Cut(line, "\t")
+					r, _ := strconv.ParseUint(round, 10, 32)
+					t.skip[id] = uint32(r)
 				}
 			})
 		},
@@ -349,6 +356,21 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			}
 		},
 	}
+	l.pmu.Lock()
+	if l.remotes == nil {
+		l.remotes = map[string]*remoteGroup{}
+	}
+	l.remotes[s.Name] = g
+	l.pmu.Unlock()
+	return g
+}
+
+// groupOf is the share's side of stage's group across workers (nil:
+// none).
+func (l *links) groupOf(stage string) *remoteGroup {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return l.remotes[stage]
 }
 
 func (t *tracked) In(port string) nodes.Input { return &trackedIn{Input: t.Replica.In(port), t: t} }
@@ -375,6 +397,33 @@ func (t *tracked) finish() {
 	if cur != nil {
 		cur.finish(t.l.ledger)
 	}
+}
+
+// ended settles what the replica kept for a save, now that it has
+// returned, and reports false when its share is over before: what it
+// kept comes back to a restart. Where its group saves, that waits for
+// the group's final save (its last member's return): until then a group
+// lost whole restores its last save, this member included, and trains
+// again on what came after. A local group's last member to return
+// settles every member's; a member of a group across workers leaves it
+// and asks the host.
+func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
+	t.mu.Lock()
+	hold := t.hold
+	t.mu.Unlock()
+	switch g := t.l.groupOf(s.Name); {
+	case !hold:
+	case t.local != nil:
+		t.local.returned(t.Index())
+		return true
+	case g != nil:
+		t.Replica.Group().Leave() // its group's rounds do not wait for it
+		if !g.done(ctx, t.Index()) {
+			return false
+		}
+	}
+	t.saved(^uint32(0))
+	return true
 }
 
 // saved settles the items kept for a save that holds their round (every
@@ -416,19 +465,31 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			rec.by = t
 			t.open++
 		}
-		drop := rec != nil && t.skip[rec.id]
+		round, drop := uint32(0), false
+		id := ""
+		if rec != nil {
+			id = rec.id
+			round, drop = t.skip[id]
+		}
 		if drop {
 			delete(t.skip, rec.id)
 			t.cur = nil
+			if round > 0 && t.hold {
+				// in the state taken, not yet in a save: kept for one
+				t.kept = append(t.kept, keptItem{rec, round})
+				rec = nil
+			}
 		}
 		t.mu.Unlock()
 		if !drop {
 			return item, nil
 		}
 		// Trained on before the state the restart took was: in it
-		// already, settled now.
-		rec.finish(t.l.ledger)
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
+		// already, settled now (or at the save that holds it).
+		if rec != nil {
+			rec.finish(t.l.ledger)
+		}
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), id)
 	}
 }
 

@@ -166,7 +166,7 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 	c.mu.Lock()
 	var lost []*instance
 	for _, in := range c.instances {
-		if !in.done && !in.lost && c.silent(in.worker) > c.o.Timings.Lease {
+		if !in.done && !in.lost && (in.evict || c.silent(in.worker) > c.o.Timings.Lease) {
 			in.lost = true
 			c.markRan(in) // now, whatever recover makes of it
 			lost = append(lost, in)
@@ -255,6 +255,9 @@ func (c *Coordinator) recover(in *instance) error {
 	// the restart goes to the next. Its own share is recovered once its
 	// lease runs out.
 	gone := []string{in.worker}
+	if in.evict {
+		gone = nil // its worker lives, or is found lost in turn
+	}
 	failed := "" // the instance that never started, replaced with the placement
 	for {
 		target := c.leastLoaded(gone...)
@@ -409,7 +412,11 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 			if c.restores == nil {
 				c.restores = map[string]*Restore{}
 			}
-			if i == slices.Index(c.place[s.Name], in.name) { // said once, at its first replica
+			switch {
+			case i != slices.Index(c.place[s.Name], in.name): // said once, at its first replica
+			case r.Final:
+				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group after its final save: its restarts drop what comes back\n", s.Name)
+			default:
 				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, saveSaid(r.Step))
 			}
 			c.restores[s.Name] = r
@@ -427,6 +434,14 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	}
 	if h.restoring(i) {
 		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.saveSaid())
+	}
+	// Members that had finished after the save, on shares still counted
+	// live, restart to restore it too: their shares are counted lost.
+	for _, share := range h.evictions() {
+		if e := c.instances[share]; e != nil && !e.lost && !e.done {
+			e.evict = true
+			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran a member that had finished since, which restarts too\n", s.Name, share, e.worker)
+		}
 	}
 	return nil
 }

@@ -18,17 +18,21 @@ import (
 // member is the same round), a save holds the rounds up to its member's
 // last, and the members' inputs are settled up to there. With every save
 // the share tells the coordinator (dflow.r.RUN.saves.STAGE) the save's
-// step and the ids of the items trained up to it and not yet settled;
-// with its first member leaving, that the group has begun to finish. The
-// worker lost, the coordinator restarts the group from that save
-// (Job.Restore) as it restarts a hosted group lost whole.
+// step and the ids of the items trained up to it and not yet settled. A
+// member that returns keeps its inputs unsettled until a later save, or
+// the group's final one (its last member to return wrote it), holds
+// them: the share then says the group is final, with every item it
+// trained. The worker lost, the coordinator restarts the group from its
+// last save (Job.Restore) as it restarts a hosted group lost whole, its
+// finished members too; lost once final, its restarts drop every item
+// that comes back, and neither train nor save.
 
 // savesNote is what a share says of a local group's saves.
 type savesNote struct {
-	Share    string `json:"share"`
-	Stage    string `json:"stage"`
-	Saves    bool   `json:"saves,omitempty"`
-	Finished bool   `json:"finished,omitempty"`
+	Share string `json:"share"`
+	Stage string `json:"stage"`
+	Saves bool   `json:"saves,omitempty"`
+	Final bool   `json:"final,omitempty"`
 	// Step is the last save's (-1: none yet); Skip[replica] the ids of
 	// the items trained up to it that may not be settled
 	Step int        `json:"step"`
@@ -37,10 +41,13 @@ type savesNote struct {
 
 // Restore is the coordinator's order to the restart of a group lost whole
 // that summed on one worker: restore the save of Step, dropping the items
-// of Skip[replica] if they come back.
+// of Skip[replica] if they come back; Final: the group had written its
+// final save, so its restarts restore nothing, drop every item, and save
+// nothing.
 type Restore struct {
-	Step int        `json:"step"`
-	Skip [][]string `json:"skip,omitempty"`
+	Step  int        `json:"step"`
+	Skip  [][]string `json:"skip,omitempty"`
+	Final bool       `json:"final,omitempty"`
 }
 
 func subjSaves(run, stage string) string { return "dflow.r." + run + ".saves." + token(stage) }
@@ -50,14 +57,15 @@ type localGroup struct {
 	l     *links
 	stage *graph.Stage
 
-	mu       sync.Mutex
-	saves    bool
-	finished bool
-	step     int // the last save's, -1: none
-	durable  uint32
-	rounds   map[int]uint32        // each member's collectives
-	trained  map[int][]trainedItem // not yet settled by a save before the last
-	settled  map[string]bool       // the ids the last save settled
+	mu      sync.Mutex
+	saves   bool
+	final   bool         // every member has returned: the final save is written
+	ended   map[int]bool // the members returned
+	step    int          // the last save's, -1: none
+	durable uint32
+	rounds  map[int]uint32        // each member's collectives
+	trained map[int][]trainedItem // not yet settled by a save before the last
+	settled map[string]bool       // the ids the last save settled
 }
 
 // trackedReplica is replica i of stage, as the share follows it.
@@ -84,11 +92,11 @@ func (l *links) localGroupFor(s *graph.Stage) *localGroup {
 
 // noteLocked tells the coordinator (lg.mu held).
 func (lg *localGroup) noteLocked() {
-	n := savesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Finished: lg.finished, Step: lg.step,
+	n := savesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Final: lg.final, Step: lg.step,
 		Skip: make([][]string, lg.stage.Replicas)}
 	for r, items := range lg.trained {
 		for _, t := range items {
-			if t.round <= lg.durable && r < len(n.Skip) {
+			if (lg.final || t.round <= lg.durable) && r < len(n.Skip) {
 				n.Skip[r] = append(n.Skip[r], t.id)
 			}
 		}
@@ -152,25 +160,40 @@ func (g savingGroup) AllReduceSum(ctx context.Context, buf []float32) (int, erro
 	return g.AllReduce(ctx, nodes.Floats(buf))
 }
 
-func (g savingGroup) Leave() {
-	g.finish()
-	g.Group.Leave()
-}
-
+// Finish is the group's, but for the restart of a group lost once final:
+// none of its members is the last, which would save again.
 func (g savingGroup) Finish(ctx context.Context) (bool, error) {
-	g.finish()
+	if r := g.lg.l.job.Restore[g.lg.stage.Name]; r != nil && r.Final {
+		g.Group.Leave()
+		return false, nil
+	}
 	return g.Group.Finish(ctx)
 }
 
-// finish records that the group has begun to finish: what its members
-// settle from now may not be in a save.
-func (g savingGroup) finish() {
-	lg := g.lg
+// returned records that member i has returned; the last to return, the
+// final save written, settles what every member kept and tells the
+// coordinator that the group is final.
+func (lg *localGroup) returned(i int) {
 	lg.mu.Lock()
-	defer lg.mu.Unlock()
-	if lg.saves && !lg.finished {
-		lg.finished = true
-		lg.noteLocked()
+	if lg.ended == nil {
+		lg.ended = map[int]bool{}
+	}
+	lg.ended[i] = true
+	final := !lg.final && len(lg.ended) == lg.stage.Replicas
+	if final {
+		lg.final = true
+		if lg.saves {
+			lg.noteLocked()
+		}
+	}
+	lg.mu.Unlock()
+	if !final {
+		return
+	}
+	for i := range lg.stage.Replicas {
+		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
+			t.saved(^uint32(0))
+		}
 	}
 }
 
@@ -227,11 +250,14 @@ func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
 	if r, ok := g.lg.l.job.Restore[g.lg.stage.Name]; ok && r != nil {
 		if i := g.t.Index(); i < len(r.Skip) && len(r.Skip[i]) > 0 {
 			g.t.mu.Lock()
-			g.t.skip = map[string]bool{}
+			g.t.skip = map[string]uint32{} // in the save restored: settled when they come
 			for _, id := range r.Skip[i] {
-				g.t.skip[id] = true
+				g.t.skip[id] = 0
 			}
 			g.t.mu.Unlock()
+		}
+		if r.Final {
+			return nil // it trains nothing: every item it gets was trained
 		}
 		return &nodes.Restore{Step: r.Step}
 	}
@@ -266,6 +292,9 @@ func (c *Coordinator) savesNote(m *nats.Msg) {
 		if old, had := c.saves.notes[stage]; had && n.Step < 0 && old.Step >= 0 && old.Share != n.Share {
 			n.Step, n.Skip = old.Step, old.Skip // a restored group's, until its first save
 		}
+		if old, had := c.saves.notes[stage]; had && old.Final && old.Share != n.Share {
+			n = old // a final group's restart: final still
+		}
 		c.saves.notes[stage] = n
 		c.saves.mu.Unlock()
 	}
@@ -273,15 +302,16 @@ func (c *Coordinator) savesNote(m *nats.Msg) {
 }
 
 // restoreFor says how a local group lost whole restarts: from its last
-// save, or not at all (false: it saves nothing, or had begun to finish).
+// save (or, final, dropping everything), or not at all (false: it saves
+// nothing).
 func (c *Coordinator) restoreFor(stage string) (*Restore, bool) {
 	c.saves.mu.Lock()
 	defer c.saves.mu.Unlock()
 	n, ok := c.saves.notes[stage]
-	if !ok || !n.Saves || n.Finished {
+	if !ok || !n.Saves {
 		return nil, false
 	}
-	return &Restore{Step: n.Step, Skip: n.Skip}, true
+	return &Restore{Step: n.Step, Skip: n.Skip, Final: n.Final}, true
 }
 
 // LastSave is the step of stage's last save that the coordinator holds:
@@ -308,10 +338,5 @@ func (c *Coordinator) LastSave(stage string) (step int, ok bool) {
 // whyNot says why a group summing on one worker, lost whole, cannot
 // restore.
 func (c *Coordinator) whyNot(stage string) string {
-	c.saves.mu.Lock()
-	defer c.saves.mu.Unlock()
-	if n := c.saves.notes[stage]; n.Saves && n.Finished {
-		return "its members had begun to finish, settling what their save may not hold"
-	}
 	return "and it saves nothing to restore (a checkpoint, for a kind that writes one)"
 }

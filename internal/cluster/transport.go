@@ -191,6 +191,7 @@ type links struct {
 	// members sum in this process (localGroup); locals their records
 	summing   func(*graph.Stage) bool
 	locals    map[string]*localGroup
+	remotes   map[string]*remoteGroup // its groups across workers, by stage (pmu)
 	ledger    *ledger
 	started   time.Time
 	afterSend func(stage string) // WorkerOptions.AfterSend

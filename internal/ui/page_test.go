@@ -108,9 +108,10 @@ func TestSummaryFrame(t *testing.T) {
 
 // TestPageCharts: a saved report's page has a throughput and a busy-share
 // chart per stage and a depth chart per edge, each with both axes, tick
-// labels, units, a line and the replay position; the final frame shows
-// the report's whole-run figures; the legend and the slider say what
-// they are.
+// labels, units, a line (or the band of a stage of many replicas) and
+// the replay position, except those zero throughout, which a note names
+// instead; the final frame shows the report's whole-run figures; the
+// legend and the slider say what they are.
 func TestPageCharts(t *testing.T) {
 	rep := seedReport(t)
 	ctx, done := serveSaved(t, 1400, Saved(rep, nil, "seed"))
@@ -120,7 +121,8 @@ func TestPageCharts(t *testing.T) {
 		Key, Caption     string
 		XTicks, YTicks   int
 		Labels           []string
-		Lines            int
+		Lines, Bands     int
+		Hidden           bool
 		Marker           float64
 		Capacity, Legend string
 	}
@@ -129,6 +131,7 @@ func TestPageCharts(t *testing.T) {
 		xTicks: c.querySelectorAll(".x-axis text").length, yTicks: c.querySelectorAll(".y-axis text").length,
 		labels: [...c.querySelectorAll(".axis-label")].map(e => e.textContent),
 		lines: [...c.querySelectorAll("polyline.series")].filter(p => p.getAttribute("points").split(" ").length >= 2).length,
+		bands: c.querySelectorAll("polygon.band").length, hidden: c.getBoundingClientRect().height === 0,
 		marker: +(c.querySelector("line.marker") || {dataset: {t: -1}}).dataset.t,
 		capacity: (c.querySelector(".capacity-label") || {}).textContent || "",
 		legend: c.querySelector(".chart-legend").textContent}))`)
@@ -145,13 +148,43 @@ func TestPageCharts(t *testing.T) {
 	for name := range rep.Edges {
 		want["edge/"+name+"/depth"] = "items queued"
 	}
+	// zero throughout: every sample's value is one the chart prints as 0
+	zero := func(key string) bool {
+		parts := strings.Split(key, "/")
+		for _, p := range rep.Series {
+			switch {
+			case parts[0] == "edge":
+				for _, d := range p.Queues[parts[1]] {
+					if d != 0 {
+						return false
+					}
+				}
+			case parts[2] == "busy":
+				for _, b := range p.Utilization[parts[1]] {
+					if 100*b > 0.5 {
+						return false
+					}
+				}
+			default:
+				return false
+			}
+		}
+		return true
+	}
+	note := eval[string](t, ctx, `document.querySelector(".zero-note").textContent`)
 	for key, unit := range want {
 		c, ok := byKey[key]
 		if !ok {
 			t.Errorf("no chart %s on the page (charts: %v)", key, charts)
 			continue
 		}
-		if c.XTicks < 2 || c.YTicks < 2 || fmt.Sprint(c.Labels) != fmt.Sprintf("[time (s) %s]", unit) || c.Lines < 1 {
+		if z := zero(key); c.Hidden != z || z && !strings.Contains(note, c.Caption) {
+			t.Errorf("chart %s: hidden %v, zero throughout %v; the note says %q", key, c.Hidden, z, note)
+		}
+		if c.Hidden {
+			continue
+		}
+		if c.XTicks < 2 || c.YTicks < 2 || fmt.Sprint(c.Labels) != fmt.Sprintf("[time (s) %s]", unit) || c.Lines < 1 && c.Bands != 2 {
 			t.Errorf("chart %s: %d x ticks, %d y ticks, axis labels %q, %d lines", key, c.XTicks, c.YTicks, c.Labels, c.Lines)
 		}
 		if math.Abs(c.Marker-rep.WallSeconds) > 1e-9 {
@@ -161,8 +194,14 @@ func TestPageCharts(t *testing.T) {
 			t.Errorf("chart %s: capacity line %q", key, c.Capacity)
 		}
 	}
-	if c := byKey["stage/drafter/busy"]; c.Lines != 3 {
-		t.Errorf("drafter busy share: %d lines, want one per replica", c.Lines)
+	if c := byKey["stage/drafter/busy"]; c.Lines != 3 || c.Bands != 0 {
+		t.Errorf("drafter busy share: %d lines and %d bands, want one line per replica", c.Lines, c.Bands)
+	}
+	if c := byKey["stage/target/busy"]; c.Lines != 0 || c.Bands != 2 {
+		t.Errorf("target busy share: %d lines and %d bands, want the 5 replicas' band", c.Lines, c.Bands)
+	}
+	if !byKey["stage/done/busy"].Hidden {
+		t.Errorf("the sink's busy share is drawn, %q", byKey["stage/done/busy"].Legend)
 	}
 
 	// The final frame is the summary: the report's figures.
@@ -208,11 +247,45 @@ func TestPageCharts(t *testing.T) {
 	}
 	legend := eval[string](t, ctx, `document.querySelector("header").textContent`)
 	replay := eval[string](t, ctx, `document.querySelector(".replay").textContent + "|" + document.querySelector(".replay input").getAttribute("aria-label")`)
-	if !strings.Contains(legend, "queued") || !strings.Contains(legend, "full") || !strings.Contains(legend, "empty") {
+	if !strings.Contains(legend, "queued") || !strings.Contains(legend, "full") || !strings.Contains(legend, "empty") || !strings.Contains(legend, "starved") {
 		t.Errorf("the legend %q lacks the queue's colours", legend)
 	}
 	if !strings.HasPrefix(replay, "replay") || !strings.Contains(replay, "frame") {
 		t.Errorf("the slider's label %q", replay)
+	}
+}
+
+// TestBusyBand: the busy share of a stage of many replicas (8 targets)
+// is drawn as their spread, a band from the least to the most busy, the
+// middle half and the median, with the least busy replica's own line,
+// named in the legend; not a line per replica.
+func TestBusyBand(t *testing.T) {
+	rep := seedReport(t, "stage.target.replicas=8")
+	ctx, done := serveSaved(t, 1400, Saved(rep, nil, "eight targets"))
+	defer done()
+	type band struct {
+		Lines, Bands, Medians, Least int
+		Named, Legend                string
+	}
+	got := eval[band](t, ctx, `(c => ({lines: c.querySelectorAll("polyline.series").length, bands: c.querySelectorAll("polygon.band").length,
+		medians: c.querySelectorAll("polyline.median").length, least: c.querySelectorAll("polyline.least").length,
+		named: c.dataset.least || "", legend: c.querySelector(".chart-legend").textContent}))(document.querySelector('[data-chart="stage/target/busy"]'))`)
+	// the least busy: the lowest mean busy share over the samples
+	least, low := -1, math.Inf(1)
+	for i := range 8 {
+		var sum float64
+		for _, p := range rep.Series {
+			sum += 100 * p.Utilization["target"][i]
+		}
+		if m := sum / float64(len(rep.Series)); m < low-1e-9 {
+			least, low = i, m
+		}
+	}
+	if got.Lines != 0 || got.Bands != 2 || got.Medians != 1 || got.Least != 1 {
+		t.Errorf("8 targets' busy share: %d lines, %d bands, %d medians, %d least-busy lines; want the band, the median and the least busy", got.Lines, got.Bands, got.Medians, got.Least)
+	}
+	if got.Named != fmt.Sprint(least) || !strings.Contains(got.Legend, fmt.Sprintf("least busy: replica %d, %d%% on average", least, int(math.Round(low)))) {
+		t.Errorf("least busy named %q, legend %q; want replica %d (mean %.1f%%)", got.Named, got.Legend, least, low)
 	}
 }
 

@@ -10,6 +10,7 @@
 package ui
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"encoding/json"
@@ -44,6 +45,9 @@ type Stage struct {
 	Node     string `json:"node"`
 	Replicas int    `json:"replicas"`
 	Source   bool   `json:"source"`
+	// Sink: no edge leaves the stage, so its replicas waiting for input
+	// is how it spends its time, not a sign of a problem.
+	Sink bool `json:"sink,omitempty"`
 	// Workers are the cluster workers the replicas ran on, from a
 	// cluster run's report ("a>b" when a replica restarted on b); nil
 	// for a run on one host.
@@ -103,6 +107,43 @@ type StageFrame struct {
 	Out     []int64   `json:"out,omitempty"`
 	Done    []bool    `json:"done,omitempty"`
 	Workers []string  `json:"workers,omitempty"` // cluster worker per replica (summary of a cluster run)
+	// Tagged is whether each replica wears the page's "blocked" tag in
+	// this frame: blocked long enough, with hysteresis (see tagger), so
+	// that a replica near the threshold does not flicker.
+	Tagged []bool `json:"tagged,omitempty"`
+}
+
+// The "blocked" tag's hysteresis: a replica's tag is shown once its
+// blocked share has been tagOn or more for tagFrames samples in a row,
+// and hidden once it has been under tagOff for tagFrames in a row. The
+// summary frame, one figure for the whole run, is tagged at tagOn.
+const (
+	tagOn     = 0.5
+	tagOff    = 0.3
+	tagFrames = 3
+)
+
+// tagger holds one replica's "blocked" tag from sample to sample.
+type tagger struct {
+	on  bool
+	run int // samples in a row past the threshold that would flip it
+}
+
+// next takes the replica's blocked share in the next sample and says
+// whether it wears the tag there.
+func (h *tagger) next(blocked float64) bool {
+	flip := blocked >= tagOn
+	if h.on {
+		flip = blocked < tagOff
+	}
+	if !flip {
+		h.run = 0
+		return h.on
+	}
+	if h.run++; h.run >= tagFrames {
+		h.on, h.run = !h.on, 0
+	}
+	return h.on
 }
 
 // Run is one run the page shows: its graph and its frames so far. A live
@@ -112,6 +153,7 @@ type Run struct {
 
 	mu      sync.Mutex
 	frames  []Frame
+	tags    map[string][]tagger // stage -> each replica's "blocked" tag
 	ended   bool
 	changed chan struct{} // closed and replaced at each change
 	stop    chan struct{}
@@ -128,10 +170,36 @@ func (r *Run) add(f Frame, end bool) {
 	if r.ended {
 		return
 	}
-	r.frames = append(r.frames, f)
+	r.push(f)
 	r.ended = end
 	close(r.changed)
 	r.changed = make(chan struct{})
+}
+
+// push appends f, its replicas' "blocked" tags set: from each one's
+// tagger in a sample, at tagOn in the summary. The caller holds r.mu or
+// owns r alone.
+func (r *Run) push(f Frame) {
+	if r.tags == nil {
+		r.tags = map[string][]tagger{}
+	}
+	for name, sf := range f.Stages {
+		tags := r.tags[name]
+		if len(tags) < len(sf.Blocked) {
+			tags = append(tags, make([]tagger, len(sf.Blocked)-len(tags))...)
+			r.tags[name] = tags
+		}
+		sf.Tagged = make([]bool, len(sf.Blocked))
+		for i, b := range sf.Blocked {
+			if f.Summary {
+				sf.Tagged[i] = b >= tagOn
+			} else {
+				sf.Tagged[i] = tags[i].next(b)
+			}
+		}
+		f.Stages[name] = sf
+	}
+	r.frames = append(r.frames, f)
 }
 
 // since returns the frames from i on, whether the run has ended, and a
@@ -151,8 +219,12 @@ func GraphOf(g *graph.Graph, title string) Graph {
 // worker of each replica (nil: one process).
 func GraphOn(g *graph.Graph, title string, where map[string][]string) Graph {
 	out := Graph{Title: title}
+	from := map[*graph.Stage]bool{}
+	for _, e := range g.Edges {
+		from[e.From.Stage] = true
+	}
 	for _, s := range g.Stages {
-		st := Stage{Name: s.Name, Node: s.Node, Replicas: s.Replicas, Source: len(s.Inputs) == 0}
+		st := Stage{Name: s.Name, Node: s.Node, Replicas: s.Replicas, Source: len(s.Inputs) == 0, Sink: !from[s]}
 		if w := where[s.Name]; len(w) == s.Replicas {
 			st.Workers = slices.Clone(w)
 		}
@@ -385,6 +457,16 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 			}
 			gr.Edges = append(gr.Edges, oe)
 		}
+		// a sink leaves no edge; a report that does not name its edges'
+		// ends (an older dflow's) cannot say
+		ends := map[string]bool{}
+		for _, e := range gr.Edges {
+			ends[e.From] = true
+		}
+		known := !ends[""]
+		for i, s := range gr.Stages {
+			gr.Stages[i].Sink = known && !ends[s.Name]
+		}
 	}
 	for i, s := range gr.Stages {
 		for _, rr := range rep.Stages[s.Name].Replicas {
@@ -428,10 +510,10 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 			}
 			f.Stages[name] = sf
 		}
-		r.frames = append(r.frames, f)
+		r.push(f)
 		last = f
 	}
-	r.frames = append(r.frames, finalFrame(rep, last))
+	r.push(finalFrame(rep, last))
 	r.ended = true
 	return r
 }
@@ -442,14 +524,17 @@ type Server struct {
 	quit chan struct{}
 }
 
-// Handler returns the page's HTTP handler: / (the page and its script),
-// /api/runs (the graphs), /api/events?run=N (run N's frames as
-// server-sent events: every frame so far, then each new one; an "end"
-// event after the last).
+// Handler returns the page's HTTP handler: / (the page, with every run's
+// graph and frames so far in it, so that it shows the runs' state as it
+// loads, before any event arrives), its script and stylesheet,
+// /api/runs (the graphs), /api/events?run=N&from=I (run N's frames as
+// server-sent events: every frame from the I-th (default 0) so far, then
+// each new one; an "end" event after the last).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	sub, _ := fs.Sub(web, "web")
 	mux.Handle("/", http.FileServerFS(sub))
+	mux.HandleFunc("/{$}", s.page)
 	mux.HandleFunc("/api/runs", func(w http.ResponseWriter, r *http.Request) {
 		gs := make([]Graph, len(s.runs))
 		for i, run := range s.runs {
@@ -462,11 +547,62 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
+// pageData is what the page holds of each run as served: its graph, its
+// frames so far and whether it has ended.
+type pageData struct {
+	Runs []pageRun `json:"runs"`
+}
+
+type pageRun struct {
+	Graph  Graph   `json:"graph"`
+	Frames []Frame `json:"frames"`
+	Ended  bool    `json:"ended"`
+}
+
+// dataMark is where the page's index.html takes its data.
+const dataMark = "<!-- dflow:data -->"
+
+// page serves index.html with the runs' state so far inlined as JSON (a
+// script element the page's script reads as it loads; the events then
+// carry on from the frames it holds). encoding/json escapes <, > and &,
+// so no text of a run can end the element.
+func (s *Server) page(w http.ResponseWriter, r *http.Request) {
+	html, err := web.ReadFile("web/index.html")
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	d := pageData{Runs: make([]pageRun, len(s.runs))}
+	for i, run := range s.runs {
+		frames, ended, _ := run.since(0)
+		d.Runs[i] = pageRun{Graph: run.graph, Frames: frames, Ended: ended}
+		if d.Runs[i].Frames == nil {
+			d.Runs[i].Frames = []Frame{}
+		}
+	}
+	b, err := json.Marshal(d)
+	if err != nil {
+		http.Error(w, "ui: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(bytes.Replace(html, []byte(dataMark),
+		slices.Concat([]byte(`<script id="dflow-data" type="application/json">`), b, []byte(`</script>`)), 1))
+}
+
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	i, err := strconv.Atoi(r.URL.Query().Get("run"))
 	if err != nil || i < 0 || i >= len(s.runs) {
 		http.Error(w, "no such run", http.StatusNotFound)
 		return
+	}
+	sent := 0
+	if from := r.URL.Query().Get("from"); from != "" {
+		if sent, err = strconv.Atoi(from); err != nil || sent < 0 {
+			http.Error(w, "from: not a frame index", http.StatusBadRequest)
+			return
+		}
 	}
 	run := s.runs[i]
 	flusher, ok := w.(http.Flusher)
@@ -476,7 +612,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
-	sent := 0
 	for {
 		frames, ended, changed := run.since(sent)
 		for _, f := range frames {

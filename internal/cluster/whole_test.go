@@ -1,0 +1,301 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/items"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+)
+
+// tallyState is a tally replica's state: how many times the group has
+// trained on each item, by its sequence number, and the steps taken.
+type tallyState struct {
+	Counts []int `json:"counts"`
+	Step   int   `json:"step"`
+}
+
+func (s *tallyState) MarshalBinary() ([]byte, error) { return json.Marshal(s) }
+func (s *tallyState) UnmarshalBinary(b []byte) error { return json.Unmarshal(b, s) }
+
+// tallyStore is where a tally group saves: by step, and the final save.
+// A replica whose run was cancelled (its worker killed) writes nothing,
+// as a killed process writes nothing.
+type tallyStore struct {
+	mu    sync.Mutex
+	saves map[int][]byte
+	final []byte
+	// finals counts the final saves, written by a group's last member
+	finals int
+}
+
+func (s *tallyStore) save(ctx context.Context, step int, st *tallyState, final bool) {
+	b, _ := st.MarshalBinary()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	if final {
+		s.final, s.finals = b, s.finals+1
+		return
+	}
+	s.saves[step] = b
+}
+
+// tallyKind is a group that trains on each item in one step, as
+// drafter_train does: the step sums a vector with a 1 at each member's
+// item, every member adds the sum to its tally, and the lead saves every
+// few steps (Group.Saves, Saved); the group's last member writes the
+// final save. beforeFinish runs as a member's input has ended and
+// afterFinish once it has left its group: the test loses the group there.
+func tallyKind(reg *nodes.Registry, n, every int, store *tallyStore, beforeFinish func(context.Context, int) error, afterFinish func()) {
+	ports := func(*graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+	}
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "tally", Ports: ports}, Sync: nodes.Always, Moves: true,
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				g := r.Group()
+				defer g.Leave()
+				if err := g.Saves(ctx); err != nil {
+					return err
+				}
+				st := &tallyState{Counts: make([]int, n)}
+				if err := g.Keep(ctx, st); err != nil {
+					var re *nodes.Restore
+					if !errors.As(err, &re) {
+						return err
+					}
+					if re.Step >= 0 {
+						store.mu.Lock()
+						b := store.saves[re.Step]
+						store.mu.Unlock()
+						if b == nil {
+							return fmt.Errorf("tally: no save of step %d to restore", re.Step)
+						}
+						if err := st.UnmarshalBinary(b); err != nil {
+							return err
+						}
+					}
+				}
+				in := r.In("in")
+				for {
+					item, err := in.Recv(ctx)
+					if err == io.EOF {
+						break
+					}
+					if err != nil {
+						return err
+					}
+					v := make([]float32, n)
+					v[item.(*items.Blob).Seq] = 1
+					if _, err := g.AllReduceSum(ctx, v); err != nil {
+						return err
+					}
+					for i, x := range v {
+						st.Counts[i] += int(x)
+					}
+					st.Step++
+					if r.Index() == 0 && st.Step%every == 0 {
+						store.save(ctx, st.Step, st, false)
+						if err := g.Saved(ctx, st.Step); err != nil {
+							return err
+						}
+					}
+				}
+				if err := beforeFinish(ctx, r.Index()); err != nil {
+					return err
+				}
+				last, err := g.Finish(ctx)
+				if err != nil {
+					return err
+				}
+				afterFinish()
+				if last {
+					store.save(ctx, st.Step, st, true)
+				}
+				return nil
+			}), nil
+		}})
+}
+
+// TestLostWholeAsMemberFinished: a saving group lost whole right after one
+// of its members finished (its input ended and it left the group), the
+// others not yet: across workers (a member on each of two workers, both
+// killed), summing on one (killed), and the finished member on a worker
+// that lives (the others' killed; its share is counted lost, for it to
+// restart). The finished member's inputs were not settled at its return,
+// so the group restores its last save, that member too, and trains again
+// on what came after: the run ends ok, and the final save holds every
+// item exactly once.
+func TestLostWholeAsMemberFinished(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		pin    []string // the tally's replicas
+		killed []string
+		first  int // the member that finishes first (-1: any)
+	}{
+		{name: "across workers", pin: []string{"w2", "w3"}, killed: []string{"w2", "w3"}, first: -1},
+		{name: "on one", pin: []string{"w2"}, killed: []string{"w2"}, first: -1},
+		{name: "finished on a live worker", pin: []string{"w1", "w2", "w2"}, killed: []string{"w2"}, first: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const n, every = 30, 3
+			store := &tallyStore{saves: map[int][]byte{}}
+			var first atomic.Bool
+			left, killed := make(chan struct{}), make(chan struct{})
+			reg := nodes.Default.Clone()
+			tallyKind(reg, n, every, store, func(ctx context.Context, i int) error {
+				select {
+				case <-killed: // a restart: on
+					return nil
+				default:
+				}
+				if (tc.first < 0 || i == tc.first) && first.CompareAndSwap(false, true) {
+					return nil // the first to finish goes on
+				}
+				<-killed // the others are killed with their worker, present
+				return ctx.Err()
+			}, func() {
+				select {
+				case <-killed:
+				case <-left:
+				default:
+					close(left) // the first has left its group
+					<-killed
+				}
+			})
+			srv, err := StartServer(ServerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Shutdown)
+			kill := map[string]func(){}
+			var wg sync.WaitGroup
+			t.Cleanup(wg.Wait)
+			for i := range 3 {
+				name := fmt.Sprintf("w%d", i+1)
+				nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				t.Cleanup(cancel)
+				kill[name] = func() { nc.Close(); cancel() }
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer nc.Close()
+					RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loader(reg)})
+				}()
+			}
+			src := fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = %d
+  }
+}
+stage "tally" {
+  node     = "tally"
+  replicas = 3
+}
+edge "e" {
+  from     = src.out
+  to       = tally.in
+  policy   = "round_robin"
+  capacity = 64
+}
+`, n)
+			job := Job{Filename: "tally.hcl", Src: []byte(src)}
+			g, err := loader(reg)(&job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			var log syncLog
+			c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 3, Registry: reg,
+				Interval: 200 * time.Millisecond, Log: &log,
+				Pin:     map[string][]string{"src": {"w3"}, "tally": tc.pin},
+				Timings: Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				select {
+				case <-left:
+				case <-ctx.Done():
+					return
+				}
+				for _, w := range tc.killed {
+					kill[w]()
+				}
+				close(killed)
+			}()
+			rep, err := c.Run(ctx)
+			if ctx.Err() != nil {
+				t.Fatalf("the run hung: %v\n%s", err, log.String())
+			}
+			if err != nil || rep.Status != report.OK {
+				t.Fatalf("status %s: %v\ncoordinator:\n%s", rep.Status, err, log.String())
+			}
+			select {
+			case <-killed:
+			default:
+				t.Fatalf("the run ended with no member finished before the others: nothing was lost\n%s", log.String())
+			}
+			if !strings.Contains(log.String(), `stage "tally" lost every member of its group: its restarts restore its last save`) {
+				t.Errorf("the coordinator did not say the group restores its save:\n%s", log.String())
+			}
+			store.mu.Lock()
+			defer store.mu.Unlock()
+			var final tallyState
+			if err := final.UnmarshalBinary(store.final); err != nil {
+				t.Fatalf("no final save (%d written): %v\n%s", store.finals, err, log.String())
+			}
+			for seq, k := range final.Counts {
+				if k != 1 {
+					t.Errorf("the final save trained item %d %d times, want once (all: %v)\n%s", seq, k, final.Counts, log.String())
+					break
+				}
+			}
+		})
+	}
+}
+
+// syncLog is a log written by several goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
