@@ -133,8 +133,10 @@ type Group interface {
 	// each save followed by Saved: the replicas' inputs are then settled
 	// only once a save holds what they trained, so that a group lost
 	// whole restarts from its last save and the inputs since come back.
-	// Call it on every replica, before Keep; in one process it does
-	// nothing.
+	// A replica that has returned keeps its inputs unsettled until the
+	// group's last member (Finish) has returned: that member writes the
+	// final save before it does. Call it on every replica, before Keep;
+	// in one process it does nothing.
 	Saves(ctx context.Context) error
 	// Saved says that the group's state as of the step just completed is
 	// saved (a checkpoint written and closed), as step: a restart from it
