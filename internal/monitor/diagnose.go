@@ -29,7 +29,8 @@ const (
 // of these, only a deadlock's account where it deadlocked: what ended it
 // was its error. predict, when not nil,
 // estimates what switching an edge to "shared" would gain (the simulator,
-// replaying this run's service times); its figure joins the suggestion.
+// replaying this run's service times); its figure, with its spread, joins
+// the suggestion.
 func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 	out := []string{}
 	if d := deadlocked(rep); d != "" {
@@ -187,7 +188,7 @@ func siblings(g *graph.Graph, rep *report.Report, s *graph.Stage, predict Predic
 			msg = fmt.Sprintf("edge %s: %s; %s; policy = \"shared\" balances it", e.Name, msg, why)
 			if predict != nil {
 				if p, ok := predict(e.Name); ok {
-					msg += fmt.Sprintf(" (simulated: %.2fx faster, %.2fs -> %.2fs)", p.Before/p.After, p.Before, p.After)
+					msg += fmt.Sprintf(" (simulated: %s, %.2fs -> %.2fs)", faster(p), p.Before, p.After)
 				}
 			}
 		}
@@ -280,13 +281,26 @@ func fullEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string 
 	return names
 }
 
-// Prediction is a simulated before/after wall time, in seconds.
-type Prediction struct{ Before, After float64 }
+// Prediction is a simulated before/after wall time, in seconds, and the
+// spread of the speedup (Before/After) over the alternative fits of the
+// measured figures: Low and High, equal where there is none.
+type Prediction struct{ Before, After, Low, High float64 }
 
 // Predictor estimates the effect of setting an edge's policy to "shared".
 // internal/sim's Predictor makes one from a graph in memory by simulating
 // it both ways; the dependency runs sim -> monitor, never back.
 type Predictor func(edge string) (Prediction, bool)
+
+// faster writes a prediction's speedup, "1.67x faster", with its spread
+// where it has one at that precision: "1.67x faster (1.61-1.70x)".
+func faster(p Prediction) string {
+	x := fmt.Sprintf("%.2fx faster", p.Before/p.After)
+	lo, hi := fmt.Sprintf("%.2f", p.Low), fmt.Sprintf("%.2f", p.High)
+	if lo == hi || p.Low <= 0 {
+		return x
+	}
+	return fmt.Sprintf("%s (%s-%sx)", x, lo, hi)
+}
 
 func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
 

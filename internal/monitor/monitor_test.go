@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -166,6 +167,36 @@ func TestDiagnoseRules(t *testing.T) {
 	rep.Status, rep.Error = report.Failed, `stage "drafter" replica 1: injected failure after 3 items`
 	if got := Diagnose(g, rep, nil); len(got) != 0 {
 		t.Errorf("a failed run got throughput advice: %q", got)
+	}
+}
+
+// TestDiagnosePrediction: the suggestion to share an edge carries the
+// predictor's speedup with its spread, "1.67x (1.60-1.72x)", and the
+// speedup alone where the spread rounds to nothing.
+func TestDiagnosePrediction(t *testing.T) {
+	g := load(t)
+	rp := func(busy, idle, blocked float64) report.Replica {
+		return report.Replica{BusySeconds: busy, IdleSeconds: idle, BlockedSeconds: blocked, Utilization: busy / (busy + idle + blocked)}
+	}
+	rep := &report.Report{WallSeconds: 10, Stages: map[string]report.Stage{
+		"drafter": {Replicas: []report.Replica{rp(5, 0.5, 4.5), rp(5, 0.5, 4.5), rp(5, 5, 0)}},
+	}}
+	for _, tc := range []struct {
+		p    Prediction
+		want string
+	}{
+		{Prediction{Before: 5, After: 3, Low: 1.6, High: 1.72}, `policy = "shared" balances it (simulated: 1.67x faster (1.60-1.72x), 5.00s -> 3.00s)`},
+		{Prediction{Before: 5, After: 3, Low: 5.0 / 3, High: 5.0 / 3}, `policy = "shared" balances it (simulated: 1.67x faster, 5.00s -> 3.00s)`},
+	} {
+		var asked []string
+		predict := func(edge string) (Prediction, bool) {
+			asked = append(asked, edge)
+			return tc.p, true
+		}
+		all := strings.Join(Diagnose(g, rep, predict), "\n")
+		if !strings.Contains(all, tc.want) || !slices.Equal(asked, []string{"hs"}) {
+			t.Errorf("%+v: want %q (edge hs asked, got %q) in:\n%s", tc.p, tc.want, asked, all)
+		}
 	}
 }
 

@@ -109,7 +109,7 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 		rng := rand.New(rand.NewPCG(s.opts.Seed, si<<20|uint64(i)))
 		switch {
 		case hasMeasured:
-			mean, sigma := measuredService(measured, i)
+			mean, sigma := s.measuredService(measured, si, i)
 			p.next = lognormal(mean, sigma, rng)
 		case model != nil:
 			p.next = model.Service(gs.Name, i)
@@ -181,27 +181,6 @@ func measuredStage(from *report.Report, name string) (report.Stage, bool) {
 	}
 	st, ok := from.Stages[name]
 	return st, ok && len(st.Replicas) > 0
-}
-
-// measuredService fits replica i's measured service times: the mean, and
-// a log-space sigma from the ratio of p99 to p50 (z(0.99) = 2.326). A
-// replica the report lacks (more replicas now) takes the stage's average.
-func measuredService(st report.Stage, i int) (time.Duration, float64) {
-	var r report.Replica
-	if i < len(st.Replicas) {
-		r = st.Replicas[i]
-	} else {
-		for _, x := range st.Replicas {
-			r.ServiceSeconds.Mean += x.ServiceSeconds.Mean / float64(len(st.Replicas))
-			r.ServiceSeconds.P50 += x.ServiceSeconds.P50 / float64(len(st.Replicas))
-			r.ServiceSeconds.P99 += x.ServiceSeconds.P99 / float64(len(st.Replicas))
-		}
-	}
-	sigma := 0.0
-	if r.ServiceSeconds.P50 > 0 && r.ServiceSeconds.P99 > r.ServiceSeconds.P50 {
-		sigma = math.Log(r.ServiceSeconds.P99/r.ServiceSeconds.P50) / 2.326
-	}
-	return time.Duration(r.ServiceSeconds.Mean * float64(time.Second)), sigma
 }
 
 // observe adds a series point at a tick and calls Observe.

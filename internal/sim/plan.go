@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -19,25 +20,58 @@ import (
 // Predictor puts a figure on the diagnosis's suggestion (monitor.Diagnose):
 // for an edge, it simulates g as it is and g with that edge shared, both
 // with opts' models (opts.From, a real run's report, replays its service
-// times), and predicts their wall times. A spec whose sources emit more
-// than predictItems is simulated with their totals scaled down alike, and
-// the wall times scaled back up: a drained run of a million items is
-// diagnosed in milliseconds, not seconds. opts' Interval and Observe are
-// ignored. g as it is is simulated once, on the first call; the returned
-// function is safe for concurrent use.
+// times), and predicts their wall times. The estimate's spread comes from
+// predictFits alternative fits simulated the same way, each with its own
+// draws of service times and, replaying a report, each replica's measured
+// figures redrawn within their precision (redraw): the prediction's Low and
+// High are the lowest and highest speedup of the fits, the point's
+// included. A spec whose sources emit more than predictItems is simulated
+// with their totals scaled down alike, and the wall times scaled back up:
+// a drained run of a million items is diagnosed in milliseconds, not
+// seconds. opts' Interval and Observe are ignored. g as it is is simulated
+// once a fit, on the first call; the returned function is safe for
+// concurrent use.
 func Predictor(g *graph.Graph, opts Options) monitor.Predictor {
-	return predictor(g, opts, predictItems)
+	return predictor(g, opts, predictItems, predictFits)
 }
 
 // predictItems is the most items a source emits in Predictor's
 // simulations: enough for the steady state to be most of the run.
 const predictItems = 20_000
 
-func predictor(g *graph.Graph, opts Options, maxItems int64) monitor.Predictor {
+// predictFits is how many alternative fits give the prediction's spread.
+// Their sources emit at most altItems (the totals scaled down alike, as
+// for predictItems), and they are simulated side by side; their speedups
+// are taken relative to the fit of opts as given at the same scale, so
+// that scaling down does not move the range. A diagnosis takes about
+// three times the CPU of the point fit alone, and far less on several
+// cores.
+const (
+	predictFits = 8
+	altItems    = predictItems / 4
+)
+
+func predictor(g *graph.Graph, opts Options, maxItems int64, alternatives int) monitor.Predictor {
 	opts.Interval, opts.Observe, opts.maxItems = 0, nil, maxItems
-	var once sync.Once
-	var before float64
-	wall := func(g *graph.Graph) float64 {
+	if opts.Seed == 0 {
+		opts.Seed = 1
+	}
+	// fits[0] is the point fit; fits[1] the same at the alternatives'
+	// scale, where that differs; then the alternatives.
+	fits := []Options{opts}
+	if alternatives > 0 {
+		alt := opts
+		if maxItems <= 0 || maxItems > altItems {
+			alt.maxItems = altItems
+			fits = append(fits, alt)
+		}
+		for k := 1; k <= alternatives; k++ {
+			alt.Seed, alt.refit = opts.Seed+uint64(k), k
+			fits = append(fits, alt)
+		}
+	}
+	base := len(fits) - alternatives - 1 // the point fit at the alternatives' scale
+	wall := func(g *graph.Graph, opts Options) float64 {
 		s, err := build(g, opts)
 		if err != nil {
 			return 0
@@ -47,20 +81,50 @@ func predictor(g *graph.Graph, opts Options, maxItems int64) monitor.Predictor {
 		}
 		return s.report().WallSeconds * s.scale
 	}
+	// walls simulates g under every fit, side by side.
+	walls := func(g *graph.Graph) []float64 {
+		w := make([]float64, len(fits))
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+		for k := range fits {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				w[k] = wall(g, fits[k])
+			}()
+		}
+		wg.Wait()
+		return w
+	}
+	var once sync.Once
+	var before []float64
 	return func(edge string) (monitor.Prediction, bool) {
-		once.Do(func() { before = wall(g) })
-		if before == 0 {
+		once.Do(func() { before = walls(g) })
+		if before[0] == 0 {
 			return monitor.Prediction{}, false
 		}
 		shared, diags := g.With(graph.SetPolicy(edge, graph.Shared))
 		if diags.HasErrors() {
 			return monitor.Prediction{}, false
 		}
-		after := wall(shared)
-		if after == 0 {
+		after := walls(shared)
+		if after[0] == 0 {
 			return monitor.Prediction{}, false
 		}
-		return monitor.Prediction{Before: before, After: after}, true
+		p := monitor.Prediction{Before: before[0], After: after[0]}
+		x := p.Before / p.After
+		p.Low, p.High = x, x
+		if before[base] > 0 && after[base] > 0 {
+			x0 := before[base] / after[base]
+			for k := base + 1; k < len(fits); k++ {
+				if before[k] > 0 && after[k] > 0 {
+					r := x * before[k] / after[k] / x0
+					p.Low, p.High = min(p.Low, r), max(p.High, r)
+				}
+			}
+		}
+		return p, true
 	}
 }
 

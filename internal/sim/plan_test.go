@@ -76,15 +76,15 @@ func TestPredictorScalesLongRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, opts := range []Options{{Registry: registry()}, {Registry: registry(), From: rep}} {
-		whole, ok := predictor(g, opts, 0)("hs")
-		scaled, ok2 := predictor(g, opts, 10_000)("hs")
+		whole, ok := predictor(g, opts, 0, 0)("hs")
+		scaled, ok2 := predictor(g, opts, 10_000, 0)("hs")
 		if !ok || !ok2 {
 			t.Fatalf("no prediction: %v %v", ok, ok2)
 		}
 		if math.Abs(scaled.Before/whole.Before-1) > 0.01 || math.Abs(scaled.After/whole.After-1) > 0.01 {
 			t.Errorf("from a report %v: scaled %+v, every item %+v: more than 1%% apart", opts.From != nil, scaled, whole)
 		}
-		if within, _ := predictor(g, opts, 50_000)("hs"); within != whole {
+		if within, _ := predictor(g, opts, 50_000, 0)("hs"); within != whole {
 			t.Errorf("from a report %v: a bound of the source's total gave %+v, want %+v", opts.From != nil, within, whole)
 		}
 		t.Logf("from a report %v: every item %+v, scaled from 10000 %+v", opts.From != nil, whole, scaled)

@@ -19,8 +19,10 @@ type Options struct {
 	// nil.
 	Registry *nodes.Registry
 	// From, when set, takes each replica's service times from a measured
-	// run: a log-normal with the replica's measured mean and the spread
-	// of its p50 and p99. Stages absent from the report keep their model.
+	// run: a log-normal fitted to the body of the replica's measured
+	// distribution, its median and the spread its mean allows, so that a
+	// tail of load spikes is not taken for the stage's cost (fitBody).
+	// Stages absent from the report keep their model.
 	From *report.Report
 	// Seed seeds the draws of service times that do not come from a
 	// node's own seeded model (sim blocks, From).
@@ -37,6 +39,10 @@ type Options struct {
 	// none emits more than this many items; sim.scale is the factor back
 	// (Predictor).
 	maxItems int64
+	// refit, when above zero, redraws the measured figures of From
+	// within their precision before they are fitted: the predictor's
+	// alternative fits, one per value (redraw).
+	refit int
 }
 
 type state int8
