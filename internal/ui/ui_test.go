@@ -225,11 +225,15 @@ func TestScreenshot(t *testing.T) {
 	}
 	exe := browser(t)
 	g := loadSpec(t, "../../specs/seed.hcl")
+	// the browser started before the run, which lasts 5 s
+	ctx, cancel := browse(t, exe)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatal(err)
+	}
 	url, wait, shutdown := livePipeline(t, g, "specs/seed.hcl (hs round_robin)", nil)
 	defer shutdown()
 	defer wait()
-	ctx, cancel := browse(t, exe)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(url)); err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +242,9 @@ func TestScreenshot(t *testing.T) {
 		chromedp.Poll[bool](`(() => { const m = document.querySelector(".eta"); return m && parseInt(m.textContent) >= 55; })()`,
 			chromedp.WithPollingTimeout(30*time.Second))); err != nil {
 		t.Fatal(err)
+	}
+	if s := eval[string](t, ctx, `document.querySelector(".status").textContent`); s != "running" {
+		t.Fatalf("the run had ended (%s) when the page showed 55%%: a loaded machine; run it again", s)
 	}
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
