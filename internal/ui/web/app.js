@@ -442,9 +442,7 @@ function chart(parent, key, title, unit, fixed, fmt, data, opts) {
   };
 }
 
-// the runs as the server put them in the page; fetched from the API
-// when the page is opened as a plain file
-const inline = document.getElementById("dflow-data");
+// the runs as the server put them in the page: their graphs and frames
+// so far
 const root = document.getElementById("runs");
-if (inline) JSON.parse(inline.textContent).runs.forEach((r, i) => panel(r.graph, i, root, r));
-else fetch("api/runs").then((r) => r.json()).then((runs) => runs.forEach((g, i) => panel(g, i, root, { frames: [] })));
+JSON.parse(document.getElementById("dflow-data").textContent).runs.forEach((r, i) => panel(r.graph, i, root, r));
