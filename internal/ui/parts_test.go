@@ -158,6 +158,16 @@ func TestPageHoldsFrames(t *testing.T) {
 	if f := d.Runs[0].Frames[1]; f.T != 1 || f.Status != "running" || fmt.Sprint(f.Queues["b"]) != "[3]" {
 		t.Errorf("the page's last frame %+v, want the run's: t 1, queue b at 3", f)
 	}
+	// /index.html is the same page, by a redirect
+	if res, err := c.Get(srv.URL + "/index.html"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if !strings.Contains(string(b), `<script id="dflow-data"`) {
+			t.Errorf("/index.html (%s) without the runs' data", res.Request.URL)
+		}
+	}
 	// the events from the page's last frame on: the next one only
 	r.add(partsFrame(1.5, 1, 4, some, some), true)
 	res, err = c.Get(srv.URL + "/api/events?run=0&from=2")
