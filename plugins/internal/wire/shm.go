@@ -54,10 +54,11 @@ type Pool struct {
 	mem   []byte // the mapping
 	fd    int    // the memfd, on dflow's side until the plugin has attached; -1 otherwise
 
-	mu   sync.Mutex
-	free []span          // free spans, sorted by offset, coalesced
-	next int64           // where the next Alloc looks first
-	live map[int64]*Held // allocated regions by offset
+	mu           sync.Mutex
+	free         []span          // free spans, sorted by offset, coalesced
+	resting      []span          // regions freed, not yet free, oldest first
+	restingBytes int64           // their total
+	live         map[int64]*Held // allocated regions by offset
 }
 
 type span struct{ off, n int64 }
@@ -133,49 +134,51 @@ func (p *Pool) Bytes(off, n int64) []byte {
 	return p.mem[off : off+n : off+n]
 }
 
-// Alloc takes a region of n bytes, next fit: from where the last region
-// taken ended, coming round to the pool's start only once the rest is
-// taken, so that a region freed is reused as late as the pool allows
-// (an item kept past its lifetime is still told from the next one in
-// its place: Containing finds no region there); false when none is free.
+// A region freed rests before it is taken again: the restMin regions
+// freed last, and more of them while they total at most restBytes,
+// are left alone while the rest of the pool has room, so that an item
+// kept past its lifetime is still told from the next one in its place
+// (Containing finds no region there). Past that, Alloc takes the lowest
+// free region that fits (first fit), so that a steady stream of items
+// cycles through a few regions whose memory stays in the processor's
+// cache. (Taking regions in turn through the whole pool, so that a freed
+// one waited as long as the pool allowed, wrote every large item to
+// memory that had long left the cache: TestPoolFewRegions.)
+const (
+	restMin   = 2
+	restBytes = 16 << 20
+)
+
+// Alloc takes a region of n bytes, the lowest free one that fits; the
+// regions resting since they were freed, oldest first, only when none
+// does; false when none is free.
 func (p *Pool) Alloc(n int64) (*Held, bool) {
 	size := (max(n, 1) + poolAlign - 1) &^ (poolAlign - 1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.free) == 0 {
-		return nil, false
+	for {
+		for i, s := range p.free {
+			if s.n < size {
+				continue
+			}
+			h := &Held{Off: s.off, Len: n}
+			if s.n == size {
+				p.free = append(p.free[:i], p.free[i+1:]...)
+			} else {
+				p.free[i] = span{s.off + size, s.n - size}
+			}
+			p.live[h.Off] = h
+			return h, true
+		}
+		if len(p.resting) == 0 {
+			return nil, false
+		}
+		p.wake()
 	}
-	first := sort.Search(len(p.free), func(i int) bool { return p.free[i].off+p.free[i].n > p.next }) % len(p.free)
-	// The span that holds p.next from there first, the others in turn,
-	// and that span again from its start.
-	for k := range len(p.free) + 1 {
-		i := (first + k) % len(p.free)
-		s := p.free[i]
-		start := s.off
-		if k == 0 {
-			start = max(s.off, p.next)
-		}
-		if s.off+s.n-start < size {
-			continue
-		}
-		var rest []span
-		if start > s.off {
-			rest = append(rest, span{s.off, start - s.off})
-		}
-		if end := start + size; end < s.off+s.n {
-			rest = append(rest, span{end, s.off + s.n - end})
-		}
-		p.free = slices.Replace(p.free, i, i+1, rest...)
-		p.next = (start + size) % int64(len(p.mem))
-		h := &Held{Off: start, Len: n}
-		p.live[h.Off] = h
-		return h, true
-	}
-	return nil, false
 }
 
-// Free returns the region at off to the pool; it fails for an offset
-// that names no allocated region.
+// Free returns the region at off to the pool, to rest there a while; it
+// fails for an offset that names no allocated region.
 func (p *Pool) Free(off int64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -185,20 +188,30 @@ func (p *Pool) Free(off int64) error {
 	}
 	delete(p.live, off)
 	size := (max(h.Len, 1) + poolAlign - 1) &^ (poolAlign - 1)
-	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > off })
-	p.free = append(p.free, span{})
-	copy(p.free[i+1:], p.free[i:])
-	p.free[i] = span{off, size}
+	p.resting = append(p.resting, span{off, size})
+	p.restingBytes += size
+	for len(p.resting) > restMin && p.restingBytes > restBytes {
+		p.wake()
+	}
+	return nil
+}
+
+// wake makes the region that has rested longest free.
+func (p *Pool) wake() {
+	s := p.resting[0]
+	p.resting = p.resting[1:]
+	p.restingBytes -= s.n
+	i := sort.Search(len(p.free), func(i int) bool { return p.free[i].off > s.off })
+	p.free = slices.Insert(p.free, i, s)
 	// Coalesce with the neighbours.
 	if i+1 < len(p.free) && p.free[i].off+p.free[i].n == p.free[i+1].off {
 		p.free[i].n += p.free[i+1].n
-		p.free = append(p.free[:i+1], p.free[i+2:]...)
+		p.free = slices.Delete(p.free, i+1, i+2)
 	}
 	if i > 0 && p.free[i-1].off+p.free[i-1].n == p.free[i].off {
 		p.free[i-1].n += p.free[i].n
-		p.free = append(p.free[:i], p.free[i+1:]...)
+		p.free = slices.Delete(p.free, i, i+1)
 	}
-	return nil
 }
 
 // Live is the number of regions allocated.

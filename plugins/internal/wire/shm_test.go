@@ -6,8 +6,9 @@ import (
 	"github.com/dflow-dev/dflow/items"
 )
 
-// TestPoolAlloc: aligned regions, in turn; freed ones coalesce, so the
-// whole pool is one region again; a full pool says so instead of waiting.
+// TestPoolAlloc: aligned regions, lowest first; freed ones coalesce, so
+// the whole pool is one region again; a full pool says so instead of
+// waiting.
 func TestPoolAlloc(t *testing.T) {
 	t.Parallel()
 	p := newPool(1, make([]byte, 1024), -1)
@@ -33,11 +34,10 @@ func TestPoolAlloc(t *testing.T) {
 	}
 }
 
-// TestPoolNextFit: a region freed is not the next one taken while the
-// pool has room past the last region taken; the pool comes round to its
-// start once the rest is taken, and to the free part below where it
-// looks first, so nothing free is out of reach.
-func TestPoolNextFit(t *testing.T) {
+// TestPoolRest: a region freed is not the next one taken while the pool
+// has room elsewhere; once only resting regions are left, the one that
+// has rested longest is taken, and nothing free is out of reach.
+func TestPoolRest(t *testing.T) {
 	t.Parallel()
 	p := newPool(0, make([]byte, 1024), -1)
 	a, _ := p.Alloc(256)
@@ -47,28 +47,58 @@ func TestPoolNextFit(t *testing.T) {
 	if c.Off != 512 {
 		t.Fatalf("the region after a's release at %d, want 512 (past b), not a's 0", c.Off)
 	}
+	p.Free(b.Off)
 	d, ok := p.Alloc(256)
 	if !ok || d.Off != 768 {
 		t.Fatalf("the last quarter: %v %v", d, ok)
 	}
-	e, ok := p.Alloc(256) // the pool's end reached: round to its start
+	e, ok := p.Alloc(256) // only a and b left, resting: a, freed first
 	if !ok || e.Off != 0 {
-		t.Fatalf("coming round: %v %v, want offset 0", e, ok)
+		t.Fatalf("with only resting regions left: %v %v, want a's offset 0", e, ok)
 	}
-	for _, h := range []*Held{b, c, d, e} {
+	for _, h := range []*Held{c, d, e} {
 		p.Free(h.Off)
 	}
-	// All free, one span, looked at from 256 first: a region that fits
-	// only from the span's start is found there.
 	if whole, ok := p.Alloc(1024); !ok || whole.Off != 0 {
-		t.Errorf("the whole pool, looking from 256: %v %v", whole, ok)
+		t.Errorf("the whole pool, every region resting: %v %v", whole, ok)
 	}
-	p.Free(0)
-	if f, ok := p.Alloc(64); !ok || f.Off != 0 { // next wrapped to 0
-		t.Errorf("after the whole pool: %v %v, want offset 0", f, ok)
-	}
-	if g, ok := p.Alloc(64); !ok || g.Off != 64 {
-		t.Errorf("then: %v %v, want offset 64", g, ok)
+}
+
+// TestPoolFewRegions: a steady stream of items, a few in flight, cycles
+// through a few regions of the pool (whose memory stays in the cache),
+// not through the whole pool; and a region freed is taken again only
+// after restMin allocations, or as many as restBytes of its size, so that
+// an item kept a little past its lifetime is still caught.
+func TestPoolFewRegions(t *testing.T) {
+	t.Parallel()
+	const inFlight = 3
+	for _, size := range []int64{64 << 10, 1 << 20, 16 << 20} {
+		p := newPool(0, make([]byte, DefaultPoolBytes), -1) // untouched: Alloc and Free only count
+		rest := max(restMin, restBytes/size)
+		var held []int64
+		freedAt := map[int64]int{} // offset: allocations before its release
+		used := map[int64]bool{}
+		for i := range 2000 {
+			if len(held) == inFlight {
+				freedAt[held[0]] = i
+				if err := p.Free(held[0]); err != nil {
+					t.Fatal(err)
+				}
+				held = held[1:]
+			}
+			h, ok := p.Alloc(size)
+			if !ok {
+				t.Fatalf("%d B: item %d found no room", size, i)
+			}
+			if at, ok := freedAt[h.Off]; ok && i-at < int(rest) {
+				t.Fatalf("%d B: item %d took the region at %d, freed %d allocations before, want %d at least", size, i, h.Off, i-at, rest)
+			}
+			held = append(held, h.Off)
+			used[h.Off] = true
+		}
+		if want := inFlight + int(rest); len(used) > want {
+			t.Errorf("%d B items, %d in flight: %d regions of the pool written (%d MiB), want %d at most", size, inFlight, len(used), int64(len(used))*size>>20, want)
+		}
 	}
 }
 
