@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -91,9 +92,33 @@ func cmdPlugins(e *env, args []string) int {
 		fmt.Fprintf(e.stdout, "plugin %s (%s)\n", n, found[n])
 		for _, k := range kinds {
 			writeKind(e.stdout, pluginKindDoc(n, found[n], k), "  ", false) // as dflow nodes prints it
+			if len(k.Ports) == 0 {
+				if why := e.portsUnknown(k.Name); why != nil {
+					fmt.Fprintf(e.stderr, "dflow plugins: %s lists no ports: the plugin's check of its default config (no attribute set) failed: %v\n", k.Name, why)
+					status = exitFailed
+				}
+			}
 		}
 	}
 	return status
+}
+
+// portsUnknown is why a plugin kind registered in e.registry reported no
+// ports for its default config: the errors of the plugin's check of it
+// that are not about one attribute's value (the check itself failed), or
+// nil when there are none (a kind may have no ports).
+func (e *env) portsUnknown(name string) error {
+	k, ok := e.registry.Kind(name)
+	if !ok || k.Check == nil {
+		return nil
+	}
+	var errs []error
+	for _, err := range k.Check(defaultConfig(k.Config)) {
+		if fe := (*graph.FieldError)(nil); !errors.As(err, &fe) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // workerPlugin is a worker's FindPlugin: the plugin a job's block names is

@@ -108,16 +108,21 @@ class TargetForward(Node):
     def taps(self, config, c):
         return [int(l) for l in config.get("layers") or []] or default_taps(c["layers"])
 
+    # ports and check take any config, a model's missing too: dflow asks
+    # for the ports of the default config, which sets no model, to list
+    # them (dflow plugins, dflow nodes), and the SDK says "required".
     def ports(self, config):
         t = "hidden_states"
         try:
             _, c, _ = read_header(config["model"])
             t = hidden_type(c["d_model"], self.taps(config, c))
         except Exception:
-            pass
+            pass  # the type without the model's width: it is not known yet
         return [Port("in", "tokens", doc="token batches"), Port("hidden", t, output=True, doc="hidden states")]
 
     def check(self, config):
+        if "model" not in config:
+            return []  # the SDK reports it required
         try:
             _, c, _ = read_header(config["model"])
         except Exception as e:
