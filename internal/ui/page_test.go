@@ -200,9 +200,6 @@ func TestPageCharts(t *testing.T) {
 	if c := byKey["stage/target/busy"]; c.Lines != 0 || c.Bands != 2 {
 		t.Errorf("target busy share: %d lines and %d bands, want the 5 replicas' band", c.Lines, c.Bands)
 	}
-	if !byKey["stage/done/busy"].Hidden {
-		t.Errorf("the sink's busy share is drawn, %q", byKey["stage/done/busy"].Legend)
-	}
 
 	// The final frame is the summary: the report's figures.
 	if s := eval[string](t, ctx, `document.querySelector(".showing").textContent`); !strings.Contains(s, "whole run") {
