@@ -38,19 +38,22 @@ const quantilePrecision = math.Ln2 / 36
 // load spikes sets the p99 on its own and raises the trimmed mean little,
 // for the spikes are few. The smaller sigma is the body's: a tail the mean
 // does not carry is not the stage's cost. The fitted mean is the measured
-// one, but no more than a log-normal with the measured median (to the
-// histogram's precision) and that sigma has.
+// one, but no more than that of a log-normal with that sigma whose fastest
+// 99% average the trimmed mean (to the histogram's precision): the spikes'
+// share of the mean is left out with them, and a body shaped otherwise
+// than a log-normal (an exponential's) keeps its measured mean.
 func fitBody(s report.Summary) (mean, sigma float64) {
 	if s.Mean <= 0 {
 		return 0, 0
 	}
-	if s.P50 <= 0 {
+	trimmed := (s.Mean - s.P99/100) / 0.99
+	if s.P50 <= 0 || trimmed <= 0 {
 		return s.Mean, 0
 	}
 	if s.P99 > s.P50 {
-		sigma = min(math.Log(s.P99/s.P50)/z99, trimmedSigma((s.Mean-s.P99/100)/0.99/s.P50))
+		sigma = min(math.Log(s.P99/s.P50)/z99, trimmedSigma(trimmed/s.P50))
 	}
-	return min(s.Mean, s.P50*math.Exp(sigma*sigma/2+quantilePrecision)), sigma
+	return min(s.Mean, trimmed/trimmedRatio(sigma)*math.Exp(sigma*sigma/2+quantilePrecision)), sigma
 }
 
 // trimmedRatio is a log-normal's mean over its fastest 99% (the slowest

@@ -86,7 +86,8 @@ func stepCost(mean, sigma float64) float64 {
 // cost: the mean, and what a step of three synchronized replicas takes,
 // where the old fit, a sigma through the p99, made every item as spread
 // as the spikes (a step over 1.3 times the body's). A genuinely spread
-// stage, and a tight one without spikes, keep their spread.
+// stage, and a tight one without spikes, keep their spread, and an
+// exponential one its mean.
 func TestFitBody(t *testing.T) {
 	const median = 0.025
 	for _, tc := range []struct {
@@ -122,6 +123,17 @@ func TestFitBody(t *testing.T) {
 				t.Errorf("the old fit's step %.2fms against the body's %.2fms: misfit %v, want %v", 1e3*old, 1e3*bodyStep, !tc.oldMisfit, tc.oldMisfit)
 			}
 		})
+	}
+	// A body shaped otherwise, exponential (fan.hcl's), without spikes: a
+	// replay keeps its measured mean, the cost that sets throughput.
+	r := rand.New(rand.NewPCG(7, 8))
+	xs := make([]float64, 4000)
+	for i := range xs {
+		xs[i] = 0.01 * r.ExpFloat64()
+	}
+	exp := summarize(xs)
+	if mean, _ := fitBody(exp); math.Abs(mean/exp.Mean-1) > 0.005 {
+		t.Errorf("exponential %+v: fitted mean %.3fms, measured %.3fms", exp, 1e3*mean, 1e3*exp.Mean)
 	}
 	// Figures too few to fit a spread: the mean, no spread.
 	for _, s := range []report.Summary{{Mean: 0.01}, {Mean: 0.01, P50: 0.01, P99: 0.01}, {}} {

@@ -44,11 +44,11 @@ const predictItems = 20_000
 // for predictItems), and they are simulated side by side; their speedups
 // are taken relative to the fit of opts as given at the same scale, so
 // that scaling down does not move the range. A diagnosis takes about
-// three times the CPU of the point fit alone, and far less on several
-// cores.
+// twice the CPU of the point fit alone (the seed at a million items, from
+// a report), and on two cores or more about the time.
 const (
 	predictFits = 8
-	altItems    = predictItems / 4
+	altItems    = predictItems / 8
 )
 
 func predictor(g *graph.Graph, opts Options, maxItems int64, alternatives int) monitor.Predictor {
