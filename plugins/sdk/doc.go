@@ -30,6 +30,12 @@
 //     shared memory (two memfd pools per replica, no names); an item
 //     received so is a read-only view, valid until the node's next Recv
 //     on its port unless sent on first (docs/plugins.md, Shared memory).
+//   - The plugin measures where each replica's time goes (times.go): its
+//     node's waits in Recv are idle, in Send blocked, the rest busy, and
+//     an item's service time runs from one Recv to the next; it tells
+//     dflow every 100 ms while they change and before Done (Times), and
+//     dflow shows them as the replica's (docs/plugins.md, "Busy, idle and
+//     blocked").
 //   - The plugin exits when dflow does: when its lifeline (stdin) closes
 //     or its parent changes.
 package sdk
