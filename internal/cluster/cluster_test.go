@@ -238,6 +238,15 @@ func TestSeedOnThreeWorkers(t *testing.T) {
 			if in != 300 {
 				t.Errorf("sink got %d items, want 300", in)
 			}
+			// The run's last snapshot (its last status line) shows the
+			// queues as they are at the end: empty.
+			for _, e := range c.Snapshot().Edges {
+				for qi, q := range e.Queues {
+					if q.Depth != 0 {
+						t.Errorf("the last snapshot: edge %s queue %d holds %d, want 0", e.Name, qi, q.Depth)
+					}
+				}
+			}
 			_ = strings.Join
 		})
 	}

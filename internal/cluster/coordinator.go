@@ -74,6 +74,9 @@ type Coordinator struct {
 	lostList  atomic.Pointer[[]byte] // lostShares
 	snap      *report.Snapshot
 	series    []report.Sample
+	// endDepth is each remote queue's depth once every share is done
+	// (unread), by edge and queue index
+	endDepth map[[2]int]int
 	// groups are the groups across workers it hosts, by stage
 	groups map[string]*groupHost
 	// deadlock is the detector's state; lastLoss when a worker was last
@@ -93,6 +96,8 @@ type instance struct {
 	evict bool
 	rep   *report.Report
 	last  *report.Snapshot
+	// lastAt is when the coordinator had last (its clock)
+	lastAt time.Time
 	// ran lists, once it is lost, the replicas it ran: stage -> indices.
 	ran map[string][]int
 }
@@ -381,7 +386,8 @@ func (l *runLoop) done(m *nats.Msg) {
 	if in := c.instances[d.Instance]; in != nil && !in.lost {
 		in.done, in.rep, counted = true, rep, true
 		if snap := (&report.Snapshot{}); json.Unmarshal(d.Snapshot, snap) == nil {
-			in.last = snap // its figures as it ended, node metrics included
+			in.last, in.lastAt = snap, time.Now() // its figures as it ended, node metrics included
+			c.snap = nil                          // the next snapshot has them
 		}
 	}
 	c.mu.Unlock()
@@ -484,6 +490,13 @@ func (c *Coordinator) unread(ctx context.Context) error {
 					break
 				}
 			}
+			c.mu.Lock()
+			if c.endDepth == nil {
+				c.endDepth = map[[2]int]int{}
+			}
+			c.endDepth[[2]int{ei, qi}] = left // the run's last snapshot shows it
+			c.snap = nil
+			c.mu.Unlock()
 			if left > 0 {
 				return fmt.Errorf("edge %q queue %d: stage %q returned with %d items of stage %q unread; a consumer must read its input to the end",
 					e.Name, qi, e.To.Stage.Name, left, e.From.Stage.Name)

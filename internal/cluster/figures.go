@@ -44,7 +44,7 @@ func (c *Coordinator) Snapshot() *report.Snapshot {
 			s := &report.Snapshot{}
 			if json.Unmarshal(m.Data, s) == nil {
 				c.mu.Lock()
-				in.last = s
+				in.last, in.lastAt = s, time.Now()
 				c.mu.Unlock()
 			}
 		}()
@@ -69,6 +69,7 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	var tmpl *report.Snapshot
 	var snaps []*report.Snapshot // the shares not lost
 	byName := map[string]*report.Snapshot{}
+	at := map[string]time.Time{}
 	var lost []*instance
 	for _, in := range c.sortedInstances() {
 		if in.lost {
@@ -82,13 +83,13 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 		}
 		if !in.lost {
 			snaps = append(snaps, in.last)
-			byName[in.name] = in.last
+			byName[in.name], at[in.name] = in.last, in.lastAt
 		}
 	}
 	if tmpl == nil {
 		return out
 	}
-	v := shareView{snaps: snaps, byName: byName, lost: lost}
+	v := shareView{snaps: snaps, byName: byName, at: at, lost: lost}
 	for si, st := range tmpl.Stages {
 		out.Stages = append(out.Stages, c.mergeStage(v, si, st))
 	}
@@ -102,10 +103,12 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 }
 
 // shareView is what merge reads of the shares: the latest snapshots of
-// those not lost (by name too), and the lost ones.
+// those not lost (by name too, with when the coordinator had each), and
+// the lost ones.
 type shareView struct {
 	snaps  []*report.Snapshot
 	byName map[string]*report.Snapshot
+	at     map[string]time.Time
 	lost   []*instance
 }
 
@@ -149,8 +152,10 @@ func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) r
 }
 
 // mergeEdge merges edge ei of the shares' snapshots (c.mu held): the
-// counts added up, a lost share's as it last said, each queue's depth the
-// largest any share read.
+// counts added up, a lost share's as it last said, each queue's depth as
+// the share that runs one of its ends and said last read it (the largest
+// any share read where none of those has said), or, once every share is
+// done, a remote queue's as its stream has it then.
 func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) report.EdgeSnapshot {
 	snaps, lost := v.snaps, v.lost
 	me := e.Empty()
@@ -165,8 +170,54 @@ func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) repo
 			me.Produced += p
 			me.Consumed += n
 		}
+		for qi := range me.Queues {
+			if d, ok := c.latestDepth(v, ge, ei, qi); ok {
+				me.Queues[qi].Depth = d
+			}
+		}
 	}
 	return me
+}
+
+// latestDepth is queue qi of edge e (the ei-th) as the latest snapshot
+// (by the coordinator's clock) of a share that runs one of its producers
+// or consumers read it (c.mu held). A share done has said its last, as it ended: a producer's share
+// done early read the queue full, and its consumers' shares, later,
+// empty; the largest reading kept the first, and the run's last status
+// line showed queues full at its end.
+func (c *Coordinator) latestDepth(v shareView, e *graph.Edge, ei, qi int) (int, bool) {
+	if qi >= len(e.Queues) {
+		return 0, false
+	}
+	if d, ok := c.endDepth[[2]int{ei, qi}]; ok {
+		return d, true // every share done: as the stream has it
+	}
+	at := map[string]bool{}
+	for _, p := range e.Queues[qi].Producers {
+		if p < len(c.place[e.From.Stage.Name]) {
+			at[c.place[e.From.Stage.Name][p]] = true
+		}
+	}
+	for _, r := range e.Queues[qi].Consumers {
+		if r < len(c.place[e.To.Stage.Name]) {
+			at[c.place[e.To.Stage.Name][r]] = true
+		}
+	}
+	var last *report.Snapshot
+	var lastAt time.Time
+	for name := range at {
+		s := v.byName[name]
+		if s == nil || ei >= len(s.Edges) || qi >= len(s.Edges[ei].Queues) {
+			continue
+		}
+		if last == nil || v.at[name].After(lastAt) {
+			last, lastAt = s, v.at[name]
+		}
+	}
+	if last == nil {
+		return 0, false
+	}
+	return last.Edges[ei].Queues[qi].Depth, true
 }
 
 // stageMetrics merges stage s's node metrics from every share's latest

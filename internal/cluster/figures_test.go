@@ -1,0 +1,58 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/report"
+)
+
+// TestQueueDepthAsLastRead: a queue's depth in the cluster's snapshot is
+// the reading of the share, among those running one of its ends, that the
+// coordinator had last. The source's share, done early, read the queue
+// full; its consumer's share, done at the end, read it empty: the run's
+// last status line shows it empty (the largest reading showed it full at
+// 100%). A share that runs neither end has no say.
+func TestQueueDepthAsLastRead(t *testing.T) {
+	t.Parallel()
+	g := chain(t, 1) // src -a-> work -b-> sink
+	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, instances: map[string]*instance{},
+		place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
+	snap := func(depthA, depthB int) *report.Snapshot {
+		s := &report.Snapshot{}
+		for _, e := range g.Edges {
+			d := depthA
+			if e.Name == "b" {
+				d = depthB
+			}
+			s.Edges = append(s.Edges, report.EdgeSnapshot{Name: e.Name, Queues: []report.QueueSnapshot{{Depth: d}}})
+		}
+		for _, st := range g.Stages {
+			s.Stages = append(s.Stages, report.StageSnapshot{Name: st.Name, Replicas: make([]report.ReplicaSnapshot, st.Replicas)})
+		}
+		return s
+	}
+	t0 := time.Now()
+	c.instances["w1"] = &instance{name: "w1", worker: "w1", done: true, last: snap(8, 0), lastAt: t0}
+	c.instances["w2"] = &instance{name: "w2", worker: "w2", done: true, last: snap(0, 0), lastAt: t0.Add(time.Second)}
+	c.instances["w3"] = &instance{name: "w3", worker: "w3", done: true, last: snap(5, 5), lastAt: t0.Add(2 * time.Second)}
+	depth := func() (int, int) {
+		s := c.merge(time.Now())
+		return s.Edges[0].Queues[0].Depth, s.Edges[1].Queues[0].Depth // a, b
+	}
+	if a, b := depth(); a != 0 || b != 0 {
+		t.Errorf("at the end: depths a=%d b=%d, want 0 0 (as w2 read them last)", a, b)
+	}
+	// mid-run: the consumer's share had the queue half full, read after
+	// the producer's share read it full
+	c.instances["w2"].last = snap(4, 1)
+	if a, b := depth(); a != 4 || b != 1 {
+		t.Errorf("mid-run: depths a=%d b=%d, want 4 1", a, b)
+	}
+	// every share done: a remote queue as its stream has it then
+	c.endDepth = map[[2]int]int{{0, 0}: 0}
+	if a, b := depth(); a != 0 || b != 1 {
+		t.Errorf("every share done: depths a=%d b=%d, want 0 (the stream's) 1", a, b)
+	}
+}
