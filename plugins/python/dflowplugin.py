@@ -330,7 +330,7 @@ class Replica:
         p = self._pools
         with p.lock:
             length = p.held.pop(off)
-        self._out.put(pb.Message(release=pb.Release(refs=[pb.Ref(pool=0, offset=off, length=length)])))
+        self._put(pb.Message(release=pb.Release(refs=[pb.Ref(pool=0, offset=off, length=length)])))
 
     def alloc_hidden(self, B, T, K, D, seq=0):
         """A Hidden item to fill and send: its arrays (hidden float32
@@ -414,7 +414,7 @@ class Replica:
 
     def metric(self, name, value, counter=False):
         """Sets a gauge, or adds to a counter."""
-        self._out.put(pb.Message(metric=pb.Metric(name=name, value=value, counter=counter)))
+        self._put(pb.Message(metric=pb.Metric(name=name, value=value, counter=counter)))
 
 
 _EOF = object()
