@@ -372,8 +372,14 @@ func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Repo
 // the stage's items add up to what its edges say it took and sent: an item
 // a lost share took and had not settled was done again elsewhere (counted
 // twice), and one it settled after its last snapshot is in no snapshot.
-// The difference goes to the lost shares' part of the replicas, the
-// largest first, never below nothing.
+// The difference goes to the lost shares' part of the replicas, never
+// below nothing, a replica's taking and sending together: first what the
+// two differences share (an item taken and sent twice: by a replica and by
+// its restart), to the largest lost parts; then what is left of either,
+// to the replica whose lost part leans that way (a replica whose last
+// snapshot had taken an item it had not sent yet, then done again by its
+// restart, took one too many, not another replica). Apart, a replica could
+// end taking one item less than it sent ("in=515 out=516").
 func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, lostOut []int64, edges map[string]report.Edge) {
 	var took, sent int64
 	ports := map[string]bool{}
@@ -391,27 +397,73 @@ func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, 
 		in += r.ItemsIn
 		out += r.ItemsOut
 	}
-	spread := func(diff int64, lost []int64, set func(i int, d int64)) {
-		order := make([]int, len(lost))
-		for i := range order {
-			order[i] = i
-		}
-		sort.SliceStable(order, func(a, b int) bool { return lost[order[a]] > lost[order[b]] })
+	lostIn, lostOut = slices.Clone(lostIn), slices.Clone(lostOut)
+	// spread gives diff to the lost parts in order: a surplus (diff < 0)
+	// taken from each in turn, never below nothing; a shortfall to the
+	// first.
+	spread := func(diff int64, lost []int64, order []int, set func(i int, d int64)) {
 		for k, i := range order {
 			d := diff
 			if d < -lost[i] {
 				d = -lost[i]
 			}
 			if d > 0 && k > 0 {
-				d = 0 // a shortfall goes to the largest lost part
+				d = 0
 			}
 			set(i, d)
 			diff -= d
 		}
 	}
-	spread(took-in, lostIn, func(i int, d int64) { reps[i].ItemsIn += d })
+	// by lists the replicas by key, largest first (the larger lost part
+	// first where equal, then by index)
+	by := func(key func(i int) int64) []int {
+		order := make([]int, len(reps))
+		for i := range order {
+			order[i] = i
+		}
+		sort.SliceStable(order, func(a, b int) bool {
+			i, j := order[a], order[b]
+			if key(i) != key(j) {
+				return key(i) > key(j)
+			}
+			return lostIn[i]+lostOut[i] > lostIn[j]+lostOut[j]
+		})
+		return order
+	}
+	dIn, dOut := took-in, int64(0)
 	if len(ports) > 0 {
-		spread(sent-out, lostOut, func(i int, d int64) { reps[i].ItemsOut += d })
+		dOut = sent - out
+	}
+	both := int64(0)
+	switch {
+	case dIn < 0 && dOut < 0:
+		both = max(dIn, dOut)
+	case dIn > 0 && dOut > 0:
+		both = min(dIn, dOut)
+	}
+	if both != 0 {
+		common := make([]int64, len(reps))
+		for i := range common {
+			common[i] = min(lostIn[i], lostOut[i])
+		}
+		spread(both, common, by(func(i int) int64 { return common[i] }), func(i int, d int64) {
+			reps[i].ItemsIn += d
+			reps[i].ItemsOut += d
+			lostIn[i] += d
+			lostOut[i] += d
+		})
+	}
+	lean := func(a, b []int64, diff int64) []int {
+		if diff < 0 { // took (or sent) too many: where the lost part has more of it
+			return by(func(i int) int64 { return a[i] - b[i] })
+		}
+		return by(func(i int) int64 { return b[i] - a[i] })
+	}
+	if d := dIn - both; d != 0 {
+		spread(d, lostIn, lean(lostIn, lostOut, d), func(i int, d int64) { reps[i].ItemsIn += d })
+	}
+	if d := dOut - both; d != 0 {
+		spread(d, lostOut, lean(lostOut, lostIn, d), func(i int, d int64) { reps[i].ItemsOut += d })
 	}
 }
 
