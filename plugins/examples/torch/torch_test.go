@@ -169,25 +169,16 @@ func TestParity(t *testing.T) {
 	}
 }
 
-// TestDFlashWithTorchTarget: specs/dflash.hcl with its target stage's node
-// changed, and nothing else in its text, runs the PyTorch target into the Go
-// drafters; every batch is read, forwarded and trained on once.
+// TestDFlashWithTorchTarget: the walkthrough's spec, dflash.hcl here,
+// runs the PyTorch target into the Go drafters; every batch is read,
+// forwarded and trained on once.
 func TestDFlashWithTorchTarget(t *testing.T) {
 	reg, errs, corpus := setup(t)
-	src, err := os.ReadFile("specs/dflash.hcl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const line = `  node     = "target_forward"`
-	if bytes.Count(src, []byte(line)) != 1 {
-		t.Fatalf("specs/dflash.hcl has no one line %q", line)
-	}
-	spec := strings.Replace(string(src), line, `  node     = "torch/target_forward"`, 1)
 	// Smaller batches and one evaluation prompt: the drafters train in
 	// this race-built process.
 	g, diags := (&graph.Loader{Catalog: reg, Vars: map[string]string{
 		"corpus": corpus, "batches": "12", "targets": "2", "checkpoint": filepath.Join(t.TempDir(), "d.safetensors")},
-		Sets: []string{"stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4", "stage.drafter.config.eval_prompts=1"}}).Load("dflash.hcl", []byte(spec))
+		Sets: []string{"stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4", "stage.drafter.config.eval_prompts=1"}}).LoadFile(torchSpec)
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
@@ -200,5 +191,54 @@ func TestDFlashWithTorchTarget(t *testing.T) {
 	if rep.Edges["tokens"].Consumed != 12 || rep.Edges["hs"].Produced != 12 || rep.Edges["hs"].Consumed != 12 {
 		t.Errorf("tokens %d consumed, hidden states %d produced and %d consumed; want 12 each",
 			rep.Edges["tokens"].Consumed, rep.Edges["hs"].Produced, rep.Edges["hs"].Consumed)
+	}
+}
+
+// torchSpec is the walkthrough's spec, from the repository's root.
+const torchSpec = "plugins/examples/torch/dflash.hcl"
+
+// torchHeader is what dflash.hcl here has in place of the main job's
+// leading comment.
+const torchHeader = `# The main job, specs/dflash.hcl, with its targets in PyTorch: the same
+# spec but for the plugin block, the target stage's node and threads, the
+# number of batches and the drafter's file, its own, so that the main
+# job's is not replaced. From the clone:
+#   dflow run plugins/examples/torch/dflash.hcl
+
+plugin "torch" {
+  path = "dflow-plugin-torch" # beside this file
+}
+`
+
+// TestSpecIsTheMainJobs: dflash.hcl here is specs/dflash.hcl but for what
+// its header says (the README's step 4 shows those lines): a change to the
+// main job fails this test until the PyTorch one has it too.
+func TestSpecIsTheMainJobs(t *testing.T) {
+	main, err := os.ReadFile("../../../specs/dflash.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(main), "\n")
+	for len(lines) > 0 && strings.HasPrefix(lines[0], "#") {
+		lines = lines[1:] // the main job's header
+	}
+	want := torchHeader + strings.Join(lines, "")
+	for _, r := range [][2]string{
+		{"variable \"batches\" {\n  default = 2400\n}", "variable \"batches\" {\n  default = 240 # a tenth of the main job's (--var batches=2400 for all of it)\n}"},
+		{"variable \"checkpoint\" {\n  default = \"drafter.safetensors\"\n}", "variable \"checkpoint\" {\n  default = \"drafter-torch.safetensors\"\n}"},
+		{"  node     = \"target_forward\"\n", "  node     = \"torch/target_forward\" # was \"target_forward\"\n"},
+		{"    model = \"models/target.safetensors\"\n", "    model   = \"models/target.safetensors\"\n    threads = 1 # a torch thread per replica: five on a few cores\n"},
+	} {
+		if strings.Count(want, r[0]) != 1 {
+			t.Fatalf("specs/dflash.hcl has no one %q: the PyTorch spec's changes need redoing", r[0])
+		}
+		want = strings.Replace(want, r[0], r[1], 1)
+	}
+	got, err := os.ReadFile("dflash.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Errorf("dflash.hcl is not specs/dflash.hcl with the PyTorch target's changes; want\n%s", want)
 	}
 }
