@@ -207,3 +207,45 @@ func TestKeptPastItsLifetime(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestPoolFewRegionsInARun: a run of 16 MiB items through a plugin writes
+// them to a few regions of its replica's pool 0, over and over (what the
+// windows let be in flight, and the regions resting: wire's
+// TestPoolFewRegions), not to the whole pool in turn, where every item
+// would be written to memory long out of the cache.
+func TestPoolFewRegionsInARun(t *testing.T) {
+	if !wire.SharedMemoryEnabled() {
+		t.Skip("no shared memory here")
+	}
+	var mu sync.Mutex
+	var touched []int64
+	poolsClosing = func(ps *wire.Pools) {
+		mu.Lock()
+		touched = append(touched, ps.In.Touched())
+		mu.Unlock()
+	}
+	t.Cleanup(func() { poolsClosing = nil })
+	f := newFixture(t)
+	if _, err := f.h.Load("tp", wrapper(t, f.dir, "tp", "serve"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	const size, items = 16 << 20, 40
+	if _, err := f.run(fmt.Sprintf(passSpec, items, size, "tp/pass", 1)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(touched) != 1 {
+		t.Fatalf("%d replicas' pools seen closing, want 1", len(touched))
+	}
+	// In flight at most: what the plugin's input window holds (the SDK's
+	// default InputBytes, 64 MiB), what its output window to dflow holds
+	// on the way back (outletBytes; a region of pool 0 is released once
+	// its reference back is sent), the node's item, and the two regions
+	// resting. Taken in turn, the 40 items would have gone round the
+	// whole pool (256 MiB).
+	if limit := 64<<20 + outletBytes + 3*size; touched[0] > limit {
+		t.Errorf("pool 0 written up to %d MiB by %d items of 16 MiB, want %d MiB at most", touched[0]>>20, items, limit>>20)
+	}
+	t.Logf("pool 0 written up to %d MiB", touched[0]>>20)
+}

@@ -59,6 +59,7 @@ type Pool struct {
 	resting      []span          // regions freed, not yet free, oldest first
 	restingBytes int64           // their total
 	live         map[int64]*Held // allocated regions by offset
+	touched      int64           // the end of the highest region taken yet
 }
 
 type span struct{ off, n int64 }
@@ -168,6 +169,7 @@ func (p *Pool) Alloc(n int64) (*Held, bool) {
 				p.free[i] = span{s.off + size, s.n - size}
 			}
 			p.live[h.Off] = h
+			p.touched = max(p.touched, h.Off+size)
 			return h, true
 		}
 		if len(p.resting) == 0 {
@@ -212,6 +214,14 @@ func (p *Pool) wake() {
 		p.free[i-1].n += p.free[i].n
 		p.free = slices.Delete(p.free, i, i+1)
 	}
+}
+
+// Touched is the end of the highest region taken since the pool was
+// made: the part of the pool its items have been written to.
+func (p *Pool) Touched() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.touched
 }
 
 // Live is the number of regions allocated.
