@@ -66,8 +66,8 @@ func TestOutputsCheckedFirst(t *testing.T) {
 		{[]string{"compare", spec, "--edge", "e", "--sim", "--plot", filepath.Join(missing, "c.png")}, exitFailed, "--plot: cannot create"},
 		{[]string{"plot", filepath.Join(dir, "r.json"), "-o", filepath.Join(dir, "r.svg")}, exitUsage, "-o: plot"},
 	} {
-		code, _, stderr := dflow(t, c.args...)
-		if code != c.code || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "dflow: running") || strings.Contains(stderr, "run ok") {
+		code, stdout, stderr := dflow(t, c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "dflow: running") || stdout != "" {
 			t.Errorf("%v: code %d, want %d and %q before any work:\n%s", c.args, code, c.code, c.want, stderr)
 		}
 	}
@@ -124,6 +124,13 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"validate", spec, "--set", "edge.e.policy"}, "want edge.NAME.ATTR=VALUE"},
 		{[]string{"sim", spec, "--set", "pipeline.x.y=1"}, "want edge.NAME.ATTR=VALUE"},
 		{[]string{"compare", spec, "--edge", "nope", "--sim"}, `--edge "nope": ` + spec + ` has no edge of that name; its edges are e`},
+		// a name or value the spec does not take, in any command's --set
+		// or --var, is as wrong as compare's --edge above
+		{[]string{"run", spec, "--set", "edge.missing.policy=shared"}, `--set edge.missing.policy=shared: no edge "missing"`},
+		{[]string{"sim", spec, "--set", "edge.e.policy=fair"}, `policy "fair" is not known`},
+		{[]string{"compare", spec, "--edge", "e", "--sim", "--set", "stage.nope.replicas=2"}, `no stage "nope"`},
+		{[]string{"graph", spec, "--var", "nope=3"}, `declares no variable "nope"`},
+		{[]string{"validate", spec, "--set", "stage.out.replicas=0"}, `--set stage.out.replicas=0`},
 		{[]string{"compare", spec, "--edge", "e", "--sim", "--policies", "round_robin,fair"}, `--policies: "fair" is not a policy; the policies are round_robin, shared`},
 		// a cluster of no workers would run in this process, in silence
 		{[]string{"run", spec, "--local-cluster", "0"}, "--local-cluster 0: wants a number of worker processes to start, at least 1"},
@@ -179,6 +186,16 @@ func TestHelpInWords(t *testing.T) {
 		}
 		if strings.Contains(stdout, " value\n") || strings.Contains(stdout, " string\n") {
 			t.Errorf("%v: a placeholder names a Go type, not what to write:\n%s", args, stdout)
+		}
+		// One default a flag: a usage that says it in words (--lease's
+		// "the spec's pipeline lease, else 5s") gets no "(default 0s)".
+		for _, f := range strings.Split(stdout, "\n  -")[1:] {
+			if strings.Count(f, "(default") > 1 {
+				t.Errorf("%v: two defaults in -%s", args, f)
+			}
+		}
+		if words := strings.Join(strings.Fields(stdout), " "); !strings.Contains(words, "(default: the spec's pipeline lease, else 5s) --local-cluster") {
+			t.Errorf("%v: --lease's default, in words and alone, is missing:\n%s", args, stdout)
 		}
 	}
 	if code, stdout, _ := dflow(t, "validate", "--help"); code != exitOK || !strings.Contains(stdout, "--json\n      print the diagnostics as JSON") {

@@ -71,10 +71,10 @@ func TestLocalClusterSeed(t *testing.T) {
 			t.Parallel()
 			out := filepath.Join(t.TempDir(), "r.json")
 			// 120 items, not the seed's 300: each crosses race-built workers
-			code, _, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "3", "--report", out, "--interval", "500ms",
+			code, stdout, stderr := dflow(t, "run", "../../specs/seed.hcl", "--local-cluster", "3", "--report", out, "--interval", "500ms",
 				"--var", "items=120", "--set", "edge.hs.policy="+policy, "--set", "stage.target.config.service_time=5ms", "--set", "stage.drafter.config.service_time=2ms")
-			if code != exitOK || !strings.Contains(stderr, "run ok") || !strings.Contains(stderr, "edge  hs         "+policy) {
-				t.Fatalf("code %d\n%s", code, stderr)
+			if code != exitOK || !strings.Contains(stdout, "run ok") || !strings.Contains(stdout, "edge  hs         "+policy) {
+				t.Fatalf("code %d\n%s%s", code, stdout, stderr)
 			}
 			checkClusterReport(t, readReport(t, out), 120, 3)
 		})
@@ -323,7 +323,9 @@ func workersOf(t *testing.T, bin, url, token string, n int, extra ...string) []*
 
 // TestExternalServer: the seed over three workers on a nats-server process
 // built from the module (github.com/nats-io/nats-server/v2, by testutil.Built), not
-// the embedded one.
+// the embedded one, started as docs/cluster.md's "server of your own"
+// says: its config file written by the doc's line, the token in it and in
+// no process's arguments.
 func TestExternalServer(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -341,7 +343,22 @@ func TestExternalServer(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	token := cluster.NewToken()
-	srv := startDflowBin(t, bin, "-a", "127.0.0.1", "-p", fmt.Sprint(port), "-js", "-sd", filepath.Join(dir, "js"), "--auth", token)
+	// The doc's config line, run by sh, on this test's port and folder.
+	conf := ownServerConf(t)
+	conf = strings.ReplaceAll(conf, "10.0.0.5:4222", fmt.Sprintf("127.0.0.1:%d", port))
+	conf = strings.ReplaceAll(conf, "/var/lib/dflow-nats", filepath.Join(dir, "js"))
+	sh := exec.Command("sh", "-c", conf)
+	sh.Dir, sh.Env = dir, append(os.Environ(), "DFLOW_CLUSTER_TOKEN="+token)
+	if out, err := sh.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", conf, err, out)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "nats.conf")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("nats.conf: %v, want it readable by its owner only", err)
+	}
+	srv := startDflowBin(t, bin, "-c", filepath.Join(dir, "nats.conf"))
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", srv.cmd.Process.Pid)); err == nil && bytes.Contains(cmdline, []byte(token)) {
+		t.Errorf("the token is on nats-server's command line: %q", cmdline)
+	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	if !testutil.Within(20*time.Second, func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
@@ -364,6 +381,26 @@ func TestExternalServer(t *testing.T) {
 		w.cmd.Process.Signal(os.Interrupt)
 		w.wait(t, 10*time.Second)
 	}
+}
+
+// ownServerConf is the command of docs/cluster.md that writes the config
+// of a server of one's own (its lines joined where they end in a
+// backslash).
+func ownServerConf(t *testing.T) string {
+	t.Helper()
+	for _, b := range shBlocks(t, "../../docs/cluster.md") {
+		if !slices.Contains(b, "nats-server -c nats.conf") {
+			continue
+		}
+		joined := strings.ReplaceAll(strings.Join(b, "\n"), "\\\n", "")
+		for _, l := range strings.Split(joined, "\n") {
+			if strings.Contains(l, "> nats.conf") {
+				return l
+			}
+		}
+	}
+	t.Fatal("docs/cluster.md shows no line that writes nats.conf before nats-server -c nats.conf")
+	return ""
 }
 
 func startDflowBin(t *testing.T, bin string, args ...string) *proc {
@@ -841,8 +878,8 @@ edge "e" {
 	ws := workers(t, srv.URL, srv.Token, 1, "--data-addr", addr)
 	ws = append(ws, startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token}, "worker", "--join", srv.URL, "--name", "w2"))
 	run := func() (int, string) {
-		code, _, stderr := dflow(t, "run", spec, "--cluster", srv.URL, "--token", srv.Token, "--workers", "2", "--place", "src=w1", "--place", "dst=w2")
-		return code, stderr
+		code, stdout, stderr := dflow(t, "run", spec, "--cluster", srv.URL, "--token", srv.Token, "--workers", "2", "--place", "src=w1", "--place", "dst=w2")
+		return code, stdout + stderr // the summary, then what the run said
 	}
 	if code, stderr := run(); code != exitOK || !strings.Contains(stderr, "edge  e") {
 		t.Fatalf("code %d\n%s\nw1:\n%s", code, stderr, ws[0].output())

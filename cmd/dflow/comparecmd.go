@@ -40,7 +40,7 @@ func cmdCompare(e *env, args []string) int {
 	edgeName := fs.String("edge", "", "the edge whose policy to vary, by its `NAME` in the spec (required)")
 	policies := fs.String("policies", "round_robin,shared", "the `POLICIES` to compare, separated by commas, of "+strings.Join(graph.PolicyNames(), ", ")+"; the first is the baseline the speedups are against")
 	simulate := fs.Bool("sim", false, "simulate each policy in virtual time instead of running it")
-	from := fs.String("from", "", "with --sim: take service times from `REPORT`, the report of a real run")
+	from := fs.String("from", "", "with --sim: take service times from `REPORT`, the report of a real run, and the overrides it ran with (those given here win)")
 	asJSON := fs.Bool("json", false, "print the table as JSON on stdout")
 	plotPath := fs.String("plot", "", "draw the throughput per policy as labelled bars into `FILE`, a .png or .jpg")
 	files, code, ok := parse(e, fs, args, "SPEC --edge NAME [--policies a,b] [--sim] [flags]")
@@ -59,11 +59,20 @@ func cmdCompare(e *env, args []string) int {
 	if code, ok := checkOutputs(e, "compare", files[0], output{"plot", *plotPath, true}); !ok {
 		return code
 	}
+	var measured *report.Report
+	if *from != "" {
+		var err error
+		if measured, err = report.Read(*from); err != nil {
+			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
+			return exitFailed
+		}
+		sf.under(e, "compare", measured, *from, files[0])
+	}
 	// The edge must exist before it is overridden: an unknown one is a
 	// usage error naming --edge, not an error of the graph.With made below.
-	g := e.load(&sf, files[0])
+	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
-		return exitFailed
+		return code
 	}
 	if g.Edge(*edgeName) == nil {
 		var names []string
@@ -73,14 +82,6 @@ func cmdCompare(e *env, args []string) int {
 		return usageErr(e, "compare", "--edge %q: %s has no edge of that name; its edges are %s", *edgeName, files[0], strings.Join(names, ", "))
 	}
 	cmp := comparison{Spec: files[0], Edge: *edgeName, Simulated: *simulate}
-	var measured *report.Report
-	if *from != "" {
-		var err error
-		if measured, err = report.Read(*from); err != nil {
-			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
-			return exitFailed
-		}
-	}
 	// Each policy is the loaded graph with the edge's policy set
 	// (sim.Compare, graph.With): the spec is read once.
 	runner := sim.Simulator(sim.Options{Registry: e.registry, From: measured})

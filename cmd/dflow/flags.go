@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +63,43 @@ func (f *specFlags) overrides() report.Overrides {
 		}
 	}
 	return o
+}
+
+// under puts the overrides that rep, the report read from path, records
+// (the --var, --var-file and --set of the run that measured it) under f's:
+// a simulation from a measured run is of the spec that ran, with the
+// command line's flags on top (later var files and sets win, and a --var
+// given wins over the report's). They apply when spec is the report's
+// own; another spec may not declare its variables, so there they are
+// left out, and stderr says which it does.
+func (f *specFlags) under(e *env, cmd string, rep *report.Report, path, spec string) {
+	o := rep.Overrides
+	if len(o.Vars)+len(o.VarFiles)+len(o.Sets) == 0 {
+		return
+	}
+	var words []string
+	for _, k := range slices.Sorted(maps.Keys(o.Vars)) {
+		words = append(words, "--var "+k+"="+o.Vars[k])
+	}
+	for _, v := range o.VarFiles {
+		words = append(words, "--var-file "+v)
+	}
+	for _, s := range o.Sets {
+		words = append(words, "--set "+s)
+	}
+	if !sameFile(rep.Spec, spec) {
+		fmt.Fprintf(e.stderr, "dflow %s: %s is a report of %s, not of %s: its overrides are left out (%s)\n",
+			cmd, path, rep.Spec, spec, strings.Join(words, " "))
+		return
+	}
+	var vars multi
+	for _, k := range slices.Sorted(maps.Keys(o.Vars)) {
+		vars = append(vars, k+"="+o.Vars[k])
+	}
+	f.vars = append(vars, f.vars...)
+	f.varFiles = append(slices.Clip(o.VarFiles), f.varFiles...)
+	f.sets = append(slices.Clip(o.Sets), f.sets...)
+	fmt.Fprintf(e.stderr, "dflow %s: with the overrides of the run %s measured, under this command's: %s\n", cmd, path, strings.Join(words, " "))
 }
 
 func (f *specFlags) loader(e *env) (*graph.Loader, error) {
@@ -118,18 +157,18 @@ func printUsage(w io.Writer, fs *flag.FlagSet, usage string) {
 		if name != "" {
 			head += " " + strings.ToUpper(name)
 		}
-		if def := defaultText(f); def != "" {
-			text += " (default " + def + ")"
+		if def := defaultText(f); def != "" && !strings.Contains(text, "(default") {
+			text += " (default " + def + ")" // unless the usage says it in words
 		}
 		fmt.Fprintf(w, "%s\n%s\n", head, wrap(text, 72, "      "))
 	})
 }
 
 // defaultText is a flag's default as a user would type it, or "" when it
-// says nothing (an empty string, false, nothing repeated yet).
+// says nothing (an empty string, false, zero, nothing repeated yet).
 func defaultText(f *flag.Flag) string {
 	switch d := f.DefValue; d {
-	case "", "false", "0", "[]":
+	case "", "false", "0", "0s", "[]":
 		return ""
 	default:
 		if _, isMulti := f.Value.(*multi); isMulti {

@@ -23,9 +23,9 @@ func cmdGraph(e *env, args []string) int {
 	if !slices.Contains(graph.Formats, *format) {
 		return usageErr(e, "graph", "unknown format %q; use %s", *format, strings.Join(graph.Formats, ", "))
 	}
-	g := e.load(&sf, files[0])
+	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
-		return exitFailed
+		return code
 	}
 	if err := graph.Render(e.stdout, g, *format); err != nil {
 		return exitFailed

@@ -50,7 +50,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem",
-			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid (warnings allowed), 1 otherwise, 2 on a usage error.",
+			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid (warnings allowed), 1 otherwise, 2 on a usage error (a --var or --set that names what the spec lacks, or gives a value its attribute does not take, included, when the spec itself is valid).",
 			cmdValidate},
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types",
 			"Prints the graph of a valid spec: stages with their replicas, node kinds and ports, edges with their policy, capacity and types, and the queues each edge is made of (which producer replicas feed which consumers).",
@@ -59,13 +59,13 @@ func init() {
 			"Rewrites each spec in canonical HCL layout (aligned =, two-space indent). With --check nothing is changed: the files that would change are listed and the exit code is 1 if there are any.",
 			cmdFmt},
 		{"run", "SPEC [--report FILE] [--interval D] [--metrics-addr ADDR] [--ui ADDR] [--plot FILE.png] [--cluster URL | --local-cluster N | --serve ADDR] [--var k=v] [--set P=V]", "run the pipeline; first Ctrl-C drains, second aborts",
-			"Runs the pipeline until every stage has finished. Every --interval a status line shows each queue's depth and each replica's busy share; at the end a summary and a diagnosis of what limited the run are printed, and the report and the plot are written where asked (their paths are checked before the run starts). --ui serves a live page of the run in the browser, up a few seconds after it ends. The first Ctrl-C drains: sources stop and the items in flight are finished (status interrupted). A second Ctrl-C aborts at once (status aborted). --cluster URL runs it on a cluster's workers (dflow worker), --local-cluster N on N worker processes of this machine, --serve ADDR with an embedded server for workers on other hosts (docs/cluster.md). Exit 0 ok, 1 failed (a deadlock included) or an invalid spec, 2 a usage error, 130 interrupted or aborted (a drain that cannot complete included).",
+			"Runs the pipeline until every stage has finished. Every --interval a status line on stderr shows each queue's depth and each replica's busy share; at the end a summary and a diagnosis of what limited the run are printed on stdout (the other lines, which files were written, and errors go to stderr, so that 'dflow run SPEC > summary.txt' keeps the result), and the report and the plot are written where asked (their paths are checked before the run starts). --ui serves a live page of the run in the browser, up a few seconds after it ends. The first Ctrl-C drains: sources stop and the items in flight are finished (status interrupted). A second Ctrl-C aborts at once (status aborted). --cluster URL runs it on a cluster's workers (dflow worker), --local-cluster N on N worker processes of this machine, --serve ADDR with an embedded server for workers on other hosts (docs/cluster.md). Exit 0 ok, 1 failed (a deadlock included) or an invalid spec, 2 a usage error, 130 interrupted or aborted (a drain that cannot complete included).",
 			cmdRun},
 		{"worker", "--join URL [--name NAME] [--token TOKEN]", "join a cluster and run the replicas a coordinator places here",
 			"Joins the cluster whose server is at URL and runs the share of each run that a coordinator (dflow run SPEC --cluster URL) places on this worker: its replicas, with edges to other hosts over NATS JetStream. The token is --token or $DFLOW_CLUSTER_TOKEN; a worker without the right one is refused. A run's share is aborted when the coordinator's heartbeat stops. Ctrl-C leaves. Exit 0 when it leaves, 1 when it cannot join. docs/cluster.md has the details.",
 			cmdWorker},
 		{"sim", "SPEC [--from REPORT] [--split A,B=N] [--report FILE] [--set P=V]", "simulate the spec in virtual time; same report as run",
-			"Simulates the pipeline in virtual time, in milliseconds, from the sim blocks' service times or those a real run measured (--from), and prints the same summary, diagnosis and report as run. --split ranks every split of N replicas between two stages.",
+			"Simulates the pipeline in virtual time, in milliseconds, from the sim blocks' service times or those a real run measured (--from), and prints the same summary and diagnosis as run, on stdout (status lines on stderr), and writes the same report. With --from, the spec is loaded with the overrides the measured run had (its --var, --var-file and --set, as its report records them), and this command's on top of them. --split ranks every split of N replicas between two stages.",
 			cmdSim},
 		{"compare", "SPEC --edge NAME [--policies round_robin,shared] [--sim] [--json] [--plot FILE.png]", "run or simulate once per policy and print one table",
 			"Runs (or with --sim simulates) the spec once per policy of one edge and prints one table: throughput, wall time, speedup against the first policy, the consumer's busy shares and the edge's queue depths. --plot draws the throughput as labelled bars.",
@@ -129,5 +129,6 @@ func (e *env) usage(w io.Writer) {
 	}
 	fmt.Fprint(w, "\nRun 'dflow COMMAND --help' (or 'dflow help COMMAND') for what a command does and its flags,\n"+
 		"'dflow --version' for the version.\n"+
-		"Exit codes: 0 ok, 1 failed run or invalid spec, 2 usage, 130 interrupted or aborted.\n")
+		"Exit codes: 0 ok, 1 failed run or invalid spec, 2 usage (a flag or argument that is wrong, such as\n"+
+		"a --var, --set or --edge naming what the spec lacks), 130 interrupted or aborted.\n")
 }

@@ -60,9 +60,15 @@ func TestValidate(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || rep.Valid || rep.ErrorCount != 1 || code != exitFailed {
 		t.Errorf("--json: code %d err %v %+v\n%s", code, err, rep, stdout)
 	}
+	// A flag the spec does not take is a usage error (2), as everywhere;
+	// an invalid spec is 1 whatever the flags.
 	code, _, stderr = dflow(t, "validate", "../../specs/seed.hcl", "--set", "edge.hs.policy=fair")
-	if code != exitFailed || !strings.Contains(stderr, `--set edge.hs.policy=fair`) {
+	if code != exitUsage || !strings.Contains(stderr, `--set edge.hs.policy=fair`) {
 		t.Errorf("bad --set: code %d %s", code, stderr)
+	}
+	code, _, stderr = dflow(t, "validate", bad, "--set", "edge.nope.policy=shared")
+	if code != exitFailed || !strings.Contains(stderr, `unknown stage`) || !strings.Contains(stderr, `--set edge.nope.policy=shared`) {
+		t.Errorf("an invalid spec and a bad --set: code %d, want %d\n%s", code, exitFailed, stderr)
 	}
 	code, _, stderr = dflow(t, "validate", "no/such.hcl")
 	if code != exitFailed || !strings.Contains(stderr, "no such file") {

@@ -54,11 +54,11 @@ func TestRunSaysWhereModelsGo(t *testing.T) {
 	spec := filepath.Join(dir, "p.hcl")
 	os.WriteFile(spec, []byte(fmt.Sprintf(tinyPretrain, corpus, out)), 0o644)
 
-	code, _, stderr := dflow(t, "run", spec, "--interval", "0")
+	code, stdout, stderr := dflow(t, "run", spec, "--interval", "0")
 	start, end := "dflow: stage train writes "+out+"\n", "dflow: stage train wrote "+out+"\n"
 	if code != exitOK || !strings.Contains(stderr, start) || !strings.Contains(stderr, end) ||
-		strings.Index(stderr, start) > strings.Index(stderr, "\nrun ") || strings.Index(stderr, end) < strings.Index(stderr, "\nrun ") {
-		t.Fatalf("code %d, want %q before the summary and %q after:\n%s", code, start, end, stderr)
+		strings.Index(stderr, start) > strings.Index(stderr, end) || !strings.HasPrefix(stdout, "run ok in ") {
+		t.Fatalf("code %d, want %q on stderr as the run starts, %q as it ends, and the summary on stdout:\n%s%s", code, start, end, stdout, stderr)
 	}
 
 	// The same file as another run left it.

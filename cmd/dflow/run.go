@@ -51,9 +51,9 @@ func cmdRun(e *env, args []string) int {
 	if code, ok := checkOutputs(e, "run", files[0], output{"report", *reportPath, false}, output{"plot", *plotPath, true}); !ok {
 		return code
 	}
-	g := e.load(&sf, files[0])
+	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
-		return exitFailed
+		return code
 	}
 
 	ctx, abort := context.WithCancel(context.Background())
@@ -136,7 +136,10 @@ func cmdRun(e *env, args []string) int {
 		}
 		return exitFailed
 	}
-	rep.Summarize(e.stderr)
+	// The summary and the diagnosis are the run's result, on stdout (what
+	// `dflow run SPEC > summary.txt` keeps); the status lines, the files
+	// written and the errors are on stderr.
+	rep.Summarize(e.stdout)
 	outputsWritten()
 	finishUI(rep)
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {

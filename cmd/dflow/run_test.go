@@ -61,14 +61,19 @@ func readReport(t *testing.T, path string) *report.Report {
 func TestRunOK(t *testing.T) {
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "r.json")
-	code, _, stderr := dflow(t, "run", "../../specs/fan.hcl", "--report", out)
-	if code != exitOK || !strings.Contains(stderr, "run ok") {
-		t.Fatalf("code %d\n%s", code, stderr)
+	code, stdout, stderr := dflow(t, "run", "../../specs/fan.hcl", "--report", out)
+	if code != exitOK || !strings.HasPrefix(stdout, "run ok in ") {
+		t.Fatalf("code %d\n%s%s", code, stdout, stderr)
 	}
-	// The summary follows the spec's order and shows each queue's depth.
-	if !strings.Contains(stderr, "edge  to_wide    round_robin produced=200 consumed=200 mean depth=[") ||
-		strings.Index(stderr, "stage source") > strings.Index(stderr, "stage sink") {
-		t.Errorf("summary:\n%s", stderr)
+	// The summary, on stdout, follows the spec's order and shows each
+	// queue's depth; stderr has what the run said as it went, and no
+	// line of the summary.
+	if !strings.Contains(stdout, "edge  to_wide    round_robin produced=200 consumed=200 mean depth=[") ||
+		strings.Index(stdout, "stage source") > strings.Index(stdout, "stage sink") {
+		t.Errorf("summary:\n%s", stdout)
+	}
+	if !strings.HasPrefix(stderr, "dflow: running ../../specs/fan.hcl: ") || strings.Contains(stderr, "run ok") || strings.Contains(stderr, "edge  to_wide") {
+		t.Errorf("stderr:\n%s", stderr)
 	}
 	rep := readReport(t, out)
 	if rep.Status != report.OK || rep.Spec != "../../specs/fan.hcl" || len(rep.Stages) != 4 {
@@ -164,8 +169,8 @@ func TestRunSignals(t *testing.T) {
 			}
 			cmd := exec.Command(os.Args[0], args...)
 			cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
-			var stderr syncBuffer
-			cmd.Stderr = &stderr
+			var stdout, stderr syncBuffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -204,8 +209,8 @@ func TestRunSignals(t *testing.T) {
 			for _, ed := range rep.Edges {
 				unequal = unequal || ed.Produced != ed.Consumed
 			}
-			if signals == 2 && unequal && !strings.Contains(stderr.String(), "the abort stopped the run with") {
-				t.Errorf("abort: unequal counts not explained:\n%s", stderr.String())
+			if signals == 2 && unequal && !strings.Contains(stdout.String(), "the abort stopped the run with") {
+				t.Errorf("abort: unequal counts not explained in the summary:\n%s%s", stdout.String(), stderr.String())
 			}
 			if signals == 1 {
 				for name, ed := range rep.Edges {
@@ -259,29 +264,73 @@ func TestRunMonitoring(t *testing.T) {
 	}
 }
 
+// TestSimFromOverrides: sim --from simulates the spec with the overrides
+// of the run that measured the report (its 60 items, not the spec's 20),
+// under the command line's own (a --var given wins); the same for
+// compare --sim --from; a report of another spec lends its service
+// times but not its overrides, and says so.
+func TestSimFromOverrides(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	src := "variable \"n\" {\n  default = 20\n}\n" + strings.Replace(oneEdge, "count = 20", "count = var.n", 1)
+	spec := writeSpec(t, src)
+	measured := filepath.Join(dir, "run.json")
+	if code, _, stderr := dflow(t, "run", spec, "--var", "n=60", "--set", "edge.e.capacity=3", "--report", measured, "--interval", "0"); code != exitOK {
+		t.Fatalf("run: code %d\n%s", code, stderr)
+	}
+	simulated := filepath.Join(dir, "sim.json")
+	for _, c := range []struct {
+		spec  string
+		flags []string
+		items int64
+		says  string
+	}{
+		{spec, nil, 60, "dflow sim: with the overrides of the run " + measured + " measured, under this command's: --var n=60 --set edge.e.capacity=3\n"},
+		{spec, []string{"--var", "n=7"}, 7, "--var n=60 --set edge.e.capacity=3"},
+		{writeSpec(t, src), nil, 20, "is a report of " + spec + ", not of "},
+	} {
+		args := append([]string{"sim", c.spec, "--from", measured, "--report", simulated, "--interval", "0"}, c.flags...)
+		code, stdout, stderr := dflow(t, args...)
+		if code != exitOK || !strings.Contains(stderr, c.says) || !strings.HasPrefix(stdout, "simulation ok") {
+			t.Fatalf("%v: code %d, want %q\n%s%s", args, code, c.says, stdout, stderr)
+		}
+		rep := readReport(t, simulated)
+		if got := rep.Edges["e"].Consumed; got != c.items {
+			t.Errorf("%v: simulated %d items, want %d", args, got, c.items)
+		}
+		if c.items == 60 && (rep.Edges["e"].Capacity != 3 || rep.Overrides.Vars["n"] != "60" || len(rep.Overrides.Sets) != 1) {
+			t.Errorf("%v: capacity %d, overrides %+v; want the run's", args, rep.Edges["e"].Capacity, rep.Overrides)
+		}
+	}
+	code, stdout, stderr := dflow(t, "compare", spec, "--edge", "e", "--sim", "--from", measured)
+	if code != exitOK || !strings.Contains(stderr, "dflow compare: with the overrides of the run "+measured) || !strings.Contains(stdout, "(simulated)") {
+		t.Errorf("compare --sim --from: code %d\n%s%s", code, stdout, stderr)
+	}
+}
+
 // TestSimAndCompare: sim writes a simulated report; --from replays a real
 // report; --split ranks splits; compare prints a table, JSON and a chart.
 func TestSimAndCompare(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	rj := filepath.Join(dir, "sim.json")
-	code, _, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--report", rj, "--interval", "1s")
-	if code != 0 || !strings.Contains(stderr, "simulation ok") || !strings.Contains(stderr, "q_hs=[8 8 0]") {
-		t.Fatalf("sim: code %d\n%s", code, stderr)
+	code, stdout, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--report", rj, "--interval", "1s")
+	if code != 0 || !strings.HasPrefix(stdout, "simulation ok") || !strings.Contains(stderr, "q_hs=[8 8 0]") || strings.Contains(stdout, "q_hs=") {
+		t.Fatalf("sim: code %d, the summary on stdout, the status lines on stderr\n%s%s", code, stdout, stderr)
 	}
-	if !strings.Contains(stderr, `policy = "shared" balances it (simulated: 1.6`) {
-		t.Errorf("diagnosis lacks the predicted gain:\n%s", stderr)
+	if !strings.Contains(stdout, `policy = "shared" balances it (simulated: 1.6`) {
+		t.Errorf("diagnosis lacks the predicted gain:\n%s", stdout)
 	}
 	rep := readReport(t, rj)
 	if !rep.Simulated || rep.Edges["hs"].Consumed != 300 || len(rep.Series) < 4 {
 		t.Errorf("simulated report: %+v", rep.Edges["hs"])
 	}
 	// Replay the simulated report's service times under shared.
-	code, _, stderr = dflow(t, "sim", "../../specs/seed.hcl", "--from", rj, "--set", "edge.hs.policy=shared", "--interval", "0")
-	if code != 0 || !strings.Contains(stderr, "simulation ok: 3.") {
-		t.Errorf("sim --from: code %d\n%s", code, stderr)
+	code, stdout, stderr = dflow(t, "sim", "../../specs/seed.hcl", "--from", rj, "--set", "edge.hs.policy=shared", "--interval", "0")
+	if code != 0 || !strings.Contains(stdout, "simulation ok: 3.") {
+		t.Errorf("sim --from: code %d\n%s%s", code, stdout, stderr)
 	}
-	code, stdout, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--split", "target,drafter=8")
+	code, stdout, stderr = dflow(t, "sim", "../../specs/seed.hcl", "--split", "target,drafter=8")
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	if code != 0 || len(lines) != 9 || !strings.HasPrefix(lines[2], "1 ") {
 		t.Fatalf("split: code %d\n%s%s", code, stdout, stderr)
@@ -402,7 +451,7 @@ func TestPluginCLI(t *testing.T) {
 		t.Fatalf("run: %d\n%s", code, stderr)
 	}
 	code, _, stderr = dflow(t, "validate", spec, "--set", "stage.crc.config.crash_after=-2")
-	if code != exitFailed || !strings.Contains(stderr, "crash_after: must be 0 or more") {
+	if code != exitUsage || !strings.Contains(stderr, "crash_after: must be 0 or more") {
 		t.Errorf("plugin config check: %d\n%s", code, stderr)
 	}
 	code, stdout, _ := dflow(t, "plugins", filepath.Dir(bin))
@@ -490,12 +539,12 @@ edge "tokens" {
 `, corpus))
 	for _, where := range [][]string{nil, {"--local-cluster", "1"}} {
 		out := filepath.Join(dir, "r.json")
-		code, _, stderr := dflow(t, append([]string{"run", spec, "--report", out}, where...)...)
+		code, stdout, stderr := dflow(t, append([]string{"run", spec, "--report", out}, where...)...)
 		if code != exitFailed || strings.Count(stderr, "do not fill one batch") != 1 {
 			t.Errorf("%v: code %d, want %d and the error once:\n%s", where, code, exitFailed, stderr)
 		}
 		for _, summary := range []string{"run failed in", "stage reader", "edge  tokens", "diagnosis:"} {
-			if strings.Contains(stderr, summary) {
+			if strings.Contains(stdout+stderr, summary) {
 				t.Errorf("%v: a run that never started printed %q:\n%s", where, summary, stderr)
 			}
 		}
@@ -535,14 +584,14 @@ edge "e" {
   to   = end.in
 }
 `)
-	var stderr bytes.Buffer
-	e := &env{stdout: &bytes.Buffer{}, stderr: &stderr, registry: reg}
+	var stdout, stderr bytes.Buffer
+	e := &env{stdout: &stdout, stderr: &stderr, registry: reg}
 	if code := e.main([]string{"run", spec, "--interval", "50ms"}); code != exitOK {
 		t.Fatalf("code %d\n%s", code, stderr.String())
 	}
 	var status []string
-	summary := ""
-	for _, line := range strings.Split(stderr.String(), "\n") {
+	summary := "" // on stdout, the status lines on stderr
+	for _, line := range strings.Split(stderr.String()+stdout.String(), "\n") {
 		if strings.HasPrefix(line, "[") {
 			status = append(status, line)
 		}

@@ -17,7 +17,7 @@ func cmdSim(e *env, args []string) int {
 	var sf specFlags
 	sf.register(fs)
 	reportPath := fs.String("report", "", "write the simulated run's report to `FILE`, JSON in the shape of run's (\"simulated\": true)")
-	from := fs.String("from", "", "take each replica's service times from `REPORT`, the report of a real run, instead of the sim blocks")
+	from := fs.String("from", "", "take each replica's service times from `REPORT`, the report of a real run, instead of the sim blocks, and the overrides it ran with (--var, --var-file, --set; those given here win)")
 	interval := fs.Duration("interval", 5*time.Second, "print a status line and add a series point every `DURATION` of simulated time (at least 1ms; 0 turns both off)")
 	plotPath := fs.String("plot", "", "draw queue depth, busy and idle share over simulated time into `FILE`, a .png or .jpg (needs an --interval)")
 	seed := fs.Uint64("seed", 1, "the `SEED` of the random draws that do not come from a node's own seed")
@@ -46,13 +46,14 @@ func cmdSim(e *env, args []string) int {
 			return exitFailed
 		}
 		opts.From = rep
+		sf.under(e, "sim", rep, *from, files[0])
 	}
 	if *split != "" {
 		return e.split(&sf, files[0], *split, opts)
 	}
-	g := e.load(&sf, files[0])
+	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
-		return exitFailed
+		return code
 	}
 	status := &monitor.Status{W: e.stderr, Width: 250}
 	if *interval > 0 {
@@ -67,7 +68,7 @@ func cmdSim(e *env, args []string) int {
 	if err == nil {
 		rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, opts))
 	}
-	rep.Summarize(e.stderr)
+	rep.Summarize(e.stdout) // the result on stdout, as run's
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {
 		fmt.Fprintf(e.stderr, "dflow sim: %v\n", werr)
 		return exitFailed
@@ -87,9 +88,9 @@ func (e *env) split(sf *specFlags, file, spec string, opts sim.Options) int {
 	if err != nil {
 		return usageErr(e, "sim", "--split %q: %v", spec, err)
 	}
-	g := e.load(sf, file)
+	g, code := e.loadSpec(sf, file)
 	if g == nil {
-		return exitFailed
+		return code
 	}
 	splits, err := sim.Splits(g, a, b, n, opts)
 	if err != nil {

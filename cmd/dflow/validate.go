@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/sim"
@@ -45,26 +46,52 @@ func cmdValidate(e *env, args []string) int {
 		}
 		fmt.Fprintf(e.stdout, "%d of %d %s valid\n", valid, len(files), noun)
 	}
-	if all.HasErrors() {
-		return exitFailed
-	}
-	return exitOK
+	return loadCode(all)
 }
 
 // load loads one spec, printing diagnostics to stderr; nil means it failed.
 func (e *env) load(sf *specFlags, file string) *graph.Graph {
+	g, _ := e.loadSpec(sf, file)
+	return g
+}
+
+// loadSpec is load with the exit code of a spec that failed (loadCode).
+func (e *env) loadSpec(sf *specFlags, file string) (*graph.Graph, int) {
 	l, err := sf.loader(e)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "dflow: %v\n", err)
-		return nil
+		return nil, exitUsage
 	}
 	g, diags := l.LoadFile(file)
 	diags = append(diags, e.checkLoaded(g, diags)...)
 	graph.WriteDiagnostics(e.stderr, diags, l.Sources())
 	if diags.HasErrors() {
-		return nil
+		return nil, loadCode(diags)
 	}
-	return g
+	return g, exitOK
+}
+
+// loadCode is the exit code of loading specs with diags: 0 without
+// errors; 2, a usage error, when every error is in what the command line
+// gave (a --var or --set that names what the spec lacks, or a value that
+// its attribute does not take), as compare's --edge NAME is; 1 when a
+// spec itself is invalid.
+func loadCode(diags hcl.Diagnostics) int {
+	if !diags.HasErrors() {
+		return exitOK
+	}
+	for _, d := range diags {
+		if d.Severity == hcl.DiagError && !fromFlag(d) {
+			return exitFailed
+		}
+	}
+	return exitUsage
+}
+
+// fromFlag reports whether d is about a --var or --set value (the loader
+// names the flag first, and no place in a file).
+func fromFlag(d *hcl.Diagnostic) bool {
+	return d.Subject == nil && (strings.HasPrefix(d.Detail, "--var ") || strings.HasPrefix(d.Detail, "--set "))
 }
 
 // checkLoaded is what every command checks in a spec the loader accepted
