@@ -242,3 +242,53 @@ func TestSpecIsTheMainJobs(t *testing.T) {
 		t.Errorf("dflash.hcl is not specs/dflash.hcl with the PyTorch target's changes; want\n%s", want)
 	}
 }
+
+// TestReadmeCommands: each dflow run of the README's step 4, flags and
+// all, loads this folder's spec and writes a drafter of its own: never
+// the main job's drafter.safetensors, which the top README's first run
+// wrote and which dflow would refuse to replace.
+func TestReadmeCommands(t *testing.T) {
+	reg, _, _ := setup(t)
+	src, err := os.ReadFile("plugins/examples/torch/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := map[string]bool{"drafter.safetensors": true, "drafter-shared.safetensors": true} // the top README's
+	runs := 0
+	for _, line := range strings.Split(string(src), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 || strings.Join(f[:4], " ") != "go run ./cmd/dflow run" {
+			continue
+		}
+		runs++
+		if f[4] != torchSpec {
+			t.Errorf("%s: runs %s, not %s", line, f[4], torchSpec)
+			continue
+		}
+		l := &graph.Loader{Catalog: reg, Vars: map[string]string{}}
+		for i := 5; i+1 < len(f); i += 2 {
+			switch f[i] {
+			case "--set":
+				l.Sets = append(l.Sets, f[i+1])
+			case "--var":
+				k, v, _ := strings.Cut(f[i+1], "=")
+				l.Vars[k] = v
+			default:
+				t.Fatalf("%s: flag %s", line, f[i])
+			}
+		}
+		g, diags := l.LoadFile(f[4])
+		if diags.HasErrors() {
+			t.Errorf("%s: %v", line, diags)
+			continue
+		}
+		if cp := g.Stage("drafter").Config.String("checkpoint"); written[cp] {
+			t.Errorf("%s: writes %s, which an earlier run of the walkthrough wrote", line, cp)
+		} else {
+			written[cp] = true
+		}
+	}
+	if runs < 2 {
+		t.Errorf("the README shows %d dflow run lines, want the spec's and the shared wiring's", runs)
+	}
+}
