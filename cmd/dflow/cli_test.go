@@ -124,13 +124,14 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"validate", spec, "--set", "edge.e.policy"}, "want edge.NAME.ATTR=VALUE"},
 		{[]string{"sim", spec, "--set", "pipeline.x.y=1"}, "want edge.NAME.ATTR=VALUE"},
 		{[]string{"compare", spec, "--edge", "nope", "--sim"}, `--edge "nope": ` + spec + ` has no edge of that name; its edges are e`},
-		// a name or value the spec does not take, in any command's --set
-		// or --var, is as wrong as compare's --edge above
+		// a name or value the spec does not take, in the --set or --var
+		// of a command that runs or draws it, is as wrong as compare's
+		// --edge above (validate counts it among the spec's problems, 1)
 		{[]string{"run", spec, "--set", "edge.missing.policy=shared"}, `--set edge.missing.policy=shared: no edge "missing"`},
 		{[]string{"sim", spec, "--set", "edge.e.policy=fair"}, `policy "fair" is not known`},
 		{[]string{"compare", spec, "--edge", "e", "--sim", "--set", "stage.nope.replicas=2"}, `no stage "nope"`},
 		{[]string{"graph", spec, "--var", "nope=3"}, `declares no variable "nope"`},
-		{[]string{"validate", spec, "--set", "stage.out.replicas=0"}, `--set stage.out.replicas=0`},
+		{[]string{"run", spec, "--set", "stage.out.replicas=0"}, `--set stage.out.replicas=0`},
 		{[]string{"compare", spec, "--edge", "e", "--sim", "--policies", "round_robin,fair"}, `--policies: "fair" is not a policy; the policies are round_robin, shared`},
 		// a cluster of no workers would run in this process, in silence
 		{[]string{"run", spec, "--local-cluster", "0"}, "--local-cluster 0: wants a number of worker processes to start, at least 1"},

@@ -50,7 +50,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"validate", "SPEC... [--json] [--var k=v] [--var-file F] [--set P=V]", "check specs and report every problem",
-			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid (warnings allowed), 1 otherwise, 2 on a usage error (a --var or --set that names what the spec lacks, or gives a value its attribute does not take, included, when the spec itself is valid).",
+			"Loads each spec, with the overrides given, and reports every problem it finds, each with FILE:LINE:COL and a snippet, then how many specs are valid. Nothing runs. Exit 0 when every spec is valid (warnings allowed), 1 otherwise (a --var or --set that does not fit the spec is one of its problems here; the commands that run a spec call that a usage error, 2), 2 on a usage error.",
 			cmdValidate},
 		{"graph", "SPEC [--format text|dot|mermaid]", "draw the graph with replicas, policies and types",
 			"Prints the graph of a valid spec: stages with their replicas, node kinds and ports, edges with their policy, capacity and types, and the queues each edge is made of (which producer replicas feed which consumers).",

@@ -451,7 +451,7 @@ func TestPluginCLI(t *testing.T) {
 		t.Fatalf("run: %d\n%s", code, stderr)
 	}
 	code, _, stderr = dflow(t, "validate", spec, "--set", "stage.crc.config.crash_after=-2")
-	if code != exitUsage || !strings.Contains(stderr, "crash_after: must be 0 or more") {
+	if code != exitFailed || !strings.Contains(stderr, "crash_after: must be 0 or more") {
 		t.Errorf("plugin config check: %d\n%s", code, stderr)
 	}
 	code, stdout, _ := dflow(t, "plugins", filepath.Dir(bin))

@@ -46,7 +46,13 @@ func cmdValidate(e *env, args []string) int {
 		}
 		fmt.Fprintf(e.stdout, "%d of %d %s valid\n", valid, len(files), noun)
 	}
-	return loadCode(all)
+	if all.HasErrors() {
+		// Every problem validate finds is a finding, exit 1, a --var or
+		// --set that does not fit the spec's included (DESIGN: "exit 1 on
+		// any error"); the other commands call that a usage error (loadCode).
+		return exitFailed
+	}
+	return exitOK
 }
 
 // load loads one spec, printing diagnostics to stderr; nil means it failed.
@@ -71,11 +77,11 @@ func (e *env) loadSpec(sf *specFlags, file string) (*graph.Graph, int) {
 	return g, exitOK
 }
 
-// loadCode is the exit code of loading specs with diags: 0 without
-// errors; 2, a usage error, when every error is in what the command line
-// gave (a --var or --set that names what the spec lacks, or a value that
-// its attribute does not take), as compare's --edge NAME is; 1 when a
-// spec itself is invalid.
+// loadCode is the exit code of a command that loads a spec to run,
+// simulate or draw it, with diags: 0 without errors; 2, a usage error,
+// when every error is in what the command line gave (a --var or --set
+// that names what the spec lacks, or a value that its attribute does not
+// take), as compare's --edge NAME is; 1 when the spec itself is invalid.
 func loadCode(diags hcl.Diagnostics) int {
 	if !diags.HasErrors() {
 		return exitOK
