@@ -77,8 +77,9 @@ func (f *specFlags) under(e *env, cmd string, rep *report.Report, path, spec str
 	if len(o.Vars)+len(o.VarFiles)+len(o.Sets) == 0 {
 		return
 	}
-	var words []string
+	var vars, words []string
 	for _, k := range slices.Sorted(maps.Keys(o.Vars)) {
+		vars = append(vars, k+"="+o.Vars[k])
 		words = append(words, "--var "+k+"="+o.Vars[k])
 	}
 	for _, v := range o.VarFiles {
@@ -92,14 +93,10 @@ func (f *specFlags) under(e *env, cmd string, rep *report.Report, path, spec str
 			cmd, path, rep.Spec, spec, strings.Join(words, " "))
 		return
 	}
-	var vars multi
-	for _, k := range slices.Sorted(maps.Keys(o.Vars)) {
-		vars = append(vars, k+"="+o.Vars[k])
-	}
 	f.vars = append(vars, f.vars...)
 	f.varFiles = append(slices.Clip(o.VarFiles), f.varFiles...)
 	f.sets = append(slices.Clip(o.Sets), f.sets...)
-	fmt.Fprintf(e.stderr, "dflow %s: with the overrides of the run %s measured, under this command's: %s\n", cmd, path, strings.Join(words, " "))
+	fmt.Fprintf(e.stderr, "dflow %s: the spec as the run of %s had it: %s (this command's flags on top)\n", cmd, path, strings.Join(words, " "))
 }
 
 func (f *specFlags) loader(e *env) (*graph.Loader, error) {

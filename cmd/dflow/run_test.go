@@ -285,7 +285,7 @@ func TestSimFromOverrides(t *testing.T) {
 		items int64
 		says  string
 	}{
-		{spec, nil, 60, "dflow sim: with the overrides of the run " + measured + " measured, under this command's: --var n=60 --set edge.e.capacity=3\n"},
+		{spec, nil, 60, "dflow sim: the spec as the run of " + measured + " had it: --var n=60 --set edge.e.capacity=3 (this command's flags on top)\n"},
 		{spec, []string{"--var", "n=7"}, 7, "--var n=60 --set edge.e.capacity=3"},
 		{writeSpec(t, src), nil, 20, "is a report of " + spec + ", not of "},
 	} {
@@ -303,7 +303,7 @@ func TestSimFromOverrides(t *testing.T) {
 		}
 	}
 	code, stdout, stderr := dflow(t, "compare", spec, "--edge", "e", "--sim", "--from", measured)
-	if code != exitOK || !strings.Contains(stderr, "dflow compare: with the overrides of the run "+measured) || !strings.Contains(stdout, "(simulated)") {
+	if code != exitOK || !strings.Contains(stderr, "dflow compare: the spec as the run of "+measured+" had it: --var n=60") || !strings.Contains(stdout, "(simulated)") {
 		t.Errorf("compare --sim --from: code %d\n%s%s", code, stdout, stderr)
 	}
 }
