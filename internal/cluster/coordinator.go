@@ -77,6 +77,9 @@ type Coordinator struct {
 	// endDepth is each remote queue's depth once every share is done
 	// (unread), by edge and queue index
 	endDepth map[[2]int]int
+	// evicted are shares counted lost though heard from, to restart at
+	// the next check (a group's restore needs a member they ran back)
+	evicted []*instance
 	// groups are the groups across workers it hosts, by stage
 	groups map[string]*groupHost
 	// deadlock is the detector's state; lastLoss when a worker was last
@@ -91,8 +94,7 @@ type Coordinator struct {
 type instance struct {
 	name, worker string
 	done, lost   bool
-	// evict: counted lost though heard from (a group's restore needs
-	// the member it ran back)
+	// evict: counted lost though heard from (Coordinator.evicted)
 	evict bool
 	rep   *report.Report
 	last  *report.Snapshot

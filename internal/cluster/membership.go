@@ -166,12 +166,14 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 	c.mu.Lock()
 	var lost []*instance
 	for _, in := range c.instances {
-		if !in.done && !in.lost && (in.evict || c.silent(in.worker) > c.o.Timings.Lease) {
+		if !in.done && !in.lost && c.silent(in.worker) > c.o.Timings.Lease {
 			in.lost = true
 			c.markRan(in) // now, whatever recover makes of it
 			lost = append(lost, in)
 		}
 	}
+	lost = append(lost, c.evicted...)
+	c.evicted = nil
 	c.mu.Unlock()
 	for _, in := range lost {
 		if err := c.recover(in); err != nil {
@@ -436,10 +438,14 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.saveSaid())
 	}
 	// Members that had finished after the save, on shares still counted
-	// live, restart to restore it too: their shares are counted lost.
+	// live, restart to restore it too: their shares are counted lost now
+	// (the host refuses them already: what they say is not the run's),
+	// and restarted at the next check (checkLive).
 	for _, share := range h.evictions() {
 		if e := c.instances[share]; e != nil && !e.lost && !e.done {
-			e.evict = true
+			e.lost, e.evict = true, true
+			c.markRan(e)
+			c.evicted = append(c.evicted, e)
 			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran a member that had finished since, which restarts too\n", s.Name, share, e.worker)
 		}
 	}

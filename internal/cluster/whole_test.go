@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -135,7 +136,12 @@ func tallyKind(reg *nodes.Registry, n, every int, store *tallyStore, beforeFinis
 // others not yet: across workers (a member on each of two workers, both
 // killed), summing on one (killed), and the finished member on a worker
 // that lives (the others' killed; its share is counted lost, for it to
-// restart). The finished member's inputs were not settled at its return,
+// restart); and across workers one after the other: the finished member's
+// worker first, its restart waiting for the final save on a live worker
+// beside the restart of a member due the group's state, then the last
+// member present's (the restarts' share, evicted for the finished one, is
+// refused by the host at once: counted lost at once too, what it says
+// then does not fail the run). The finished member's inputs were not settled at its return,
 // so the group restores its last save, that member too, and trains again
 // on what came after: the run ends ok, and the final save holds every
 // item exactly once.
@@ -146,10 +152,14 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 		pin    []string // the tally's replicas
 		killed []string
 		first  int // the member that finishes first (-1: any)
+		// apart: the first worker killed, then the others once the
+		// finished member's restart has asked the host
+		apart bool
 	}{
 		{name: "across workers", pin: []string{"w2", "w3"}, killed: []string{"w2", "w3"}, first: -1},
 		{name: "on one", pin: []string{"w2"}, killed: []string{"w2"}, first: -1},
 		{name: "finished on a live worker", pin: []string{"w1", "w2", "w2"}, killed: []string{"w2"}, first: 0},
+		{name: "one after the other", pin: []string{"w2", "w3"}, killed: []string{"w2", "w3"}, first: 0, apart: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -246,7 +256,20 @@ edge "e" {
 				case <-ctx.Done():
 					return
 				}
-				for _, w := range tc.killed {
+				for k, w := range tc.killed {
+					if k == 1 && tc.apart {
+						// the finished member 0 restarted and asked the host
+						if !testutil.Within(30*time.Second, func() bool {
+							c.mu.Lock()
+							h := c.groups["tally"]
+							c.mu.Unlock()
+							h.mu.Lock()
+							defer h.mu.Unlock()
+							return h.share[0] != "" && h.share[0] != "w2"
+						}) {
+							t.Errorf("member 0's restart never asked the host\n%s", log.String())
+						}
+					}
 					kill[w]()
 				}
 				close(killed)
