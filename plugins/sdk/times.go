@@ -17,8 +17,18 @@ import (
 // waited. Idle is the time the node's Recvs waited for an item, blocked
 // the time its Sends waited for dflow's credit or for room in outq, busy
 // the rest of the session; an item's service time is the time from the
-// Recv that returned it to the node's next Recv (a source's: from one
-// Send to the next), less the node's waits meanwhile.
+// Recv that returned it to the node's next Recv on any port (a source's:
+// from one Send to the next), less the node's waits meanwhile.
+//
+// Waits may overlap: a node may Recv and Send from two goroutines, or
+// Send from several. Each instant of the session counts once, towards
+// one of the three: blocked while any Send waits, else idle while any
+// Recv waits, else busy; so busy + idle + blocked is the session's wall
+// time, and an item's service time is the busy time between its Recv and
+// the next. An instant when both kinds wait is blocked, as Times.now says
+// then, and as a built-in stage's state: the node holds an output it
+// cannot pass on, so more input would not make it go faster; its
+// downstream holds it back, which is what the diagnosis should look at.
 //
 // Only calls that block time their waits; a Recv (or a source's Send)
 // that does not wait reads the clock once, under the lock, uncontended,
@@ -28,12 +38,15 @@ type times struct {
 	on    bool
 	begin time.Time // the session's start: the clock below counts from it
 
-	mu            sync.Mutex
-	idle, blocked int64 // ns in the waits that have ended
-	// waits in progress, which may overlap (a node may Recv and Send from
-	// two goroutines): how many, and the sum of their starts
-	nIdle, nBlocked           int
-	idleStarts, blockedStarts int64
+	clock func() int64 // ns since begin (a test's own clock)
+
+	mu sync.Mutex
+	// the waits in progress, of each kind; what they make the node
+	// (blocked, idle or busy) since when; and the idle and blocked time
+	// until then
+	nIdle, nBlocked int
+	since           int64
+	idle, blocked   int64
 	// the item in hand: when it began, and the waits' total then; item
 	// < 0: none
 	item, itemWaited int64
@@ -59,23 +72,58 @@ const (
 // init starts the clock; a source's first item begins with the session.
 func (t *times) init(on, source bool) {
 	t.on, t.begin, t.item = on, time.Now(), -1
+	if t.clock == nil {
+		t.clock = func() int64 { return int64(time.Since(t.begin)) }
+	}
 	t.service = map[int32]int64{}
 	if source {
 		t.item = 0
 	}
 }
 
-func (t *times) now() int64 { return int64(time.Since(t.begin)) }
+func (t *times) now() int64 { return t.clock() }
 
-// waitedLocked is the waits' total as of now, those in progress counted
-// up to now.
+// totalsLocked is the idle and blocked time as of now: the time since
+// the last change counts once, towards blocked while any Send waits,
+// else towards idle while any Recv waits.
+func (t *times) totalsLocked(now int64) (idle, blocked int64) {
+	idle, blocked = t.idle, t.blocked
+	switch d := now - t.since; {
+	case t.nBlocked > 0:
+		blocked += d
+	case t.nIdle > 0:
+		idle += d
+	}
+	return idle, blocked
+}
+
+// waitedLocked is the time the node waited as of now, overlapping waits
+// counted once.
 func (t *times) waitedLocked(now int64) int64 {
-	return t.idle + t.blocked + int64(t.nIdle+t.nBlocked)*now - t.idleStarts - t.blockedStarts
+	idle, blocked := t.totalsLocked(now)
+	return idle + blocked
+}
+
+// changeLocked adds d to the waits in progress of a kind, now: the time
+// since the last change goes to the totals first.
+func (t *times) changeLocked(kind, d int, now int64) {
+	t.idle, t.blocked = t.totalsLocked(now)
+	t.since = now
+	if kind == waitIdle {
+		t.nIdle += d
+	} else {
+		t.nBlocked += d
+	}
+	t.changed = true
 }
 
 // next ends the item in hand, if any, and begins the next one, at the
-// same time: a call that delimits items (each Recv, a source's Send)
-// begins. The call's waits are subtracted from the next item's time as
+// same time: a call that delimits items (each Recv, on any port; a
+// source's Send) begins. A node that takes one item from each of k ports
+// for a piece of work so has k items, whose service times add up to its
+// busy time, as dflow's built-in stages count them and as
+// `dflow sim --from` replays them (one service time per item received).
+// The call's waits are subtracted from the next item's time as
 // any others are; a Recv that returns no item (the end of input, a
 // cancelled context) takes back the one begun (none).
 func (t *times) next() {
@@ -110,30 +158,12 @@ func (t *times) wait(kind int) func() {
 		return func() {}
 	}
 	t.mu.Lock()
-	start := t.now()
-	if kind == waitIdle {
-		t.nIdle++
-		t.idleStarts += start
-	} else {
-		t.nBlocked++
-		t.blockedStarts += start
-	}
-	t.changed = true
+	t.changeLocked(kind, 1, t.now())
 	t.mu.Unlock()
 	return func() {
 		t.mu.Lock()
-		defer t.mu.Unlock()
-		d := t.now() - start
-		if kind == waitIdle {
-			t.nIdle--
-			t.idleStarts -= start
-			t.idle += d
-		} else {
-			t.nBlocked--
-			t.blockedStarts -= start
-			t.blocked += d
-		}
-		t.changed = true
+		t.changeLocked(kind, -1, t.now())
+		t.mu.Unlock()
 	}
 }
 
@@ -149,9 +179,8 @@ func (t *times) message(final bool) *proto.Message {
 		return nil
 	}
 	now := t.now()
-	idle := t.idle + int64(t.nIdle)*now - t.idleStarts
-	blocked := t.blocked + int64(t.nBlocked)*now - t.blockedStarts
-	m := &proto.Times{BusyNs: max(now-idle-blocked, 0), IdleNs: idle, BlockedNs: blocked, ServiceNs: t.serviceSum}
+	idle, blocked := t.totalsLocked(now)
+	m := &proto.Times{BusyNs: now - idle - blocked, IdleNs: idle, BlockedNs: blocked, ServiceNs: t.serviceSum}
 	switch {
 	case t.nBlocked > 0:
 		m.Now = proto.Activity_ACTIVITY_BLOCKED
