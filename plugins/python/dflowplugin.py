@@ -541,19 +541,23 @@ class _Times:
     the node waited in recv for an item, blocked the time it waited in send
     for dflow's credit or for room in the queue to dflow, busy the rest; an
     item's service time runs from the node getting it to its asking for
-    the next (a source's: from one send to the next), less its waits
-    meanwhile. Waits may overlap (a node that sends from threads): each
-    kind keeps how many are in progress and the sum of their starts. The
-    sender says Times every TIMES_EVERY while anything changed, and once
-    more before Done."""
+    the next on any port (a source's: from one send to the next), less its
+    waits meanwhile. Waits may overlap (a node that receives and sends
+    from two threads, or sends from several): each instant counts once,
+    blocked while any send waits, else idle while any recv waits, else
+    busy, so the three add up to the wall time and an item's service time
+    is the busy time between its recv and the next (as the Go SDK counts
+    them: when both kinds wait, the node holds an output it cannot pass
+    on, and more input would not make it go faster). The sender says Times
+    every TIMES_EVERY while anything changed, and once more before Done."""
 
     def __init__(self, on, source):
         self.on = on
         self.lock = threading.Lock()
         self.begin = time.monotonic_ns()
-        self.done = [0, 0]  # ns in ended waits: idle, blocked
-        self.n = [0, 0]  # waits in progress
-        self.starts = [0, 0]  # the sum of their starts
+        self.n = [0, 0]  # waits in progress: idle, blocked
+        self.since = 0  # when n last changed
+        self.done = [0, 0]  # idle and blocked ns until then
         self.item = 0 if source else -1  # when the item in hand began; -1: none
         self.item_waited = 0
         self.service_sum, self.service = 0, {}
@@ -562,11 +566,32 @@ class _Times:
     def _now(self):
         return time.monotonic_ns() - self.begin
 
+    def _totals(self, now):
+        """Idle and blocked ns as of now: the time since the last change
+        counts once, blocked while any send waits, else idle while any recv
+        waits."""
+        idle, blocked = self.done
+        if self.n[_BLOCKED]:
+            blocked += now - self.since
+        elif self.n[_IDLE]:
+            idle += now - self.since
+        return idle, blocked
+
     def _waited(self, now):
-        return sum(self.done) + (self.n[0] + self.n[1]) * now - sum(self.starts)
+        return sum(self._totals(now))
+
+    def _change(self, kind, d):
+        now = self._now()
+        self.done = list(self._totals(now))
+        self.since = now
+        self.n[kind] += d
+        self.changed = True
 
     def next(self):
-        """Ends the item in hand, if any, and begins the next."""
+        """Ends the item in hand, if any, and begins the next: each recv, on
+        any port (a source's send). A node that takes one item from each of
+        k ports for a piece of work has k items, whose service times add
+        up to its busy time, as dflow's built-in stages count them."""
         if not self.on:
             return
         with self.lock:
@@ -590,18 +615,12 @@ class _Times:
             yield
             return
         with self.lock:
-            start = self._now()
-            self.n[kind] += 1
-            self.starts[kind] += start
-            self.changed = True
+            self._change(kind, 1)
         try:
             yield
         finally:
             with self.lock:
-                self.n[kind] -= 1
-                self.starts[kind] -= start
-                self.done[kind] += self._now() - start
-                self.changed = True
+                self._change(kind, -1)
 
     def message(self, final=False):
         """The Times to say now: None when nothing changed, or when the
@@ -612,10 +631,9 @@ class _Times:
             now = self._now()
             if not final and (not self.changed or now - self.said < TIMES_EVERY * 1e9):
                 return None
-            idle = self.done[0] + self.n[0] * now - self.starts[0]
-            blocked = self.done[1] + self.n[1] * now - self.starts[1]
-            activity = pb.ACTIVITY_BLOCKED if self.n[1] else pb.ACTIVITY_IDLE if self.n[0] else pb.ACTIVITY_BUSY
-            t = pb.Times(busy_ns=max(now - idle - blocked, 0), idle_ns=idle, blocked_ns=blocked, now=activity,
+            idle, blocked = self._totals(now)
+            activity = pb.ACTIVITY_BLOCKED if self.n[_BLOCKED] else pb.ACTIVITY_IDLE if self.n[_IDLE] else pb.ACTIVITY_BUSY
+            t = pb.Times(busy_ns=now - idle - blocked, idle_ns=idle, blocked_ns=blocked, now=activity,
                          service_ns=self.service_sum,
                          service=[pb.ServiceBucket(bucket=b, count=n) for b, n in self.service.items()])
             self.service_sum, self.service = 0, {}
