@@ -224,6 +224,7 @@ class _Pools:
         self.free = [(0, m.out_size)]  # pool 1's free spans, by offset
         self.live = {}  # pool 1's regions: offset -> size
         self.held = {}  # pool 0's regions this replica holds: offset -> length
+        self.given = set()  # those whose item the node has been given (recv)
 
     def alloc(self, n):
         size = (max(n, 1) + self.ALIGN - 1) // self.ALIGN * self.ALIGN
@@ -322,6 +323,9 @@ class Replica:
                 self._times.none()
                 return
             item, held = item
+            if held is not None:  # the node has it: its bytes may go back by reference
+                with self._pools.lock:
+                    self._pools.given.add(held)
             # The item is taken: credit for one more on this port.
             self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
             yield item
@@ -330,6 +334,7 @@ class Replica:
         p = self._pools
         with p.lock:
             length = p.held.pop(off)
+            p.given.discard(off)
         self._put(pb.Message(release=pb.Release(refs=[pb.Ref(pool=0, offset=off, length=length)])))
 
     def alloc_hidden(self, B, T, K, D, seq=0):
@@ -371,8 +376,11 @@ class Replica:
             return pb.Item(port=port, type=typ, size=size, ref=pb.Ref(pool=1, offset=region[0], length=size))
         off = p.contiguous(0, parts, size)
         if off is not None:
+            # Within no region the node holds: an item kept past its
+            # lifetime, whose region rests, is free, or holds a later item
+            # that the node has not been given yet.
             with p.lock:
-                ok = any(o <= off and off + size <= o + n for o, n in p.held.items())
+                ok = any(o <= off and off + size <= o + n and o in p.given for o, n in p.held.items())
             if not ok:
                 raise BadItem("the item lies in the memory of an item received by reference that the node no longer "
                               "holds (such an item is valid until the next item is asked for on its port: copy what you keep)")

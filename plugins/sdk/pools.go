@@ -107,8 +107,11 @@ func (s *session) prepare(port string, item any) (outItem, error) {
 		return it, nil
 	}
 	if off, ok := s.pools.In.Contiguous(e.Pieces, size); ok {
+		// In no region the node holds: an item kept past its lifetime,
+		// whose region rests, is free, or holds a later item dflow sent
+		// that the node has not received yet.
 		h := s.pools.In.Containing(off, size)
-		if h == nil {
+		if h == nil || !s.pools.In.Given(h) {
 			return outItem{}, errKept
 		}
 		s.pools.In.Hold(h)

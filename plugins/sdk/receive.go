@@ -182,6 +182,9 @@ func (in *input) took(it inItem, ok bool) (any, error) {
 	// (several in one message when items come fast).
 	in.w.Taken(it.size)
 	in.cur = it.held
+	if it.held != nil {
+		in.s.pools.In.Give(it.held)
+	}
 	in.s.wake()
 	return it.item, nil
 }

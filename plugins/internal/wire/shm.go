@@ -75,6 +75,7 @@ type Held struct {
 	Origin any
 	Wire   string
 	refs   int32 // holds on a received region (the node's, pending sends')
+	given  bool  // a received region's item has been given to the node (Give)
 }
 
 func newPool(index int32, mem []byte, fd int) *Pool {
@@ -136,15 +137,29 @@ func (p *Pool) Bytes(off, n int64) []byte {
 }
 
 // A region freed rests before it is taken again: the restMin regions
-// freed last, and more of them while they total at most restBytes,
-// are left alone while the rest of the pool has room, so that an item
-// kept past its lifetime is still told from the next one in its place
-// (Containing finds no region there). Past that, Alloc takes the lowest
-// free region that fits (first fit), so that a steady stream of items
-// cycles through a few regions whose memory stays in the processor's
-// cache. (Taking regions in turn through the whole pool, so that a freed
-// one waited as long as the pool allowed, wrote every large item to
-// memory that had long left the cache: TestPoolFewRegions.)
+// freed last, and more of them while they total at most restBytes, are
+// left alone while the rest of the pool has room. Past that, Alloc takes
+// the lowest free region that fits (first fit), so that a steady stream
+// of items cycles through a few regions whose memory stays in the
+// processor's cache. (Taking regions in turn through the whole pool, so
+// that a freed one waited as long as the pool allowed, wrote every large
+// item to memory that had long left the cache: TestPoolFewRegions.)
+//
+// How long a freed region rests is how long the reader can tell an item
+// its node kept past its lifetime from a later one: a region of s bytes
+// is taken again once r = max(restMin, restBytes/s) regions have been
+// freed after it (2 for items of 8 MiB or more, 16 for 1 MiB, 256 for
+// 64 KiB), or sooner when the pool has no other room, and as the lowest
+// free region it is then likely the next one taken. The SDKs check what
+// a node sends (only that: a read of a kept item's bytes is not checked,
+// which would cost per byte, and reads a later item's once dflow has
+// written one there): bytes that lie in no region the node holds fail
+// the replica, and a region dflow took again for an item the node has
+// not received yet is not one it holds (Give, Given). A late send goes
+// out unnoticed, as the later item, only while the node holds the later
+// item written in its region: for a node with one input, from its
+// (r+1)th Recv after the kept item's at the earliest (its third, for
+// items of 8 MiB or more), until its next Recv.
 const (
 	restMin   = 2
 	restBytes = 16 << 20
@@ -254,6 +269,24 @@ func (p *Pool) Containing(off, n int64) *Held {
 		}
 	}
 	return nil
+}
+
+// Give records that a received region's item has been given to the node
+// (its Recv returned it). Until then the node cannot have the region's
+// bytes from this item: bytes of the region it sends are an item's it
+// kept past its lifetime, whose region dflow has taken again (Given).
+func (p *Pool) Give(h *Held) {
+	p.mu.Lock()
+	h.given = true
+	p.mu.Unlock()
+}
+
+// Given reports whether a received region's item has been given to the
+// node (Give).
+func (p *Pool) Given(h *Held) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return h.given
 }
 
 // Hold adds a hold on a received region.
