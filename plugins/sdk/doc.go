@@ -31,8 +31,10 @@
 //     received so is a read-only view, valid until the node's next Recv
 //     on its port unless sent on first (docs/plugins.md, Shared memory).
 //   - The plugin measures where each replica's time goes (times.go): its
-//     node's waits in Recv are idle, in Send blocked, the rest busy, and
-//     an item's service time runs from one Recv to the next; it tells
+//     node's waits in Recv are idle, in Send blocked (a moment when
+//     both wait, from two goroutines, counts once, as blocked), the rest
+//     busy, and an item's service time runs from one Recv (on any port)
+//     to the next, less the waits; it tells
 //     dflow every 100 ms while they change and before Done (Times), and
 //     dflow shows them as the replica's (docs/plugins.md, "Busy, idle and
 //     blocked").
