@@ -434,6 +434,9 @@ func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, 
 	if len(ports) > 0 {
 		dOut = sent - out
 	}
+	// both: what of the two differences goes to both counts of the same
+	// replicas, as far as their lost parts share it (a surplus may find
+	// less in common than it is: the rest goes below, with each count's)
 	both := int64(0)
 	switch {
 	case dIn < 0 && dOut < 0:
@@ -446,12 +449,15 @@ func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, 
 		for i := range common {
 			common[i] = min(lostIn[i], lostOut[i])
 		}
+		applied := int64(0)
 		spread(both, common, by(func(i int) int64 { return common[i] }), func(i int, d int64) {
 			reps[i].ItemsIn += d
 			reps[i].ItemsOut += d
 			lostIn[i] += d
 			lostOut[i] += d
+			applied += d
 		})
+		both = applied
 	}
 	lean := func(a, b []int64, diff int64) []int {
 		if diff < 0 { // took (or sent) too many: where the lost part has more of it

@@ -77,6 +77,11 @@ func TestSettleLostTogether(t *testing.T) {
 	}{
 		{"in hand at the last snapshot", [2]int64{7, 4}, [2]int64{7, 3}, [2]int64{5, 5}, [2]int64{5, 5}, [2]int64{12, 8}, [2]int64{12, 8}},
 		{"done twice", [2]int64{7, 4}, [2]int64{7, 4}, [2]int64{5, 5}, [2]int64{5, 5}, [2]int64{11, 9}, [2]int64{11, 9}},
+		// one too many taken on one replica, sent on the other: nothing
+		// lost in common, so each count's surplus comes off on its own
+		{"nothing in common", [2]int64{2, 0}, [2]int64{0, 2}, [2]int64{10, 10}, [2]int64{10, 10}, [2]int64{10, 10}, [2]int64{10, 10}},
+		// 3 taken and sent too many, 1 of them in common
+		{"partly in common", [2]int64{3, 0}, [2]int64{1, 2}, [2]int64{10, 10}, [2]int64{10, 10}, [2]int64{10, 10}, [2]int64{10, 10}},
 	} {
 		reps := make([]report.Replica, 2)
 		for i := range reps {
