@@ -585,13 +585,16 @@ func (h *groupHost) stateLostLocked() bool {
 // are trained again by the restarts, all of them present from their
 // first step, and what they trained before it is dropped. A member that
 // finished before the save stays finished: the save holds all it
-// trained. A finished member's share still counted live is evicted: its
-// restart restores too.
+// trained; but not the last member to leave, lost before its return:
+// its restart restores the save too (even one at its last round), so
+// that it is the last again at its Finish and writes the final save,
+// which the others' opDone waits for. A finished member's share still
+// counted live is evicted: its restart restores too.
 func (h *groupHost) restoreLocked() {
 	for i := range h.due {
 		switch {
 		case h.due[i]:
-		case h.left[i] && h.lastRound[i] > h.durable:
+		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
 			if sh := h.share[i]; !h.gone[sh] {
 				h.evict = append(h.evict, sh)
 				h.gone[sh] = true // what it asks from now on is refused

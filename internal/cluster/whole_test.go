@@ -59,8 +59,9 @@ func (s *tallyStore) save(ctx context.Context, step int, st *tallyState, final b
 // item, every member adds the sum to its tally, and the lead saves every
 // few steps (Group.Saves, Saved); the group's last member writes the
 // final save. beforeFinish runs as a member's input has ended and
-// afterFinish once it has left its group: the test loses the group there.
-func tallyKind(reg *nodes.Registry, n, every int, store *tallyStore, beforeFinish func(context.Context, int) error, afterFinish func()) {
+// afterFinish once it has left its group (last: it was the group's last
+// member, to write the final save next): the test loses the group there.
+func tallyKind(reg *nodes.Registry, n, every int, store *tallyStore, beforeFinish func(context.Context, int) error, afterFinish func(ctx context.Context, i int, last bool) error) {
 	ports := func(*graph.Config) []graph.PortSpec {
 		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
 	}
@@ -122,7 +123,9 @@ func tallyKind(reg *nodes.Registry, n, every int, store *tallyStore, beforeFinis
 				if err != nil {
 					return err
 				}
-				afterFinish()
+				if err := afterFinish(ctx, r.Index(), last); err != nil {
+					return err
+				}
 				if last {
 					store.save(ctx, st.Step, st, true)
 				}
@@ -179,7 +182,7 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 				}
 				<-killed // the others are killed with their worker, present
 				return ctx.Err()
-			}, func() {
+			}, func(context.Context, int, bool) error {
 				select {
 				case <-killed:
 				case <-left:
@@ -187,69 +190,11 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 					close(left) // the first has left its group
 					<-killed
 				}
+				return nil
 			})
-			srv, err := StartServer(ServerOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(srv.Shutdown)
-			kill := map[string]func(){}
-			var wg sync.WaitGroup
-			t.Cleanup(wg.Wait)
-			for i := range 3 {
-				name := fmt.Sprintf("w%d", i+1)
-				nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				t.Cleanup(cancel)
-				kill[name] = func() { nc.Close(); cancel() }
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer nc.Close()
-					RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loader(reg)})
-				}()
-			}
-			src := fmt.Sprintf(`
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = %d
-  }
-}
-stage "tally" {
-  node     = "tally"
-  replicas = 3
-}
-edge "e" {
-  from     = src.out
-  to       = tally.in
-  policy   = "round_robin"
-  capacity = 64
-}
-`, n)
-			job := Job{Filename: "tally.hcl", Src: []byte(src)}
-			g, err := loader(reg)(&job)
-			if err != nil {
-				t.Fatal(err)
-			}
-			nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			var log syncLog
-			c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 3, Registry: reg,
-				Interval: 200 * time.Millisecond, Log: &log,
-				Pin:     map[string][]string{"src": {"w3"}, "tally": tc.pin},
-				Timings: Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c, kill, log := tallyRun(ctx, t, reg, n, tc.pin)
 			go func() {
 				select {
 				case <-left:
@@ -289,20 +234,180 @@ edge "e" {
 			if !strings.Contains(log.String(), `stage "tally" lost every member of its group: its restarts restore its last save`) {
 				t.Errorf("the coordinator did not say the group restores its save:\n%s", log.String())
 			}
-			store.mu.Lock()
-			defer store.mu.Unlock()
-			var final tallyState
-			if err := final.UnmarshalBinary(store.final); err != nil {
-				t.Fatalf("no final save (%d written): %v\n%s", store.finals, err, log.String())
-			}
-			for seq, k := range final.Counts {
-				if k != 1 {
-					t.Errorf("the final save trained item %d %d times, want once (all: %v)\n%s", seq, k, final.Counts, log.String())
-					break
-				}
-			}
+			checkFinal(t, store, log)
 		})
 	}
+}
+
+// checkFinal checks that the group's final save was written and holds
+// every item exactly once.
+func checkFinal(t *testing.T, store *tallyStore, log *syncLog) {
+	t.Helper()
+	store.mu.Lock()
+	defer store.mu.Unlock()
+	var final tallyState
+	if err := final.UnmarshalBinary(store.final); err != nil {
+		t.Fatalf("no final save (%d written): %v\n%s", store.finals, err, log.String())
+	}
+	for seq, k := range final.Counts {
+		if k != 1 {
+			t.Errorf("the final save trained item %d %d times, want once (all: %v)\n%s", seq, k, final.Counts, log.String())
+			break
+		}
+	}
+}
+
+// tallyRun starts a server and three workers, w1 to w3 (kill closes a
+// worker's connection and cancels it, as a killed process), and a
+// coordinator for n items from a source on w3 to three tally replicas,
+// pinned as pin says.
+func tallyRun(ctx context.Context, t *testing.T, reg *nodes.Registry, n int, pin []string) (*Coordinator, map[string]func(), *syncLog) {
+	t.Helper()
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	kill := map[string]func(){}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	for i := range 3 {
+		name := fmt.Sprintf("w%d", i+1)
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		kill[name] = func() { nc.Close(); cancel() }
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer nc.Close()
+			RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loader(reg)})
+		}()
+	}
+	src := fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = %d
+  }
+}
+stage "tally" {
+  node     = "tally"
+  replicas = 3
+}
+edge "e" {
+  from     = src.out
+  to       = tally.in
+  policy   = "round_robin"
+  capacity = 64
+}
+`, n)
+	job := Job{Filename: "tally.hcl", Src: []byte(src)}
+	g, err := loader(reg)(&job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	log := &syncLog{}
+	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 3, Registry: reg,
+		Interval: 200 * time.Millisecond, Log: log,
+		Pin:     map[string][]string{"src": {"w3"}, "tally": pin},
+		Timings: Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, kill, log
+}
+
+// TestLastMemberLostBeforeFinalSave: the group's last save is at its
+// last round (10 rounds each, a save every 5), its members 0 and 1 have
+// finished and wait for the final save, and member 2 finishes last and
+// its worker is lost before it writes the final save and returns. Its
+// restart restores the last save, drops its items (the save holds them),
+// is the group's last member at its Finish and writes the final save:
+// the run ends ok, every item trained once. Before, no member restored,
+// the restart kept its fresh state, was not the last at its Finish, and
+// the others' wait for the final save was never answered: the run hung.
+func TestLastMemberLostBeforeFinalSave(t *testing.T) {
+	t.Parallel()
+	const n, every = 30, 5
+	store := &tallyStore{saves: map[int][]byte{}}
+	othersLeft := make(chan struct{}) // members 0 and 1 have finished
+	lastLeft, killed := make(chan struct{}), make(chan struct{})
+	var finished atomic.Int32
+	reg := nodes.Default.Clone()
+	tallyKind(reg, n, every, store, func(ctx context.Context, i int) error {
+		select {
+		case <-killed: // member 2's restart: on
+			return nil
+		default:
+		}
+		if i != 2 {
+			return nil
+		}
+		select { // the last to finish
+		case <-othersLeft:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, func(ctx context.Context, i int, last bool) error {
+		select {
+		case <-killed:
+			return nil
+		default:
+		}
+		if i != 2 {
+			if finished.Add(1) == 2 {
+				close(othersLeft)
+			}
+			return nil
+		}
+		if !last {
+			return fmt.Errorf("member 2 finished last and was not told it was the group's last")
+		}
+		close(lastLeft)
+		<-ctx.Done() // killed with its worker before its final save
+		return ctx.Err()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, kill, log := tallyRun(ctx, t, reg, n, []string{"w1", "w1", "w2"})
+	go func() {
+		select {
+		case <-lastLeft:
+		case <-ctx.Done():
+			return
+		}
+		kill["w2"]()
+		close(killed)
+	}()
+	rep, err := c.Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("the run hung: %v\n%s", err, log.String())
+	}
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("status %s: %v\ncoordinator:\n%s", rep.Status, err, log.String())
+	}
+	select {
+	case <-killed:
+	default:
+		t.Fatalf("the run ended with member 2's worker alive: nothing was lost\n%s", log.String())
+	}
+	store.mu.Lock()
+	saved := store.saves[n/3] != nil
+	store.mu.Unlock()
+	if !saved {
+		t.Fatalf("no save at the last round, %d\n%s", n/3, log.String())
+	}
+	checkFinal(t, store, log)
 }
 
 // syncLog is a log written by several goroutines.
