@@ -94,8 +94,9 @@ type Coordinator struct {
 type instance struct {
 	name, worker string
 	done, lost   bool
-	// evict: counted lost though heard from (Coordinator.evicted)
-	evict bool
+	// evict: counted lost though heard from (Coordinator.evicted), for
+	// the restore of this stage's group
+	evict string
 	rep   *report.Report
 	last  *report.Snapshot
 	// lastAt is when the coordinator had last (its clock)

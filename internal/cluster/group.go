@@ -87,6 +87,13 @@ type trainedItem struct {
 	id    string
 }
 
+// eviction is a finished member that a group's restore needs back, and
+// the share it ran on, counted live until then.
+type eviction struct {
+	member int
+	share  string
+}
+
 // groupHost is the coordinator's side of one stage's group.
 type groupHost struct {
 	mu      sync.Mutex
@@ -120,9 +127,9 @@ type groupHost struct {
 	lastMember int
 	final      bool
 	done       map[int]*nats.Msg
-	// evict lists the shares of finished members that a restore needs
-	// back, still counted live: the coordinator counts them lost
-	evict []string
+	// evict lists the finished members that a restore needs back, with
+	// their shares still counted live: the coordinator counts them lost
+	evict []eviction
 	// restore marks the members of a group lost whole that restore its
 	// last save, until their restart's opJoin is answered
 	restore []bool
@@ -595,8 +602,9 @@ func (h *groupHost) restoreLocked() {
 		switch {
 		case h.due[i]:
 		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
-			if sh := h.share[i]; !h.gone[sh] {
-				h.evict = append(h.evict, sh)
+			sh := h.share[i]
+			if !h.gone[sh] || slices.ContainsFunc(h.evict, func(e eviction) bool { return e.share == sh }) {
+				h.evict = append(h.evict, eviction{i, sh})
 				h.gone[sh] = true // what it asks from now on is refused
 			}
 			delete(h.done, i) // its restart asks again
@@ -616,8 +624,9 @@ func (h *groupHost) restoreLocked() {
 	}
 }
 
-// evictions returns, once, the shares a restore needs counted lost.
-func (h *groupHost) evictions() []string {
+// evictions returns, once, the finished members a restore needs back,
+// with the shares to count lost for them.
+func (h *groupHost) evictions() []eviction {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.evict

@@ -463,8 +463,8 @@ func TestGroupLostWhole(t *testing.T) {
 			h.lose(0, "w0")
 			h.lose(1, "w1")
 			if tc.leave {
-				if e := h.evictions(); !slices.Equal(e, []string{"w2"}) {
-					t.Fatalf("lost whole after member 2 finished: evicts %q, want w2", e)
+				if e := h.evictions(); !slices.Equal(e, []eviction{{2, "w2"}}) {
+					t.Fatalf("lost whole after member 2 finished: evicts %v, want member 2 on w2", e)
 				}
 			}
 			h.lose(2, "w2") // (for the finished member: its share evicted)

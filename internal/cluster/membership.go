@@ -190,6 +190,12 @@ func (c *Coordinator) recover(in *instance) error {
 	// its items from redelivery (a worker that was only slow, say).
 	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
 	ended := c.endedOn(in)
+	// why the share is over: its worker silent, or a group's restore
+	// needs a member it ran back (its worker lives)
+	lost := fmt.Sprintf("worker %s lost (no word from it for %v)", in.worker, c.o.Timings.Lease)
+	if in.evict != "" {
+		lost = fmt.Sprintf("the share %s on worker %s, counted lost for stage %q's restore of its last save (the worker lives)", in.name, in.worker, in.evict)
+	}
 	c.mu.Lock()
 	c.lastLoss = time.Now()
 	c.markRan(in)
@@ -229,8 +235,8 @@ func (c *Coordinator) recover(in *instance) error {
 				if h := c.groups[s.Name]; h != nil {
 					h.lose(i, in.name)
 				}
-				stateful = fmt.Errorf("worker %s lost (no word from it for %v): stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-					in.worker, c.o.Timings.Lease, s.Name, i, s.Node)
+				stateful = fmt.Errorf("%s: stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+					lost, s.Name, i, s.Node)
 			}
 		}
 	}
@@ -245,11 +251,11 @@ func (c *Coordinator) recover(in *instance) error {
 	for _, r := range stay {
 		stayed = append(stayed, fmt.Sprintf("%s[%d]", r.s.Name, r.i))
 		if err := c.writeEnds(r.s, r.i); err != nil {
-			return fmt.Errorf("worker %s lost: stage %q replica %d had finished, but its end of input could not be recorded: %v", in.worker, r.s.Name, r.i, err)
+			return fmt.Errorf("%s: stage %q replica %d had finished, but its end of input could not be recorded: %v", lost, r.s.Name, r.i, err)
 		}
 	}
 	if len(move) == 0 {
-		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): its replicas had finished (%s)\n", in.worker, c.o.Timings.Lease, strings.Join(stayed, ", "))
+		fmt.Fprintf(c.o.Log, "dflow: %s: its replicas had finished (%s)\n", lost, strings.Join(stayed, ", "))
 		return nil
 	}
 	// A worker lost at the same time, not yet silent for a lease, may be
@@ -257,14 +263,14 @@ func (c *Coordinator) recover(in *instance) error {
 	// the restart goes to the next. Its own share is recovered once its
 	// lease runs out.
 	gone := []string{in.worker}
-	if in.evict {
+	if in.evict != "" {
 		gone = nil // its worker lives, or is found lost in turn
 	}
 	failed := "" // the instance that never started, replaced with the placement
 	for {
 		target := c.leastLoaded(gone...)
 		if target == "" {
-			return fmt.Errorf("worker %s lost and no live worker left to restart %s on", in.worker, strings.Join(moved, ", "))
+			return fmt.Errorf("%s, and no live worker left to restart %s on", lost, strings.Join(moved, ", "))
 		}
 		c.mu.Lock()
 		c.restarts++
@@ -279,8 +285,8 @@ func (c *Coordinator) recover(in *instance) error {
 		if len(stayed) > 0 {
 			finished = " (" + strings.Join(stayed, ", ") + " had finished)"
 		}
-		fmt.Fprintf(c.o.Log, "dflow: worker %s lost (no word from it for %v): restarting %s on %s%s; its unfinished items are redelivered\n",
-			in.worker, c.o.Timings.Lease, strings.Join(moved, ", "), target, finished)
+		fmt.Fprintf(c.o.Log, "dflow: %s: restarting %s on %s%s; its unfinished items are redelivered\n",
+			lost, strings.Join(moved, ", "), target, finished)
 		err := c.startInstance(target, inst)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return err
@@ -440,13 +446,54 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	// Members that had finished after the save, on shares still counted
 	// live, restart to restore it too: their shares are counted lost now
 	// (the host refuses them already: what they say is not the run's),
-	// and restarted at the next check (checkLive).
-	for _, share := range h.evictions() {
-		if e := c.instances[share]; e != nil && !e.lost && !e.done {
-			e.lost, e.evict = true, true
+	// and restarted at the next check (checkLive). A share counted lost
+	// restarts all it runs, so each must be able to, or have finished,
+	// and a member whose share has ended cannot restart: else the run
+	// fails here, for the restore, not for a worker lost (it is not).
+	ev := h.evictions()
+	for _, x := range ev {
+		if err := c.evictable(s, x, ev); err != nil {
+			return err
+		}
+	}
+	for _, x := range ev {
+		if e := c.instances[x.share]; e != nil && !e.lost {
+			e.lost, e.evict = true, s.Name
 			c.markRan(e)
 			c.evicted = append(c.evicted, e)
-			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran a member that had finished since, which restarts too\n", s.Name, share, e.worker)
+			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.share, e.worker, x.member)
+		}
+	}
+	return nil
+}
+
+// evictable checks that the share of x, a member of s's group that had
+// finished, can be counted lost for the group's restore (ev, all the
+// members it needs back), so that x restarts: it is counted lost already,
+// or it has not ended and everything else it runs can restart elsewhere
+// or has finished. c.mu held.
+func (c *Coordinator) evictable(s *graph.Stage, x eviction, ev []eviction) error {
+	e := c.instances[x.share]
+	needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.member, x.share)
+	const fails = "the run fails (a checkpointing node resumes from its last checkpoint on the next run)"
+	switch {
+	case e == nil:
+		return fmt.Errorf("%s, which the coordinator does not know, so that the member cannot restart; %s", needs, fails)
+	case e.lost:
+		return nil // it restarts with the share
+	case e.done:
+		return fmt.Errorf("%s on worker %s, which has ended, so that the member cannot restart; %s", needs, e.worker, fails)
+	}
+	for _, t := range c.g.Stages {
+		for j, p := range c.place[t.Name] {
+			switch {
+			case p != x.share:
+			case t == s && slices.ContainsFunc(ev, func(y eviction) bool { return y.member == j }):
+			case c.restartable(t), e.last != nil && replicaDone(e.last, t.Name, j):
+			default:
+				return fmt.Errorf("%s on worker %s, which also runs stage %q replica %d (%s): that replica keeps state and cannot restart elsewhere, and the share restarts whole; %s",
+					needs, e.worker, t.Name, j, t.Node, fails)
+			}
 		}
 	}
 	return nil
