@@ -406,7 +406,7 @@ func (t *tracked) finish() {
 // lost whole restores its last save, this member included, and trains
 // again on what came after. A local group's last member to return
 // settles every member's; a member of a group across workers leaves it
-// and asks the host.
+// and asks the host, the wait counted as the replica's idle time.
 func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 	t.mu.Lock()
 	hold := t.hold
@@ -418,7 +418,13 @@ func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 		return true
 	case g != nil:
 		t.Replica.Group().Leave() // its group's rounds do not wait for it
-		if !g.done(ctx, t.Index()) {
+		end := func() {}
+		if w, ok := t.Replica.(interface{ WaitIdle() (end func()) }); ok {
+			end = w.WaitIdle() // the wait for the final save is idle, not work
+		}
+		done := g.done(ctx, t.Index())
+		end()
+		if !done {
 			return false
 		}
 	}

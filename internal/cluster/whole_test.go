@@ -417,6 +417,11 @@ func TestLastMemberLostBeforeFinalSave(t *testing.T) {
 		t.Fatalf("no save at the last round, %d\n%s", n/3, log.String())
 	}
 	checkFinal(t, store, log)
+	// Member 0 waited for the final save over member 2's lease at least:
+	// idle, not busy.
+	if r := rep.Stages["tally"].Replicas[0]; r.IdleSeconds < 2.5 || r.BusySeconds > r.IdleSeconds {
+		t.Errorf("member 0, waiting for the final save: busy %.2fs, idle %.2fs; want the wait idle", r.BusySeconds, r.IdleSeconds)
+	}
 }
 
 // syncLog is a log written by several goroutines.

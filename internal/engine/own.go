@@ -86,3 +86,15 @@ func (o *ownTimes) until(end time.Time) (idle, blocked time.Duration) {
 	}
 	return idle, blocked
 }
+
+// WaitIdle counts the time from now until end is called as the
+// replica's idle: a wait of the runtime around its node that is none of
+// the node's work (a cluster replica that has finished, waiting for its
+// group's final save to settle its inputs). The deadlock detector takes
+// it as a wait it cannot read, able to end, as it took the time before.
+// The cluster's runtime calls it through an interface of its own (the
+// runtime's nodes.Replica is this replica).
+func (r *replica) WaitIdle() (end func()) {
+	w := r.beginWaitOn(&r.idle, opaqueWait, false)
+	return func() { r.endWait(w) }
+}

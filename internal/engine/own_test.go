@@ -75,3 +75,53 @@ edge "a" {
 }
 
 func dur(s float64) time.Duration { return time.Duration(s*1e9 + 0.5) }
+
+// TestWaitIdle: a wait that the runtime around a node marks (WaitIdle)
+// is the replica's idle time, not busy.
+func TestWaitIdle(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	const quiet = 100 * time.Millisecond
+	h.reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "waits", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: "id"}}
+		}},
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				w, ok := r.(interface{ WaitIdle() (end func()) })
+				if !ok {
+					return errors.New("the replica takes no idle wait")
+				}
+				end := w.WaitIdle()
+				time.Sleep(quiet) // the wait marked
+				end()
+				return nil
+			}), nil
+		},
+	})
+	g := h.load(`
+stage "src" {
+  node = "waits"
+}
+stage "sink" {
+  node   = "t"
+  config {
+    role = "sink"
+  }
+}
+edge "a" {
+  from = src.out
+  to   = sink.in
+}
+`)
+	rep, err := h.run(g, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rep.Stages["src"].Replicas[0]
+	idle, busy := dur(r.IdleSeconds), dur(r.BusySeconds)
+	// the run's coarse clock may count a wait a tick short
+	if idle < quiet-20*time.Millisecond || busy > idle {
+		t.Errorf("idle %v, busy %v: want the %v wait idle", idle, busy, quiet)
+	}
+}
