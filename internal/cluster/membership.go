@@ -218,6 +218,7 @@ func (c *Coordinator) recover(in *instance) error {
 				// its ends; run again, it could take an item another
 				// lost replica held and send it after its end
 				stay = append(stay, rep{s, i})
+				c.markDone(in, s.Name, i)
 				if h := c.groups[s.Name]; h != nil {
 					h.leftLost(i, in.name)
 				}
@@ -300,9 +301,15 @@ func (c *Coordinator) recover(in *instance) error {
 // endedOn reads which restartable replicas placed on in had finished
 // there: returned, with everything they took settled (keySettled, written
 // by in itself), so that nothing of theirs can come back to a restart, and
-// done in in's last snapshot, so that the run's figures and its deadlock
-// watch have what it did to the end (a replica recorded settled after
-// that snapshot restarts, as before). Not one that feeds a queue in
+// either done in in's last snapshot, so that the run's figures and its
+// deadlock watch have what it did to the end, or with the end of every
+// queue it feeds written: recorded settled after that snapshot (which
+// comes once a second), its consumers may have ended on those ends, and
+// run again it could take an item another lost replica held on a shared
+// input and send it after them; recover marks it done in that snapshot,
+// and the run's figures settle what it did since (settleLost). One
+// recorded settled after that snapshot whose ends are not all written
+// restarts, as before. Not one that feeds a queue in
 // process on the lost worker (its consumer is gone with it), and, where a
 // stage has no group across workers, none of its replicas on in unless all
 // of them had finished (those that stayed and those that moved would be a
@@ -317,6 +324,8 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	local := map[replicaKey]bool{} // feeds a queue in process
 	hosted := map[string]bool{}
 	seen := map[replicaKey]bool{} // done in the lost share's last snapshot
+	type queue struct{ ei, qi int }
+	feeds := map[replicaKey][]queue{} // the remote queues each feeds
 	c.mu.Lock()
 	for si, s := range c.g.Stages {
 		if !c.restartable(s) {
@@ -340,6 +349,15 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 			}
 		}
 	}
+	for ei, e := range c.g.Edges {
+		for qi, q := range e.Queues {
+			for _, p := range q.Producers {
+				if k := (replicaKey{e.From.Stage.Name, p}); c.remote[e.Name][qi] && c.place[k.stage][p] == in.name {
+					feeds[k] = append(feeds[k], queue{ei, qi})
+				}
+			}
+		}
+	}
 	c.mu.Unlock()
 	if len(reps) == 0 {
 		return nil
@@ -355,7 +373,11 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	for _, r := range reps {
 		k := replicaKey{r.s.Name, r.i}
 		e, err := kv.Get(ctx, keySettled(r.si, r.i))
-		ended[k] = err == nil && string(e.Value()) == in.name && !local[k] && seen[k]
+		ended[k] = err == nil && string(e.Value()) == in.name && !local[k] &&
+			(seen[k] || in.last != nil && len(feeds[k]) > 0 && !slices.ContainsFunc(feeds[k], func(q queue) bool {
+				_, err := kv.Get(ctx, keyEnd(q.ei, q.qi, k.i))
+				return err != nil
+			}))
 		partial[r.s.Name] = partial[r.s.Name] || !ended[k]
 	}
 	for k := range ended {
@@ -392,6 +414,26 @@ func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 		}
 	}
 	return nil
+}
+
+// markDone has in's last snapshot say that replica i of stage is done
+// (c.mu held): it stays finished where it was lost, recorded settled and
+// its ends written after that snapshot, and the deadlock watch waits for
+// no more of it. The snapshot is copied: what was merged from it before
+// keeps its figures.
+func (c *Coordinator) markDone(in *instance, stage string, i int) {
+	if in.last == nil || replicaDone(in.last, stage, i) {
+		return
+	}
+	last := *in.last
+	last.Stages = slices.Clone(last.Stages)
+	for si := range last.Stages {
+		if st := &last.Stages[si]; st.Name == stage && i < len(st.Replicas) {
+			st.Replicas = slices.Clone(st.Replicas)
+			st.Replicas[i].Done = true
+		}
+	}
+	in.last = &last
 }
 
 func replicaDone(s *report.Snapshot, stage string, i int) bool {
