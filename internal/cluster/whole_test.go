@@ -171,8 +171,10 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 			t.Parallel()
 			const n, every = 30, 3
 			store := &tallyStore{saves: map[int][]byte{}}
-			var first atomic.Bool
+			var first atomic.Int32 // the member that finishes first (-1: none yet)
+			first.Store(int32(tc.first))
 			left, killed := make(chan struct{}), make(chan struct{})
+			var leave sync.Once
 			reg := nodes.Default.Clone()
 			tallyKind(reg, n, every, store, func(ctx context.Context, i int) error {
 				select {
@@ -180,18 +182,36 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 					return nil
 				default:
 				}
-				if (tc.first < 0 || i == tc.first) && first.CompareAndSwap(false, true) {
-					return nil // the first to finish goes on
+				first.CompareAndSwap(-1, int32(i))
+				if i == int(first.Load()) {
+					// The first to finish goes on, and so does its restart
+					// until a copy of it has left its group: on a loaded
+					// machine its worker can be counted lost before it
+					// leaves (no word for a lease), and its restart is
+					// then the one to leave.
+					select {
+					case <-left:
+					default:
+						return nil
+					}
 				}
-				<-killed // the others are killed with their worker, present
+				// the others are killed with their worker, present, or
+				// their share is over
+				select {
+				case <-killed:
+				case <-ctx.Done():
+				}
 				return ctx.Err()
-			}, func(context.Context, int, bool) error {
+			}, func(ctx context.Context, _ int, _ bool) error {
 				select {
 				case <-killed:
 				case <-left:
 				default:
-					close(left) // the first has left its group
-					<-killed
+					leave.Do(func() { close(left) }) // the first has left its group
+					select {
+					case <-killed:
+					case <-ctx.Done():
+					}
 				}
 				return nil
 			})
