@@ -58,7 +58,7 @@ func BenchmarkRemoteEdge(b *testing.B) {
 			errs := make(chan error, 1)
 			go func() {
 				for range b.N {
-					if err := send.Send(ctx, item); err != nil {
+					if err := send.Send(ctx, item, engine.Origin{}); err != nil {
 						errs <- err
 						cancel()
 						return

@@ -359,7 +359,7 @@ func TestLargeItemsIntact(t *testing.T) {
 	}
 	small := &items.Blob{Data: []byte("small")}
 	for _, it := range []*items.Blob{big, small} {
-		if err := send.Send(ctx, it); err != nil {
+		if err := send.Send(ctx, it, engine.Origin{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -372,8 +372,8 @@ func TestLargeItemsIntact(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("recv: %v %v", ok, err)
 		}
-		if !bytes.Equal(got.(*items.Blob).Data, want.Data) {
-			t.Fatalf("an item of %d bytes arrived changed (%d bytes)", len(want.Data), len(got.(*items.Blob).Data))
+		if !bytes.Equal(got.Item.(*items.Blob).Data, want.Data) {
+			t.Fatalf("an item of %d bytes arrived changed (%d bytes)", len(want.Data), len(got.Item.(*items.Blob).Data))
 		}
 	}
 	if _, ok, err := recv.Recv(ctx); ok || err != nil {
@@ -450,7 +450,7 @@ func TestHolderGone(t *testing.T) {
 	defer cleanup()
 	pl := send.(*jsQueue).l
 	pl.worker = "gpu3"
-	if err := send.Send(context.Background(), &items.Blob{Data: make([]byte, 1<<20)}); err != nil {
+	if err := send.Send(context.Background(), &items.Blob{Data: make([]byte, 1<<20)}, engine.Origin{}); err != nil {
 		t.Fatal(err)
 	}
 	pl.dp.close() // the holder's host dies
@@ -590,10 +590,9 @@ edge "b" {
 	send := func(l *links, qi, k int) {
 		t.Helper()
 		item := &items.Blob{Data: []byte{byte(k)}}
-		l.setOrigin(item, origin{id: "in-1", k: k})
-		defer l.clearOrigin(item)
 		q := l.For(e, qi).(*jsQueue)
-		if err := q.Send(ctx, item); err != nil {
+		in := &taken{id: "in-1", lg: l.ledger}
+		if err := q.Send(ctx, item, engine.Origin{Receipt: in, Sent: k}); err != nil {
 			t.Fatal(err)
 		}
 		if err := q.flush(); err != nil {
@@ -1026,7 +1025,7 @@ func TestFullQueueWaitIsQuiet(t *testing.T) {
 			setUp(t, js, job, g)
 			q := shareOf(t, nc, js, job, g, "w1").For(g.Edges[0], 0).(*jsQueue)
 			for i := range 2 {
-				if err := q.Send(ctx, &items.Blob{Data: []byte{byte(i)}}); err != nil {
+				if err := q.Send(ctx, &items.Blob{Data: []byte{byte(i)}}, engine.Origin{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -1040,7 +1039,7 @@ func TestFullQueueWaitIsQuiet(t *testing.T) {
 			before := api()
 			blocked, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()
-			if err := q.Send(blocked, &items.Blob{Data: []byte{2}}); !errors.Is(err, context.DeadlineExceeded) {
+			if err := q.Send(blocked, &items.Blob{Data: []byte{2}}, engine.Origin{}); !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("a send to a full queue: %v, want it held until its context ended", err)
 			}
 			if n := api() - before; n > c.requests {
@@ -1052,7 +1051,7 @@ func TestFullQueueWaitIsQuiet(t *testing.T) {
 				return
 			}
 			sent := make(chan error, 1)
-			go func() { sent <- q.Send(ctx, &items.Blob{Data: []byte{3}}) }()
+			go func() { sent <- q.Send(ctx, &items.Blob{Data: []byte{3}}, engine.Origin{}) }()
 			if _, _, err := q.Recv(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -1141,7 +1140,7 @@ func sendSmall(ctx context.Context, send engine.Transport, n int, end func() err
 	errs := make(chan error, 1)
 	go func() {
 		for range n {
-			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}); err != nil {
+			if err := send.Send(ctx, &items.Blob{Data: make([]byte, 64)}, engine.Origin{}); err != nil {
 				errs <- err
 				return
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
@@ -25,16 +26,21 @@ import (
 // never come back, and what it sent must be there once. The worker settles
 // its own inputs; no item goes through the coordinator:
 //
-//   - a restartable replica's node is wrapped (track): what it takes is
-//     in hand from Recv to its next Recv (or the return of its Run), and
-//     what it sends in between derives from it: its id on an edge follows
+//   - an item taken for a restartable stage comes with its receipt (a
+//     *taken: jsQueue.take), which travels with it through the engine
+//     (engine.Delivery): the engine keeps it as the receiving replica's
+//     delivery in hand from its Recv to its next Recv (or the return of
+//     its Run), whatever the item's type, and what the replica sends in
+//     between derives from it (engine.Origin): its id on an edge follows
 //     from the input's id (origin.hash), so a restart, or another replica
 //     that took the input over, sends it again under the same id, and the
 //     edge's stream (every queue of the edge one namespace of ids) drops
 //     the duplicate, whichever queue it is sent to;
-//   - the input is settled once its replica has done with it and every
-//     publish of what it sent has the server's answer (taken.finish,
-//     taken.answered): the share acks it then (settle), in batches, and
+//   - the input is settled by one rule (taken.Done, as the engine lets it
+//     go): once every publish of what its replica sent has the server's
+//     answer (taken.finish, taken.answered), or, where the replica's group
+//     saves, once a save holds it (tracked.keeps, tracked.saved); the
+//     share acks it then (settle), in batches, and
 //     keeps it from redelivery until the server has the acks (a flush); a
 //     worker lost before that has its input redelivered to the share that
 //     takes over, which does it again: nothing is lost, and what it sends
@@ -173,7 +179,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		l.pmu.Unlock()
 		err := n.Run(ctx, tr)
 		if err == nil {
-			tr.finish() // a failed item is not finished: the run fails anyway
+			tr.handsOff() // a failed item is not finished: the run fails anyway
 			if !tr.ended(ctx, s) {
 				return nil // the share is over: what it kept comes back to a restart
 			}
@@ -200,9 +206,8 @@ type tracked struct {
 	nodes.Replica
 	l *links
 
-	mu   sync.Mutex
-	cur  *taken // the item in hand, nil when none or not followed
-	sent int    // what it has sent since it took cur
+	mu  sync.Mutex
+	cur *taken // the delivery in hand, nil when none or not followed
 	// skip are the items a restart drops if they come back: the group's
 	// state it took holds what they trained (its group names them), each
 	// with the round it was trained in where no save holds that yet (0:
@@ -378,25 +383,61 @@ func (t *tracked) Out(port string) nodes.Output {
 	return &trackedOut{Output: t.Replica.Out(port), t: t}
 }
 
-// finish ends the work on the item in hand: settled, or, where the
-// group saves, kept until a save holds it.
-func (t *tracked) finish() {
+// Done is engine.Receipt's, called as the replica that received the item
+// asks for its next or returns: the one rule by which an input is
+// settled. It is settled once what the replica sent from it is stored
+// (finish), unless its replica's group saves: then it is kept until a
+// save holds the round it was trained in (tracked.keeps).
+func (t *taken) Done() {
+	if t.by != nil && t.by.keeps(t) {
+		return
+	}
+	t.finish(t.lg)
+}
+
+// keeps takes t off the replica's hands, and reports whether it is kept
+// for a save: where its group saves, with the round it was trained in (in
+// no round: held until a save after the next), or, dropped as trained on
+// by the state its restart took, with that round where no save holds it
+// yet.
+func (t *tracked) keeps(d *taken) bool {
 	t.mu.Lock()
-	cur := t.cur
-	t.cur = nil
-	if cur != nil && t.hold {
-		round := t.round
-		if round == 0 {
-			round = t.last + 1 // in no round: held until a save after the next
-		}
-		t.kept = append(t.kept, keptItem{cur, round})
-		cur = nil
+	defer t.mu.Unlock()
+	if t.cur == d {
+		t.cur = nil
 	}
+	round := t.round
 	t.round = 0
-	t.mu.Unlock()
-	if cur != nil {
-		cur.finish(t.l.ledger)
+	switch {
+	case d.dropped && d.keep == 0:
+		return false // in a save already
+	case d.dropped:
+		round = d.keep
+	case !t.hold:
+		return false
+	case round == 0:
+		round = t.last + 1
 	}
+	t.kept = append(t.kept, keptItem{d, round})
+	return true
+}
+
+// handsOff settles the replica's delivery in hand as its Run returns,
+// before what it kept for a save is settled (ended).
+func (t *tracked) handsOff() {
+	if h, ok := t.Replica.(engine.Hands); ok {
+		h.Hand(nil)
+	}
+}
+
+// delivered is the replica's delivery in hand, from a queue whose
+// consuming stage restarts elsewhere (nil: none).
+func delivered(r nodes.Replica) *taken {
+	if h, ok := r.(engine.Hands); ok {
+		t, _ := h.Delivered().(*taken)
+		return t
+	}
+	return nil
 }
 
 // ended settles what the replica kept for a save, now that it has
@@ -446,7 +487,7 @@ func (t *tracked) saved(round uint32) []*taken {
 	})
 	t.mu.Unlock()
 	for _, d := range done {
-		d.finish(t.l.ledger)
+		d.finish(d.lg)
 	}
 	return done
 }
@@ -459,43 +500,35 @@ type trackedIn struct {
 func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 	t := in.t
 	for {
-		t.finish()
+		// The engine settles the delivery in hand first (taken.Done).
 		item, err := in.Input.Recv(ctx)
 		if err != nil {
 			return item, err
 		}
-		rec := t.l.claim(item)
+		rec := delivered(t.Replica)
 		t.mu.Lock()
-		t.cur, t.sent = rec, 0
+		t.cur = rec
+		round, drop := uint32(0), false
 		if rec != nil {
 			rec.by = t
 			t.open++
-		}
-		round, drop := uint32(0), false
-		id := ""
-		if rec != nil {
-			id = rec.id
-			round, drop = t.skip[id]
+			round, drop = t.skip[rec.id]
 		}
 		if drop {
+			// Trained on before the state the restart took was: in it
+			// already, settled at the next receive (or at the save that
+			// holds it).
 			delete(t.skip, rec.id)
-			t.cur = nil
+			rec.dropped = true
 			if round > 0 && t.hold {
-				// in the state taken, not yet in a save: kept for one
-				t.kept = append(t.kept, keptItem{rec, round})
-				rec = nil
+				rec.keep = round
 			}
 		}
 		t.mu.Unlock()
 		if !drop {
 			return item, nil
 		}
-		// Trained on before the state the restart took was: in it
-		// already, settled now (or at the save that holds it).
-		if rec != nil {
-			rec.finish(t.l.ledger)
-		}
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), id)
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
 	}
 }
 
@@ -506,14 +539,6 @@ type trackedOut struct {
 
 func (o *trackedOut) Send(ctx context.Context, item any) error {
 	t := o.t
-	t.mu.Lock()
-	cur, k := t.cur, t.sent
-	t.sent++
-	t.mu.Unlock()
-	if cur != nil && followable(item) {
-		t.l.setOrigin(item, origin{id: cur.id, k: k, t: cur})
-		defer t.l.clearOrigin(item)
-	}
 	if err := o.Output.Send(ctx, item); err != nil {
 		return err
 	}
@@ -524,11 +549,11 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 }
 
 // origin is what an item sent by a restartable replica derives from: the
-// id of the item in hand and how many it had sent before this one.
+// id of its delivery in hand and how many it had sent before this one
+// (engine.Origin).
 type origin struct {
 	id string
 	k  int
-	t  *taken // the item in hand, settled once what it sent is answered
 }
 
 // hash is what derives from the origin at a place (an edge): the same for
@@ -539,39 +564,4 @@ func (o origin) hash(at string) string {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s#%d>%s", o.id, o.k, at)
 	return strconv.FormatUint(h.Sum64(), 36)
-}
-
-func (l *links) setOrigin(item any, o origin) {
-	l.pmu.Lock()
-	l.origins[item] = o
-	l.pmu.Unlock()
-}
-
-func (l *links) clearOrigin(item any) {
-	l.pmu.Lock()
-	delete(l.origins, item)
-	l.pmu.Unlock()
-}
-
-func (l *links) originOf(item any) (origin, bool) {
-	if !followable(item) {
-		return origin{}, false
-	}
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	o, ok := l.origins[item]
-	return o, ok
-}
-
-// claim hands the record of an item taken from a queue to the replica
-// that received it.
-func (l *links) claim(item any) *taken {
-	if !followable(item) {
-		return nil
-	}
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	t := l.pending[item]
-	delete(l.pending, item)
-	return t
 }

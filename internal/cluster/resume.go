@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -133,15 +134,17 @@ func (o *resumedOut) Send(ctx context.Context, item any) error {
 	if k < s.from {
 		return nil // stored before the restart
 	}
-	t := &taken{pos: s.pos, k: k}
-	if followable(item) {
-		s.l.setOrigin(item, origin{id: s.id, k: int(k), t: t})
-		defer s.l.clearOrigin(item)
+	h, ok := s.Replica.(engine.Hands)
+	if !ok {
+		return fmt.Errorf("stage %q replica %d resumes only in dflow's engine", s.Stage(), s.Index())
 	}
+	// What it sends derives from its place: a delivery of its own, in
+	// hand while it is sent, settled once what was sent is stored.
+	h.Hand(&taken{id: s.id + "." + strconv.FormatInt(k, 10), pos: s.pos, k: k, lg: s.l.ledger})
 	if err := o.Output.Send(ctx, item); err != nil {
 		return err
 	}
-	t.finish(s.l.ledger)
+	h.Hand(nil)
 	if f := s.l.afterSend; f != nil {
 		f(s.Stage())
 	}

@@ -65,9 +65,14 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	round := func(step int, ids ...string) savesNote {
 		t.Helper()
 		for i, tr := range trs {
-			tr.finish()
 			tr.mu.Lock()
-			tr.cur = &taken{q: in, id: ids[i]}
+			cur := tr.cur
+			tr.mu.Unlock()
+			if cur != nil {
+				cur.Done() // as the engine does at the member's next receive
+			}
+			tr.mu.Lock()
+			tr.cur = &taken{q: in, id: ids[i], lg: l.ledger, by: tr}
 			tr.mu.Unlock()
 		}
 		done := make(chan error, 1)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -208,10 +207,8 @@ type links struct {
 	ctx context.Context
 	// fatal fails the share with err (a publish refused, an end of input
 	// that could not be recorded).
-	fatal   func(error)
-	pmu     sync.Mutex
-	pending map[any]*taken // items taken for a restartable stage, not yet received by a replica, by pointer
-	origins map[any]origin // items being sent by a restartable replica, by pointer
+	fatal func(error)
+	pmu   sync.Mutex
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 
@@ -231,7 +228,7 @@ type links struct {
 // the route to the broker, any free port).
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
-		pending: map[any]*taken{}, origins: map[any]origin{}, replicas: map[replicaKey]*tracked{}}
+		replicas: map[replicaKey]*tracked{}}
 	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
 	own.Timings = own.Timings.withDefaults()
@@ -500,7 +497,7 @@ func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.
 // again after a loss, to whichever queue of the edge, it is a duplicate
 // the edge's stream drops, and the item in hand is settled only once
 // every answer is back (origin.t).
-func (q *jsQueue) Send(ctx context.Context, item any) error {
+func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error {
 	wire, parts, err := items.Encode(item)
 	if err != nil {
 		return fmt.Errorf("%s crosses hosts: %w", q.name(), err)
@@ -510,9 +507,9 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 		size += len(p)
 	}
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
-	o, derived := q.l.originOf(item)
+	t, derived := from.Receipt.(*taken)
 	if derived {
-		id = "f" + o.hash(strconv.Itoa(q.ei))
+		id = "f" + origin{id: t.id, k: from.Sent}.hash(strconv.Itoa(q.ei))
 	}
 	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
@@ -525,7 +522,7 @@ func (q *jsQueue) Send(ctx context.Context, item any) error {
 	}
 	p := &pub{msg: m, id: id}
 	if derived {
-		p.from = o.t
+		p.from = t
 	}
 	if size > q.l.threshold {
 		// The bytes stay here, for the consumer to fetch; the message
@@ -557,11 +554,12 @@ func isFull(err error) bool {
 
 // Recv returns the next item; ok is false once every producer wired to
 // the queue, on every worker, has ended and the stream is empty.
-func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
+func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
+	var none engine.Delivery
 	if q.cons == nil {
 		c, err := q.l.js.Consumer(ctx, streamEdge(q.l.job.Run, q.ei), consumerQueue(q.qi))
 		if err != nil {
-			return nil, false, err
+			return none, false, err
 		}
 		q.cons, q.ended = c, map[int]bool{}
 		q.idle, q.fetchErr = make(chan struct{}), make(chan error, 1)
@@ -579,12 +577,12 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			case q.room <- struct{}{}:
 			default:
 			}
-			item, dup, err := q.decode(ctx, m)
+			d, dup, err := q.decode(ctx, m)
 			if err != nil {
-				return nil, false, err
+				return none, false, err
 			}
 			if !dup {
-				return item, true, nil
+				return d, true, nil
 			}
 		case <-q.idle:
 			// A fetch found nothing and waits: with no pull of this share's
@@ -598,24 +596,24 @@ func (q *jsQueue) Recv(ctx context.Context) (any, bool, error) {
 			end, err := q.ends(ctx)
 			q.resume <- struct{}{}
 			if err != nil || end {
-				return nil, false, err
+				return none, false, err
 			}
 		case it := <-q.later:
 			if it.err != nil {
-				return nil, false, it.err
+				return none, false, it.err
 			}
 			q.hmu.Lock()
 			delete(q.following, it.m.Headers().Get(jetstream.MsgIDHeader)) // take follows it again, or acks it
 			q.hmu.Unlock()
-			item, err := q.finish(it.m, it.data, it.r, true)
+			d, err := q.finish(it.m, it.data, it.r, true)
 			if err != nil {
-				return nil, false, err
+				return none, false, err
 			}
-			return item, true, nil
+			return d, true, nil
 		case err := <-q.fetchErr:
-			return nil, false, err
+			return none, false, err
 		case <-ctx.Done():
-			return nil, false, ctx.Err()
+			return none, false, ctx.Err()
 		}
 	}
 }
@@ -738,7 +736,7 @@ func (s *seenIDs) add(id string) {
 // takes it. dup is true for a redelivery of an item already handed on,
 // and for an item whose holder is gone and whose bytes come later
 // (refetch).
-func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bool, err error) {
+func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (d engine.Delivery, dup bool, err error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	if q.handedOn(id) {
 		q.claim(id) // its bytes, if fetched again, are not needed
@@ -748,17 +746,17 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 		if !q.isFollowed(id) {
 			q.ack(id)
 		}
-		return nil, true, nil
+		return d, true, nil
 	}
 	data := m.Data()
 	r, onPlane := refOf(m.Headers())
 	if onPlane {
 		if data, err = q.bytesOf(ctx, r, id); err != nil {
 			if ctx.Err() != nil {
-				return nil, false, ctx.Err()
+				return d, false, ctx.Err()
 			}
 			if q.l.restartable == nil || !q.l.restartable(q.edge.From.Stage) {
-				return nil, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else, and stage %q does not restart to send them again",
+				return d, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else, and stage %q does not restart to send them again",
 					q.name(), id, m.Headers().Get(hdrHolder), r.addr, err, q.edge.From.Stage.Name)
 			}
 			// Its producer restarts elsewhere: the input comes back, and the
@@ -767,11 +765,11 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (item any, dup bo
 			// up what has to move for the input to be done again (the
 			// producers, blocked on queues that consumer does not drain).
 			q.refetch(ctx, m, r, id, err)
-			return nil, true, nil
+			return d, true, nil
 		}
 	}
-	item, err = q.finish(m, data, r, onPlane)
-	return item, false, err
+	d, err = q.finish(m, data, r, onPlane)
+	return d, false, err
 }
 
 // laterItem is an item whose bytes came back late (refetch), or the
@@ -814,12 +812,12 @@ func (q *jsQueue) refetch(ctx context.Context, m jetstream.Msg, r ref, id string
 }
 
 // finish rebuilds m's item from its bytes and takes it (take).
-func (q *jsQueue) finish(m jetstream.Msg, data []byte, r ref, onPlane bool) (any, error) {
+func (q *jsQueue) finish(m jetstream.Msg, data []byte, r ref, onPlane bool) (engine.Delivery, error) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	item, err := items.Decode(m.Headers().Get(hdrWire), data)
 	if err != nil {
 		q.ack(id)
-		return nil, fmt.Errorf("%s: %w", q.name(), err)
+		return engine.Delivery{}, fmt.Errorf("%s: %w", q.name(), err)
 	}
 	if b, ok := item.(*items.Blob); ok && b.ItemKey == "" {
 		b.ItemKey = m.Headers().Get(hdrKey)
@@ -831,8 +829,11 @@ func (q *jsQueue) finish(m jetstream.Msg, data []byte, r ref, onPlane bool) (any
 	if onPlane {
 		held = &r
 	}
-	q.take(item, id, held)
-	return item, nil
+	d := engine.Delivery{Item: item}
+	if t := q.take(id, held); t != nil {
+		d.Receipt = t // a nil *taken is no receipt
+	}
+	return d, nil
 }
 
 // aheadMax is how many large items' bytes a queue's consumer side fetches
@@ -927,10 +928,16 @@ type taken struct {
 	q   *jsQueue
 	id  string
 	ref *ref     // its bytes are on a data plane, released once acked
-	by  *tracked // the replica that took it (nil: none followed)
+	by  *tracked // the replica that took it (nil: a source's)
+	lg  *ledger  // what settles it
 	// a resuming source's item (q nil): its replica's position, its index
 	pos *sourcePos
 	k   int64
+	// dropped: its replica dropped it, the state it restored having
+	// trained on it; in a save already unless keep (the round it was
+	// trained in, a save of which still has to come)
+	dropped bool
+	keep    uint32
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next settle
@@ -973,27 +980,25 @@ func (t *taken) finish(lg *ledger) {
 	}
 }
 
-// take acks m now, unless the consuming stage restarts elsewhere on a
-// loss and the item can be followed (a pointer): then the replica that
-// receives it follows it (ledger.go) and its worker acks it once it
-// is finished and what it sent is stored (settled).
-func (q *jsQueue) take(item any, id string, r *ref) {
-	follow := q.l.restartable != nil && q.l.restartable(q.edge.To.Stage) && followable(item)
-	if !follow {
+// take acks the item id now, unless the consuming stage restarts
+// elsewhere on a loss: then it returns the item's receipt, which travels
+// with the item to the replica that receives it (the engine keeps it as
+// that replica's delivery in hand) and is settled once the replica has
+// done with it (taken.Done), whatever the item's type.
+func (q *jsQueue) take(id string, r *ref) *taken {
+	if q.l.restartable == nil || !q.l.restartable(q.edge.To.Stage) {
 		if r != nil {
 			q.ackSync(id) // the bytes go only once the ack is the server's
 		} else {
 			q.ack(id)
 		}
 		q.release(id, r)
-		return
+		return nil
 	}
 	q.hmu.Lock()
 	q.following[id] = true
 	q.hmu.Unlock()
-	q.l.pmu.Lock()
-	q.l.pending[item] = &taken{q: q, id: id, ref: r}
-	q.l.pmu.Unlock()
+	return &taken{q: q, id: id, ref: r, lg: q.l.ledger}
 }
 
 func (q *jsQueue) isFollowed(id string) bool {
@@ -1023,11 +1028,6 @@ func (q *jsQueue) handedOn(id string) bool {
 	q.hmu.Lock()
 	defer q.hmu.Unlock()
 	return q.seen.has(id) || q.following[id]
-}
-
-func followable(item any) bool {
-	t := reflect.TypeOf(item)
-	return t != nil && t.Kind() == reflect.Pointer
 }
 
 // hold keeps m from redelivery until it is acked (touch).

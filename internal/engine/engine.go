@@ -365,6 +365,9 @@ func (r *run) isDraining() bool {
 // queue unfinished as its last consumer.
 func (r *run) finish(rep *replica, err error) {
 	rep.clock.stop(rep) // returned while working on an item
+	if err == nil {
+		rep.settleHand() // done with its last delivery
+	}
 	rep.flush()
 	rep.ended.Store(time.Now().UnixNano())
 	rep.stage.leave(rep.index)

@@ -89,7 +89,7 @@ func sizeOf(item any) int64 {
 // wake-ups (wake.go).
 func (q *queue) sendWait(ctx context.Context, r *replica, item any) error {
 	if q.t != nil {
-		return q.remoteSend(ctx, item)
+		return q.remoteSend(ctx, r, item)
 	}
 	if ctx == r.ctx {
 		// Flags, not a select: a select on two channels locks both, and

@@ -38,6 +38,11 @@ type replica struct {
 	// own is the node's own account of its time (own.go), nil for a
 	// replica measured at its ports
 	own atomic.Pointer[ownTimes]
+	// hand is the delivery in hand, from a queue on a transport (nil:
+	// none); sentBare counts what the replica sent on transports with
+	// none in hand (a source)
+	hand     atomic.Pointer[inHand]
+	sentBare atomic.Int64
 
 	_       linePad
 	idle    waitTotal    // ns spent blocked in Recv
@@ -190,16 +195,20 @@ type inQueue struct {
 	capBytes int64
 	got      tally
 	q        *queue
+	remote   bool // on a transport: its items may come boxed (*Delivery)
 	_        linePad
 }
 
 func newInQueue(q *queue) *inQueue {
-	return &inQueue{ch: q.ch, capBytes: q.capBytes, q: q}
+	return &inQueue{ch: q.ch, capBytes: q.capBytes, q: q, remote: q.t != nil}
 }
 
 func (in *input) Recv(ctx context.Context) (any, error) {
 	if in.clock.inHand(&in.r.clock) {
 		in.clock.stop(in.r) // this call ends the work on the timed item
+	}
+	if in.r.hand.Load() != nil {
+		in.r.Hand(nil) // the replica has done with its delivery in hand
 	}
 	if iq := in.one; iq != nil {
 		// The port's only queue, written out in full for the common cases
@@ -220,8 +229,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 			r.endWait(w)
 		}
 		if ok && !isWake(item) {
-			in.took(iq, item)
-			return item, nil
+			return in.took(iq, item), nil
 		}
 		// The queue is closed, or the run cancelled: the slow path sorts
 		// out which.
@@ -248,13 +256,20 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 			return nil, err
 		}
 	}
-	in.took(iq, item)
-	return item, nil
+	return in.took(iq, item), nil
 }
 
 // took does the accounting for an item taken off iq: the count, the bytes
-// it held, and whether to time it.
-func (in *input) took(iq *inQueue, item any) {
+// it held, and whether to time it. It returns the item, unboxed where it
+// came from a transport with a receipt, which becomes the replica's
+// delivery in hand.
+func (in *input) took(iq *inQueue, item any) any {
+	if iq.remote {
+		if d, ok := item.(*Delivery); ok {
+			in.r.Hand(d.Receipt)
+			item = d.Item
+		}
+	}
 	iq.got.add(in.clock.every)
 	if iq.capBytes > 0 {
 		iq.q.release(item)
@@ -262,6 +277,7 @@ func (in *input) took(iq *inQueue, item any) {
 	if in.clock.pick.next() {
 		in.clock.picked(in.r)
 	}
+	return item
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
 )
@@ -38,17 +39,65 @@ import (
 // on, for a detector that sees every host (waits.go).
 type Transport interface {
 	// Send delivers item, blocking while the queue is full (its capacity
-	// bounds what is in flight), until ctx is done (its error then).
-	Send(ctx context.Context, item any) error
-	// Recv returns the next item, blocking while none is in flight; ok is
-	// false once the queue is closed and drained. It returns ctx's error
-	// when ctx is done.
-	Recv(ctx context.Context) (item any, ok bool, err error)
+	// bounds what is in flight), until ctx is done (its error then). from
+	// is what the item derives from: the sending replica's delivery in
+	// hand, so that a transport can give the item an id that the same
+	// input, handled again after a loss, gives again.
+	Send(ctx context.Context, item any, from Origin) error
+	// Recv returns the next delivery, blocking while none is in flight; ok
+	// is false once the queue is closed and drained. It returns ctx's
+	// error when ctx is done.
+	Recv(ctx context.Context) (d Delivery, ok bool, err error)
 	// Close ends the queue; called once, after the last Send.
 	Close()
 	// Depth is how many items the transport holds, for monitoring; at
 	// most the queue's capacity.
 	Depth() int
+}
+
+// A Delivery is an item as a transport hands it to the engine: the item
+// and its receipt. The engine keeps the receipt with the replica that
+// receives the item (its delivery in hand) until the replica has done
+// with it, whatever the item's Go type: nothing follows an item by its
+// value or its pointer.
+type Delivery struct {
+	Item any
+	// Receipt acknowledges the item; nil where nothing is owed (the
+	// transport settled it as it handed it over).
+	Receipt Receipt
+}
+
+// A Receipt acknowledges one delivered item to its transport.
+type Receipt interface {
+	// Done says that the replica that received the item has done with it:
+	// it asked for its next item (on any port), or its Run returned
+	// without an error. Called once, by the engine, before the replica
+	// waits for anything else; never for an item in hand when its Run
+	// fails (the run fails with it).
+	Done()
+}
+
+// Origin is what an item a replica sends derives from.
+type Origin struct {
+	// Receipt is the sender's delivery in hand; nil where it has none (a
+	// source, or a replica whose inputs are all in process).
+	Receipt Receipt
+	// Sent is how many items the replica sent on transports since it
+	// received that delivery (since it started, with none): a node that
+	// handles the same item the same way sends the same sequence again.
+	Sent int
+}
+
+// Hands is the engine's replica as a runtime around a node sees it (a
+// wrapper the embedder registers between the engine and a node):
+// Delivered returns the delivery in hand (nil: none), and Hand makes
+// rc the delivery in hand, settling the one before (Done), as a receive
+// does. Hand(nil) settles the delivery in hand and leaves none; a source
+// that resumes hands each item it emits a receipt of its own, so that
+// what it sends derives from its place in what it emits.
+type Hands interface {
+	Delivered() Receipt
+	Hand(rc Receipt)
 }
 
 // ConsumersGoner is a Transport that wants to know when every consumer
@@ -73,7 +122,7 @@ type TransportFor func(e *graph.Edge, i int) Transport
 
 // remoteSend sends item on q's transport for replica r, failing with
 // ErrNoConsumers once every consumer has gone.
-func (q *queue) remoteSend(ctx context.Context, item any) error {
+func (q *queue) remoteSend(ctx context.Context, r *replica, item any) error {
 	if q.consumersGone.isSet() {
 		return q.noConsumers()
 	}
@@ -81,19 +130,21 @@ func (q *queue) remoteSend(ctx context.Context, item any) error {
 	defer cancel()
 	stop := context.AfterFunc(q.goneCtx, cancel)
 	defer stop()
-	err := q.t.Send(sctx, item)
+	err := q.t.Send(sctx, item, r.origin())
 	if err != nil && q.consumersGone.isSet() && ctx.Err() == nil {
 		return q.noConsumers()
 	}
 	return err
 }
 
-// pump moves q's items from its transport into the consumers' channel
-// until the transport ends (then it closes the channel, as the last
-// producer would in process), every consumer has gone, or ctx is done.
+// pump moves q's deliveries from its transport into the consumers'
+// channel until the transport ends (then it closes the channel, as the
+// last producer would in process), every consumer has gone, or ctx is
+// done. A delivery with a receipt travels boxed (*Delivery): the port
+// that takes it unboxes it and keeps the receipt with its replica.
 func (q *queue) pump(ctx context.Context) error {
 	for {
-		item, ok, err := q.t.Recv(ctx)
+		d, ok, err := q.t.Recv(ctx)
 		if err != nil {
 			if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 				return nil // the run is over: its own error says why
@@ -104,6 +155,10 @@ func (q *queue) pump(ctx context.Context) error {
 			q.closeLocal()
 			return nil
 		}
+		var item any = &d
+		if d.Receipt == nil {
+			item = d.Item
+		}
 		select {
 		case q.ch <- item:
 		case <-q.gone:
@@ -112,6 +167,49 @@ func (q *queue) pump(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// inHand is a replica's delivery in hand: its receipt, and how many items
+// the replica has sent on transports since it took it.
+type inHand struct {
+	rc   Receipt
+	sent atomic.Int64
+}
+
+// Delivered is Hands'.
+func (r *replica) Delivered() Receipt {
+	if h := r.hand.Load(); h != nil {
+		return h.rc
+	}
+	return nil
+}
+
+// Hand is Hands'.
+func (r *replica) Hand(rc Receipt) {
+	var h *inHand
+	if rc != nil {
+		h = &inHand{rc: rc}
+	}
+	if old := r.hand.Swap(h); old != nil && old.rc != nil {
+		old.rc.Done()
+	}
+}
+
+// settleHand settles the replica's delivery in hand, if any: it has done
+// with it (a receive, or its return).
+func (r *replica) settleHand() {
+	if r.hand.Load() != nil {
+		r.Hand(nil)
+	}
+}
+
+// origin is what the replica's next send on a transport derives from.
+func (r *replica) origin() Origin {
+	h := r.hand.Load()
+	if h == nil {
+		return Origin{Sent: int(r.sentBare.Add(1) - 1)}
+	}
+	return Origin{Receipt: h.rc, Sent: int(h.sent.Add(1) - 1)}
 }
 
 // closeLocal closes the consumers' channel.

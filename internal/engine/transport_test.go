@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +17,8 @@ import (
 
 // fifo is a Transport of the tests' own: a bounded FIFO behind a mutex,
 // not a Go channel, as a broker client would be. It counts what it
-// carried.
+// carried, hands every item with a receipt and counts the receipts
+// settled, and records the origins of what it was sent.
 type fifo struct {
 	mu      sync.Mutex
 	items   []any
@@ -24,6 +26,26 @@ type fifo struct {
 	closed  bool
 	changed chan struct{} // closed and replaced at every change: a broadcast
 	carried int
+	settled int      // receipts Done
+	twice   int      // receipts Done more than once
+	origins []Origin // of every Send, in order
+}
+
+// fifoReceipt is the receipt of one item a fifo handed over.
+type fifoReceipt struct {
+	f    *fifo
+	item any
+	done bool
+}
+
+func (r *fifoReceipt) Done() {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	if r.done {
+		r.f.twice++
+	}
+	r.done = true
+	r.f.settled++
 }
 
 func newFIFO(capacity int) *fifo { return &fifo{cap: capacity, changed: make(chan struct{})} }
@@ -34,7 +56,7 @@ func (f *fifo) signal() {
 	f.changed = make(chan struct{})
 }
 
-func (f *fifo) Send(ctx context.Context, item any) error {
+func (f *fifo) Send(ctx context.Context, item any, from Origin) error {
 	for {
 		f.mu.Lock()
 		if f.closed {
@@ -43,6 +65,7 @@ func (f *fifo) Send(ctx context.Context, item any) error {
 		}
 		if len(f.items) < f.cap {
 			f.items = append(f.items, item)
+			f.origins = append(f.origins, from)
 			f.carried++
 			f.signal()
 			f.mu.Unlock()
@@ -58,7 +81,7 @@ func (f *fifo) Send(ctx context.Context, item any) error {
 	}
 }
 
-func (f *fifo) Recv(ctx context.Context) (any, bool, error) {
+func (f *fifo) Recv(ctx context.Context) (Delivery, bool, error) {
 	for {
 		f.mu.Lock()
 		if len(f.items) > 0 {
@@ -66,18 +89,18 @@ func (f *fifo) Recv(ctx context.Context) (any, bool, error) {
 			f.items = f.items[1:]
 			f.signal()
 			f.mu.Unlock()
-			return item, true, nil
+			return Delivery{Item: item, Receipt: &fifoReceipt{f: f, item: item}}, true, nil
 		}
 		if f.closed {
 			f.mu.Unlock()
-			return nil, false, nil
+			return Delivery{}, false, nil
 		}
 		wait := f.changed
 		f.mu.Unlock()
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return nil, false, ctx.Err()
+			return Delivery{}, false, ctx.Err()
 		}
 	}
 }
@@ -127,6 +150,186 @@ func (fs *fifos) carried(edge string) int {
 	return n
 }
 
+// settled is how many receipts of the edge's queues were settled, and how
+// many of those more than once.
+func (fs *fifos) settled(edge string) (n, twice int) {
+	for _, f := range fs.byKey[edge] {
+		f.mu.Lock()
+		n += f.settled
+		twice += f.twice
+		f.mu.Unlock()
+	}
+	return n, twice
+}
+
+// origins are the origins of every item sent on the edge's queues.
+func (fs *fifos) origins(edge string) []Origin {
+	var out []Origin
+	for _, f := range fs.byKey[edge] {
+		f.mu.Lock()
+		out = append(out, f.origins...)
+		f.mu.Unlock()
+	}
+	return out
+}
+
+// TestDeliveryInHand: a delivery is the unit, whatever the item's Go
+// type. Items of a value type ([]byte, which no map can key and no pointer
+// can follow) go through a stage on transports at both ends: each one the
+// replica receives is its delivery in hand until it asks for the next (its
+// receipt is settled then) or returns; what it sends
+// meanwhile derives from that delivery, counted from 0; and a replica that
+// fails keeps its last delivery unsettled.
+func TestDeliveryInHand(t *testing.T) {
+	t.Parallel()
+	const n = 40
+	reg := nodes.NewRegistry()
+	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+		for i := range n {
+			if err := r.Out("out").Send(ctx, []byte{byte(i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var mu sync.Mutex
+	var inHandWhileSending []Receipt // what Delivered said before each pair of sends
+	var fs fifos
+	funcKind(reg, "twice", true, true, func(ctx context.Context, r nodes.Replica) error {
+		h := r.(Hands)
+		for {
+			item, err := r.In("in").Recv(ctx)
+			if err != nil {
+				return nil
+			}
+			b := item.([]byte)
+			mu.Lock()
+			inHandWhileSending = append(inHandWhileSending, h.Delivered())
+			mu.Unlock()
+			for range 2 {
+				if err := r.Out("out").Send(ctx, append([]byte(nil), b...)); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	funcKind(reg, "sink", true, false, func(ctx context.Context, r nodes.Replica) error {
+		for {
+			if _, err := r.In("in").Recv(ctx); err != nil {
+				return nil
+			}
+		}
+	})
+	g, diags := (&graph.Loader{Catalog: reg}).Load("chain.hcl", []byte(`
+stage "src" {
+  node = "src"
+}
+stage "mid" {
+  node     = "twice"
+  replicas = 2
+}
+stage "end" {
+  node = "sink"
+}
+edge "a" {
+  from   = src.out
+  to     = mid.in
+  policy = "shared"
+}
+edge "b" {
+  from   = mid.out
+  to     = end.in
+  policy = "shared"
+}`))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := New(g, Options{Registry: reg, Transport: fs.transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Execute(context.Background())
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("status %s, err %v", rep.Status, err)
+	}
+	if settled, twice := fs.settled("a"); settled != n || twice != 0 {
+		t.Errorf("edge a: %d receipts settled (%d twice), want %d once each", settled, twice, n)
+	}
+	if settled, twice := fs.settled("b"); settled != 2*n || twice != 0 {
+		t.Errorf("edge b: %d receipts settled (%d twice), want %d once each", settled, twice, 2*n)
+	}
+	// What mid sent derives from its delivery in hand, 0 then 1.
+	origins := fs.origins("b")
+	if len(origins) != 2*n {
+		t.Fatalf("%d origins on b, want %d", len(origins), 2*n)
+	}
+	count := map[Receipt][]int{}
+	for _, o := range origins {
+		if o.Receipt == nil {
+			t.Fatalf("an item of mid's derives from no delivery: %+v", o)
+		}
+		count[o.Receipt] = append(count[o.Receipt], o.Sent)
+	}
+	if len(count) != n {
+		t.Errorf("mid's sends derive from %d deliveries, want %d", len(count), n)
+	}
+	for rc, sent := range count {
+		if !slices.Equal(sent, []int{0, 1}) {
+			t.Errorf("the sends from %v count %v, want [0 1]", rc.(*fifoReceipt).item, sent)
+		}
+	}
+	for _, rc := range inHandWhileSending {
+		if rc == nil || count[rc] == nil {
+			t.Errorf("Delivered said %v while sending, not one of the deliveries sent from", rc)
+		}
+	}
+	// What the source sent derives from nothing, counted over its life.
+	for i, o := range fs.origins("a") {
+		if o.Receipt != nil || o.Sent != i {
+			t.Errorf("source's send %d: origin %+v, want none and %d", i, o, i)
+		}
+	}
+}
+
+// TestDeliveryKeptOnFailure: a replica whose Run fails leaves its
+// delivery in hand unsettled (its item is not done), while those it asked
+// past are settled.
+func TestDeliveryKeptOnFailure(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+		for i := range 3 {
+			if err := r.Out("out").Send(ctx, []byte{byte(i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	funcKind(reg, "fails", true, false, func(ctx context.Context, r nodes.Replica) error {
+		for {
+			item, err := r.In("in").Recv(ctx)
+			if err != nil {
+				return nil
+			}
+			if item.([]byte)[0] == 2 {
+				return errors.New("fails on its third item")
+			}
+		}
+	})
+	var fs fifos
+	p, err := New(loadPair(t, reg, "src", "fails", 1, 1, graph.Shared), Options{Registry: reg, Transport: fs.transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Execute(context.Background())
+	if err == nil || rep.Status == report.OK {
+		t.Fatalf("the run did not fail: status %s", rep.Status)
+	}
+	if settled, _ := fs.settled("e"); settled != 2 {
+		t.Errorf("%d receipts settled, want 2 (the third was in hand when the replica failed)", settled)
+	}
+}
+
 // TestTransportCarriesEdges: edges carried by a transport deliver every
 // item exactly once, end by the topology (no sentinel), and count as in
 // process, for both policies; node code does not change.
@@ -145,6 +348,9 @@ func TestTransportCarriesEdges(t *testing.T) {
 			for _, name := range []string{"tokens", "hs"} {
 				if c := fs.carried(name); int64(c) != rep.Edges[name].Produced || c != 500 {
 					t.Errorf("edge %s: the transport carried %d, produced %d", name, c, rep.Edges[name].Produced)
+				}
+				if settled, twice := fs.settled(name); settled != 500 || twice != 0 {
+					t.Errorf("edge %s: %d receipts settled (%d more than once), want 500 once each", name, settled, twice)
 				}
 			}
 		})
