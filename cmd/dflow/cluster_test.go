@@ -418,12 +418,14 @@ func coordinate(t *testing.T, srv *natsServer, n int, during func(*cluster.Coord
 // coordinatePlaced is coordinate with stages pinned to workers (--place).
 func coordinatePlaced(t *testing.T, srv *natsServer, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
 	t.Helper()
-	var args []string
-	for _, s := range sets {
-		args = append(args, "--set", s)
-	}
+	return coordinateSpec(t, srv, "../../specs/seed.hcl", n, place, during, sets...)
+}
+
+// coordinateSpec is coordinatePlaced with the spec in file.
+func coordinateSpec(t *testing.T, srv *natsServer, file string, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
+	t.Helper()
 	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
-	const file = "../../specs/seed.hcl"
+	defer e.closePlugins() // a spec's plugins, started to load it
 	sf := &specFlags{sets: sets}
 	g := e.load(sf, file)
 	if g == nil {
