@@ -225,6 +225,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	if l.drainStuck {
 		rep.Status = report.Aborted // as in process: a drain that cannot complete
 	}
+	l.err = c.checkBooks(rep, l.err)
 	return rep, l.err
 }
 

@@ -284,6 +284,12 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 	if err == nil && status != report.Aborted {
 		totals = c.streamTotals()
 	}
+	return c.mergedBy(status, err, totals)
+}
+
+// mergedBy is merged with the streams' figures read (totals: nil for a
+// run cut short).
+func (c *Coordinator) mergedBy(status string, err error, totals map[string]streamTotal) *report.Report {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
@@ -379,7 +385,9 @@ func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Repo
 // to the replica whose lost part leans that way (a replica whose last
 // snapshot had taken an item it had not sent yet, then done again by its
 // restart, took one too many, not another replica). Apart, a replica could
-// end taking one item less than it sent ("in=515 out=516").
+// end taking one item less than it sent ("in=515 out=516"). The stage's
+// counts then equal its edges' by construction: its books (books.go) see
+// only a difference the lost parts could not take.
 func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, lostOut []int64, edges map[string]report.Edge) {
 	var took, sent int64
 	ports := map[string]bool{}
@@ -503,8 +511,10 @@ func (c *Coordinator) streamTotals() map[string]streamTotal {
 
 // mergedEdge is edge e of the final report (c.mu held): the shares'
 // counts added up with what lost shares last said, or, where its stream
-// knows (totals), what the stream stored and what of it was consumed;
-// each queue's depth the largest any share saw.
+// knows (totals), what the stream stored and what of it was consumed
+// (one figure, not two, once unread has found every stream empty: the
+// books, books.go, set it against the stages' counts); each queue's depth
+// the largest any share saw.
 func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals map[string]streamTotal) report.Edge {
 	re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes}
 	for _, q := range e.Queues {

@@ -447,7 +447,13 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	case r.isDraining():
 		status = report.Interrupted
 	}
-	return r.report(time.Now(), status, err), err
+	rep := r.report(time.Now(), status, err)
+	if status == report.OK && r.opts.Here == nil { // the whole graph ran here
+		if err = CheckBooks(r.g, rep, r.totals()); err != nil {
+			rep.Status, rep.Error = report.Failed, err.Error()
+		}
+	}
+	return rep, err
 }
 
 // sample advances the coarse clock and records queue depths at every tick
