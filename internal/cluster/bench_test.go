@@ -39,7 +39,7 @@ func BenchmarkRemoteEdge(b *testing.B) {
 	}
 	defer srv.Shutdown()
 	type bench struct{ size, capacity int }
-	cases := []bench{{64, 16}, {64, 1024}, {16 << 20, 16}}
+	cases := []bench{{64, 8}, {64, 16}, {64, 1024}, {16 << 20, 16}}
 	for _, bc := range cases {
 		size, name := bc.size, sizeName(bc.size)
 		if bc.capacity != 16 {

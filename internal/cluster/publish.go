@@ -31,9 +31,13 @@ import (
 //     ledger) only once the answers of everything sent from it are back,
 //     so a worker lost with publishes under way has its input redelivered
 //     and the items sent again, under the same ids.
-//   - The capacity. Room is read from the queue's consumer (what it stores,
-//     delivered or not), once the room read before is spent: a read per
-//     room's worth of items, not per item.
+//   - The capacity. The producers hold credit: the room read once from the
+//     stream (the capacity less what it stores and what this share has
+//     under way), then what the consumers grant as they fetch (a word per
+//     message fetched: granted, saidRoom), each producer share taking its
+//     part. The room is read again only where no grant came within
+//     grantWait, and the store where the stream's own bound may be near
+//     (bounded): no request to the server per publish.
 
 // pub is one publish under way.
 type pub struct {
@@ -53,6 +57,9 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 	full := 0                     // reads in a row that found the queue full, with a word to wait for
 	began := time.Now()
 	lastLook := began
+	// Grants come where the consumers' side says what it fetched: from
+	// this share's own, or on the room subject (roomSub).
+	grants := q.consumers == len(q.edge.Queues[q.qi].Consumers) || q.roomSub != nil
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -68,12 +75,65 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			return err
 		}
 		if q.credit > 0 {
-			q.credit--
+			// Within the credit, answers may lag the consumers' grants:
+			// what is under way stays within what the answerer takes
+			// (publish's queue of them), or it would wait on the answerer
+			// while the answerer waits on it.
+			for q.unanswered >= backstop(q.edge) && !q.stopped && q.pubErr == nil {
+				q.pcond.Wait()
+			}
+			if err := q.pubErr; err != nil {
+				q.pmu.Unlock()
+				return err
+			}
+			if q.bounded > 0 {
+				q.credit--
+				q.bounded--
+				q.pmu.Unlock()
+				return nil
+			}
+			// The stream's own bound, read again: the grants say what the
+			// consumers fetched, not what the server has yet to remove.
+			// What is under way as the read begins may be stored already,
+			// or not: counted both ways.
+			under := q.unanswered
 			q.pmu.Unlock()
-			return nil
+			stored, err := q.stored(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%s: reading its room: %w", q.name(), err)
+			}
+			q.pmu.Lock()
+			q.bounded = q.boundRoomLocked(stored, max(under, q.unanswered))
+			bounded := q.bounded
+			q.pmu.Unlock()
+			if bounded <= 0 {
+				select {
+				case <-time.After(poll):
+					poll = min(2*poll, 2*time.Millisecond)
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			continue
 		}
-		under, fetched := q.unanswered, q.fetched
+		under, fetched, read := q.unanswered, q.fetched, q.read
 		q.pmu.Unlock()
+		if grants && read && full == 0 {
+			// Out of credit: the consumers grant more as they fetch, a
+			// word per fetch. The room is read only where none came
+			// within a consumer's turn of an item (a word lost, or a
+			// producer elsewhere left idle with its part of the grants).
+			select {
+			case <-fetched:
+				continue
+			case <-time.After(grantWait):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		stored, err := q.stored(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -93,9 +153,10 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			}
 		}
 		room := credit
-		credit = min(credit, q.boundRoom(stored, under))
 		q.pmu.Lock()
-		q.credit = credit
+		q.bounded = q.boundRoomLocked(stored, under)
+		credit = min(credit, q.bounded)
+		q.credit, q.grants, q.read = credit, 0, true
 		q.pmu.Unlock()
 		if credit > 0 {
 			poll, full = 50*time.Microsecond, 0
@@ -155,13 +216,18 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 // stream still stored and counted delivered (so out of the room): the
 // room read said a capacity free while the store stood at its bound, and
 // the next publish was refused (BenchmarkRemoteEdge's 64B, most runs).
-func (q *jsQueue) boundRoom(stored, under int) int {
-	q.pmu.Lock()
+//
+// The credit the consumers grant is kept within it too: bounded is what
+// may be published before the store is read again.
+func (q *jsQueue) boundRoomLocked(stored, under int) int {
 	s := q.pstream // read by stored, its bound with it: none to speak of where a stage holds its inputs for a save
-	q.pmu.Unlock()
 	bound := min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30)
 	return int((bound-int64(stored))*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
 }
+
+// grantWait is how long a producer out of credit waits for a grant
+// before it reads the room.
+const grantWait = 2 * time.Millisecond
 
 // maxRoomWait is the longest a sender on a full queue waits between two
 // reads of its room: a room made after a long wait is seen within this

@@ -118,8 +118,17 @@ func backstop(e *graph.Edge) int {
 			held += 2 * max(d.Capacity, 1) * len(d.Queues)
 		}
 	}
-	return capacity*(n+1) + held
+	// Producers take the consumers' grants as room as soon as messages
+	// are fetched (jsQueue.granted), and the server applies acks on its
+	// own time, behind deliveries and publishes: acked messages it still
+	// stores, up to a capacity more and a fixed margin.
+	late := capacity + lateAcks
+	return capacity*(n+1) + held + late
 }
+
+// lateAcks is the margin of backstop for acks the server has yet to
+// apply, beside a capacity's worth.
+const lateAcks = 64
 
 // heldBack says which stages' inputs may stay unacked until a save
 // downstream: a stage whose kind moves (its group may save, and settles
@@ -288,7 +297,12 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	if len(q.local) > 0 && q.consumers < len(e.Queues[qi].Consumers) {
 		// A failed subscription leaves the producers to read the room
 		// more often (waitRoom), as they did before it was said.
-		q.roomSub, _ = l.nc.Subscribe(subjRoom(l.job.Run, ei, qi), func(*nats.Msg) { q.madeRoom() })
+		q.roomSub, _ = l.nc.Subscribe(subjRoom(l.job.Run, ei, qi), func(m *nats.Msg) {
+			from, n, ok := parseGrant(m.Data)
+			if ok && from != l.instance { // its own consumer side grants directly
+				q.granted(n)
+			}
+		})
 	}
 	q.inbox = make(chan jetstream.Msg, 2*q.batch()) // here, not at the first Recv: Held reads it
 	l.mu.Lock()
@@ -449,7 +463,10 @@ type jsQueue struct {
 	// the producer side (publish.go)
 	pmu        sync.Mutex
 	pcond      sync.Cond          // on pmu: an answer came, or the answerer stopped
-	credit     int                // publishes the room read last allows
+	credit     int                // publishes allowed: by the room read last, and the consumers' grants since
+	grants     int                // what the grants left over, in parts of a publish (granted)
+	read       bool               // the room was read once: grants add to it
+	bounded    int                // publishes the stream's bound allows until the store is read again
 	unanswered int                // publishes issued, not yet answered
 	pubs       chan *pub          // issued, in order, for the answerer
 	pubErr     error              // the first publish refused
@@ -622,7 +639,7 @@ func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
 // the consumer replicas so that one worker does not hold a shared queue's
 // whole capacity.
 func (q *jsQueue) batch() int {
-	return max(1, min(q.edge.Capacity/4, 256)/max(1, len(q.edge.Queues[q.qi].Consumers)))
+	return max(1, min(q.edge.Capacity/2, 256)/max(1, len(q.edge.Queues[q.qi].Consumers)))
 }
 
 // fetch pulls the queue's messages into the inbox as they arrive, each
@@ -669,13 +686,13 @@ func (q *jsQueue) fetch() {
 				return
 			}
 			if n == 1 {
-				// the room is made as the server delivers: said at the
+				// the room is made as the server delivers: granted at the
 				// first, not after a batch that may wait for more
-				q.saidRoom()
+				q.saidRoom(1)
 			}
 		}
 		if n > 1 {
-			q.saidRoom()
+			q.saidRoom(n - 1)
 		} else if n == 0 {
 			select {
 			case q.idle <- struct{}{}:
@@ -691,23 +708,48 @@ func (q *jsQueue) fetch() {
 	}
 }
 
-// saidRoom says the consumer side fetched: to the producer replicas here
-// at once, to those elsewhere on the queue's room subject.
-func (q *jsQueue) saidRoom() {
+// saidRoom grants the producers the room n fetched messages made: to the
+// producer replicas here at once, to those elsewhere in a word on the
+// queue's room subject (a grant, grantWord).
+func (q *jsQueue) saidRoom(n int) {
 	if len(q.local) > 0 {
-		q.madeRoom()
+		q.granted(n)
 	}
 	if len(q.local) < len(q.producers) {
-		q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), nil)
+		q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), grantWord(q.l.instance, n))
 	}
 }
 
-// madeRoom wakes the producers here waiting for room (waitRoom).
-func (q *jsQueue) madeRoom() {
+// granted takes this share's part of a grant of n (its producer replicas'
+// part of the queue's: every producer share hears every grant) as credit,
+// and wakes the producers here waiting for room (waitRoom). The parts are
+// rounded down, the fractions kept: the credits of all producer shares
+// never add up to more than the room the consumers made.
+func (q *jsQueue) granted(n int) {
 	q.pmu.Lock()
+	all := max(1, len(q.producers))
+	q.grants += n * max(1, len(q.local)) // in parts of 1/all of a publish
+	q.credit += q.grants / all
+	q.grants %= all
 	close(q.fetched)
 	q.fetched = make(chan struct{})
 	q.pmu.Unlock()
+}
+
+// grantWord is a grant of n from the consumer side of share from, as it
+// travels on a queue's room subject.
+func grantWord(from string, n int) []byte {
+	return []byte(strconv.Itoa(n) + " " + from)
+}
+
+// parseGrant reads a grantWord.
+func parseGrant(b []byte) (from string, n int, ok bool) {
+	num, from, ok := strings.Cut(string(b), " ")
+	if !ok {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(num)
+	return from, n, err == nil && n > 0
 }
 
 // seenIDs are the ids of the items a queue's consumer side has handed
