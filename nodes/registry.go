@@ -65,6 +65,12 @@ type Spec struct {
 	// A lost member of a group with no member left fails the run, as does
 	// a lost replica of a kind that keeps state without Moves.
 	Moves bool
+	// OneForOne says that a replica sends exactly one item on each of its
+	// output ports for every item it takes, whatever its config (a map
+	// over its input): a run's books then carry through the stage (what
+	// its out edges produced equals what its in edges consumed), and a run
+	// where they do not fails, as one whose edges do not balance.
+	OneForOne bool
 }
 
 // Always is a Spec.Sync for kinds whose replicas always step together.

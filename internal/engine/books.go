@@ -26,7 +26,11 @@ import (
 // A run that ran to its end balances: produced = consumed = emitted on
 // every edge, and T took what its edges consumed. A stage may send more or
 // fewer items than it takes (a filter, a fan-out): the books are per edge,
-// and say nothing of what a stage makes of its items. A run cut short
+// and say nothing of what a stage makes of its items, except where its
+// kind sends one item on each output for each it takes
+// (nodes.Spec.OneForOne): there they carry through it, what each of its
+// out edges produced equal to what its in edges consumed (an item the
+// stage took and settled without sending on is seen). A run cut short
 // (failed, aborted) leaves items in its queues; a drain ends `interrupted`,
 // not `ok`: neither is checked.
 //
@@ -65,12 +69,30 @@ func (u *Unbalanced) Error() string {
 		" (items were lost or counted twice: a bug in dflow; please report it with the run's report)"
 }
 
+// oneForOne is which stages' kinds send one item on each output for each
+// they take, by name (for CheckBooksThrough).
+func (r *run) oneForOne() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range r.stages {
+		if s.oneForOne {
+			out[s.g.Name] = true
+		}
+	}
+	return out
+}
+
 // CheckBooks checks the books of rep, a report of a run of g that ran to
 // its end, against totals (by stage: how many items a source emits in
 // all, where its kind says: nodes.Spec.Total); nil where they balance, else an
 // *Unbalanced that names every edge (or stage) whose counts disagree, in
 // the spec's order.
 func CheckBooks(g *graph.Graph, rep *report.Report, totals map[string]int64) error {
+	return CheckBooksThrough(g, rep, totals, nil)
+}
+
+// CheckBooksThrough is CheckBooks with the books carried through the
+// stages named in oneForOne (nodes.Spec.OneForOne).
+func CheckBooksThrough(g *graph.Graph, rep *report.Report, totals map[string]int64, oneForOne map[string]bool) error {
 	var lines []string
 	for _, e := range g.Edges {
 		re := rep.Edges[e.Name]
@@ -84,6 +106,9 @@ func CheckBooks(g *graph.Graph, rep *report.Report, totals map[string]int64) err
 	for _, s := range g.Stages {
 		lines = append(lines, emitted(s, rep)...)
 		lines = append(lines, taken(s, rep)...)
+		if oneForOne[s.Name] {
+			lines = append(lines, through(s, rep)...)
+		}
 	}
 	if len(lines) == 0 {
 		return nil
@@ -143,6 +168,26 @@ func taken(s *graph.Stage, rep *report.Report) []string {
 		return []string{fmt.Sprintf("edge %s: %d consumed, stage %q took %d", edges[0], consumed, s.Name, in)}
 	}
 	return []string{fmt.Sprintf("stage %q: took %d, its edges %s consumed %d", s.Name, in, strings.Join(edges, ", "), consumed)}
+}
+
+// through compares what each out edge of stage s produced with what its
+// in edges consumed: s sends one item on each output for each it takes.
+func through(s *graph.Stage, rep *report.Report) []string {
+	var consumed int64
+	for _, p := range s.Inputs {
+		for _, e := range p.Edges {
+			consumed += rep.Edges[e.Name].Consumed
+		}
+	}
+	var lines []string
+	for _, p := range s.Outputs {
+		for _, e := range p.Edges {
+			if n := rep.Edges[e.Name].Produced; n != consumed {
+				lines = append(lines, fmt.Sprintf("stage %q: its in edges consumed %d, its out edge %q produced %d (it sends one item for each it takes)", s.Name, consumed, e.Name, n))
+			}
+		}
+	}
+	return lines
 }
 
 // itemsOf adds up one count of stage name's replicas in rep.

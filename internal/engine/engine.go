@@ -87,6 +87,9 @@ type stage struct {
 	remote   RemoteGroup // the stage's group across engines, if any (placement.go)
 	kind     *graph.Kind // for its metrics' merge rules
 	total    int64       // items the stage will emit in all, 0 when unknown
+	// oneForOne: its kind sends one item on each output for each it takes
+	// (nodes.Spec.OneForOne)
+	oneForOne bool
 }
 
 type edge struct {
@@ -180,6 +183,7 @@ func (r *run) build() error {
 		if spec.Total != nil {
 			s.total = spec.Total(gs.Config)
 		}
+		s.oneForOne = spec.OneForOne
 		for i := 0; i < gs.Replicas; i++ {
 			_, quiescer := n.(nodes.Quiescer)
 			s.replicas = append(s.replicas, &replica{
@@ -449,7 +453,7 @@ func (r *run) result(parent context.Context) (*report.Report, error) {
 	}
 	rep := r.report(time.Now(), status, err)
 	if status == report.OK && r.opts.Here == nil { // the whole graph ran here
-		if err = CheckBooks(r.g, rep, r.totals()); err != nil {
+		if err = CheckBooksThrough(r.g, rep, r.totals(), r.oneForOne()); err != nil {
 			rep.Status, rep.Error = report.Failed, err.Error()
 		}
 	}

@@ -16,7 +16,7 @@ func Register(r *nodes.Registry) {
 	// a lost replica resumes where it was (nodes.Spec.Resumes).
 	r.Register(nodes.Spec{Kind: sourceKind, New: newSource, Sim: simModel, Resumes: true,
 		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) }})
-	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel, Stateless: true})
+	r.Register(nodes.Spec{Kind: workKind, New: newWork, Sim: simModel, Stateless: true, OneForOne: true})
 	r.Register(nodes.Spec{Kind: sinkKind, New: newSink, Sim: simModel, Stateless: true})
 }
 
