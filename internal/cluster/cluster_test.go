@@ -5,9 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -364,7 +362,7 @@ func TestLargeItemsIntact(t *testing.T) {
 		}
 	}
 	send.Close()
-	if n, size := dp.holding(); n != 1 || size < int64(len(big.Data)) {
+	if n, size := dp.Holding(); n != 1 || size < int64(len(big.Data)) {
 		t.Errorf("the producer holds %d items (%d bytes) before the consumer has them; want the large one", n, size)
 	}
 	for _, want := range []*items.Blob{big, small} {
@@ -381,58 +379,9 @@ func TestLargeItemsIntact(t *testing.T) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := dp.drained(dctx); err != nil {
-		n, _ := dp.holding()
+	if err := dp.Drained(dctx); err != nil {
+		n, _ := dp.Holding()
 		t.Errorf("the producer still holds %d items' bytes after the consumer acked them", n)
-	}
-}
-
-// TestDataPlaneRefusesStrangers: a share's data plane gives nothing to a
-// request without the run's data key, or with another.
-func TestDataPlaneRefusesStrangers(t *testing.T) {
-	t.Parallel()
-	dp, err := newDataPlane("run1", NewToken(), "127.0.0.1", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp.close()
-	dp.put("x", [][]byte{[]byte("secret bytes")}, nil, nil)
-	for _, auth := range []string{"", "Bearer " + NewToken(), "Bearer "} {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+dp.addr+"/v1/run1/x", nil)
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusUnauthorized || bytes.Contains(body, []byte("secret")) {
-			t.Errorf("authorization %q: %s %q", auth, resp.Status, body)
-		}
-	}
-	// With the key: the bytes, then released.
-	got, err := dp.fetch(context.Background(), ref{addr: dp.addr, size: 12}, "x")
-	if err != nil || string(got) != "secret bytes" {
-		t.Fatalf("with the key: %q, %v", got, err)
-	}
-	dp.release(context.Background(), ref{addr: dp.addr}, "x")
-	if n, _ := dp.holding(); n != 0 {
-		t.Errorf("%d items held after their release", n)
-	}
-	// A share speaking TLS: a client pinning another certificate is refused.
-	tdp, err := newDataPlane("run1", dp.key, "127.0.0.1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tdp.close()
-	tdp.put("y", [][]byte{[]byte("tls bytes")}, nil, nil)
-	if got, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: tdp.pin, size: 9}, "y"); err != nil || string(got) != "tls bytes" {
-		t.Errorf("over TLS, pinned: %q, %v", got, err)
-	}
-	if _, err := tdp.fetch(context.Background(), ref{addr: tdp.addr, pin: strings.Repeat("0", 64), size: 9}, "y"); err == nil {
-		t.Error("over TLS, a certificate other than the pinned one was accepted")
 	}
 }
 
@@ -453,7 +402,7 @@ func TestHolderGone(t *testing.T) {
 	if err := send.Send(context.Background(), &items.Blob{Data: make([]byte, 1<<20)}, engine.Origin{}); err != nil {
 		t.Fatal(err)
 	}
-	pl.dp.close() // the holder's host dies
+	pl.dp.Close() // the holder's host dies
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, _, err = recv.Recv(ctx)
@@ -969,28 +918,6 @@ edge "e" {
 	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) { o.Pin = map[string][]string{"src": {"w1"}, "one": {"w2"}} })
 	if err == nil || rep.Status != report.Failed || !strings.Contains(err.Error(), "must read its input to the end") {
 		t.Errorf("status %s, err %v (placement %s)", rep.Status, err, c.Placement())
-	}
-}
-
-// TestDataPlaneAddresses: a worker that reaches the broker on loopback
-// listens on every interface and gives each of its addresses, loopback
-// first; a consumer takes the first address that answers.
-func TestDataPlaneAddresses(t *testing.T) {
-	t.Parallel()
-	dp, err := newDataPlane("run1", NewToken(), "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp.close()
-	addrs := strings.Split(dp.addr, ",")
-	if !strings.HasPrefix(addrs[0], "127.0.0.1:") {
-		t.Errorf("addresses %v: loopback first", addrs)
-	}
-	dp.put("x", [][]byte{[]byte("bytes")}, nil, nil)
-	// An address where nothing listens first (loopback port 1): the next.
-	r := ref{addr: "127.0.0.1:1," + addrs[0], size: 5}
-	if got, err := dp.fetch(context.Background(), r, "x"); err != nil || string(got) != "bytes" {
-		t.Errorf("fetch past an address that does not answer: %q, %v", got, err)
 	}
 }
 

@@ -297,7 +297,7 @@ func (q *jsQueue) publish(p *pub) error {
 	defer q.pmu.Unlock()
 	fail := func(err error) error {
 		if p.held {
-			q.l.dp.drop(p.id)
+			q.l.dp.Drop(p.id)
 		}
 		return err
 	}
@@ -360,14 +360,14 @@ func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 		}
 		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
 		if p.held {
-			q.l.dp.drop(p.id)
+			q.l.dp.Drop(p.id)
 		}
 	} else if p.held {
-		q.l.dp.stored(p.id, ack.Sequence)
+		q.l.dp.Stored(p.id, ack.Sequence)
 		switch {
 		case !ack.Duplicate:
 		case p.from == nil:
-			q.l.dp.drop(p.id) // another share holds them, for the message that stands
+			q.l.dp.Drop(p.id) // another share holds them, for the message that stands
 		default:
 			// Sent again from an input that came back: the share that sent
 			// it first may be gone with its bytes before a consumer had

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -24,10 +25,10 @@ import (
 
 // Headers of a queue's messages.
 const (
-	hdrWire   = "Dflow-Wire"   // the item's wire encoding (items.Encode)
-	hdrSize   = "Dflow-Size"   // the item's bytes, on the data plane (dataplane.go)
-	hdrHolder = "Dflow-Holder" // the worker whose data plane holds them
-	hdrKey    = "Dflow-Key"    // the item's key (nodes.Keyed), for key_hash edges further on
+	hdrWire   = "Dflow-Wire"      // the item's wire encoding (items.Encode)
+	hdrSize   = dataplane.HdrSize // the item's bytes, on the data plane
+	hdrHolder = "Dflow-Holder"    // the worker whose data plane holds them
+	hdrKey    = "Dflow-Key"       // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
 // DefaultAnswer is Timings.Answer's default.
@@ -187,7 +188,7 @@ type links struct {
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (dataplane.go);
 	// threshold is the size past which an item's bytes take it
-	dp        *dataPlane
+	dp        *dataplane.Plane
 	threshold int
 
 	// restartable says whether a stage's replicas restart elsewhere when
@@ -257,16 +258,16 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	}
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
-		l.threshold = dataThreshold
+		l.threshold = dataplane.Threshold
 	}
 	// A message must hold what stays on the broker: past the payload
 	// limit, the data plane, whatever the threshold.
 	l.threshold = min(l.threshold, int(nc.MaxPayload())-4096)
 	if dataAddr == "" {
-		dataAddr = dataHost(nc)
+		dataAddr = dataplane.Host(nc)
 	}
 	_, tlsErr := nc.TLSConnectionState()
-	if l.dp, err = newDataPlane(job.Run, job.DataKey, dataAddr, tlsErr == nil); err != nil {
+	if l.dp, err = dataplane.New(job.Run, job.DataKey, dataAddr, tlsErr == nil); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -354,7 +355,7 @@ func (l *links) close() {
 			q.roomSub.Unsubscribe()
 		}
 	}
-	l.dp.close()
+	l.dp.Close()
 }
 
 // keepAlive reads every queue's depth every 250ms, and keeps the items
@@ -386,7 +387,7 @@ func (l *links) keepAlive() {
 	}()
 	every(250*time.Millisecond, func(q *jsQueue) {
 		q.readDepth()
-		q.l.dp.sweepReheld(q) // cheap while nothing is reheld
+		q.l.dp.SweepReheld(q.l.stopCtx, q) // cheap while nothing is reheld
 	})
 }
 
@@ -545,12 +546,16 @@ func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error 
 		// The bytes stay here, for the consumer to fetch; the message
 		// says where (dataplane.go). Held already: for the message that
 		// stands, which this one duplicates.
-		p.held = q.l.dp.put(id, parts, q, p.from)
-		m.Header.Set(hdrRef, q.l.dp.addr)
+		var from dataplane.Input
+		if p.from != nil {
+			from = heldFrom{p.from, q.l.ledger}
+		}
+		p.held = q.l.dp.Put(id, parts, q, from)
+		m.Header.Set(dataplane.HdrRef, q.l.dp.Addr())
 		m.Header.Set(hdrHolder, q.l.worker)
 		m.Header.Set(hdrSize, strconv.Itoa(size))
-		if q.l.dp.pin != "" {
-			m.Header.Set(hdrPin, q.l.dp.pin)
+		if q.l.dp.Pin() != "" {
+			m.Header.Set(dataplane.HdrPin, q.l.dp.Pin())
 		}
 	} else if len(parts) == 1 {
 		m.Data = parts[0]
@@ -791,7 +796,7 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (d engine.Deliver
 		return d, true, nil
 	}
 	data := m.Data()
-	r, onPlane := refOf(m.Headers())
+	r, onPlane := dataplane.RefOf(m.Headers())
 	if onPlane {
 		if data, err = q.bytesOf(ctx, r, id); err != nil {
 			if ctx.Err() != nil {
@@ -799,7 +804,7 @@ func (q *jsQueue) decode(ctx context.Context, m jetstream.Msg) (d engine.Deliver
 			}
 			if q.l.restartable == nil || !q.l.restartable(q.edge.From.Stage) {
 				return d, false, fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; they are nowhere else, and stage %q does not restart to send them again",
-					q.name(), id, m.Headers().Get(hdrHolder), r.addr, err, q.edge.From.Stage.Name)
+					q.name(), id, m.Headers().Get(hdrHolder), r.Addr, err, q.edge.From.Stage.Name)
 			}
 			// Its producer restarts elsewhere: the input comes back, and the
 			// item is sent again from there (rehold). Meanwhile the items
@@ -840,7 +845,7 @@ func (q *jsQueue) refetch(ctx context.Context, m jetstream.Msg, r ref, id string
 		var err error
 		if it.data, it.r, err = q.fetchAgain(ctx, r, id); err != nil && ctx.Err() == nil {
 			it.err = fmt.Errorf("%s: the bytes of item %s are held by worker %s (data plane %s), which did not give them: %w; and no replica of stage %q sent them again within 2 minutes",
-				q.name(), id, m.Headers().Get(hdrHolder), m.Headers().Get(hdrRef), first, q.edge.From.Stage.Name)
+				q.name(), id, m.Headers().Get(hdrHolder), m.Headers().Get(dataplane.HdrRef), first, q.edge.From.Stage.Name)
 		}
 		if ctx.Err() != nil {
 			return
@@ -894,7 +899,7 @@ type fetching struct {
 // data plane, waiting while aheadMax fetches are under way or unclaimed
 // (the pull loop then waits too: a bounded pipeline).
 func (q *jsQueue) fetchAhead(m jetstream.Msg) {
-	r, ok := refOf(m.Headers())
+	r, ok := dataplane.RefOf(m.Headers())
 	if !ok {
 		return
 	}
@@ -920,7 +925,7 @@ func (q *jsQueue) fetchAhead(m jetstream.Msg) {
 		ctx, cancel := context.WithCancel(q.l.runCtx())
 		defer cancel()
 		defer context.AfterFunc(q.l.stopCtx, cancel)()
-		f.data, f.err = q.l.dp.fetch(ctx, r, id)
+		f.data, f.err = q.l.dp.Fetch(ctx, r, id)
 	}()
 }
 
@@ -948,7 +953,7 @@ func (q *jsQueue) bytesOf(ctx context.Context, r ref, id string) ([]byte, error)
 			return nil, ctx.Err()
 		}
 	}
-	return q.l.dp.fetch(ctx, r, id) // not fetched ahead, or that fetch failed: once more
+	return q.l.dp.Fetch(ctx, r, id) // not fetched ahead, or that fetch failed: once more
 }
 
 // release tells the holder of an item's bytes that its message is acked:
@@ -960,7 +965,7 @@ func (q *jsQueue) release(id string, r *ref) {
 	q.l.wg.Add(1)
 	go func() {
 		defer q.l.wg.Done()
-		q.l.dp.release(q.l.stopCtx, *r, id)
+		q.l.dp.Release(q.l.stopCtx, *r, id)
 	}()
 }
 

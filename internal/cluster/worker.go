@@ -315,9 +315,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	// stay until they are, or no consumer is left for them, or the run is
 	// aborted (the coordinator's heartbeat still watched meanwhile): the
 	// share's end would take them away.
-	if n, size := l.dp.holding(); n > 0 && !orphaned.Load() {
+	if n, size := l.dp.Holding(); n > 0 && !orphaned.Load() {
 		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: keeping %d items' bytes (%d MiB) until their consumers have them\n", w.o.Name, job.Run, share, n, size>>20)
-		l.dp.drained(runCtx)
+		l.dp.Drained(runCtx)
 	}
 	close(watchDone)
 	if orphaned.Load() {

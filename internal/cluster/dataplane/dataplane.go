@@ -1,4 +1,4 @@
-package cluster
+package dataplane
 
 import (
 	"bytes"
@@ -12,7 +12,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,42 +29,35 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// The data plane: an item's bytes past the threshold go from the worker
-// that holds them to the worker that consumes them, directly, over HTTP;
-// the queue's message on JetStream carries only a reference (the holder's
-// address, the item's size, and with TLS the holder's certificate's
-// fingerprint). HTTP because it is made for bulk bytes: one GET streams an
-// item at the wire's speed from the producer's own memory (the encoding's
-// parts, not copied), with no framing of ours and no per-message limit, and
-// every host has a client; the broker carries the small control messages it
-// is good at.
-//
-// Lifetime: the producer's share keeps an item's bytes from its Send until
-// the consumer has acked the item's message (then the consumer releases
-// them, DELETE), never by a timer; a share that ends keeps serving until
-// everything it holds is released or the run is aborted. A redelivered
-// message (its consumer lost) is fetched again from the holder. A holder
-// that is gone fails the consumer's fetch, and the run, naming the worker:
-// the bytes are nowhere else.
-//
-// Protection, as the broker's: every request shows the run's data key
-// (Job.DataKey, which only a holder of the cluster's token or credentials
-// reads, in the job); a request without it is refused (401). Where the
-// broker speaks TLS the data plane does too, with a certificate each share
-// makes for itself, pinned by its fingerprint in the reference (which
-// reaches the consumer over the broker's TLS).
-
 const (
-	hdrRef = "Dflow-Ref" // the item's bytes are at this data plane (host:port)
-	hdrPin = "Dflow-Pin" // the holder's certificate's SHA-256, hex, with TLS
-	// dataThreshold is the size past which an item's bytes take the data
+	HdrRef  = "Dflow-Ref"  // the item's bytes are at this data plane (host:port)
+	HdrPin  = "Dflow-Pin"  // the holder's certificate's SHA-256, hex, with TLS
+	HdrSize = "Dflow-Size" // the item's bytes, on the data plane
+	// Threshold is the size past which an item's bytes take the data
 	// plane (Job.DataThreshold overrides it).
-	dataThreshold = 256 << 10
+	Threshold = 256 << 10
 )
 
-// dataPlane is one share's store of large items' bytes, and the server
+// Queue is the queue a held item's message is on: what tells, at a
+// share's end, whether a consumer may still fetch the item.
+type Queue interface {
+	// Stores says whether the queue's stream still stores the message at
+	// seq (not yet acked).
+	Stores(ctx context.Context, seq uint64) bool
+	// NoConsumers says whether the queue has no consumer left anywhere.
+	NoConsumers(ctx context.Context) bool
+}
+
+// Input is the input a held item derives from: it is settled only once
+// the item's bytes are dropped (Derived when put, Answered when dropped).
+type Input interface {
+	Derived()
+	Answered()
+}
+
+// Plane is one share's store of large items' bytes, and the server
 // that hands them out.
-type dataPlane struct {
+type Plane struct {
 	run, key string
 	addr     string // host:port, as other hosts reach it
 	pin      string // with TLS: the certificate's fingerprint
@@ -82,27 +74,29 @@ type dataPlane struct {
 	pinned map[string]*http.Client
 	// reach is, by a holder's address list, which of them answered
 	reach map[string]int
+	// served is closed once the server's goroutine has returned
+	served chan struct{}
 }
 
 // heldItem is one item's bytes, until released, with what tells, at a
 // share's end, whether its message is still waiting for a consumer.
 type heldItem struct {
 	parts [][]byte
-	q     *jsQueue // nil in tests of the plane alone
-	seq   uint64   // its message's stream sequence, once stored
+	q     Queue  // nil in tests of the plane alone
+	seq   uint64 // its message's stream sequence, once stored
 	// from is the input it derives from (a restartable replica sent it):
 	// settled only once these bytes are dropped, so that while a consumer
 	// may still need them, the input can come back and the item be sent
 	// again from another share
-	from   *taken
-	reheld bool // sent again after its first holder was lost (rehold)
+	from   Input
+	reheld bool // sent again after its first holder was lost (Rehold)
 }
 
-// newDataPlane starts a share's data plane on host (an address other
+// New starts a share's data plane on host (an address other
 // hosts reach this one by; "": every interface, advertised at each of this
 // host's addresses, loopback first), port 0 unless host names one;
 // withTLS makes it speak TLS only.
-func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
+func New(run, key, host string, withTLS bool) (*Plane, error) {
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		host = net.JoinHostPort(host, "0") // a host without a port: any
 	}
@@ -116,7 +110,7 @@ func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 			addr = strings.Join(hostAddrs(port), ",")
 		}
 	}
-	d := &dataPlane{run: run, key: key, addr: addr, ln: ln,
+	d := &Plane{run: run, key: key, addr: addr, ln: ln, served: make(chan struct{}),
 		held: map[string]*heldItem{}, empty: make(chan struct{}), pinned: map[string]*http.Client{}, reach: map[string]int{}}
 	close(d.empty)
 	// A refused handshake (a client pinning another certificate) is the
@@ -135,13 +129,28 @@ func newDataPlane(run, key, host string, withTLS bool) (*dataPlane, error) {
 		d.ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
 	}
 	d.client = &http.Client{Transport: tr}
-	go d.srv.Serve(d.ln)
+	go func() {
+		defer close(d.served)
+		d.srv.Serve(d.ln)
+	}()
 	return d, nil
 }
 
-// put keeps an item's bytes until release; false when it held them
-// already (the same id sent again).
-func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue, from *taken) bool {
+// Addr is where other hosts reach the plane: host:port, or several,
+// comma-separated, loopback first.
+func (d *Plane) Addr() string { return d.addr }
+
+// Pin is, with TLS, the fingerprint of the plane's certificate ("" without).
+func (d *Plane) Pin() string { return d.pin }
+
+// Key is the run's data key, which every request shows.
+func (d *Plane) Key() string { return d.key }
+
+// Put keeps an item's bytes until they are released (Drop); false when it
+// held them already (the same id sent again). from, if not nil, is the
+// input the item derives from: Derived now, Answered once the bytes are
+// dropped.
+func (d *Plane) Put(id string, parts [][]byte, q Queue, from Input) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.held[id]; ok {
@@ -151,7 +160,7 @@ func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue, from *taken) bool
 		d.empty = make(chan struct{})
 	}
 	if from != nil {
-		from.derive() // settled once dropped
+		from.Derived() // settled once dropped
 	}
 	d.held[id] = &heldItem{parts: parts, q: q, from: from}
 	for _, p := range parts {
@@ -160,8 +169,8 @@ func (d *dataPlane) put(id string, parts [][]byte, q *jsQueue, from *taken) bool
 	return true
 }
 
-// stored notes the stream sequence of an item's message.
-func (d *dataPlane) stored(id string, seq uint64) {
+// Stored notes the stream sequence of an item's message.
+func (d *Plane) Stored(id string, seq uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if h := d.held[id]; h != nil {
@@ -169,12 +178,14 @@ func (d *dataPlane) stored(id string, seq uint64) {
 	}
 }
 
-// drop releases an item's bytes.
-func (d *dataPlane) drop(id string) {
+// Drop releases an item's bytes; the input they derive from, if any, is
+// Answered, on the caller's goroutine, after the plane's lock is let go
+// (it may settle).
+func (d *Plane) Drop(id string) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	h, ok := d.held[id]
 	if !ok {
+		d.mu.Unlock()
 		return
 	}
 	delete(d.held, id)
@@ -184,21 +195,22 @@ func (d *dataPlane) drop(id string) {
 	if len(d.held) == 0 {
 		close(d.empty)
 	}
+	d.mu.Unlock()
 	if h.from != nil && h.q != nil {
-		go h.from.answered(h.q.l.ledger) // off the lock: it may settle
+		h.from.Answered()
 	}
 }
 
-// holding is how many items' bytes are held, and how many bytes.
-func (d *dataPlane) holding() (int, int64) {
+// Holding is how many items' bytes are held, and how many bytes.
+func (d *Plane) Holding() (int, int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.held), d.bytes
 }
 
-// drained waits until nothing is held, or ctx is done. Every 250ms it
+// Drained waits until nothing is held, or ctx is done. Every 250ms it
 // drops what no consumer will release (sweep).
-func (d *dataPlane) drained(ctx context.Context) error {
+func (d *Plane) Drained(ctx context.Context) error {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -220,7 +232,7 @@ func (d *dataPlane) drained(ctx context.Context) error {
 // stores (acked: a release that did not arrive, a consumer lost between
 // its ack and its release) and of items whose queue has no consumer left
 // anywhere (nobody will fetch them).
-func (d *dataPlane) sweep(ctx context.Context) {
+func (d *Plane) sweep(ctx context.Context) {
 	d.mu.Lock()
 	type one struct {
 		id string
@@ -231,27 +243,30 @@ func (d *dataPlane) sweep(ctx context.Context) {
 		all = append(all, one{id, *h})
 	}
 	d.mu.Unlock()
-	gone := map[*jsQueue]bool{}
+	gone := map[Queue]bool{}
 	for _, o := range all {
 		q := o.h.q
 		if q == nil || o.h.seq == 0 {
 			continue
 		}
 		if _, ok := gone[q]; !ok {
-			gone[q] = q.consumersGone(ctx, q.qi)
+			gone[q] = q.NoConsumers(ctx)
 		}
-		if gone[q] || !q.stores(ctx, o.h.seq) {
-			d.drop(o.id)
+		if gone[q] || !q.Stores(ctx, o.h.seq) {
+			d.Drop(o.id)
 		}
 	}
 }
 
-func (d *dataPlane) close() {
+// Close stops the plane's server (what it holds is not served any more)
+// and waits for its goroutine to return.
+func (d *Plane) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if d.srv.Shutdown(ctx) != nil {
 		d.srv.Close()
 	}
+	<-d.served
 	d.client.CloseIdleConnections()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -261,7 +276,7 @@ func (d *dataPlane) close() {
 }
 
 // ServeHTTP serves /v1/RUN/ID: GET the bytes, DELETE to release them.
-func (d *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (d *Plane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	auth := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if d.key == "" || subtle.ConstantTimeCompare([]byte(auth), []byte(d.key)) != 1 {
 		http.Error(w, "dflow data plane: the run's data key is required", http.StatusUnauthorized)
@@ -274,7 +289,7 @@ func (d *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.Method {
 	case http.MethodDelete:
-		d.drop(id)
+		d.Drop(id)
 		w.WriteHeader(http.StatusNoContent)
 	case http.MethodGet:
 		d.mu.Lock()
@@ -300,25 +315,28 @@ func (d *dataPlane) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// ref is where an item's bytes are held, from its message's headers.
-type ref struct {
-	addr, pin string
-	size      int
+// Ref is where an item's bytes are held, from its message's headers.
+type Ref struct {
+	Addr string // the holder's addresses, comma-separated
+	Pin  string // with TLS, the holder's certificate's fingerprint
+	Size int    // the item's bytes
 }
 
-func refOf(h nats.Header) (ref, bool) {
-	addr := h.Get(hdrRef)
+// RefOf is the reference in a message's headers; false when its item's
+// bytes are in the message.
+func RefOf(h nats.Header) (Ref, bool) {
+	addr := h.Get(HdrRef)
 	if addr == "" {
-		return ref{}, false
+		return Ref{}, false
 	}
-	size, _ := strconv.Atoi(h.Get(hdrSize))
-	return ref{addr: addr, pin: h.Get(hdrPin), size: size}, true
+	size, _ := strconv.Atoi(h.Get(HdrSize))
+	return Ref{Addr: addr, Pin: h.Get(HdrPin), Size: size}, true
 }
 
 // url is item id's address at one of r's holder's addresses.
-func (d *dataPlane) url(r ref, addr, id string) string {
+func (d *Plane) url(r Ref, addr, id string) string {
 	scheme := "http"
-	if r.pin != "" {
+	if r.Pin != "" {
 		scheme = "https"
 	}
 	return scheme + "://" + addr + "/v1/" + url.PathEscape(d.run) + "/" + url.PathEscape(id)
@@ -326,10 +344,10 @@ func (d *dataPlane) url(r ref, addr, id string) string {
 
 // do sends a request for item id to r's holder, at the first of its
 // addresses that takes a connection (the one that did last time first).
-func (d *dataPlane) do(ctx context.Context, method string, r ref, id string) (*http.Response, error) {
-	addrs := strings.Split(r.addr, ",")
+func (d *Plane) do(ctx context.Context, method string, r Ref, id string) (*http.Response, error) {
+	addrs := strings.Split(r.Addr, ",")
 	d.mu.Lock()
-	if i, ok := d.reach[r.addr]; ok && i < len(addrs) {
+	if i, ok := d.reach[r.Addr]; ok && i < len(addrs) {
 		addrs[0], addrs[i] = addrs[i], addrs[0]
 	}
 	d.mu.Unlock()
@@ -343,7 +361,7 @@ func (d *dataPlane) do(ctx context.Context, method string, r ref, id string) (*h
 		resp, err := d.clientFor(r).Do(req)
 		if err == nil {
 			d.mu.Lock()
-			d.reach[r.addr] = slices.Index(strings.Split(r.addr, ","), a)
+			d.reach[r.Addr] = slices.Index(strings.Split(r.Addr, ","), a)
 			d.mu.Unlock()
 			return resp, nil
 		}
@@ -358,13 +376,13 @@ func (d *dataPlane) do(ctx context.Context, method string, r ref, id string) (*h
 
 // clientFor is the client that reaches r's holder: with TLS, one that
 // accepts only the certificate r pins (one client a pin, kept).
-func (d *dataPlane) clientFor(r ref) *http.Client {
-	if r.pin == "" {
+func (d *Plane) clientFor(r Ref) *http.Client {
+	if r.Pin == "" {
 		return d.client
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if c := d.pinned[r.pin]; c != nil {
+	if c := d.pinned[r.Pin]; c != nil {
 		return c
 	}
 	tr := d.client.Transport.(*http.Transport).Clone()
@@ -373,18 +391,18 @@ func (d *dataPlane) clientFor(r ref) *http.Client {
 			if len(raw) == 0 {
 				return errors.New("no certificate")
 			}
-			if sum := sha256.Sum256(raw[0]); hex.EncodeToString(sum[:]) != r.pin {
+			if sum := sha256.Sum256(raw[0]); hex.EncodeToString(sum[:]) != r.Pin {
 				return errors.New("the holder's certificate is not the one its reference pins")
 			}
 			return nil
 		}}
 	c := &http.Client{Transport: tr}
-	d.pinned[r.pin] = c
+	d.pinned[r.Pin] = c
 	return c
 }
 
-// fetch gets an item's bytes from its holder.
-func (d *dataPlane) fetch(ctx context.Context, r ref, id string) ([]byte, error) {
+// Fetch gets an item's bytes from its holder.
+func (d *Plane) Fetch(ctx context.Context, r Ref, id string) ([]byte, error) {
 	resp, err := d.do(ctx, http.MethodGet, r, id)
 	if err != nil {
 		return nil, err
@@ -394,18 +412,18 @@ func (d *dataPlane) fetch(ctx context.Context, r ref, id string) ([]byte, error)
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return nil, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
-	data := make([]byte, r.size)
+	data := make([]byte, r.Size)
 	if _, err := io.ReadFull(resp.Body, data); err != nil {
-		return nil, fmt.Errorf("reading %d bytes: %w", r.size, err)
+		return nil, fmt.Errorf("reading %d bytes: %w", r.Size, err)
 	}
 	return data, nil
 }
 
-// release tells an item's holder it may drop the bytes, trying three
+// Release tells an item's holder it may drop the bytes, trying three
 // times; a holder gone has dropped them already, and one that does not
 // hear finds at its end that the stream no longer stores the message
 // (sweep).
-func (d *dataPlane) release(ctx context.Context, r ref, id string) {
+func (d *Plane) Release(ctx context.Context, r Ref, id string) {
 	for try := range 3 {
 		if d.releaseOnce(ctx, r, id) || ctx.Err() != nil {
 			return
@@ -418,7 +436,7 @@ func (d *dataPlane) release(ctx context.Context, r ref, id string) {
 	}
 }
 
-func (d *dataPlane) releaseOnce(ctx context.Context, r ref, id string) bool {
+func (d *Plane) releaseOnce(ctx context.Context, r Ref, id string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	resp, err := d.do(ctx, http.MethodDelete, r, id)
@@ -447,11 +465,11 @@ func ephemeralCert() (tls.Certificate, string, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, hex.EncodeToString(sum[:]), nil
 }
 
-// dataHost is the address other hosts reach this one by: the local end
+// Host is the address other hosts reach this one by: the local end
 // of a route to the broker (nothing is sent). A worker that reaches the
 // broker on loopback may still serve workers on other hosts (which reach
 // the broker at this host's address): "" then, every interface.
-func dataHost(nc *nats.Conn) string {
+func Host(nc *nats.Conn) string {
 	u, err := url.Parse(nc.ConnectedUrl())
 	if err != nil || u.Hostname() == "" {
 		return ""
@@ -480,45 +498,28 @@ func hostAddrs(port string) []string {
 	return out
 }
 
-// A large item sent again after a loss.
-//
-// An item a restartable replica sent from an input lives on its holder's
-// data plane until a consumer releases it, and the input is settled only
-// then (heldItem.from). If the holder is lost first, the input comes back
-// and the replica that does it again sends the item again: the broker
-// answers that it is a duplicate of the message that stands, whose bytes
-// are gone. The new copy is kept (rehold) and its address recorded under
-// the item's id in the run's holder bucket; a consumer that cannot fetch
-// from the first holder looks there (fetchAgain). The copy is dropped once
-// the stream no longer stores the message (sweepReheld), like any other.
-
-// rehold keeps the bytes of id, sent again, for the message that stands,
-// and records where they are.
-func (q *jsQueue) rehold(id string) {
-	d := q.l.dp
+// Rehold marks id's bytes as held again, for a message that stands after
+// their first holder was lost: the copy is dropped once the stream no
+// longer stores the message (SweepReheld).
+func (d *Plane) Rehold(id string) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if h := d.held[id]; h != nil {
 		h.reheld = true
 	}
-	d.mu.Unlock()
-	b, _ := json.Marshal(holderRef{Addr: d.addr, Pin: d.pin, Worker: q.l.worker})
-	ctx, cancel := context.WithTimeout(q.l.runCtx(), 5*time.Second)
-	defer cancel()
-	if _, err := q.l.holders.Put(ctx, id, b); err != nil && q.l.fatal != nil && !q.l.aborting() {
-		q.l.fatal(fmt.Errorf("%s: recording where item %s is held again: %w", q.name(), id, err))
-	}
 }
 
-// holderRef is a holder bucket's entry.
-type holderRef struct {
+// HolderRef is an entry of the run's holder bucket: where an item's bytes
+// are held again.
+type HolderRef struct {
 	Addr   string `json:"addr"`
 	Pin    string `json:"pin,omitempty"`
 	Worker string `json:"worker"`
 }
 
-// sweepReheld drops q's reheld bytes whose message the stream no longer
+// SweepReheld drops q's reheld bytes whose message the stream no longer
 // stores.
-func (d *dataPlane) sweepReheld(q *jsQueue) {
+func (d *Plane) SweepReheld(ctx context.Context, q Queue) {
 	d.mu.Lock()
 	var look map[string]uint64
 	for id, h := range d.held {
@@ -531,34 +532,8 @@ func (d *dataPlane) sweepReheld(q *jsQueue) {
 	}
 	d.mu.Unlock()
 	for id, seq := range look {
-		if !q.stores(q.l.stopCtx, seq) {
-			d.drop(id)
-		}
-	}
-}
-
-// fetchAgain fetches the bytes of id from where they are held again after
-// their first holder was lost (rehold), waiting for the input they derive
-// from to come back and be done again, for as long as a duplicate can be
-// dropped (2 minutes) or until ctx ends. It returns the new place, so
-// that the release goes there.
-func (q *jsQueue) fetchAgain(ctx context.Context, r ref, id string) ([]byte, ref, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if e, err := q.l.holders.Get(ctx, id); err == nil {
-			var h holderRef
-			if json.Unmarshal(e.Value(), &h) == nil && h.Addr != r.addr {
-				nr := ref{addr: h.Addr, pin: h.Pin, size: r.size}
-				if data, err := q.l.dp.fetch(ctx, nr, id); err == nil {
-					return data, nr, nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil, r, ctx.Err()
-		case <-time.After(wait):
+		if !q.Stores(ctx, seq) {
+			d.Drop(id)
 		}
 	}
 }
