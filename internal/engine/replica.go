@@ -62,6 +62,17 @@ func (r *replica) Stage() string  { return r.stage.g.Name }
 func (r *replica) Index() int     { return r.index }
 func (r *replica) Replicas() int  { return r.stage.g.Replicas }
 func (r *replica) Device() string { return r.device }
+
+// Devices lists the devices of every replica of the stage, by index: what
+// a plugin group kind's ranks need to number their devices alike
+// (plugins/host).
+func (r *replica) Devices() []string {
+	d := make([]string, r.stage.g.Replicas)
+	for i := range d {
+		d[i] = r.stage.g.Device(i)
+	}
+	return d
+}
 func (r *replica) Group() nodes.Group {
 	if r.stage.remote != nil {
 		return &remoteMember{g: r.stage.remote, r: r}

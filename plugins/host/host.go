@@ -41,12 +41,20 @@ type Host struct {
 	// of its answers about its kinds (Describe, Check); 0:
 	// DefaultStartTimeout. Set it before the first Load.
 	StartTimeout time.Duration
-	mu           sync.Mutex
-	procs        map[*plugin.Client]*proc // the processes running, by their go-plugin client
-	loaded       map[string]string        // plugin name -> path
-	sockets      string                   // the folder of the plugins' socket folders (sockets.go), once made
-	tempDir      string                   // where that folder goes, for tests ("": the system's)
-	logger       hclog.Logger             // go-plugin's, for tests (nil: none)
+	// GroupPlace, when set, says where a replica of a group kind runs as
+	// its torch.distributed rank sees it: rank 0's address and port, its
+	// rank among the group's members on its host, and their devices
+	// (Place). A cluster sets it, since there the members sit on several
+	// hosts and MASTER_ADDR is rank 0's host as the others reach it. nil:
+	// the whole group runs in this process's host: MASTER_ADDR 127.0.0.1,
+	// a free port chosen for each run of the stage, local rank = rank.
+	GroupPlace func(r nodes.Replica) (Place, error)
+	mu         sync.Mutex
+	procs      map[*plugin.Client]*proc // the processes running, by their go-plugin client
+	loaded     map[string]string        // plugin name -> path
+	sockets    string                   // the folder of the plugins' socket folders (sockets.go), once made
+	tempDir    string                   // where that folder goes, for tests ("": the system's)
+	logger     hclog.Logger             // go-plugin's, for tests (nil: none)
 }
 
 // New returns a host forwarding plugin stderr to w.
@@ -184,14 +192,16 @@ func (r *ringWriter) last() string {
 
 // process is one started plugin process.
 type process struct {
+	version int // the protocol version the plugin answered (wire.ProtocolVersion or 1)
 	client  *plugin.Client
 	node    proto.NodeClient
 	stderr  *ringWriter
 	timeout time.Duration // the host's start timeout, for its answers
 }
 
-// start launches a plugin process and connects to it.
-func (h *Host) start(path, prefix string) (*process, error) {
+// start launches a plugin process and connects to it; env is added to
+// its environment.
+func (h *Host) start(path, prefix string, env ...string) (*process, error) {
 	h.mu.Lock()
 	stderr := &ringWriter{w: h.Stderr, prefix: prefix}
 	sockets := h.socketDir()
@@ -204,7 +214,8 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  wire.Handshake,
 		Plugins:          wire.PluginMap(nil),
-		RunnerFunc:       newProc(path, &pr), // its own process group, Pdeathsig, a lifeline: see proc
+		VersionedPlugins: wire.Versions(nil),
+		RunnerFunc:       newProc(path, &pr, env), // its own process group, Pdeathsig, a lifeline: see proc
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: sockets},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		GRPCDialOptions:  wire.DialOptions(),
@@ -238,7 +249,7 @@ func (h *Host) start(path, prefix string) (*process, error) {
 	if !ok {
 		return fail(fmt.Errorf("dispensed %T, not a node client", raw))
 	}
-	return &process{client: client, node: node, stderr: stderr, timeout: h.startTimeout()}, nil
+	return &process{version: client.NegotiatedVersion(), client: client, node: node, stderr: stderr, timeout: h.startTimeout()}, nil
 }
 
 // kill ends a plugin process (end) and forgets it.
@@ -303,13 +314,21 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if err != nil {
 			return nil, fmt.Errorf("plugin %s (%s): kind %q: %v", name, path, k.Name, err)
 		}
+		if k.Group && p.version < 2 {
+			return nil, fmt.Errorf("plugin %s (%s): kind %q says its replicas step together (group), which needs protocol version 2; the plugin answered version %d in its handshake",
+				name, path, k.Name, p.version)
+		}
 		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory, times: desc.Times,
-			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, ports: map[string]*proto.CheckResponse{}}
+			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, group: k.Group, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
-		reg.Register(nodes.Spec{
+		spec := nodes.Spec{
 			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
 			New:  rk.newNode,
-		})
+		}
+		if k.Group {
+			spec.Sync = nodes.Always // a step a collective, as a built-in group kind's
+		}
+		reg.Register(spec)
 		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields))})
 	}
 	return infos, nil
@@ -336,6 +355,7 @@ type remoteKind struct {
 	// stages are quiescent to the deadlock detector (quiet.go); only with
 	// credit per input and output port, which the argument rests on
 	waiting bool
+	group   bool // the kind's replicas step together (group.go)
 	mu      sync.Mutex
 	ports   map[string]*proto.CheckResponse // by config JSON
 }

@@ -49,6 +49,10 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	case "hang":
 		time.Sleep(time.Hour)
+	case "group":
+		sdk.Serve(lockstepKind)
+	case "group-v1":
+		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: wire.Handshake, Plugins: wire.PluginMap(oldGroup{}), GRPCServer: plugin.DefaultGRPCServer})
 	case "rogue":
 		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: wire.Handshake, Plugins: wire.PluginMap(rogue{}), GRPCServer: plugin.DefaultGRPCServer})
 	}

@@ -52,9 +52,9 @@ type proc struct {
 }
 
 // newProc is the RunnerFunc of a plugin at path: cmd carries the
-// environment go-plugin gives plugins.
+// environment go-plugin gives plugins, and env is added to it.
 // The proc made is stored in *made.
-func newProc(path string, made **proc) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
+func newProc(path string, made **proc, env []string) func(hclog.Logger, *exec.Cmd, string) (runner.Runner, error) {
 	return func(_ hclog.Logger, spec *exec.Cmd, _ string) (runner.Runner, error) {
 		exe := path
 		if !strings.ContainsRune(exe, filepath.Separator) {
@@ -63,7 +63,7 @@ func newProc(path string, made **proc) func(hclog.Logger, *exec.Cmd, string) (ru
 			exe = "." + string(filepath.Separator) + exe
 		}
 		cmd := exec.Command(exe)
-		cmd.Env = append(spec.Env, wire.LifelineEnv+"=stdin")
+		cmd.Env = append(append(spec.Env, env...), wire.LifelineEnv+"=stdin")
 		cmd.SysProcAttr = sysProcAttr()
 		p := &proc{cmd: cmd, path: path}
 		*made = p

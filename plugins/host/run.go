@@ -26,15 +26,27 @@ type remoteNode struct {
 	config string
 	mu     sync.Mutex
 	quiet  map[int]*quiet // the running replicas' (with k.waiting), by index
+	master int            // a group kind's MASTER_PORT for this run of the stage (group.go), once chosen
 }
 
 func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	k := n.k
-	p, err := k.host.start(k.path, fmt.Sprintf("[%s/%d] ", r.Stage(), r.Index()))
+	var env []string
+	device := r.Device()
+	if k.group {
+		// A rank: the environment torchrun gives one, its device bound
+		// before the process starts (group.go).
+		place, err := n.place(r)
+		if err != nil {
+			return fmt.Errorf("plugin %s (%s): %w", k.plugin, k.path, err)
+		}
+		env, device = rankEnv(r, place)
+	}
+	p, err := k.host.start(k.path, fmt.Sprintf("[%s/%d] ", r.Stage(), r.Index()), env...)
 	if err != nil {
 		return err
 	}
-	err = n.stream(ctx, r, p)
+	err = n.stream(ctx, r, p, device)
 	// Kill waits for the process and for its stderr to be copied, so the
 	// message below has the plugin's last words.
 	k.host.kill(p.client)
@@ -49,7 +61,7 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 
 // stream pumps one replica: inputs to the plugin as it grants credit,
 // outputs and metrics back, until the plugin says Done.
-func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) error {
+func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, device string) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rst, err := p.node.Run(sctx)
@@ -65,11 +77,15 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		return f()
 	}
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
-		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: r.Device(), Batches: true,
-		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting}
+		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: device, Batches: true,
+		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting, Group: n.k.group}
 	start.Times = ownClockOf(r, n.k.times).begin() // the plugin's figures for the replica's (times.go)
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}
+	var coll *collectives
+	if n.k.group {
+		coll = &collectives{r: r, send: send}
+	}
 	if n.k.sharedMemory && wire.SharedMemoryEnabled() {
 		// Shared memory for large items: created per replica, unmapped
 		// once the replica's stream, its feeders and its outlets are done
@@ -96,7 +112,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, sh, q, inputs, inTypes, func(it *proto.Item) error {
+		return n.pump(sctx, cancel, r, st, locked, sh, q, coll, inputs, inTypes, func(it *proto.Item) error {
 			return n.deliver(ctx, r, sh, outputs, it)
 		})
 	}
@@ -109,7 +125,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process) er
 		n.watch(r.Index(), q)
 		defer n.watch(r.Index(), nil)
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, inputs, inTypes, outs.put))
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, coll, inputs, inTypes, outs.put))
 }
 
 // sendFailed says whether a Send's error is dflow's side's. A Send that
@@ -224,7 +240,7 @@ func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, sh *shared, q *quiet, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
+	locked func(func() error) error, sh *shared, q *quiet, coll *collectives, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*wire.Credit{"": wire.NewCredit()}
@@ -251,6 +267,9 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	defer func() {
 		cancel()
 		<-fed
+		if coll != nil {
+			coll.wg.Wait() // their waits end with sctx
+		}
 	}()
 
 	var items wire.Assembler
@@ -310,6 +329,11 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			}
 		case *proto.Message_Waiting:
 			q.said(v.Waiting)
+		case *proto.Message_Collective:
+			if coll == nil {
+				return errors.New("the plugin sent a Collective, but its kind is not a group kind (Kind.group)")
+			}
+			coll.do(sctx, v.Collective)
 		case *proto.Message_Times:
 			if err := ownClockOf(r, n.k.times).take(v.Times); err != nil {
 				return err

@@ -87,6 +87,11 @@ func (s *session) apply(m *proto.Message, items *wire.Assembler) error {
 			return fmt.Errorf("sdk: credit from dflow on %q, which is not an output port held to credit", v.Credit.Port)
 		}
 		out.credit.Grant(v.Credit.N)
+	case *proto.Message_CollectiveResult:
+		if s.group == nil {
+			return fmt.Errorf("sdk: a collective's result from dflow, for a replica that has no group")
+		}
+		s.group.result(v.CollectiveResult)
 	}
 	for _, it := range whole {
 		if err := s.deliver(it); err != nil {

@@ -70,9 +70,12 @@ func Serve(specs ...nodes.Spec) { ServeWith(Options{}, specs...) }
 func ServeWith(o Options, specs ...nodes.Spec) {
 	Stderr = os.Stderr // before go-plugin swaps it
 	watchParent()
+	srv := newServer(o, specs...)
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: wire.Handshake,
-		Plugins:         wire.PluginMap(newServer(o, specs...)),
+		Plugins:         wire.PluginMap(srv),
+		// Version 2 where dflow offers it (group kinds), else 1.
+		VersionedPlugins: wire.Versions(srv),
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
 			return grpc.NewServer(append(opts, wire.ServerOptions()...)...)
 		},
@@ -107,7 +110,9 @@ func (s *server) Describe(context.Context, *proto.DescribeRequest) (*proto.Descr
 	resp := &proto.DescribeResponse{Batches: true, PortCredit: true, OutputCredit: true, SharedMemory: wire.SharedMemoryEnabled(), Waiting: !s.opts.Concurrent, Times: timesEnabled()}
 	for _, name := range s.order {
 		sp := s.specs[name]
-		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: wire.FieldsToProto(sp.Config)})
+		// A kind with Sync steps together: a group kind (protocol
+		// version 2), whatever its config says.
+		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: wire.FieldsToProto(sp.Config), Group: sp.Sync != nil})
 	}
 	return resp, nil
 }

@@ -43,6 +43,7 @@ type session struct {
 	inputs  map[string]*input
 	outputs map[string]*output
 	times   times
+	group   *member // the replica's group (Start.group), nil when it has none
 
 	sender
 	receiver
@@ -58,10 +59,16 @@ type session struct {
 // on the stream. With output credit (Start.output_credit) a node's Send on
 // a port also waits for dflow's credit on that port, so that the items on
 // the stream are all items dflow has room for.
+//
+// A group member (Start.group) holds at most groupWindow items per port:
+// the members share their input edges, and a member that held credit for
+// many would take items the others are waiting for, its steps full while
+// theirs are empty.
 const (
 	inputWindow  = 32
 	firstCredit  = 8
 	outputWindow = 64
+	groupWindow  = 2
 )
 
 func newSession(stream proto.Node_RunServer, start *proto.Start, ports []graph.PortSpec, o Options) *session {
@@ -69,15 +76,22 @@ func newSession(stream proto.Node_RunServer, start *proto.Start, ports []graph.P
 	s.sender.init()
 	s.receiver.init()
 	s.waits.init(start.Waiting && !o.Concurrent, o.WaitingAfter)
+	window := inputWindow
+	if start.Group {
+		window = groupWindow
+	}
 	for _, p := range ports {
 		if p.Dir == graph.In {
-			s.inputs[p.Name] = &input{s: s, port: p.Name, ch: make(chan inItem, inputWindow),
-				w: wire.Window{Items: inputWindow, Bytes: o.InputBytes}}
+			s.inputs[p.Name] = &input{s: s, port: p.Name, ch: make(chan inItem, window),
+				w: wire.Window{Items: int32(window), Bytes: o.InputBytes}}
 		} else {
 			s.outputs[p.Name] = &output{s: s, port: p.Name, typ: p.Type, credit: wire.NewCredit(), held: start.OutputCredit}
 		}
 	}
 	s.times.init(start.Times, len(s.inputs) == 0)
+	if start.Group {
+		s.group = newMember(s)
+	}
 	return s
 }
 
@@ -139,9 +153,18 @@ func (s *session) Stage() string             { return s.start.Stage }
 func (s *session) Index() int                { return int(s.start.Replica) }
 func (s *session) Replicas() int             { return int(s.start.Replicas) }
 func (s *session) Device() string            { return s.start.Device }
-func (s *session) Group() nodes.Group        { return noGroup{} }
 func (s *session) Metrics() nodes.Metrics    { return metrics{s} }
 func (s *session) Draining() <-chan struct{} { return nil }
+
+// Group is the replica's group when its kind is a group kind (a Spec
+// with Sync, served at protocol version 2), else a group whose every
+// collective fails.
+func (s *session) Group() nodes.Group {
+	if s.group != nil {
+		return s.group
+	}
+	return noGroup{}
+}
 
 func (s *session) In(port string) nodes.Input {
 	if in, ok := s.inputs[port]; ok {
@@ -167,10 +190,11 @@ func (m metrics) Add(name string, d float64) {
 	m.s.send(&proto.Message{Msg: &proto.Message_Metric{Metric: &proto.Metric{Name: name, Value: d, Counter: true}}})
 }
 
-// noGroup: collectives do not cross plugin processes in protocol v1.
+// noGroup: the replica of a kind that is not a group kind (no Spec.Sync),
+// or of a dflow that speaks protocol version 1.
 type noGroup struct{}
 
-var errNoGroup = errors.New("sdk: replica groups are not available to plugin nodes (protocol v1)")
+var errNoGroup = errors.New("sdk: this replica has no group: its kind is not a group kind (nodes.Spec.Sync), or dflow speaks protocol version 1")
 
 func (noGroup) Barrier(context.Context) error                           { return errNoGroup }
 func (noGroup) AllReduceSum(context.Context, []float32) (int, error)    { return 0, errNoGroup }

@@ -9,7 +9,9 @@ import (
 )
 
 // Handshake is the go-plugin handshake both sides share. A plugin started
-// by hand (not by dflow) explains it is a plugin and exits.
+// by hand (not by dflow) explains it is a plugin and exits. Its
+// ProtocolVersion is the oldest version dflow speaks; Versions adds the
+// newer ones, which go-plugin negotiates (PLUGIN_PROTOCOL_VERSIONS).
 var Handshake = plugin.HandshakeConfig{
 	ProtocolVersion:  1,
 	MagicCookieKey:   "DFLOW_PLUGIN_MAGIC_COOKIE",
@@ -68,6 +70,16 @@ func (p *grpcPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 
 func (p *grpcPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
 	return proto.NewNodeClient(c), nil
+}
+
+// ProtocolVersion is the newest version of the protocol: 2 adds group
+// kinds (Kind.group, Collective). A plugin that answers 1 speaks the rest.
+const ProtocolVersion = 2
+
+// Versions is the plugin set of each version newer than Handshake's, for
+// go-plugin's VersionedPlugins; impl is nil on the client.
+func Versions(impl proto.NodeServer) map[int]plugin.PluginSet {
+	return map[int]plugin.PluginSet{ProtocolVersion: PluginMap(impl)}
 }
 
 // PluginMap is the plugin set of both sides; impl is nil on the client.
