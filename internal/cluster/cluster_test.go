@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
@@ -697,7 +698,7 @@ func TestFinishedReplicaStays(t *testing.T) {
 		}
 	}
 	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote, place: job.Place,
-		groups: map[string]*groupHost{"work": {}}}
+		groups: map[string]*group.Host{"work": {}}}
 	want := map[replicaKey]bool{{"work", 0}: false, {"work", 1}: true, {"work", 2}: false, {"sink", 0}: false}
 	c.place["sink"] = []string{"w2"}
 	done := func(work ...bool) *instance { // w2, as its last snapshot had its work replicas
@@ -730,7 +731,7 @@ func TestFinishedReplicaStays(t *testing.T) {
 	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
 		t.Errorf("ended on w2 with no group host: %v, want every work replica restarted", got)
 	}
-	c.groups = map[string]*groupHost{"work": {}}
+	c.groups = map[string]*group.Host{"work": {}}
 	c.remote = map[string][]bool{"a": {true}, "b": {false}} // b in process on the lost worker
 	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
 		t.Errorf("ended on w2 with its output in process: %v, want work[1] restarted", got)

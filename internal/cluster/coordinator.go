@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -81,7 +82,7 @@ type Coordinator struct {
 	// the next check (a group's restore needs a member they ran back)
 	evicted []*instance
 	// groups are the groups across workers it hosts, by stage
-	groups map[string]*groupHost
+	groups map[string]*group.Host
 	// deadlock is the detector's state; lastLoss when a worker was last
 	// counted lost (the detector waits for its restart)
 	deadlock deadlockWatch
@@ -254,12 +255,12 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 			subs = append(subs, s)
 		}
 	}
-	groups := map[string]*groupHost{}
+	groups := map[string]*group.Host{}
 	for _, s := range c.g.Stages {
 		if hosted(c.o.Registry, s, c.place[s.Name]) {
-			h := newGroupHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
+			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
 			groups[s.Name] = h
-			sub(subjGroup(c.run, s.Name), h.handle)
+			sub(subjGroup(c.run, s.Name), h.Handle)
 		}
 	}
 	c.mu.Lock() // for LastSave, which may be called while Run runs

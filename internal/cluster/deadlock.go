@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
@@ -244,10 +243,14 @@ func (lk *look) group(r replicaRef, w report.Wait) (j judged, ok bool) {
 		if h == nil {
 			return j, false
 		}
-		var in bool
-		if j.on, arrived, members, in = h.waitingFor(r.i); !in {
+		on, arr, mem, in := h.WaitingFor(r.i)
+		if !in {
 			return j, false // not arrived, or released
 		}
+		for _, i := range on {
+			j.on = append(j.on, replicaRef{r.stage, i})
+		}
+		arrived, members = arr, mem
 	}
 	if len(j.on) == 0 {
 		return j, false
@@ -317,35 +320,9 @@ func (c *Coordinator) waitView() (view map[replicaRef]report.ReplicaSnapshot, wo
 		}
 	}
 	for _, h := range c.groups {
-		h.mu.Lock()
-		mark += int64(h.round)
-		h.mu.Unlock()
+		mark += int64(h.Round())
 	}
 	return view, worker, mark, true
-}
-
-// waitingFor says, of a round in progress, whether replica i has arrived
-// and which present members it waits for.
-func (h *groupHost) waitingFor(i int) (on []replicaRef, arrived, members int, in bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	here := make([]bool, len(h.left))
-	for _, m := range h.waiting {
-		if len(m.Data) >= 5 {
-			if j := int(binary.LittleEndian.Uint32(m.Data[1:5])); j < len(here) {
-				here[j] = true
-			}
-		}
-	}
-	if i >= len(here) || !here[i] {
-		return nil, 0, 0, false
-	}
-	for j, left := range h.left {
-		if !left && !here[j] {
-			on = append(on, replicaRef{h.stage, j})
-		}
-	}
-	return on, len(h.waiting), h.members, true
 }
 
 // queueName is a queue as the status line shows it.

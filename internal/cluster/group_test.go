@@ -1,347 +1,16 @@
 package cluster
 
 import (
-	"context"
-	"encoding/binary"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"math"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/nn"
-	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
-	"github.com/dflow-dev/dflow/internal/testutil"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
-
-// TestGroupAcrossWorkers: the coordinator-hosted group sums the members'
-// vectors, and a member's leaving is no longer waited for, whether it
-// leaves between rounds or while the others wait (uneven ends).
-func TestGroupAcrossWorkers(t *testing.T) {
-	t.Parallel()
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	host, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-	defer host.Close()
-	h := newGroupHost("s", 3, host.MaxPayload(), false)
-	sub, err := host.Subscribe(subjGroup("r", "s"), h.handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	host.Flush()
-	var members []*remoteGroup
-	for range 3 {
-		nc, _ := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-		defer nc.Close()
-		members = append(members, &remoteGroup{nc: nc, subject: subjGroup("r", "s")})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	// Member 1 all-reduces a kernel backend's buffer (as drafter_train's
-	// gradients are), the others host vectors: the buffer crosses to the
-	// host and back.
-	reduce := func(ids ...int) {
-		t.Helper()
-		var wg sync.WaitGroup
-		for _, i := range ids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				v := nodes.Floats{float32(i + 1), 10}
-				var x nodes.Reducible = v
-				var buf nn.Buffer
-				if i == 1 {
-					buf = nn.CPU().Alloc(2)
-					nn.CPU().FromHost(buf, v)
-					x = nnreduce.Of(buf)
-				}
-				n, err := members[i].AllReduce(ctx, i, x)
-				if i == 1 {
-					nn.CPU().ToHost(v, buf)
-				}
-				want := float32(0)
-				for _, j := range ids {
-					want += float32(j + 1)
-				}
-				if err != nil || n != len(ids) || v[0] != want || v[1] != float32(10*len(ids)) {
-					t.Errorf("member %d: n %d, %v, err %v; want %d, [%v %d]", i, n, v, err, len(ids), want, 10*len(ids))
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	reduce(0, 1, 2)
-	// A vector past the message limit (a model's gradients) crosses in
-	// parts, and its sum comes back in parts.
-	big := int(host.MaxPayload()/4)*2 + 3
-	var wg sync.WaitGroup
-	for i := range 3 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			v := make(nodes.Floats, big)
-			for j := range v {
-				v[j] = float32(i + j%7)
-			}
-			n, err := members[i].AllReduce(ctx, i, v)
-			if err != nil || n != 3 {
-				t.Errorf("member %d, %d values: n %d, err %v", i, big, n, err)
-				return
-			}
-			for j, x := range v {
-				if want := float32(3 + 3*(j%7)); x != want {
-					t.Errorf("member %d: value %d is %v, want %v", i, j, x, want)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	leave := func(i int, want bool) {
-		t.Helper()
-		if last, err := members[i].Leave(ctx, i); err != nil || last != want {
-			t.Errorf("member %d's leave: last %v, err %v; want last %v", i, last, err, want)
-		}
-	}
-	leave(2, false)
-	leave(2, false) // again: idempotent, and never the last
-	reduce(0, 1)
-	done := make(chan error, 1)
-	go func() { done <- members[1].Barrier(ctx, 1) }()
-	leave(0, false)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if _, err := members[0].AllReduce(ctx, 0, nodes.Floats{1}); err == nil {
-		t.Error("a member that left took part in a collective")
-	}
-	// The last member to leave is told so, once: it is the one that does
-	// what the group does once per run, whichever worker it runs on.
-	leave(1, true)
-	leave(1, false)
-}
-
-// TestGroupPartialVector: a member that leaves mid-vector (cancelled, or
-// returned) adds nothing to the round's sum, whether others wait or not.
-func TestGroupPartialVector(t *testing.T) {
-	t.Parallel()
-	h := newGroupHost("s", 2, 1<<20, false)
-	part := func(replica, total, off int, vals ...float32) []byte {
-		b := make([]byte, 13+4*len(vals))
-		b[0] = opReduce
-		binary.LittleEndian.PutUint32(b[1:], uint32(replica))
-		binary.LittleEndian.PutUint32(b[5:], uint32(total))
-		binary.LittleEndian.PutUint32(b[9:], uint32(off))
-		for i, v := range vals {
-			binary.LittleEndian.PutUint32(b[13+4*i:], math.Float32bits(v))
-		}
-		return b
-	}
-	// Member 1 sends half its vector, then leaves; nobody waits yet.
-	h.mu.Lock()
-	h.open, h.reduce = true, true // as handle begins a round
-	if h.addPartLocked(1, part(1, 4, 0, 100, 100)[5:]) {
-		t.Fatal("a first part taken as the last")
-	}
-	h.leaveLocked(1)
-	if h.open || len(h.vecs) != 0 || len(h.partial) != 0 {
-		t.Fatalf("after the leave: open %v, vectors %v, partial %v", h.open, h.vecs, h.partial)
-	}
-	// The next round: member 0 alone, its own vector.
-	h.open, h.reduce, h.err, h.total = true, true, "", 0
-	if !h.addPartLocked(0, part(0, 4, 0, 1, 1, 1, 1)[5:]) {
-		t.Fatal("a whole vector not taken as the last part")
-	}
-	got := sumOf(h.vecs, []int{0}, 4)
-	h.mu.Unlock()
-	for i, v := range got {
-		if v != 1 {
-			t.Fatalf("sum %v: value %d has member 1's part in it", got, i)
-		}
-	}
-}
-
-// weights is a member's state in the tests: a vector and a step.
-type weights struct {
-	w    []float32
-	step int
-}
-
-func (s *weights) MarshalBinary() ([]byte, error) {
-	b := binary.LittleEndian.AppendUint32(nil, uint32(s.step))
-	for _, v := range s.w {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
-	return b, nil
-}
-
-func (s *weights) UnmarshalBinary(b []byte) error {
-	s.step = int(binary.LittleEndian.Uint32(b))
-	s.w = make([]float32, (len(b)-4)/4)
-	decode(s.w, b[4:])
-	return nil
-}
-
-// connector starts a server for the test and returns a way to connect
-// to it, each connection closed at the test's end.
-func connector(t *testing.T) func() *nats.Conn {
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	return func() *nats.Conn {
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-}
-
-// TestGroupLostMember: a member lost mid-step adds nothing to the step
-// (its vector is dropped); at the next step a member still present hands
-// the group's state over for the lost member's restart, and the step
-// waits for the restart, which takes the state, is told the item of the
-// lost member's last completed step, and counts in the step; what the
-// lost share asks after is refused.
-func TestGroupLostMember(t *testing.T) {
-	t.Parallel()
-	conn := connector(t)
-	host := conn()
-	h := newGroupHost("train", 3, host.MaxPayload(), true)
-	sub, err := host.Subscribe(subjGroup("r", "train"), h.handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	host.Flush()
-	held := make([]string, 3)
-	var hmu sync.Mutex
-	member := func(share string, restart bool) *remoteGroup {
-		return &remoteGroup{nc: conn(), subject: subjGroup("r", "train"), share: share, restart: restart,
-			held: func(i int) string { hmu.Lock(); defer hmu.Unlock(); return held[i] }}
-	}
-	members := []*remoteGroup{member("w0", false), member("w1", false), member("w2", false)}
-	states := []*weights{{w: []float32{1, 2}}, {w: []float32{1, 2}}, {w: []float32{1, 2}}}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for i, m := range members {
-		if err := m.Keep(ctx, i, states[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// step: each of ids reduces (its index+1, 1) with item "it<step>-<i>" in hand.
-	step := func(ids ...int) (errs []error) {
-		t.Helper()
-		var wg sync.WaitGroup
-		errs = make([]error, len(ids))
-		for k, i := range ids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				hmu.Lock()
-				held[i] = fmt.Sprintf("it%d-%d", states[i].step, i)
-				hmu.Unlock()
-				v := nodes.Floats{float32(i + 1), 1}
-				n, err := members[i].AllReduce(ctx, i, v)
-				if err != nil {
-					errs[k] = err
-					return
-				}
-				if n != len(ids) || v[1] != float32(len(ids)) {
-					errs[k] = fmt.Errorf("member %d: %d contributors, sum %v; want %d", i, n, v, len(ids))
-				}
-				states[i].w[0] += v[0]
-				states[i].step++
-			}()
-		}
-		wg.Wait()
-		return errs
-	}
-	for _, err := range step(0, 1, 2) {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Member 2 arrives in the next step and is lost there (its request
-	// is never answered: its worker is gone).
-	hmu.Lock()
-	held[2] = "it1-2"
-	hmu.Unlock()
-	go members[2].AllReduce(ctx, 2, nodes.Floats{100, 100})
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return len(h.arrived) == 1
-	}, "member 2 arriving")
-	if left := h.lose(2, "w2"); left != 2 {
-		t.Fatalf("%d members left present, want 2", left)
-	}
-	h.mu.Lock()
-	if len(h.arrived) != 0 || len(h.vecs) != 0 {
-		t.Fatalf("the lost member still in the step: arrived %v", h.arrived)
-	}
-	h.mu.Unlock()
-	// The lost share is refused.
-	if _, err := members[2].call(ctx, opBarrier, 2); err == nil || !strings.Contains(err.Error(), "counted lost") {
-		t.Fatalf("the lost share's barrier: %v", err)
-	}
-	// The next step: a member present hands its state over first (as of
-	// its last step), then the step waits for the restart.
-	stepped := make(chan []error, 1)
-	go func() { stepped <- step(0, 1) }()
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.stash[2] != nil && h.members == 3
-	}, "member 2's state handed over")
-	members[2] = member("w0-r1", true)
-	var skipped string
-	members[2].skip = func(_ int, ids []string) { skipped = strings.Join(ids, ",") }
-	states[2] = &weights{}
-	if err := members[2].Keep(ctx, 2, states[2]); err != nil {
-		t.Fatal(err)
-	}
-	if states[2].step != 1 || states[2].w[0] != 1+6 || skipped != "it0-2" {
-		t.Fatalf("the restart took step %d, weights %v, skip %q; want step 1, weight 7, skip it0-2", states[2].step, states[2].w, skipped)
-	}
-	select {
-	case errs := <-stepped:
-		t.Fatalf("the step completed without the restart: %v", errs)
-	default:
-	}
-	// The restart joins the step under way; all three count, and the lost
-	// member's vector is not among them.
-	hmu.Lock()
-	held[2] = "it1-2"
-	hmu.Unlock()
-	v := nodes.Floats{3, 1}
-	if n, err := members[2].AllReduce(ctx, 2, v); err != nil || n != 3 || v[0] != 6 {
-		t.Fatalf("the restart's step: n %d, sum %v, err %v; want 3, 6", n, v, err)
-	}
-	for _, err := range <-stepped {
-		if err == nil {
-			continue
-		}
-		// step(0, 1) expects 2 contributors: 3 took part, as they should
-		if !strings.Contains(err.Error(), "3 contributors") {
-			t.Fatal(err)
-		}
-	}
-}
 
 // TestLoseMember: what the coordinator makes of a lost member of a group
 // whose state moves: with members left on other workers, the restart goes
@@ -356,7 +25,7 @@ func TestLoseMember(t *testing.T) {
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "stepper", Ports: ports}, Sync: nodes.Always, Stateless: true})
 	mover := &graph.Stage{Name: "train", Node: "mover", Replicas: 2}
 	stepper := &graph.Stage{Name: "work", Node: "stepper", Replicas: 2}
-	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*groupHost{}}
+	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*group.Host{}}
 	w1, w2 := &instance{name: "w1", worker: "w1"}, &instance{name: "w2", worker: "w2"}
 	if err := c.loseMember(w1, mover, 0); err == nil || !strings.Contains(err.Error(), `stage "train" (mover) had every replica of its group there (2)`) {
 		t.Errorf("every replica lost, no group across workers: %v", err)
@@ -364,170 +33,12 @@ func TestLoseMember(t *testing.T) {
 	if err := c.loseMember(w1, stepper, 0); err != nil {
 		t.Errorf("a stage that moves no state: %v", err)
 	}
-	c.groups["train"] = newGroupHost("train", 2, 1<<20, true)
+	c.groups["train"] = group.NewHost("train", 2, 1<<20, true)
 	if err := c.loseMember(w1, mover, 0); err != nil {
 		t.Errorf("a member left on w2: %v", err)
 	}
 	if err := c.loseMember(w2, mover, 1); err == nil || !strings.Contains(err.Error(), `replica 1 keeps state, and no member of its group is left to take it from`) {
 		t.Errorf("the last member lost: %v", err)
-	}
-}
-
-// TestGroupLostWhole: a group that saves, lost whole, restores its last
-// save: every restart is told the save's step and the items trained on
-// up to it (dropped if they come back), not those after it (trained
-// again); the restarts are all waited for from their first step; members
-// hear the round the last save holds with every answer; a member that
-// finished after the save restores with the others (its share, counted
-// live, is evicted for it). A group that saves nothing cannot restore.
-func TestGroupLostWhole(t *testing.T) {
-	t.Parallel()
-	conn := connector(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for _, tc := range []struct {
-		name         string
-		saves, leave bool
-		why          string
-	}{
-		{name: "saves", saves: true},
-		{name: "saves nothing", why: "saves nothing"},
-		// member 2 finished after the save: it restores too, its share
-		// (still counted live) evicted
-		{name: "finishing", saves: true, leave: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			host := conn()
-			stage := strings.ReplaceAll(tc.name, " ", "_")
-			h := newGroupHost(stage, 3, host.MaxPayload(), true)
-			sub, err := host.Subscribe(subjGroup("r", stage), h.handle)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sub.Unsubscribe()
-			host.Flush()
-			var mu sync.Mutex
-			held := make([]string, 3)
-			heard := make([]uint32, 3)
-			member := func(share string, restart bool) *remoteGroup {
-				return &remoteGroup{nc: conn(), subject: subjGroup("r", stage), share: share, restart: restart,
-					held:    func(i int) string { mu.Lock(); defer mu.Unlock(); return held[i] },
-					durable: func(i int, round uint32) { mu.Lock(); heard[i] = round; mu.Unlock() }}
-			}
-			members := []*remoteGroup{member("w0", false), member("w1", false), member("w2", false)}
-			for i, m := range members {
-				if tc.saves {
-					if err := m.Saves(ctx, i); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if err := m.Keep(ctx, i, &weights{w: []float32{0}}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			step := func(k int, ids ...int) {
-				t.Helper()
-				var wg sync.WaitGroup
-				for _, i := range ids {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						mu.Lock()
-						held[i] = fmt.Sprintf("it%d-%d", k, i)
-						mu.Unlock()
-						if _, err := members[i].AllReduce(ctx, i, nodes.Floats{1}); err != nil {
-							t.Error(err)
-						}
-					}()
-				}
-				wg.Wait()
-			}
-			step(0, 0, 1, 2)
-			step(1, 0, 1, 2)
-			if tc.saves {
-				if err := members[0].Saved(ctx, 0, 2); err != nil { // the state of rounds 1 and 2
-					t.Fatal(err)
-				}
-			}
-			step(2, 0, 1, 2)
-			mu.Lock()
-			if want := map[bool]uint32{true: 2}[tc.saves]; heard[1] != want {
-				t.Errorf("member 1 heard the last save holds round %d, want %d", heard[1], want)
-			}
-			mu.Unlock()
-			if tc.leave {
-				if _, err := members[2].Leave(ctx, 2); err != nil {
-					t.Fatal(err)
-				}
-			}
-			h.lose(0, "w0")
-			h.lose(1, "w1")
-			if tc.leave {
-				if e := h.evictions(); !slices.Equal(e, []eviction{{2, "w2"}}) {
-					t.Fatalf("lost whole after member 2 finished: evicts %v, want member 2 on w2", e)
-				}
-			}
-			h.lose(2, "w2") // (for the finished member: its share evicted)
-			if tc.why != "" {
-				if !h.anyDue() || !strings.Contains(h.why(), tc.why) {
-					t.Fatalf("lost whole: due %v, why %q; want due, and %q", h.anyDue(), h.why(), tc.why)
-				}
-				return
-			}
-			if h.anyDue() || !h.restoring(0) || !h.restoring(2) {
-				t.Fatalf("lost whole: due %v, restoring %v %v; want none due, all restoring", h.anyDue(), h.restoring(0), h.restoring(2))
-			}
-			// The restarts: each told the save's step and what its lost
-			// member trained on up to the save.
-			skipped := make([]string, 3)
-			for i := range members {
-				members[i] = member(fmt.Sprintf("w%d-r1", i), true)
-				members[i].skip = func(i int, ids []string) { skipped[i] = strings.Join(ids, ",") }
-			}
-			var re *nodes.Restore
-			if err := members[1].Keep(ctx, 1, &weights{}); !errors.As(err, &re) || re.Step != 2 {
-				t.Fatalf("the restart's Keep: %v, want a restore of step 2", err)
-			}
-			if skipped[1] != "it0-1,it1-1" {
-				t.Errorf("restart 1 drops %q, want it0-1,it1-1 (it2-1 came after the save)", skipped[1])
-			}
-			// A step of restart 1 alone waits for the others.
-			done := make(chan error, 1)
-			go func() {
-				_, err := members[1].AllReduce(ctx, 1, nodes.Floats{1})
-				done <- err
-			}()
-			testutil.Eventually(t, 5*time.Second, func() bool {
-				h.mu.Lock()
-				defer h.mu.Unlock()
-				return len(h.arrived) == 1
-			}, "restart 1 in the step")
-			select {
-			case err := <-done:
-				t.Fatalf("a step of one restart of three completed: %v", err)
-			default:
-			}
-			for _, i := range []int{0, 2} {
-				if err := members[i].Keep(ctx, i, &weights{}); !errors.As(err, &re) || re.Step != 2 {
-					t.Fatalf("restart %d's Keep: %v, want a restore of step 2", i, err)
-				}
-			}
-			var wg sync.WaitGroup
-			for _, i := range []int{0, 2} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					v := nodes.Floats{1}
-					if n, err := members[i].AllReduce(ctx, i, v); err != nil || n != 3 || v[0] != 3 {
-						t.Errorf("restart %d's first step: %d contributors, sum %v, %v; want 3, 3", i, n, v, err)
-					}
-				}()
-			}
-			wg.Wait()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
-		})
 	}
 }
 
@@ -598,7 +109,7 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 	var log strings.Builder // written by recover, in this goroutine
 	js, _ := newJS(nc)      // no end bucket: what finished cannot be read, so all restart
 	c := &Coordinator{o: CoordOptions{Registry: reg, Conn: nc, Log: &log, Timings: Timings{Lease: time.Minute}}, g: g, js: js,
-		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*groupHost{},
+		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*group.Host{},
 		place:     map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w3"}},
 		instances: map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}, "w3": {name: "w3", worker: "w3"}},
 		seen:      map[string]time.Time{"w1": time.Now(), "w3": time.Now()}}
@@ -638,47 +149,20 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 	}
 }
 
-// TestVectorWire: a vector crosses as little-endian float32s, whatever the
-// machine (encode and decode copy it whole where the machine's own are
-// those, and go value by value elsewhere), and comes back bit for bit,
-// NaN's payload and -0 included.
-func TestVectorWire(t *testing.T) {
-	f := []float32{0, float32(math.Copysign(0, -1)), 1.5, -3.25e-30, math.MaxFloat32, float32(math.Inf(-1)),
-		math.Float32frombits(0x7fc00123)}
-	for _, w := range []struct {
-		name   string
-		encode func([]byte, []float32)
-		decode func([]float32, []byte)
-	}{{"this machine's", encode, decode}, {"value by value", encodeEach, decodeEach}} {
-		b := make([]byte, 4*len(f)+3) // longer than the vector: only its bytes are written
-		w.encode(b, f)
-		for i, v := range f {
-			if got := binary.LittleEndian.Uint32(b[4*i:]); got != math.Float32bits(v) {
-				t.Errorf("%s: value %d: bytes %08x, want %08x", w.name, i, got, math.Float32bits(v))
-			}
-		}
-		if !slices.Equal(b[4*len(f):], []byte{0, 0, 0}) {
-			t.Errorf("%s: encode wrote past the vector: %v", w.name, b[4*len(f):])
-		}
-		back := make([]float32, len(f))
-		w.decode(back, b)
-		for i := range f {
-			if math.Float32bits(back[i]) != math.Float32bits(f[i]) {
-				t.Errorf("%s: value %d: decoded %08x, want %08x", w.name, i, math.Float32bits(back[i]), math.Float32bits(f[i]))
-			}
-		}
+// connector starts a server for the test and returns a way to connect
+// to it, each connection closed at the test's end.
+func connector(t *testing.T) func() *nats.Conn {
+	srv, err := StartServer(ServerOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// TestLeftLost: a member that had finished on a lost worker, and stays
-// finished, has left its group even where its leave never came, once: no
-// round waits for it, and its share is gone.
-func TestLeftLost(t *testing.T) {
-	t.Parallel()
-	h := newGroupHost("drafter", 3, 1<<20, false)
-	h.leftLost(2, "w3")
-	h.leftLost(2, "w3") // its leave came after all, or a second word of the loss
-	if !h.left[2] || h.members != 2 || !h.gone["w3"] {
-		t.Errorf("left %v, members %d, gone %v; want replica 2 left, 2 members, w3 gone", h.left, h.members, h.gone)
+	t.Cleanup(srv.Shutdown)
+	return func() *nats.Conn {
+		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
 	}
 }

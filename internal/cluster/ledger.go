@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -316,7 +317,7 @@ type replicaKey struct {
 
 // group is the share's side of s's group across workers, hooked to the
 // replicas it follows.
-func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
+func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 	find := func(i int) *tracked {
 		l.pmu.Lock()
 		defer l.pmu.Unlock()
@@ -329,8 +330,8 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			t.mu.Unlock()
 		}
 	}
-	g := &remoteGroup{nc: l.nc, subject: subjGroup(l.job.Run, s.Name), share: l.instance, restart: restart, lone: s.Replicas == 1,
-		held: func(i int) string {
+	g := &group.Member{NC: l.nc, Subject: subjGroup(l.job.Run, s.Name), Share: l.instance, Restart: restart, Lone: s.Replicas == 1,
+		Held: func(i int) string {
 			if t := find(i); t != nil {
 				t.mu.Lock()
 				defer t.mu.Unlock()
@@ -340,8 +341,8 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 			}
 			return ""
 		},
-		settle: l.ledger.settle,
-		skip: func(i int, lines []string) {
+		Settle: l.ledger.settle,
+		Skip: func(i int, lines []string) {
 			with(i, func(t *tracked) {
 				t.skip = map[string]uint32{}
 				for _, line := range lines {
@@ -351,11 +352,11 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 				}
 			})
 		},
-		hold: func(i int) { with(i, func(t *tracked) { t.hold = true }) },
-		stepped: func(i int, round uint32) {
+		Hold: func(i int) { with(i, func(t *tracked) { t.hold = true }) },
+		Stepped: func(i int, round uint32) {
 			with(i, func(t *tracked) { t.round, t.last = round, round })
 		},
-		durable: func(i int, round uint32) {
+		Durable: func(i int, round uint32) {
 			if t := find(i); t != nil {
 				t.saved(round)
 			}
@@ -363,7 +364,7 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 	}
 	l.pmu.Lock()
 	if l.remotes == nil {
-		l.remotes = map[string]*remoteGroup{}
+		l.remotes = map[string]*group.Member{}
 	}
 	l.remotes[s.Name] = g
 	l.pmu.Unlock()
@@ -372,7 +373,7 @@ func (l *links) group(s *graph.Stage, restart bool) *remoteGroup {
 
 // groupOf is the share's side of stage's group across workers (nil:
 // none).
-func (l *links) groupOf(stage string) *remoteGroup {
+func (l *links) groupOf(stage string) *group.Member {
 	l.pmu.Lock()
 	defer l.pmu.Unlock()
 	return l.remotes[stage]
@@ -463,7 +464,7 @@ func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 		if w, ok := t.Replica.(interface{ WaitIdle() (end func()) }); ok {
 			end = w.WaitIdle() // the wait for the final save is idle, not work
 		}
-		done := g.done(ctx, t.Index())
+		done := g.Done(ctx, t.Index())
 		end()
 		if !done {
 			return false

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
 )
@@ -220,7 +221,7 @@ func (c *Coordinator) recover(in *instance) error {
 				stay = append(stay, rep{s, i})
 				c.markDone(in, s.Name, i)
 				if h := c.groups[s.Name]; h != nil {
-					h.leftLost(i, in.name)
+					h.LeftLost(i, in.name)
 				}
 			case c.restartable(s):
 				// done or not: not recorded settled, it may have left
@@ -234,7 +235,7 @@ func (c *Coordinator) recover(in *instance) error {
 				stay = append(stay, rep{s, i}) // finished: not run again
 			case stateful == nil:
 				if h := c.groups[s.Name]; h != nil {
-					h.lose(i, in.name)
+					h.Lose(i, in.name)
 				}
 				stateful = fmt.Errorf("%s: stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 					lost, s.Name, i, s.Node)
@@ -467,7 +468,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 			case r.Final:
 				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group after its final save: its restarts drop what comes back\n", s.Name)
 			default:
-				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, saveSaid(r.Step))
+				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, group.StepSaid(r.Step))
 			}
 			c.restores[s.Name] = r
 			return nil
@@ -478,12 +479,12 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		return nil
 	}
-	if h.lose(i, in.name) == 0 && h.keeps && h.anyDue() {
+	if h.Lose(i, in.name) == 0 && h.Keeps() && h.AnyDue() {
 		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.why())
+			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
 	}
-	if h.restoring(i) {
-		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.saveSaid())
+	if h.Restoring(i) {
+		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.SaveSaid())
 	}
 	// Members that had finished after the save, on shares still counted
 	// live, restart to restore it too: their shares are counted lost now
@@ -492,18 +493,18 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	// restarts all it runs, so each must be able to, or have finished,
 	// and a member whose share has ended cannot restart: else the run
 	// fails here, for the restore, not for a worker lost (it is not).
-	ev := h.evictions()
+	ev := h.Evictions()
 	for _, x := range ev {
 		if err := c.evictable(s, x, ev); err != nil {
 			return err
 		}
 	}
 	for _, x := range ev {
-		if e := c.instances[x.share]; e != nil && !e.lost {
+		if e := c.instances[x.Share]; e != nil && !e.lost {
 			e.lost, e.evict = true, s.Name
 			c.markRan(e)
 			c.evicted = append(c.evicted, e)
-			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.share, e.worker, x.member)
+			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.Share, e.worker, x.Member)
 		}
 	}
 	return nil
@@ -514,9 +515,9 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 // members it needs back), so that x restarts: it is counted lost already,
 // or it has not ended and everything else it runs can restart elsewhere
 // or has finished. c.mu held.
-func (c *Coordinator) evictable(s *graph.Stage, x eviction, ev []eviction) error {
-	e := c.instances[x.share]
-	needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.member, x.share)
+func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Eviction) error {
+	e := c.instances[x.Share]
+	needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.Member, x.Share)
 	const fails = "the run fails (a checkpointing node resumes from its last checkpoint on the next run)"
 	switch {
 	case e == nil:
@@ -529,8 +530,8 @@ func (c *Coordinator) evictable(s *graph.Stage, x eviction, ev []eviction) error
 	for _, t := range c.g.Stages {
 		for j, p := range c.place[t.Name] {
 			switch {
-			case p != x.share:
-			case t == s && slices.ContainsFunc(ev, func(y eviction) bool { return y.member == j }):
+			case p != x.Share:
+			case t == s && slices.ContainsFunc(ev, func(y group.Eviction) bool { return y.Member == j }):
 			case c.restartable(t), e.last != nil && replicaDone(e.last, t.Name, j):
 			default:
 				return fmt.Errorf("%s on worker %s, which also runs stage %q replica %d (%s): that replica keeps state and cannot restart elsewhere, and the share restarts whole; %s",

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
@@ -63,9 +64,9 @@ type localGroup struct {
 	ended   map[int]bool // the members returned
 	step    int          // the last save's, -1: none
 	durable uint32
-	rounds  map[int]uint32        // each member's collectives
-	trained map[int][]trainedItem // not yet settled by a save before the last
-	settled map[string]bool       // the ids the last save settled
+	rounds  map[int]uint32              // each member's collectives
+	trained map[int][]group.TrainedItem // not yet settled by a save before the last
+	settled map[string]bool             // the ids the last save settled
 }
 
 // trackedReplica is replica i of stage, as the share follows it.
@@ -84,7 +85,7 @@ func (l *links) localGroupFor(s *graph.Stage) *localGroup {
 	}
 	lg := l.locals[s.Name]
 	if lg == nil {
-		lg = &localGroup{l: l, stage: s, step: -1, rounds: map[int]uint32{}, trained: map[int][]trainedItem{}}
+		lg = &localGroup{l: l, stage: s, step: -1, rounds: map[int]uint32{}, trained: map[int][]group.TrainedItem{}}
 		l.locals[s.Name] = lg
 	}
 	return lg
@@ -96,8 +97,8 @@ func (lg *localGroup) noteLocked() {
 		Skip: make([][]string, lg.stage.Replicas)}
 	for r, items := range lg.trained {
 		for _, t := range items {
-			if (lg.final || t.round <= lg.durable) && r < len(n.Skip) {
-				n.Skip[r] = append(n.Skip[r], t.id)
+			if (lg.final || t.Round <= lg.durable) && r < len(n.Skip) {
+				n.Skip[r] = append(n.Skip[r], t.ID)
 			}
 		}
 	}
@@ -137,10 +138,10 @@ func (g savingGroup) joining() {
 	t.mu.Unlock()
 	if id != "" && lg.saves {
 		items := lg.trained[i]
-		if n := len(items); n > 0 && items[n-1].id == id {
-			items[n-1].round = round
+		if n := len(items); n > 0 && items[n-1].ID == id {
+			items[n-1].Round = round
 		} else {
-			lg.trained[i] = append(items, trainedItem{round, id})
+			lg.trained[i] = append(items, group.TrainedItem{Round: round, ID: id})
 		}
 	}
 	lg.mu.Unlock()
@@ -221,7 +222,7 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 	lg.mu.Lock()
 	lg.durable, lg.step = lg.rounds[g.t.Index()], step
 	for r, items := range lg.trained {
-		lg.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return lg.settled[t.id] })
+		lg.trained[r] = slices.DeleteFunc(items, func(t group.TrainedItem) bool { return lg.settled[t.ID] })
 	}
 	lg.noteLocked()
 	durable := lg.durable
@@ -325,9 +326,8 @@ func (c *Coordinator) LastSave(stage string) (step int, ok bool) {
 	h := c.groups[stage]
 	c.mu.Unlock()
 	if h != nil {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.saveStep, h.saveStep >= 0
+		step := h.SaveStep()
+		return step, step >= 0
 	}
 	c.saves.mu.Lock()
 	defer c.saves.mu.Unlock()

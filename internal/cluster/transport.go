@@ -15,6 +15,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -200,7 +201,7 @@ type links struct {
 	// members sum in this process (localGroup); locals their records
 	summing   func(*graph.Stage) bool
 	locals    map[string]*localGroup
-	remotes   map[string]*remoteGroup // its groups across workers, by stage (pmu)
+	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
 	ledger    *ledger
 	started   time.Time
 	afterSend func(stage string) // WorkerOptions.AfterSend

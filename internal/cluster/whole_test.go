@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -231,9 +232,8 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 							c.mu.Lock()
 							h := c.groups["tally"]
 							c.mu.Unlock()
-							h.mu.Lock()
-							defer h.mu.Unlock()
-							return h.share[0] != "" && h.share[0] != "w2"
+							share := h.ShareOf(0)
+							return share != "" && share != "w2"
 						}) {
 							t.Errorf("member 0's restart never asked the host\n%s", log.String())
 						}
@@ -529,24 +529,22 @@ edge "k" {
 		t.Run(tc.name, func(t *testing.T) {
 			// rounds 1 and 2 saved, member 2 finished after round 3, then
 			// members 0 and 1 lost with w2
-			h := newGroupHost("tally", 3, 1<<20, true)
-			h.saves, h.durable, h.saveStep, h.round = true, 2, 2, 3
-			h.lastRound = []uint32{3, 3, 3}
-			h.share = []string{"w2", "w2", tc.share}
-			h.left[2], h.members = true, 2
+			h := group.NewHost("tally", 3, 1<<20, true)
+			h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 2, Round: 3,
+				LastRound: []uint32{3, 3, 3}, Share: []string{"w2", "w2", tc.share}, Left: []int{2}})
 			var log syncLog
 			lost := &instance{name: "w2", worker: "w2", lost: true}
 			w1 := &instance{name: "w1", worker: "w1", done: tc.done, last: tc.last}
 			c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: Timings{}.withDefaults()}, g: g,
 				place:     map[string][]string{"src": {"w3"}, "src2": {"w3"}, "tally": {"w2", "w2", tc.share}, "keep": {tc.keep}},
 				instances: map[string]*instance{"w1": w1, "w2": lost, "w3": {name: "w3", worker: "w3"}},
-				groups:    map[string]*groupHost{"tally": h}}
+				groups:    map[string]*group.Host{"tally": h}}
 			tally := g.Stage("tally")
 			if err := c.loseMember(lost, tally, 0); err != nil {
 				t.Fatalf("member 0 lost: %v", err)
 			}
 			err := c.loseMember(lost, tally, 1)
-			if !h.restoring(2) {
+			if !h.Restoring(2) {
 				t.Fatalf("the group lost whole: member 2 does not restore")
 			}
 			if tc.err != "" {

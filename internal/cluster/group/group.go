@@ -1,4 +1,4 @@
-package cluster
+package group
 
 import (
 	"context"
@@ -81,21 +81,21 @@ const (
 	hdrSaved = "Dflow-Saved"
 )
 
-// trainedItem is an item a member had in hand in a completed round.
-type trainedItem struct {
-	round uint32
-	id    string
+// TrainedItem is an item a member had in hand in a completed round.
+type TrainedItem struct {
+	Round uint32
+	ID    string
 }
 
-// eviction is a finished member that a group's restore needs back, and
+// Eviction is a finished member that a group's restore needs back, and
 // the share it ran on, counted live until then.
-type eviction struct {
-	member int
-	share  string
+type Eviction struct {
+	Member int
+	Share  string
 }
 
-// groupHost is the coordinator's side of one stage's group.
-type groupHost struct {
+// Host is the coordinator's side of one stage's group.
+type Host struct {
 	mu      sync.Mutex
 	stage   string
 	members int    // present
@@ -112,7 +112,7 @@ type groupHost struct {
 	// may not be settled yet: its last where the group does not save,
 	// those since the save before the last where it does
 	held    []string
-	trained [][]trainedItem
+	trained [][]TrainedItem
 	// saves: a member said the group saves (opSaves); durable the round
 	// its last save holds, saveStep its step (-1: none yet), prevDurable
 	// the round of the save before
@@ -129,7 +129,7 @@ type groupHost struct {
 	done       map[int]*nats.Msg
 	// evict lists the finished members that a restore needs back, with
 	// their shares still counted live: the coordinator counts them lost
-	evict []eviction
+	evict []Eviction
 	// restore marks the members of a group lost whole that restore its
 	// last save, until their restart's opJoin is answered
 	restore []bool
@@ -164,9 +164,9 @@ type groupHost struct {
 	maxAnswer int
 }
 
-func newGroupHost(stage string, replicas int, maxPayload int64, keeps bool) *groupHost {
-	h := &groupHost{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
-		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]trainedItem, replicas),
+func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
+	h := &Host{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
+		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]TrainedItem, replicas),
 		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
 		saveStep: -1, restore: make([]bool, replicas),
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
@@ -184,7 +184,7 @@ func partValues(maxPayload int64) int {
 	return max(int(maxPayload-256)/4, 1)
 }
 
-func (h *groupHost) handle(m *nats.Msg) {
+func (h *Host) Handle(m *nats.Msg) {
 	if len(m.Data) < 5 {
 		m.Respond(errAnswer("malformed group request"))
 		return
@@ -273,7 +273,7 @@ func (h *groupHost) handle(m *nats.Msg) {
 
 // undonatedLocked is a due member whose state no member is sending yet,
 // or -1.
-func (h *groupHost) undonatedLocked() int {
+func (h *Host) undonatedLocked() int {
 	if !h.keeps {
 		return -1
 	}
@@ -287,7 +287,7 @@ func (h *groupHost) undonatedLocked() int {
 
 // addPartLocked takes one part of a member's vector and reports whether
 // it was the member's last: then the whole vector joins the round.
-func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
+func (h *Host) addPartLocked(replica int, b []byte) (last bool) {
 	if len(b) < 8 {
 		h.err = "malformed all-reduce part"
 		return true
@@ -325,7 +325,7 @@ func (h *groupHost) addPartLocked(replica int, b []byte) (last bool) {
 }
 
 // fetchLocked answers a part of the last round's sum.
-func (h *groupHost) fetchLocked(m *nats.Msg) {
+func (h *Host) fetchLocked(m *nats.Msg) {
 	if len(m.Data) < 17 {
 		m.Respond(errAnswer("malformed fetch"))
 		return
@@ -343,7 +343,7 @@ func (h *groupHost) fetchLocked(m *nats.Msg) {
 
 // stateLocked takes a part of a member's state for a due member's
 // restart; with the last, the due member is present again.
-func (h *groupHost) stateLocked(m *nats.Msg) {
+func (h *Host) stateLocked(m *nats.Msg) {
 	if len(m.Data) < 17 {
 		m.Respond(errAnswer("malformed state part"))
 		return
@@ -378,7 +378,7 @@ func (h *groupHost) stateLocked(m *nats.Msg) {
 // respondLocked answers m with data and, where the group saves, the
 // round its last save holds: a member settles what it trained on up to
 // there.
-func (h *groupHost) respondLocked(m *nats.Msg, data []byte) {
+func (h *Host) respondLocked(m *nats.Msg, data []byte) {
 	if !h.saves {
 		m.Respond(data)
 		return
@@ -390,7 +390,7 @@ func (h *groupHost) respondLocked(m *nats.Msg, data []byte) {
 
 // savedLocked takes a member's word that the group's state as of the
 // round completed last is saved, as the step in its request.
-func (h *groupHost) savedLocked(m *nats.Msg) {
+func (h *Host) savedLocked(m *nats.Msg) {
 	if len(m.Data) < 9 {
 		m.Respond(errAnswer("malformed save"))
 		return
@@ -406,13 +406,13 @@ func (h *groupHost) savedLocked(m *nats.Msg) {
 		if h.left[r] && !h.due[r] {
 			continue
 		}
-		h.trained[r] = slices.DeleteFunc(items, func(t trainedItem) bool { return t.round <= h.prevDurable })
+		h.trained[r] = slices.DeleteFunc(items, func(t TrainedItem) bool { return t.Round <= h.prevDurable })
 	}
 	h.respondLocked(m, []byte{0})
 }
 
 // joinLocked answers a restart's opJoin, now or once the state is in.
-func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
+func (h *Host) joinLocked(replica int, m *nats.Msg) {
 	switch {
 	case h.restore[replica] || h.stash[replica] != nil || !h.due[replica]:
 		h.answerJoinLocked(replica, m)
@@ -430,7 +430,7 @@ func (h *groupHost) joinLocked(replica int, m *nats.Msg) {
 // gradient is in the state it takes. A line is the item's id, and, where
 // the group saves and no save holds it yet, a tab and the round it was
 // trained in: the restart settles it only once a save holds that round.
-func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
+func (h *Host) answerJoinLocked(replica int, m *nats.Msg) {
 	ans := make([]byte, 6)
 	skip := h.trained[replica]
 	saved := h.durable // the items of rounds up to here are in a save
@@ -439,7 +439,7 @@ func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
 		h.restore[replica] = false
 		ans[1] = 2
 		binary.LittleEndian.PutUint32(ans[2:], uint32(int32(h.saveStep)))
-		skip = slices.DeleteFunc(slices.Clone(skip), func(t trainedItem) bool { return t.round > h.durable })
+		skip = slices.DeleteFunc(slices.Clone(skip), func(t TrainedItem) bool { return t.Round > h.durable })
 	case st != nil:
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
@@ -451,9 +451,9 @@ func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
 		if i > 0 {
 			ans = append(ans, '\n')
 		}
-		ans = append(ans, t.id...)
-		if h.saves && t.round > saved {
-			ans = append(append(ans, '\t'), strconv.FormatUint(uint64(t.round), 10)...)
+		ans = append(ans, t.ID...)
+		if h.saves && t.Round > saved {
+			ans = append(append(ans, '\t'), strconv.FormatUint(uint64(t.Round), 10)...)
 		}
 	}
 	h.respondLocked(m, ans)
@@ -461,7 +461,7 @@ func (h *groupHost) answerJoinLocked(replica int, m *nats.Msg) {
 
 // stateFetchLocked answers a part of the state stashed for a restart; the
 // stash goes with its last byte.
-func (h *groupHost) stateFetchLocked(replica int, m *nats.Msg) {
+func (h *Host) stateFetchLocked(replica int, m *nats.Msg) {
 	if len(m.Data) < 13 {
 		m.Respond(errAnswer("malformed state fetch"))
 		return
@@ -480,7 +480,7 @@ func (h *groupHost) stateFetchLocked(replica int, m *nats.Msg) {
 
 // leaveLocked takes replica out and reports whether it was the last
 // member present (false when it had left already).
-func (h *groupHost) leaveLocked(replica int) (last bool) {
+func (h *Host) leaveLocked(replica int) (last bool) {
 	if h.left[replica] {
 		return false
 	}
@@ -498,7 +498,7 @@ func (h *groupHost) leaveLocked(replica int) (last bool) {
 // group's final save holds what every member trained, which the last
 // member's return says (it wrote the save before). Until then the
 // member's inputs stay unsettled, and the request waits.
-func (h *groupHost) doneLocked(replica int, m *nats.Msg) {
+func (h *Host) doneLocked(replica int, m *nats.Msg) {
 	if !h.final && replica == h.lastMember && h.members == 0 {
 		h.final = true
 		for r, w := range h.done {
@@ -517,7 +517,7 @@ func (h *groupHost) doneLocked(replica int, m *nats.Msg) {
 // that stays finished (not restarted): the share is gone, and the member
 // has left, if its leave never came (a failed Leave is not the replica's
 // error), so that no round waits for it.
-func (h *groupHost) leftLost(replica int, share string) {
+func (h *Host) LeftLost(replica int, share string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.gone[share] = true
@@ -525,7 +525,7 @@ func (h *groupHost) leftLost(replica int, share string) {
 }
 
 // dropLocked takes what replica sent for the round under way out of it.
-func (h *groupHost) dropLocked(replica int) {
+func (h *Host) dropLocked(replica int) {
 	delete(h.partial, replica) // a vector it did not finish adds nothing
 	delete(h.vecs, replica)
 	if i := slices.Index(h.arrived, replica); i >= 0 {
@@ -541,7 +541,7 @@ func (h *groupHost) dropLocked(replica int) {
 // and refuses what that share asks from now on. Its arrival in the round
 // under way is dropped; where the state moves it is due, for its restart.
 // It reports how many members are left present.
-func (h *groupHost) lose(replica int, share string) (present int) {
+func (h *Host) Lose(replica int, share string) (present int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.gone[share] = true
@@ -575,13 +575,13 @@ func (h *groupHost) lose(replica int, share string) (present int) {
 // restorable reports whether a group with no member left restores its
 // last save: it saves, and its final save is not written yet (after it,
 // nothing is left to train). h.mu held.
-func (h *groupHost) restorable() bool { return h.keeps && h.saves && !h.final }
+func (h *Host) restorable() bool { return h.keeps && h.saves && !h.final }
 
 // stateLostLocked reports whether the group's state is gone, no member
 // being present: none left the group last (a member present was lost),
 // or the one that did, which holds the state until its final save, was
 // lost before it returned. h.mu held.
-func (h *groupHost) stateLostLocked() bool {
+func (h *Host) stateLostLocked() bool {
 	return h.lastMember < 0 || h.gone[h.share[h.lastMember]]
 }
 
@@ -597,14 +597,14 @@ func (h *groupHost) stateLostLocked() bool {
 // that it is the last again at its Finish and writes the final save,
 // which the others' opDone waits for. A finished member's share still
 // counted live is evicted: its restart restores too.
-func (h *groupHost) restoreLocked() {
+func (h *Host) restoreLocked() {
 	for i := range h.due {
 		switch {
 		case h.due[i]:
 		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
 			sh := h.share[i]
-			if !h.gone[sh] || slices.ContainsFunc(h.evict, func(e eviction) bool { return e.share == sh }) {
-				h.evict = append(h.evict, eviction{i, sh})
+			if !h.gone[sh] || slices.ContainsFunc(h.evict, func(e Eviction) bool { return e.Share == sh }) {
+				h.evict = append(h.evict, Eviction{i, sh})
 				h.gone[sh] = true // what it asks from now on is refused
 			}
 			delete(h.done, i) // its restart asks again
@@ -613,7 +613,7 @@ func (h *groupHost) restoreLocked() {
 		}
 		h.due[i], h.left[i], h.restore[i], h.donor[i] = false, false, true, -1
 		h.members++
-		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t trainedItem) bool { return t.round > h.durable })
+		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t TrainedItem) bool { return t.Round > h.durable })
 	}
 	h.lastMember = -1
 	clear(h.incoming)
@@ -626,7 +626,7 @@ func (h *groupHost) restoreLocked() {
 
 // evictions returns, once, the finished members a restore needs back,
 // with the shares to count lost for them.
-func (h *groupHost) evictions() []eviction {
+func (h *Host) Evictions() []Eviction {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.evict
@@ -635,21 +635,21 @@ func (h *groupHost) evictions() []eviction {
 }
 
 // restoring reports whether replica waits to restore the last save.
-func (h *groupHost) restoring(replica int) bool {
+func (h *Host) Restoring(replica int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.restore[replica]
 }
 
 // saveSaid names the save a group lost whole restores.
-func (h *groupHost) saveSaid() string {
+func (h *Host) SaveSaid() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return saveSaid(h.saveStep)
+	return StepSaid(h.saveStep)
 }
 
 // saveSaid names the save of step (-1: none) a group lost whole restores.
-func saveSaid(step int) string {
+func StepSaid(step int) string {
 	if step < 0 {
 		return "none yet: it starts again, and everything it trained on comes back"
 	}
@@ -657,7 +657,7 @@ func saveSaid(step int) string {
 }
 
 // why says why a group with no member left cannot go on.
-func (h *groupHost) why() string {
+func (h *Host) Why() string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
@@ -670,13 +670,13 @@ func (h *groupHost) why() string {
 }
 
 // anyDue reports whether a lost member waits for the group's state.
-func (h *groupHost) anyDue() bool {
+func (h *Host) AnyDue() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return slices.Contains(h.due, true)
 }
 
-func (h *groupHost) completeLocked() {
+func (h *Host) completeLocked() {
 	if len(h.arrived) == 0 || len(h.arrived) < h.members {
 		return
 	}
@@ -713,21 +713,62 @@ func (h *groupHost) completeLocked() {
 
 // trainedLocked records the item member r had in hand in the round just
 // completed: an item in hand over several rounds is the last's.
-func (h *groupHost) trainedLocked(r int) {
+func (h *Host) trainedLocked(r int) {
 	id := h.held[r]
 	if id == "" {
 		return
 	}
 	items := h.trained[r]
 	switch {
-	case len(items) > 0 && items[len(items)-1].id == id:
-		items[len(items)-1].round = h.round
+	case len(items) > 0 && items[len(items)-1].ID == id:
+		items[len(items)-1].Round = h.round
 	case !h.saves:
-		items = append(items[:0], trainedItem{h.round, id}) // settled before its next round
+		items = append(items[:0], TrainedItem{h.round, id}) // settled before its next round
 	default:
-		items = append(items, trainedItem{h.round, id})
+		items = append(items, TrainedItem{h.round, id})
 	}
 	h.trained[r] = items
+}
+
+// Keeps says whether the members' state moves to a restart (Spec.Moves).
+func (h *Host) Keeps() bool { return h.keeps }
+
+// SaveStep is the step of the group's last save (-1: none yet).
+func (h *Host) SaveStep() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.saveStep
+}
+
+// Round is the round in progress: it moves while the group does.
+func (h *Host) Round() uint32 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.round
+}
+
+// WaitingFor says, of a round in progress, whether member i has arrived
+// and which present members it waits for.
+func (h *Host) WaitingFor(i int) (on []int, arrived, members int, in bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	here := make([]bool, len(h.left))
+	for _, m := range h.waiting {
+		if len(m.Data) >= 5 {
+			if j := int(binary.LittleEndian.Uint32(m.Data[1:5])); j < len(here) {
+				here[j] = true
+			}
+		}
+	}
+	if i >= len(here) || !here[i] {
+		return nil, 0, 0, false
+	}
+	for j, left := range h.left {
+		if !left && !here[j] {
+			on = append(on, j)
+		}
+	}
+	return on, len(h.waiting), h.members, true
 }
 
 // sumOf sums the members' vectors, in arrival order.
@@ -747,32 +788,32 @@ func sumOf(vecs map[int][]float32, order []int, n int) []float32 {
 
 func errAnswer(s string) []byte { return append([]byte{1}, s...) }
 
-// remoteGroup is a worker's side: the engine's RemoteGroup.
-type remoteGroup struct {
-	nc      *nats.Conn
-	subject string
-	share   string // the instance whose replicas these are
-	restart bool   // the share takes over lost replicas: Keep takes the group's state
-	lone    bool   // a group of one replica: its sum is its own vector
-	// hooks into the share's links (nil: none, in tests): the id of the
-	// item a replica has in hand, settling what the share's replicas have
+// Member is a worker's side: the engine's RemoteGroup.
+type Member struct {
+	NC      *nats.Conn
+	Subject string // the group's subject: dflow.r.RUN.grp.STAGE
+	Share   string // the instance whose replicas these are
+	Restart bool   // the share takes over lost replicas: Keep takes the group's state
+	Lone    bool   // a group of one replica: its sum is its own vector
+	// hooks into the share (nil: none, in tests): the id of the item a
+	// replica has in hand, settling what the share's replicas have
 	// finished, the items a restart drops if they come back, and, where
 	// the group saves: holding a replica's inputs until a save, the
 	// round a replica's item in hand was trained in, and the round the
 	// group's last save holds
-	held    func(replica int) string
-	settle  func() error
-	skip    func(replica int, ids []string)
-	hold    func(replica int)
-	stepped func(replica int, round uint32)
-	durable func(replica int, round uint32)
+	Held    func(replica int) string
+	Settle  func() error
+	Skip    func(replica int, ids []string)
+	Hold    func(replica int)
+	Stepped func(replica int, round uint32)
+	Durable func(replica int, round uint32)
 
 	mu     sync.Mutex
 	states map[int]nodes.State // what each replica gave Keep
 	saving map[int]bool        // the replicas that called Saves
 }
 
-func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
+func (g *Member) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
 	req := make([]byte, 5+4*len(args))
 	req[0] = op
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
@@ -785,26 +826,26 @@ func (g *remoteGroup) call(ctx context.Context, op byte, replica int, args ...ui
 // request sends req and returns its answer; asked first for its state
 // (a restart of another member is due), the replica sends it, then asks
 // again.
-func (g *remoteGroup) request(ctx context.Context, req []byte) ([]byte, error) {
+func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 	replica := int(binary.LittleEndian.Uint32(req[1:]))
-	msg := &nats.Msg{Subject: g.subject, Data: req, Header: nats.Header{}}
-	msg.Header.Set(hdrShare, g.share)
-	if g.held != nil {
-		if id := g.held(replica); id != "" {
+	msg := &nats.Msg{Subject: g.Subject, Data: req, Header: nats.Header{}}
+	msg.Header.Set(hdrShare, g.Share)
+	if g.Held != nil {
+		if id := g.Held(replica); id != "" {
 			msg.Header.Set(hdrHeld, id)
 		}
 	}
 	for {
-		m, err := g.nc.RequestMsgWithContext(ctx, msg)
+		m, err := g.NC.RequestMsgWithContext(ctx, msg)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			return nil, fmt.Errorf("group across workers: %w", err)
 		}
-		if d := m.Header.Get(hdrSaved); d != "" && g.durable != nil {
+		if d := m.Header.Get(hdrSaved); d != "" && g.Durable != nil {
 			if round, err := strconv.ParseUint(d, 10, 32); err == nil {
-				g.durable(replica, uint32(round))
+				g.Durable(replica, uint32(round))
 			}
 		}
 		if len(m.Data) == 5 && m.Data[0] == 2 {
@@ -824,7 +865,7 @@ func (g *remoteGroup) request(ctx context.Context, req []byte) ([]byte, error) {
 }
 
 // donate sends replica's state, for the restart of member to.
-func (g *remoteGroup) donate(ctx context.Context, replica, to int) error {
+func (g *Member) donate(ctx context.Context, replica, to int) error {
 	g.mu.Lock()
 	st := g.states[replica]
 	g.mu.Unlock()
@@ -835,7 +876,7 @@ func (g *remoteGroup) donate(ctx context.Context, replica, to int) error {
 	if err != nil {
 		return fmt.Errorf("replica %d: the group's state, for the restart of replica %d: %w", replica, to, err)
 	}
-	per := int(g.nc.MaxPayload() - 256)
+	per := int(g.NC.MaxPayload() - 256)
 	for off := 0; off == 0 || off < len(b); off += per {
 		part := b[off:min(off+per, len(b))]
 		req := make([]byte, 17, 17+len(part))
@@ -856,14 +897,14 @@ func (g *remoteGroup) donate(ctx context.Context, replica, to int) error {
 // Keep records replica's state; on a restart, it first takes the group's
 // state over (from the member that was asked for it), and the item of
 // the lost member's last completed step is dropped if it comes back.
-func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) error {
+func (g *Member) Keep(ctx context.Context, replica int, st nodes.State) error {
 	g.mu.Lock()
 	if g.states == nil {
 		g.states = map[int]nodes.State{}
 	}
 	g.states[replica] = st
 	g.mu.Unlock()
-	if !g.restart {
+	if !g.Restart {
 		return nil
 	}
 	ans, err := g.call(ctx, opJoin, replica)
@@ -873,8 +914,8 @@ func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) err
 	if len(ans) < 6 {
 		return fmt.Errorf("group across workers: a join answer of %d bytes", len(ans))
 	}
-	if ids := string(ans[6:]); ids != "" && g.skip != nil {
-		g.skip(replica, strings.Split(ids, "\n"))
+	if ids := string(ans[6:]); ids != "" && g.Skip != nil {
+		g.Skip(replica, strings.Split(ids, "\n"))
 	}
 	switch ans[1] {
 	case 0:
@@ -883,7 +924,7 @@ func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) err
 		return &nodes.Restore{Step: int(int32(binary.LittleEndian.Uint32(ans[2:])))}
 	}
 	b := make([]byte, binary.LittleEndian.Uint32(ans[2:]))
-	per := int(g.nc.MaxPayload() - 256)
+	per := int(g.NC.MaxPayload() - 256)
 	for off := 0; off < len(b); off += per {
 		k := min(per, len(b)-off)
 		a, err := g.call(ctx, opStateFetch, replica, uint32(off), uint32(k))
@@ -905,41 +946,41 @@ func (g *remoteGroup) Keep(ctx context.Context, replica int, st nodes.State) err
 // replica whose state moves arrives in a step: the item of its step
 // before is acked, so only the item of its last completed step can come
 // back to a restart (which drops it: the host names it).
-func (g *remoteGroup) arrive(replica int) error {
+func (g *Member) arrive(replica int) error {
 	g.mu.Lock()
 	kept, saving := g.states[replica] != nil, g.saving[replica]
 	g.mu.Unlock()
-	if !kept || saving || g.settle == nil {
+	if !kept || saving || g.Settle == nil {
 		return nil // a saving replica's inputs wait for the save
 	}
-	return g.settle()
+	return g.Settle()
 }
 
 // completed tells the replica's links the round of a collective's answer:
 // the item in hand was trained in it.
-func (g *remoteGroup) completed(replica int, ans []byte) {
-	if len(ans) >= 9 && g.stepped != nil {
-		g.stepped(replica, binary.LittleEndian.Uint32(ans[5:]))
+func (g *Member) completed(replica int, ans []byte) {
+	if len(ans) >= 9 && g.Stepped != nil {
+		g.Stepped(replica, binary.LittleEndian.Uint32(ans[5:]))
 	}
 }
 
 // Saves says that replica's group saves: its inputs wait for a save.
-func (g *remoteGroup) Saves(ctx context.Context, replica int) error {
+func (g *Member) Saves(ctx context.Context, replica int) error {
 	g.mu.Lock()
 	if g.saving == nil {
 		g.saving = map[int]bool{}
 	}
 	g.saving[replica] = true
 	g.mu.Unlock()
-	if g.hold != nil {
-		g.hold(replica)
+	if g.Hold != nil {
+		g.Hold(replica)
 	}
 	_, err := g.call(ctx, opSaves, replica)
 	return err
 }
 
 // Saved says that the group's state of the round completed last is saved.
-func (g *remoteGroup) Saved(ctx context.Context, replica, step int) error {
+func (g *Member) Saved(ctx context.Context, replica, step int) error {
 	_, err := g.call(ctx, opSaved, replica, uint32(int32(step)))
 	return err
 }
@@ -947,7 +988,7 @@ func (g *remoteGroup) Saved(ctx context.Context, replica, step int) error {
 // done says that replica has returned, and waits until the group's final
 // save holds what it trained (true), or ctx ends (false). A request the
 // host could not take is asked again.
-func (g *remoteGroup) done(ctx context.Context, replica int) bool {
+func (g *Member) Done(ctx context.Context, replica int) bool {
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		ans, err := g.call(ctx, opDone, replica)
 		if err == nil {
@@ -966,8 +1007,8 @@ func (g *remoteGroup) done(ctx context.Context, replica int) bool {
 
 // reduce sends f in parts, the last of which waits for the round, and
 // stores the round's sum into f: from the answer, or fetched in parts.
-func (g *remoteGroup) reduce(ctx context.Context, replica int, f []float32) (int, error) {
-	per := partValues(g.nc.MaxPayload())
+func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, error) {
+	per := partValues(g.NC.MaxPayload())
 	var ans []byte
 	for off := 0; ; off += per {
 		part := f[off:min(off+per, len(f))]
@@ -1050,7 +1091,7 @@ func decodeEach(f []float32, b []byte) {
 	}
 }
 
-func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
+func (g *Member) Barrier(ctx context.Context, replica int) error {
 	if err := g.arrive(replica); err != nil {
 		return err
 	}
@@ -1061,8 +1102,8 @@ func (g *remoteGroup) Barrier(ctx context.Context, replica int) error {
 	return err
 }
 
-func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error) {
-	if g.lone {
+func (g *Member) AllReduce(ctx context.Context, replica int, x nodes.Reducible) (int, error) {
+	if g.Lone {
 		// hosted only to restart: the sum of one is the vector itself
 		return 1, g.Barrier(ctx, replica)
 	}
@@ -1092,7 +1133,7 @@ func (g *remoteGroup) AllReduce(ctx context.Context, replica int, x nodes.Reduci
 	return n, nil
 }
 
-func (g *remoteGroup) Leave(ctx context.Context, replica int) (bool, error) {
+func (g *Member) Leave(ctx context.Context, replica int) (bool, error) {
 	ans, err := g.call(ctx, opLeave, replica)
 	if err != nil {
 		return false, err

@@ -1,0 +1,50 @@
+// Package group is the collectives of a stage's replica group whose
+// members sit on several workers: the coordinator hosts the group (Host,
+// one per stage, answering requests on dflow.r.RUN.grp.STAGE) and each
+// worker's share has a Member, the engine's RemoteGroup, whose barrier,
+// all-reduce, leave, keep and save calls are requests to the host. The
+// wire (one op byte, the replica, the arguments; an answer's status byte)
+// is described at the op codes in group.go. What a member's calls do to
+// the share's inputs (hold them until a save, settle them, drop the items
+// a restart trained on already) are hooks the share sets (Member.Held,
+// Settle, Skip, Hold, Stepped, Durable); this package knows no queue.
+//
+// Its invariants, each with the function that keeps it and a test that
+// fails without it:
+//
+//  1. A round completes when every member still present has arrived, and
+//     every arrived member gets the same sum, added in arrival order.
+//     Host.Handle, Host.completeLocked, sumOf; TestGroupAcrossWorkers.
+//  2. A leave is a request too and can itself complete the round the
+//     others wait in (the uneven-ends rule); a member that left takes part
+//     in no collective; the last member to leave is told so, once.
+//     Host.leaveLocked; TestGroupAcrossWorkers.
+//  3. A vector larger than a message crosses in parts, and its sum comes
+//     back in parts; a member that leaves or is lost mid-vector adds
+//     nothing to the round's sum. Host.addPartLocked, Host.fetchLocked,
+//     Host.leaveLocked, Host.dropLocked; TestGroupAcrossWorkers,
+//     TestGroupPartialVector, TestGroupLostMember.
+//  4. A member lost with its worker is out of the round under way (its
+//     vector dropped, its step counts for nothing), and what its lost share
+//     asks after is refused. Host.Lose; TestGroupLostMember.
+//  5. Where the state moves (Spec.Moves), a lost member's restart takes the
+//     state a present member hands over as of its last step, is told the
+//     item of the lost member's last completed step (dropped if it comes
+//     back), and the round under way waits for it. Host.Lose,
+//     Host.stateLocked, Host.answerJoinLocked, Member.request,
+//     Member.donate, Member.Keep; TestGroupLostMember.
+//  6. A group that saves, lost whole, restores its last save: each restart
+//     is told the save's step and the items trained on up to it, not after;
+//     the restarts are waited for from their first step; a member that
+//     finished after the save is named for eviction and restores too; a
+//     group that saves nothing cannot restore, and says why.
+//     Host.restoreLocked, Host.Evictions, Host.Why; TestGroupLostWhole,
+//     and in package cluster TestEvictForRestore.
+//  7. A member that had finished on a lost worker has left, once, even
+//     where its leave never came. Host.LeftLost; TestLeftLost.
+//  8. A vector crosses as little-endian float32s, bit for bit, whatever the
+//     machine. encode, decode; TestVectorWire.
+//  9. The package starts no goroutine: a Host answers on the goroutine of
+//     the subscription it is given to, a Member's calls run on the
+//     caller's.
+package group
