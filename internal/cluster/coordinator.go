@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
@@ -67,7 +68,7 @@ type Coordinator struct {
 	place     map[string][]string // stage -> instance per replica
 	instances map[string]*instance
 	seen      map[string]time.Time // worker -> last hello
-	paused    pauses               // the coordinator's own (seen by the heartbeat), not counted as workers' silence
+	paused    control.Pauses       // the coordinator's own (seen by the heartbeat), not counted as workers' silence
 	saves     localSaves           // what groups summing on one worker saved
 	restores  map[string]*Restore  // for the restarts of such groups lost whole
 	restarts  int
@@ -133,7 +134,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if err := c.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
-	c.place, c.remote = Place(c.g, c.workers, c.restartable)
+	c.place, c.remote = control.Place(c.g, c.workers, c.restartable)
 	// The spec's placement attributes, then the --place flags over them.
 	pins := map[string][]string{}
 	for _, s := range c.g.Stages {
@@ -284,7 +285,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		defer t.Stop()
 		for {
 			nc.Publish(subjHB(c.run), c.lostShares())
-			c.paused.check(time.Now())
+			c.paused.Check(time.Now())
 			select {
 			case <-hbStop:
 				return

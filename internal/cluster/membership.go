@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -47,47 +48,6 @@ func (c *Coordinator) idle() []string {
 	return ws
 }
 
-// Place spreads every stage's replicas evenly over the workers, stage
-// after stage (replica i of the k-th replica in the spec's order goes to
-// worker k mod W), and says which queues ride JetStream (remoteQueues);
-// restartable says which stages restart elsewhere after a loss.
-func Place(g *graph.Graph, workers []string, restartable func(*graph.Stage) bool) (place map[string][]string, remote map[string][]bool) {
-	place, remote = map[string][]string{}, map[string][]bool{}
-	k := 0
-	for _, s := range g.Stages {
-		for range s.Replicas {
-			place[s.Name] = append(place[s.Name], workers[k%len(workers)])
-			k++
-		}
-	}
-	return place, remoteQueues(g, place, restartable)
-}
-
-// remoteQueues says which queues ride JetStream under a placement: those
-// whose producers and consumers are not all in one worker; those that
-// feed a stage that restarts elsewhere after a loss, so that what it has
-// not finished outlives its worker (ledger.go); and every queue of an edge
-// of several queues that such a stage feeds, so that an item it sends
-// again, from whichever replica, meets the first in one stream, which
-// drops it.
-func remoteQueues(g *graph.Graph, place map[string][]string, restartable func(*graph.Stage) bool) (remote map[string][]bool) {
-	remote = map[string][]bool{}
-	for _, e := range g.Edges {
-		durable := restartable != nil && (restartable(e.To.Stage) || restartable(e.From.Stage) && len(e.Queues) > 1)
-		for _, q := range e.Queues {
-			at := map[string]bool{}
-			for _, p := range q.Producers {
-				at[place[e.From.Stage.Name][p]] = true
-			}
-			for _, cr := range q.Consumers {
-				at[place[e.To.Stage.Name][cr]] = true
-			}
-			remote[e.Name] = append(remote[e.Name], len(at) > 1 || durable)
-		}
-	}
-	return remote
-}
-
 // pin applies CoordOptions.Pin and says again which queues are remote.
 func (c *Coordinator) pin(pins map[string][]string) error {
 	for stage, ws := range pins {
@@ -104,7 +64,7 @@ func (c *Coordinator) pin(pins map[string][]string) error {
 			c.place[stage][i] = ws[i%len(ws)]
 		}
 	}
-	c.remote = remoteQueues(c.g, c.place, c.restartable)
+	c.remote = control.RemoteQueues(c.g, c.place, c.restartable)
 	return nil
 }
 
@@ -158,7 +118,7 @@ func (c *Coordinator) markRan(in *instance) {
 // silent is how long worker w has not been heard from, the coordinator's
 // own pauses aside (c.mu held).
 func (c *Coordinator) silent(w string) time.Duration {
-	return time.Since(c.paused.since(c.seen[w]))
+	return time.Since(c.paused.Since(c.seen[w]))
 }
 
 // checkLive looks for workers gone silent: their stateless replicas

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/nn"
 )
 
@@ -123,7 +124,7 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // Intervals of the control plane.
 const (
 	helloEvery = 250 * time.Millisecond
-	hbEvery    = 250 * time.Millisecond
+	hbEvery    = control.Beat
 )
 
 // Timings are a run's lease and ack wait across hosts. The coordinator

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
@@ -129,6 +130,18 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		}
 	}
 }
+
+// Roots are the folders under which a worker lets a job's nodes read and
+// write files (control.Roots).
+type Roots = control.Roots
+
+// DefaultRoots are a worker's roots when it is given none: it writes under
+// the folder it runs in, and reads there and under the Go root.
+func DefaultRoots() Roots { return control.DefaultRoots() }
+
+// SpecFolders are the folders a spec's nodes write in and read from, as
+// their path fields name them (control.SpecFolders).
+func SpecFolders(g *graph.Graph) (write, read []string) { return control.SpecFolders(g) }
 
 type worker struct {
 	o    WorkerOptions
@@ -277,11 +290,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 
 	var orphaned atomic.Bool
 	watchDone := make(chan struct{})
-	watch := leaseWatch{lease: job.Timings.Lease, clock: time.Now,
-		heard: func() time.Time { return time.Unix(0, lastHB.Load()) },
+	watch := control.LeaseWatch{Lease: job.Timings.Lease, Clock: time.Now,
+		Heard: func() time.Time { return time.Unix(0, lastHB.Load()) },
 		// Asked directly, a coordinator that lives answers with the
 		// heartbeat's list: its beats were only late (a loaded host).
-		probe: func() bool {
+		Probe: func() bool {
 			m, err := nc.Request(subjAlive(job.Run), nil, job.Timings.Lease)
 			if err != nil {
 				return false
@@ -301,7 +314,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			case <-watchDone:
 				return
 			case <-t.C:
-				if watch.gone() {
+				if watch.Gone() {
 					orphaned.Store(true)
 					l.released.Store(true) // its items are for others now
 					abort()
