@@ -42,9 +42,9 @@ type Spec struct {
 	// restart would lose: on a cluster, a replica of such a kind lost with
 	// its worker is restarted on a live one and its unfinished items are
 	// redelivered (docs/cluster.md); a lost replica of any other kind
-	// fails the run. A stateless kind handles one item at a time: what a
-	// replica sends between two Recvs derives from the item the first
-	// returned, and the same item gives the same sends (a restart sends
+	// fails the run. A stateless kind handles one item at a time, its
+	// ports used from one goroutine: what a replica sends between two
+	// Recvs derives from the item the first returned, and the same item gives the same sends (a restart sends
 	// them again and the cluster drops the duplicates). A source is never
 	// restarted for it (see Resumes).
 	Stateless bool

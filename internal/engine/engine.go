@@ -237,6 +237,7 @@ func (r *run) build() error {
 			in := rep.inputs[ge.To.Name]
 			iq := newInQueue(e.queues[ge.ConsumerQueue(i)])
 			iq.q.receivers = append(iq.q.receivers, iq)
+			rep.delivers = rep.delivers || iq.remote
 			in.all = append(in.all, iq)
 			in.live = append(in.live, iq)
 			in.one = nil
@@ -369,8 +370,10 @@ func (r *run) isDraining() bool {
 // queue unfinished as its last consumer.
 func (r *run) finish(rep *replica, err error) {
 	rep.clock.stop(rep) // returned while working on an item
-	if err == nil {
+	if err == nil && rep.ctx.Err() == nil {
 		rep.settleHand() // done with its last delivery
+	} else {
+		rep.dropHand() // not done: it comes back to whatever takes over, if anything
 	}
 	rep.flush()
 	rep.ended.Store(time.Now().UnixNano())

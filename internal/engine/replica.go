@@ -38,11 +38,9 @@ type replica struct {
 	// own is the node's own account of its time (own.go), nil for a
 	// replica measured at its ports
 	own atomic.Pointer[ownTimes]
-	// hand is the delivery in hand, from a queue on a transport (nil:
-	// none); sentBare counts what the replica sent on transports with
-	// none in hand (a source)
-	hand     atomic.Pointer[inHand]
-	sentBare atomic.Int64
+	// delivers: an input of the replica is on a transport, so it may hold
+	// a delivery (its Recv settles the one in hand)
+	delivers bool
 
 	_       linePad
 	idle    waitTotal    // ns spent blocked in Recv
@@ -55,7 +53,12 @@ type replica struct {
 	// the sites count for the deadlock detector.
 	countSites bool
 	waitOn     atomic.Pointer[waitSite]
-	_          linePad
+	// hand is the delivery in hand, from a queue on a transport (nil:
+	// none); sentBare counts what the replica sent on transports with
+	// none in hand (a source)
+	hand     atomic.Pointer[inHand]
+	sentBare atomic.Int64
+	_        linePad
 }
 
 func (r *replica) Stage() string  { return r.stage.g.Name }
@@ -218,7 +221,7 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 	if in.clock.inHand(&in.r.clock) {
 		in.clock.stop(in.r) // this call ends the work on the timed item
 	}
-	if in.r.hand.Load() != nil {
+	if in.r.delivers && in.r.hand.Load() != nil {
 		in.r.Hand(nil) // the replica has done with its delivery in hand
 	}
 	if iq := in.one; iq != nil {

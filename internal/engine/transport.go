@@ -71,9 +71,11 @@ type Delivery struct {
 type Receipt interface {
 	// Done says that the replica that received the item has done with it:
 	// it asked for its next item (on any port), or its Run returned
-	// without an error. Called once, by the engine, before the replica
-	// waits for anything else; never for an item in hand when its Run
-	// fails (the run fails with it).
+	// without an error while its context was live. Called once (by the
+	// engine, or through Hands by a runtime around the node), before the
+	// replica waits for anything else; never for an item in hand when its
+	// Run fails or was stopped (a failed run, an abort, a drained source):
+	// that one comes back to whatever takes over, if anything.
 	Done()
 }
 
@@ -201,6 +203,13 @@ func (r *replica) settleHand() {
 	if r.hand.Load() != nil {
 		r.Hand(nil)
 	}
+}
+
+// dropHand lets the delivery in hand go unsettled: the replica failed,
+// or was stopped (its context done, a drained source's too), with it in
+// hand.
+func (r *replica) dropHand() {
+	r.hand.Store(nil)
 }
 
 // origin is what the replica's next send on a transport derives from.

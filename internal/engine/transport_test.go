@@ -465,3 +465,57 @@ func TestTransportDepthAndAbort(t *testing.T) {
 		t.Errorf("status %s: %s", rep.Status, rep.Error)
 	}
 }
+
+// TestDeliveryKeptOnStop: a replica stopped with a delivery in hand (its
+// context done: an abort here, a drain for a source) leaves it unsettled
+// even where its Run returns nil, as a node that ends quietly on
+// cancellation does: the item was not done, and comes back to whatever
+// takes over.
+func TestDeliveryKeptOnStop(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+		for i := range 3 {
+			if err := r.Out("out").Send(ctx, []byte{byte(i)}); err != nil {
+				return err
+			}
+		}
+		<-ctx.Done()
+		return nil
+	})
+	holding := make(chan struct{})
+	funcKind(reg, "quiet", true, false, func(ctx context.Context, r nodes.Replica) error {
+		for {
+			item, err := r.In("in").Recv(ctx)
+			if err != nil {
+				return nil
+			}
+			if item.([]byte)[0] == 1 {
+				close(holding)
+				<-ctx.Done()
+				return nil // quietly, with item 1 in hand
+			}
+		}
+	})
+	var fs fifos
+	p, err := New(loadPair(t, reg, "src", "quiet", 1, 1, graph.Shared), Options{Registry: reg, Transport: fs.transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Execute(ctx)
+	}()
+	select {
+	case <-holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer never took item 1")
+	}
+	cancel()
+	<-done
+	if settled, _ := fs.settled("e"); settled != 1 {
+		t.Errorf("%d receipts settled, want 1 (item 0; item 1 was in hand when the replica was stopped)", settled)
+	}
+}
