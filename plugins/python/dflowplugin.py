@@ -46,6 +46,7 @@ import dflow_pb2 as pb
 COOKIE_KEY, COOKIE = "DFLOW_PLUGIN_MAGIC_COOKIE", "dflow-node-plugin-v1"
 CHUNK = 1 << 20  # payload bytes per Item message, as dflow sends them
 INPUT_WINDOW = 8  # input items a replica holds at most per port (its credit)
+GROUP_WINDOW = 2  # the same for a group kind's replica
 OUTPUT_WINDOW = 64  # messages a replica queues for dflow before send blocks
 # CONCURRENT, set before serve, says a node may compute in threads of its
 # own while one of its recv or send calls waits: the plugin then does not
@@ -183,11 +184,16 @@ class Port:
 class Node:
     """A node kind. Subclasses set name, doc and config, and define ports
     (for a config) and run (one replica); check may return errors as
-    (field, message) pairs."""
+    (field, message) pairs. group = True makes it a group kind (protocol
+    version 2): its replicas step together, each a process of its own
+    started with the environment torchrun gives a rank (RANK, WORLD_SIZE,
+    MASTER_ADDR, ...), with the group's collectives on the replica
+    (barrier, all_reduce, steps, finish, saves, saved)."""
 
     name = ""
     doc = ""
     config = []
+    group = False
 
     def ports(self, config):
         raise NotImplementedError
@@ -284,7 +290,13 @@ class Replica:
     def __init__(self, start, config, out):
         self.stage, self.index, self.replicas = start.stage, start.replica, start.replicas
         self.device, self.config = start.device, config
+        # group: the replica is a member of its stage's group (a group kind
+        # served at protocol version 2), and has its collectives
+        self.group = bool(getattr(start, "group", False))
         self._out = out
+        self._results = queue.Queue()  # CollectiveResults from dflow
+        self._collective = threading.Lock()  # one collective at a time
+        self._next_id = 0
         self._inputs = {}
         self._credit = {}  # output port: dflow's credit (Start.output_credit)
         self._lock = threading.Lock()
@@ -307,28 +319,124 @@ class Replica:
         dflow's pool, read-only: it is valid until the next item is asked
         for on this port, unless it is sent on before (then it goes back to
         dflow with no copy); copy what you keep (np.array(a))."""
-        q = self._inputs[port]
-        held = None
+        held = []
         while True:
-            self._times.next()  # the node asks for an item: the one in hand is done
-            try:
-                item = q.get_nowait()
-            except queue.Empty:
-                with self._watch.blocked(q.empty), self._times.wait(_IDLE):
-                    item = q.get()
-            if held is not None:  # the previous item's region goes back to dflow
-                self._drop(held)
-                held = None
+            item = self._take(port, held, held)
             if item is _EOF:
-                self._times.none()
                 return
-            item, held = item
-            if held is not None:  # the node has it: its bytes may go back by reference
-                with self._pools.lock:
-                    self._pools.given.add(held)
-            # The item is taken: credit for one more on this port.
-            self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
             yield item
+
+    def _take(self, port, drop, held):
+        """The port's next item, or _EOF at its end: the node asks for it,
+        which ends the item in hand and gives back the regions in drop (a
+        list, emptied) as the item arrives; the new item's region, if it
+        has one, is added to held."""
+        q = self._inputs[port]
+        self._times.next()  # the node asks for an item: the one in hand is done
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            with self._watch.blocked(q.empty), self._times.wait(_IDLE):
+                item = q.get()
+        for off in drop:  # the previous items' regions go back to dflow
+            self._drop(off)
+        del drop[:]
+        if item is _EOF:
+            q.put(_EOF)  # and at every later ask
+            self._times.none()
+            return _EOF
+        item, off = item
+        if off is not None:  # the node has it: its bytes may go back by reference
+            with self._pools.lock:
+                self._pools.given.add(off)
+            held.append(off)
+        # The item is taken: credit for one more on this port.
+        self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
+        return item
+
+    # --- the group's collectives (a group kind's replica: self.group) ---
+
+    def _call(self, op, values=(), step=0):
+        if not self.group:
+            raise RuntimeError("this replica has no group: its kind is not a group kind (Node.group), "
+                               "or dflow speaks protocol version 1")
+        with self._collective:
+            self._next_id += 1
+            cid = self._next_id
+            with self._times.wait(_BLOCKED):
+                self._put(pb.Message(collective=pb.Collective(id=cid, op=op, values=values, step=step)))
+                while True:
+                    r = self._results.get()
+                    if r is None:
+                        raise BrokenPipeError("the stream to dflow ended during a collective")
+                    if r.id == cid:
+                        break
+            if r.error:
+                raise RuntimeError("collective: %s" % r.error)
+            return r
+
+    def barrier(self):
+        """Waits until every member still in the group has reached it."""
+        self._call(pb.COLLECTIVE_BARRIER)
+
+    def all_reduce(self, values):
+        """The element-wise sum of values (floats, the same length on every
+        member) over the members taking part, and how many took part."""
+        r = self._call(pb.COLLECTIVE_ALL_REDUCE, values=[float(v) for v in values])
+        return list(r.values), r.members
+
+    def finish(self):
+        """Leaves the group; True on exactly one member, its last: the one
+        that writes the group's final save."""
+        return self._call(pb.COLLECTIVE_FINISH).last
+
+    def saves(self):
+        """Says the group saves its state every so many steps, each save
+        followed by saved (every member calls it, before its first step):
+        its inputs are then settled only once a save holds them."""
+        self._call(pb.COLLECTIVE_SAVES)
+
+    def saved(self, step):
+        """Says the group's state as of the step just completed is saved
+        (a checkpoint written and closed), as step; one member calls it,
+        between two steps."""
+        self._call(pb.COLLECTIVE_SAVED, step=step)
+
+    def steps(self, port, k=1):
+        """The port's items as steps, in lockstep with the group's other
+        members (a group kind's replica): every member gets the same
+        number of steps; a step hands each member up to k items (it waits
+        for k, or for the end of its input); a member whose input has
+        ended gets empty steps while another's has not, so that it still
+        joins the step's collectives (DDP's all-reduce in backward, with a
+        weight of zero); and the steps end on every member after the same
+        step, once no member has an item left. Whether the members have
+        items is settled by one all_reduce a step through dflow's group.
+
+        Each step is a Step: items (a list), index (from 0, the same on
+        every member), total (items over every member this step), members
+        (how many took part). A member's share of a mean over the step's
+        items is len(items)/total; with DDP, which averages gradients over
+        the members, scale the sum of the member's losses by
+        members/total. Items that came by reference are valid until the
+        next step."""
+        if k < 1:
+            raise ValueError("steps of %d items: k is at least 1" % k)
+        held, ended, index = [], False, 0
+        while True:
+            items = []
+            while not ended and len(items) < k:
+                # The first ask of a step gives back the last step's regions.
+                item = self._take(port, held if not items else [], held)
+                if item is _EOF:
+                    ended = True
+                else:
+                    items.append(item)
+            (total,), members = self.all_reduce([len(items)])
+            if total == 0:
+                return
+            yield Step(index, items, int(total), members)
+            index += 1
 
     def _drop(self, off):
         p = self._pools
@@ -423,6 +531,13 @@ class Replica:
     def metric(self, name, value, counter=False):
         """Sets a gauge, or adds to a counter."""
         self._put(pb.Message(metric=pb.Metric(name=name, value=value, counter=counter)))
+
+
+class Step:
+    """One step of a group member's input (Replica.steps)."""
+
+    def __init__(self, index, items, total, members):
+        self.index, self.items, self.total, self.members = index, items, total, members
 
 
 _EOF = object()
@@ -687,7 +802,7 @@ class _Service:
                                    shared_memory=_shm_enabled(), waiting=not CONCURRENT,
                                    times=_times_enabled())
         for k in self.kinds.values():
-            kind = resp.kinds.add(name=k.name, doc=k.doc)
+            kind = resp.kinds.add(name=k.name, doc=k.doc, group=bool(k.group) and _VERSION >= 2)
             for f in k.config:
                 kind.config.add(name=f.name, type=f.type, required=f.required, doc=f.doc,
                                 default_json="" if f.default is None else json.dumps(f.default),
@@ -722,6 +837,10 @@ class _Service:
         r._watch = _Watch(start.waiting and not CONCURRENT, out)
         ports = kind.ports(config)
         r._times = _Times(start.times, not any(not p.output for p in ports))
+        # A group member holds few items per port: the members share their
+        # input edges, and one that held credit for many would take items
+        # the others are waiting for (its steps full while theirs are empty).
+        window = GROUP_WINDOW if start.group else INPUT_WINDOW
         for p in ports:
             if not p.output:
                 # Unbounded: credit bounds it (deliver checks), and the end
@@ -744,7 +863,7 @@ class _Service:
         # Credit per port (port_credit): dflow feeds each input as its
         # credit allows, so a node may read its inputs in any order.
         for name in r._inputs:
-            out.put(pb.Message(credit=pb.Credit(n=INPUT_WINDOW, port=name)))
+            out.put(pb.Message(credit=pb.Credit(n=window, port=name)))
 
         failure = []
 
@@ -752,7 +871,7 @@ class _Service:
             if port not in r._inputs:
                 raise BadItem("an item for input port %r, which the node does not have" % port)
             q = r._inputs[port]
-            if q.qsize() >= INPUT_WINDOW:  # it holds all the credit granted: dflow overran it
+            if q.qsize() >= window:  # it holds all the credit granted: dflow overran it
                 raise BadItem("dflow sent more items on %r than the plugin granted it credit for" % port)
             held = None
             if ref is not None:
@@ -794,6 +913,8 @@ class _Service:
                             if r._pools is None or ref.pool != 1:
                                 raise BadItem("dflow released pool %d's region, which the plugin did not send" % ref.pool)
                             r._pools.release(ref.offset)
+                    elif which == "collective_result":
+                        r._results.put(m.collective_result)
                     elif which == "credit":
                         if m.credit.port not in r._credit:
                             raise BadItem("credit on %r, which is not an output port held to credit" % m.credit.port)
@@ -805,6 +926,7 @@ class _Service:
                     q.put(_EOF)
             for c in r._credit.values():  # no more credit can come
                 c.close()
+            r._results.put(None)  # nor the answer to a collective
 
         def work():
             error = ""
@@ -923,6 +1045,8 @@ def serve(*kinds):
         sys.stderr.write("This is a dflow plugin: dflow starts it when a spec uses one of its nodes.\n")
         sys.exit(1)
     _watch_parent()
+    global _VERSION
+    _VERSION = _version()
     svc = _Service(kinds)
     raw = dict(request_deserializer=None, response_serializer=None)
     handlers = [
@@ -951,13 +1075,22 @@ def serve(*kinds):
     server.start()
     global _sockdir
     _sockdir = os.path.dirname(sock)
-    # The handshake: core protocol 1, app protocol 1, network, address, grpc.
-    sys.stdout.write("1|1|unix|%s|grpc\n" % sock)
+    # The handshake: core protocol 1, app protocol (_VERSION), network,
+    # address, grpc.
+    sys.stdout.write("1|%d|unix|%s|grpc\n" % (_VERSION, sock))
     sys.stdout.flush()
     server.wait_for_termination()
 
 
 _sockdir = None
+_VERSION = 1  # the protocol version answered in the handshake (serve sets it)
+
+
+def _version():
+    """The newest protocol version dflow offers (PLUGIN_PROTOCOL_VERSIONS)
+    that this module speaks: 2, or 1 for a dflow that offers only that."""
+    offered = os.environ.get("PLUGIN_PROTOCOL_VERSIONS", "").split(",")
+    return 2 if "2" in [v.strip() for v in offered] else 1
 
 LIFELINE_ENV = "DFLOW_PLUGIN_LIFELINE"
 PARENT_POLL = 0.2  # seconds between checks that the parent is still there

@@ -40,4 +40,10 @@
 //     blocked").
 //   - The plugin exits when dflow does: when its lifeline (stdin) closes
 //     or its parent changes.
+//   - A kind with Spec.Sync is a group kind (protocol version 2, which
+//     the plugin answers where dflow offers it): each replica is a rank
+//     with torchrun's environment, and its Group()'s collectives are
+//     Collective messages that dflow runs in the stage's group
+//     (group.go); Steps gives a member its input in lockstep with the
+//     others (docs/plugins.md, "Group kinds").
 package sdk

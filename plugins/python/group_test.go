@@ -1,0 +1,203 @@
+package python
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/host"
+)
+
+// ddpSpec: 7 items (synthetic_source's blobs, seq 0..6) into three DDP
+// ranks of the tests' group kind (testdata/ddp.py).
+const ddpSpec = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 7
+    size_bytes = 8
+  }
+}
+stage "train" {
+  node     = "ddp/ddp"
+  replicas = 3
+  config {
+    out      = %q
+    lockstep = %v
+  }
+}
+edge "a" {
+  from = src.out
+  to   = train.in
+}`
+
+// rankFile is what a rank of testdata/ddp.py writes at its end.
+type rankFile struct {
+	Rank    int
+	Env     map[string]string
+	Device  string
+	Group   bool
+	Trained int
+	Sum     float64
+	Params  [][]float64
+	Last    bool
+}
+
+// ddpRun starts 7 items through three DDP ranks (lockstep or the naive
+// loop) and returns the run's end on a channel, with the folder the
+// ranks write to.
+func ddpRun(t *testing.T, ctx context.Context, lockstep bool) (<-chan error, string, *syncBuf) {
+	t.Helper()
+	needModules(t, "grpc", "google.protobuf", "numpy", "torch")
+	t.Setenv("DFLOW_PYTHON", system)
+	out := t.TempDir()
+	var stderr syncBuf
+	h := host.New(&stderr)
+	t.Cleanup(h.Close)
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	plugin, err := filepath.Abs("testdata/dflow-plugin-ddp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Load("ddp", plugin, reg); err != nil {
+		t.Fatal(err)
+	}
+	g, diags := (&graph.Loader{Catalog: reg}).Load("ddp.hcl", []byte(fmt.Sprintf(ddpSpec, out, lockstep)))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := engine.Run(ctx, g, engine.Options{Registry: reg})
+		done <- err
+	}()
+	return done, out, &stderr
+}
+
+// TestDDPLockstep: three DDP ranks (gloo) of a Python group kind train on
+// 7 items, one a step, and end: each rank sees torchrun's environment,
+// the ranks' parameters are identical at the end, and the sum of the
+// items they trained is 7 on every rank. The ranks also use dflow's
+// group through the module (saves, saved, finish: one is the last).
+func TestDDPLockstep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done, out, stderr := ddpRun(t, ctx, true)
+	if err := <-done; err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	var ranks [3]rankFile
+	port := ""
+	trained := 0
+	for i := range ranks {
+		b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.json", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &ranks[i]
+		if err := json.Unmarshal(b, r); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("rank %d: trained %d, sum %v, params %v, env %v", i, r.Trained, r.Sum, r.Params, r.Env)
+		trained += r.Trained
+		if r.Sum != 7 {
+			t.Errorf("rank %d: the items trained sum to %v over the group, want 7", i, r.Sum)
+		}
+		if fmt.Sprint(r.Params) != fmt.Sprint(ranks[0].Params) {
+			t.Errorf("rank %d's parameters %v differ from rank 0's %v", i, r.Params, ranks[0].Params)
+		}
+		if !r.Group || r.Device != "cpu" {
+			t.Errorf("rank %d: group %v, device %q; want true, cpu", i, r.Group, r.Device)
+		}
+		want := map[string]string{"RANK": fmt.Sprint(i), "WORLD_SIZE": "3", "LOCAL_RANK": fmt.Sprint(i),
+			"LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "CUDA_VISIBLE_DEVICES": "", "DFLOW_DEVICE": "cpu"}
+		for k, v := range want {
+			if got, ok := r.Env[k]; !ok || got != v {
+				t.Errorf("rank %d: %s=%q, want %q", i, k, got, v)
+			}
+		}
+		if port == "" {
+			port = r.Env["MASTER_PORT"]
+		} else if r.Env["MASTER_PORT"] != port {
+			t.Errorf("rank %d: MASTER_PORT %s, rank 0's %s", i, r.Env["MASTER_PORT"], port)
+		}
+	}
+	if trained != 7 {
+		t.Errorf("the ranks trained %d items, want 7", trained)
+	}
+	if lasts := btoi(ranks[0].Last) + btoi(ranks[1].Last) + btoi(ranks[2].Last); lasts != 1 {
+		t.Errorf("%d ranks were told by finish that they were the group's last, want 1", lasts)
+	}
+	if ranks[0].Params == nil {
+		t.Error("no parameters")
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestDDPNaiveLoopHangs shows what the lockstep is for: the same ranks
+// looping over their items (recv) hang, since a rank that has run out
+// stops joining DDP's all-reduce (it waits at its final barrier) while
+// another waits in its step's all-reduce. The test waits until a rank is
+// at the barrier while another is not and nothing has moved for 10 s,
+// the run not ended, then stops the run.
+func TestDDPNaiveLoopHangs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 10 s for a hang")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done, out, stderr := ddpRun(t, ctx, false)
+	// state: what each rank has begun, as its file says
+	state := func() (lines string, items, barriers int) {
+		for i := range 3 {
+			b, _ := os.ReadFile(filepath.Join(out, fmt.Sprintf("trained-%d", i)))
+			lines += fmt.Sprintf("rank %d: %q; ", i, b)
+			items += strings.Count(string(b), "item ")
+			barriers += strings.Count(string(b), "barrier")
+		}
+		return lines, items, barriers
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	last, since := "", time.Now()
+	for {
+		select {
+		case err := <-done:
+			lines, _, _ := state()
+			t.Fatalf("the naive loop ended (%v); it should hang. %s\n%s", err, lines, stderr)
+		case <-tick.C:
+		}
+		lines, items, barriers := state()
+		if lines != last {
+			last, since = lines, time.Now()
+			continue
+		}
+		if barriers >= 1 && barriers < 3 && time.Since(since) >= 10*time.Second {
+			t.Logf("hung: nothing moved for 10 s with %d items begun, %d of 3 ranks at the final barrier: %s", items, barriers, lines)
+			break
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		t.Logf("stopped: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run did not end 30 s after it was cancelled")
+	}
+}
