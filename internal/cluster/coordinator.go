@@ -237,6 +237,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	nc := c.o.Conn
 	var subs []*nats.Subscription
 	hbStop := make(chan struct{})
+	var beating sync.WaitGroup // the heartbeat's goroutine, ended by stop
 	stop = func() {
 		for _, s := range subs {
 			s.Unsubscribe()
@@ -246,6 +247,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		default:
 			close(hbStop)
 		}
+		beating.Wait()
 	}
 	sub := func(subject string, f nats.MsgHandler) {
 		if err != nil {
@@ -280,7 +282,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	if err != nil {
 		return nil, stop, err
 	}
-	go func() {
+	beating.Go(func() {
 		t := time.NewTicker(hbEvery)
 		defer t.Stop()
 		for {
@@ -292,7 +294,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 			case <-t.C:
 			}
 		}
-	}()
+	})
 	nc.Flush()
 	return dones, stop, nil
 }

@@ -91,10 +91,9 @@ func (lg *ledger) done(t *taken) {
 // run settles whatever is finished, one batch after another, until the
 // share stops.
 func (lg *ledger) run() {
-	defer lg.l.wg.Done()
 	for {
 		select {
-		case <-lg.l.stop:
+		case <-lg.l.stopCtx.Done():
 			return
 		case <-lg.wake:
 		}
@@ -136,7 +135,7 @@ func (lg *ledger) settle() error {
 			break
 		}
 		select {
-		case <-lg.l.stop:
+		case <-lg.l.stopCtx.Done():
 			return nil
 		case <-time.After(wait):
 		}
@@ -259,9 +258,9 @@ func (t *tracked) recordLocked() {
 	l := t.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.closing {
-		l.wg.Add(1)
-		go l.recordSettled(t.key)
+	if l.stopCtx.Err() == nil { // close has not begun: it cancels under mu
+		key := t.key
+		l.bg.Go(func() { l.recordSettled(key) })
 	}
 }
 
@@ -276,7 +275,6 @@ func (t *tracked) recordLocked() {
 // apart from the end. A share aborted writes nothing: its replica
 // restarts, as one not settled.
 func (l *links) recordSettled(key string) {
-	defer l.wg.Done()
 	if l.aborting() {
 		return
 	}
@@ -288,7 +286,7 @@ func (l *links) recordSettled(key string) {
 		}
 		select {
 		case <-time.After(wait):
-		case <-l.stop:
+		case <-l.stopCtx.Done():
 			return
 		}
 	}

@@ -306,8 +306,7 @@ func (q *jsQueue) publish(p *pub) error {
 	}
 	if q.pubs == nil {
 		q.pubs = make(chan *pub, backstop(q.edge))
-		q.l.wg.Add(1)
-		go q.answer()
+		q.l.bg.Go(q.answer)
 	}
 	fut, err := q.l.js.PublishMsgAsync(p.msg)
 	if err != nil {
@@ -325,7 +324,6 @@ func (q *jsQueue) publish(p *pub) error {
 // answer takes the queue's publishes' answers, in order, until the share
 // stops.
 func (q *jsQueue) answer() {
-	defer q.l.wg.Done()
 	defer func() {
 		q.pmu.Lock()
 		q.stopped = true
@@ -336,7 +334,7 @@ func (q *jsQueue) answer() {
 		var p *pub
 		select {
 		case p = <-q.pubs:
-		case <-q.l.stop:
+		case <-q.l.stopCtx.Done():
 			return
 		}
 		select {
@@ -344,7 +342,7 @@ func (q *jsQueue) answer() {
 			q.answered(p, ack, nil)
 		case err := <-p.fut.Err():
 			q.answered(p, nil, err)
-		case <-q.l.stop:
+		case <-q.l.stopCtx.Done():
 			return
 		}
 	}

@@ -223,22 +223,26 @@ type links struct {
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 
-	mu      sync.Mutex
-	queues  []*jsQueue
-	closing bool // close has begun: no more background work is started
-	stop    chan struct{}
-	// stopCtx is done once close begins: fetches and releases under way
-	// end with it, so that close's wait for them ends
+	mu     sync.Mutex
+	queues []*jsQueue
+	// bg is the share's background work, one group: keep-alive and its
+	// renewals, settling, each queue's publish answerer and pull loop,
+	// fetches ahead and again, releases, settled records, and the watch
+	// of the coordinator's lease (worker.serve). stopCtx is its
+	// cancellation: done once close begins, when every one of them ends
+	// (what is under way ends with it); close then waits for the group.
+	// Nothing starts in it once stopCtx is done where it could start
+	// after close (recordLocked, under mu).
+	bg         sync.WaitGroup
 	stopCtx    context.Context
 	stopCancel context.CancelFunc
-	wg         sync.WaitGroup
 }
 
 // newLinks sets up a share's transports; dataAddr is the address its data
 // plane listens on and other hosts reach it by ("": the host's address on
 // the route to the broker, any free port).
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
-	l := &links{nc: nc, js: js, job: job, g: g, instance: instance, stop: make(chan struct{}),
+	l := &links{nc: nc, js: js, job: job, g: g, instance: instance,
 		replicas: map[replicaKey]*tracked{}}
 	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
@@ -332,9 +336,8 @@ func (l *links) runCtx() context.Context {
 // start starts the background work (renewals, depth reads, settles),
 // once the fields the caller sets are set.
 func (l *links) start() {
-	l.wg.Add(2)
-	go l.keepAlive()
-	go l.ledger.run()
+	l.bg.Go(l.keepAlive)
+	l.bg.Go(l.ledger.run)
 }
 
 // aborting says the share is being aborted or was counted lost: what its
@@ -343,14 +346,13 @@ func (l *links) aborting() bool {
 	return l.released.Load() || (l.ctx != nil && l.ctx.Err() != nil)
 }
 
-// close stops the background work and the data plane.
+// close stops the background work (cancels its group and waits for it)
+// and the data plane.
 func (l *links) close() {
 	l.mu.Lock()
-	l.closing = true
-	l.mu.Unlock()
-	close(l.stop)
 	l.stopCancel()
-	l.wg.Wait()
+	l.mu.Unlock()
+	l.bg.Wait()
 	for _, q := range l.queueList() {
 		if q.roomSub != nil {
 			q.roomSub.Unsubscribe()
@@ -363,13 +365,12 @@ func (l *links) close() {
 // held by this instance from being redelivered while it lives (every
 // 750ms, on a goroutine of its own so that slow reads cannot delay it).
 func (l *links) keepAlive() {
-	defer l.wg.Done()
 	every := func(d time.Duration, f func(*jsQueue)) {
 		t := time.NewTicker(d)
 		defer t.Stop()
 		for {
 			select {
-			case <-l.stop:
+			case <-l.stopCtx.Done():
 				return
 			case <-t.C:
 			}
@@ -381,11 +382,7 @@ func (l *links) keepAlive() {
 			}
 		}
 	}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		every(l.job.Timings.AckWait/4, (*jsQueue).touch)
-	}()
+	l.bg.Go(func() { every(l.job.Timings.AckWait/4, (*jsQueue).touch) })
 	every(250*time.Millisecond, func(q *jsQueue) {
 		q.readDepth()
 		q.l.dp.SweepReheld(q.l.stopCtx, q) // cheap while nothing is reheld
@@ -590,8 +587,7 @@ func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
 		q.ahead, q.aheadSlots = map[string]*fetching{}, make(chan struct{}, aheadMax)
 		q.resume = make(chan struct{}, 1)
 		q.room = make(chan struct{}, 1)
-		q.l.wg.Add(1)
-		go q.fetch()
+		q.l.bg.Go(q.fetch)
 	}
 	for {
 		select {
@@ -653,11 +649,10 @@ func (q *jsQueue) batch() int {
 // has ended or the instance stops. A fetch that brings nothing says so on
 // idle.
 func (q *jsQueue) fetch() {
-	defer q.l.wg.Done()
 	batch := q.batch()
 	for !q.finished.Load() {
 		select {
-		case <-q.l.stop:
+		case <-q.l.stopCtx.Done():
 			return
 		default:
 		}
@@ -669,14 +664,14 @@ func (q *jsQueue) fetch() {
 		for cap(q.inbox)-len(q.inbox) < batch {
 			select {
 			case <-q.room:
-			case <-q.l.stop:
+			case <-q.l.stopCtx.Done():
 				return
 			}
 		}
 		b, err := q.cons.Fetch(batch, jetstream.FetchMaxWait(200*time.Millisecond))
 		if err != nil {
 			select {
-			case <-q.l.stop:
+			case <-q.l.stopCtx.Done():
 			case q.fetchErr <- fmt.Errorf("%s: fetch: %w", q.name(), err):
 			}
 			return
@@ -688,7 +683,7 @@ func (q *jsQueue) fetch() {
 			q.fetchAhead(m)
 			select {
 			case q.inbox <- m:
-			case <-q.l.stop:
+			case <-q.l.stopCtx.Done():
 				return
 			}
 			if n == 1 {
@@ -704,10 +699,10 @@ func (q *jsQueue) fetch() {
 			case q.idle <- struct{}{}:
 				select {
 				case <-q.resume:
-				case <-q.l.stop:
+				case <-q.l.stopCtx.Done():
 					return
 				}
-			case <-q.l.stop:
+			case <-q.l.stopCtx.Done():
 				return
 			}
 		}
@@ -838,9 +833,7 @@ func (q *jsQueue) refetch(ctx context.Context, m jetstream.Msg, r ref, id string
 	q.following[id] = true
 	q.hmu.Unlock()
 	q.refetching.Add(1)
-	q.l.wg.Add(1)
-	go func() {
-		defer q.l.wg.Done()
+	q.l.bg.Go(func() {
 		defer q.refetching.Add(-1)
 		it := laterItem{m: m}
 		var err error
@@ -854,9 +847,9 @@ func (q *jsQueue) refetch(ctx context.Context, m jetstream.Msg, r ref, id string
 		select {
 		case q.later <- it:
 		case <-ctx.Done():
-		case <-q.l.stop:
+		case <-q.l.stopCtx.Done():
 		}
-	}()
+	})
 }
 
 // finish rebuilds m's item from its bytes and takes it (take).
@@ -907,7 +900,7 @@ func (q *jsQueue) fetchAhead(m jetstream.Msg) {
 	id := m.Headers().Get(jetstream.MsgIDHeader)
 	select {
 	case q.aheadSlots <- struct{}{}:
-	case <-q.l.stop:
+	case <-q.l.stopCtx.Done():
 		return
 	}
 	f := &fetching{done: make(chan struct{})}
@@ -919,15 +912,13 @@ func (q *jsQueue) fetchAhead(m jetstream.Msg) {
 	}
 	q.ahead[id] = f
 	q.hmu.Unlock()
-	q.l.wg.Add(1)
-	go func() {
-		defer q.l.wg.Done()
+	q.l.bg.Go(func() {
 		defer close(f.done)
 		ctx, cancel := context.WithCancel(q.l.runCtx())
 		defer cancel()
 		defer context.AfterFunc(q.l.stopCtx, cancel)()
 		f.data, f.err = q.l.dp.Fetch(ctx, r, id)
-	}()
+	})
 }
 
 // claim takes id's fetch begun ahead, if any, freeing its slot.
@@ -963,11 +954,9 @@ func (q *jsQueue) release(id string, r *ref) {
 	if r == nil {
 		return
 	}
-	q.l.wg.Add(1)
-	go func() {
-		defer q.l.wg.Done()
+	q.l.bg.Go(func() {
 		q.l.dp.Release(q.l.stopCtx, *r, id)
-	}()
+	})
 }
 
 // taken is an item taken from a queue for a restartable stage and not

@@ -88,18 +88,29 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err := o.Conn.Flush(); err != nil {
 		return err
 	}
-	go w.announce(ctx)
+	// The worker returns once its goroutines have ended: the shares it
+	// serves (w.wg), then its announcements, which go on while a share
+	// does (the coordinator counts a silent worker lost).
+	announcing, quiet := context.WithCancel(ctx)
+	announced := make(chan struct{})
+	go func() {
+		defer close(announced)
+		w.announce(announcing)
+	}()
+	defer func() {
+		w.wg.Wait()
+		quiet()
+		<-announced
+	}()
 	fmt.Fprintf(o.Log, "dflow worker %s: joined %s, waiting for a job\n", o.Name, o.Conn.ConnectedUrlRedacted())
 	own := make(chan struct{}, 1) // this worker's own share has ended
 	for {
 		select {
 		case <-ctx.Done():
-			w.wg.Wait()
 			return nil
 		case <-own:
 			if o.Once {
-				w.wg.Wait() // restarts it took on end with the run
-				return nil
+				return nil // once restarts it took have ended with the run
 			}
 		case m := <-w.jobs:
 			var job Job
@@ -118,15 +129,13 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 			}
 			// A job for another instance is a restart of a lost worker's
 			// replicas, beside this worker's share.
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
+			w.wg.Go(func() {
 				w.serve(ctx, &job, m)
 				if mine {
 					w.busy.Store(false)
 					own <- struct{}{}
 				}
-			}()
+			})
 		}
 	}
 }
@@ -306,7 +315,9 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			}
 			return true
 		}}
-	go func() {
+	// The watch is in the share's group: close waits for it (a probe
+	// under way ends within a lease).
+	l.bg.Go(func() {
 		t := time.NewTicker(hbEvery)
 		defer t.Stop()
 		for {
@@ -322,7 +333,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 				}
 			}
 		}
-	}()
+	})
 	rep, err := p.Execute(runCtx)
 	// The bytes of large items sent and not yet acked by their consumers
 	// stay until they are, or no consumer is left for them, or the run is
