@@ -324,7 +324,7 @@ func TestGroupRankDies(t *testing.T) {
 	if err == nil {
 		t.Fatal("the run ended ok")
 	}
-	for _, want := range []string{`stage "t" replica 1`, "the plugin process failed", "lockstep: rank 1 dying on purpose at step 1"} {
+	for _, want := range []string{`stage "t" replica 1: plugin tg (`, "): rank 1 of 3: the plugin process failed", "lockstep: rank 1 dying on purpose at step 1"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}

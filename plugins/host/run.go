@@ -51,10 +51,14 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	// message below has the plugin's last words.
 	k.host.kill(p.client)
 	if err != nil && ctx.Err() == nil {
-		if p.stderr.empty() {
-			return fmt.Errorf("plugin %s (%s): %w", k.plugin, k.path, err)
+		who := fmt.Sprintf("plugin %s (%s)", k.plugin, k.path)
+		if k.group {
+			who += fmt.Sprintf(": rank %d of %d", r.Index(), r.Replicas())
 		}
-		return fmt.Errorf("plugin %s (%s): %w; %s", k.plugin, k.path, err, p.stderr.last())
+		if p.stderr.empty() {
+			return fmt.Errorf("%s: %w", who, err)
+		}
+		return fmt.Errorf("%s: %w; %s", who, err, p.stderr.last())
 	}
 	return err
 }

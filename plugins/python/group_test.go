@@ -33,6 +33,7 @@ stage "train" {
   config {
     out      = %q
     lockstep = %v
+    crash_at = %d
   }
 }
 edge "a" {
@@ -55,7 +56,7 @@ type rankFile struct {
 // ddpRun starts 7 items through three DDP ranks (lockstep or the naive
 // loop) and returns the run's end on a channel, with the folder the
 // ranks write to.
-func ddpRun(t *testing.T, ctx context.Context, lockstep bool) (<-chan error, string, *syncBuf) {
+func ddpRun(t *testing.T, ctx context.Context, lockstep bool, crashAt int) (<-chan error, string, *syncBuf) {
 	t.Helper()
 	needModules(t, "grpc", "google.protobuf", "numpy", "torch")
 	t.Setenv("DFLOW_PYTHON", system)
@@ -72,7 +73,7 @@ func ddpRun(t *testing.T, ctx context.Context, lockstep bool) (<-chan error, str
 	if _, err := h.Load("ddp", plugin, reg); err != nil {
 		t.Fatal(err)
 	}
-	g, diags := (&graph.Loader{Catalog: reg}).Load("ddp.hcl", []byte(fmt.Sprintf(ddpSpec, out, lockstep)))
+	g, diags := (&graph.Loader{Catalog: reg}).Load("ddp.hcl", []byte(fmt.Sprintf(ddpSpec, out, lockstep, crashAt)))
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
@@ -92,7 +93,7 @@ func ddpRun(t *testing.T, ctx context.Context, lockstep bool) (<-chan error, str
 func TestDDPLockstep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	done, out, stderr := ddpRun(t, ctx, true)
+	done, out, stderr := ddpRun(t, ctx, true, -1)
 	if err := <-done; err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
@@ -162,7 +163,7 @@ func TestDDPNaiveLoopHangs(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	done, out, stderr := ddpRun(t, ctx, false)
+	done, out, stderr := ddpRun(t, ctx, false, -1)
 	// state: what each rank has begun, as its file says
 	state := func() (lines string, items, barriers int) {
 		for i := range 3 {
@@ -199,5 +200,28 @@ func TestDDPNaiveLoopHangs(t *testing.T) {
 		t.Logf("stopped: %v", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the run did not end 30 s after it was cancelled")
+	}
+}
+
+// TestDDPRankDies: a rank whose process dies at a step fails the run,
+// naming the stage, the rank and its last words on stderr, while the
+// other ranks wait in torch's all-reduce for it: dflow stops them, and
+// the run ends rather than hangs.
+func TestDDPRankDies(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done, _, stderr := ddpRun(t, ctx, true, 1)
+	err := <-done
+	if err == nil {
+		t.Fatal("the run ended ok")
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the run hung until the test's deadline: %v\n%s", err, stderr)
+	}
+	t.Log(err)
+	for _, want := range []string{`stage "train" replica 1: plugin ddp (`, "): rank 1 of 3: the plugin process failed", "ddp: rank 1 dying on purpose at step 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
 	}
 }

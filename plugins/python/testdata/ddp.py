@@ -19,6 +19,7 @@ in the naive loop, "barrier" as it has run out)."""
 import datetime
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -45,6 +46,7 @@ class Train(Node):
         Field("k", "int", default=1, doc="items a step"),
         Field("lockstep", "bool", default=True, doc="steps in lockstep (Replica.steps); false: the naive loop"),
         Field("timeout_s", "int", default=600, doc="gloo's timeout for a collective"),
+        Field("crash_at", "int", default=-1, doc="rank 1's process exits at this step"),
     ]
 
     def ports(self, config):
@@ -72,6 +74,10 @@ class Train(Node):
 
         if c["lockstep"]:
             for s in r.steps("in", c["k"]):
+                if rank == 1 and s.index == c["crash_at"]:
+                    sys.stderr.write("ddp: rank 1 dying on purpose at step %d\n" % s.index)
+                    sys.stderr.flush()
+                    os._exit(3)
                 log.write("step %d: %d items\n" % (s.index, len(s.items)))
                 log.flush()
                 # The mean over the step's items of every rank: DDP averages
