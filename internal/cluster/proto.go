@@ -36,7 +36,7 @@ type Job struct {
 	Provenance nn.Run `json:"provenance"`
 	// Timings are the run's lease and ack wait (the coordinator's).
 	Timings Timings `json:"timings"`
-	// DataKey is the run's key to the workers' data planes (dataplane.go),
+	// DataKey is the run's key to the workers' data planes (package dataplane),
 	// made up by the coordinator: only a holder of the job has it.
 	DataKey string `json:"data_key"`
 	// DataThreshold is the size past which an item's bytes go over the

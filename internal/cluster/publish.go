@@ -44,7 +44,7 @@ type pub struct {
 	msg  *nats.Msg
 	id   string
 	fut  jetstream.PubAckFuture
-	held bool   // its bytes are on this share's data plane (dataplane.go)
+	held bool   // its bytes are on this share's data plane (package dataplane)
 	from *taken // the item in hand it derives from, settled once answered
 }
 

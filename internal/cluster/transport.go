@@ -187,7 +187,7 @@ type links struct {
 	holders   jetstream.KeyValue // where large items sent again are held (rehold)
 	positions jetstream.KeyValue // how far resuming sources have gone (resume.go)
 	// dp holds the bytes of the large items this share sends, for their
-	// consumers to fetch, and fetches those it receives (dataplane.go);
+	// consumers to fetch, and fetches those it receives (package dataplane);
 	// threshold is the size past which an item's bytes take it
 	dp        *dataplane.Plane
 	threshold int
@@ -542,7 +542,7 @@ func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error 
 	}
 	if size > q.l.threshold {
 		// The bytes stay here, for the consumer to fetch; the message
-		// says where (dataplane.go). Held already: for the message that
+		// says where (package dataplane). Held already: for the message that
 		// stands, which this one duplicates.
 		var from dataplane.Input
 		if p.from != nil {
