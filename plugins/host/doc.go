@@ -20,4 +20,9 @@
 //     instead of waiting.
 //   - A crash or a panic fails only its replica, with the plugin's last
 //     stderr lines or the panic's message.
+//   - dflow offers protocol versions 1 and 2; a kind that says group
+//     (version 2 only) is registered with Spec.Sync, each replica starts
+//     with torchrun's environment and its device bound by
+//     CUDA_VISIBLE_DEVICES, and its Collective messages run in the
+//     stage's group in the engine (group.go).
 package host
