@@ -368,6 +368,7 @@ class Replica:
                 while True:
                     r = self._results.get()
                     if r is None:
+                        self._results.put(None)  # for any later call too
                         raise BrokenPipeError("the stream to dflow ended during a collective")
                     if r.id == cid:
                         break

@@ -225,3 +225,116 @@ func TestDDPRankDies(t *testing.T) {
 		}
 	}
 }
+
+// TestPythonSteps: the module's steps, without torch: 7 items over 3
+// ranks, k at a time: every rank has the same steps, each step's total
+// the same on every rank and the sum of its ranks' items, each item
+// once, and all_reduce and finish through dflow's group.
+func TestPythonSteps(t *testing.T) {
+	needModules(t, "grpc", "google.protobuf", "numpy")
+	t.Setenv("DFLOW_PYTHON", system)
+	var stderr syncBuf
+	h := host.New(&stderr)
+	t.Cleanup(h.Close)
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	plugin, err := filepath.Abs("testdata/dflow-plugin-steps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Load("steps", plugin, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("k=%d", k), func(t *testing.T) {
+			out := t.TempDir()
+			src := fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 7
+    size_bytes = 8
+  }
+}
+stage "s" {
+  node     = "steps/steps"
+  replicas = 3
+  config {
+    out = %q
+    k   = %d
+  }
+}
+edge "a" {
+  from = src.out
+  to   = s.in
+}`, out, k)
+			g, diags := (&graph.Loader{Catalog: reg}).Load("steps.hcl", []byte(src))
+			if diags.HasErrors() {
+				t.Fatal(diags)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if _, err := engine.Run(ctx, g, engine.Options{Registry: reg}); err != nil {
+				t.Fatalf("%v\n%s", err, stderr.String())
+			}
+			type rank struct {
+				Steps   [][4]int
+				Seqs    []int
+				SeqSum  float64 `json:"seq_sum"`
+				Members int
+				Rank    string
+				Last    bool
+			}
+			var ranks [3]rank
+			seen := map[int]bool{}
+			lasts := 0
+			for i := range ranks {
+				b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("rank-%d.json", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := json.Unmarshal(b, &ranks[i]); err != nil {
+					t.Fatal(err)
+				}
+				r := ranks[i]
+				t.Logf("rank %d: steps %v, seqs %v", i, r.Steps, r.Seqs)
+				if r.Rank != fmt.Sprint(i) || r.SeqSum != 21 || r.Members != 3 {
+					t.Errorf("rank %d: RANK %q, all-reduced seqs %v of %d members; want %d, 21 (0+...+6), 3", i, r.Rank, r.SeqSum, r.Members, i)
+				}
+				for _, s := range r.Seqs {
+					if seen[s] {
+						t.Errorf("item %d twice", s)
+					}
+					seen[s] = true
+				}
+				if r.Last {
+					lasts++
+				}
+			}
+			if len(seen) != 7 || lasts != 1 {
+				t.Errorf("%d items seen (want 7), %d ranks last (want 1)", len(seen), lasts)
+			}
+			sum := 0
+			for s := range ranks[0].Steps {
+				total, items := ranks[0].Steps[s][2], 0
+				for i, r := range ranks {
+					if len(r.Steps) != len(ranks[0].Steps) {
+						t.Fatalf("rank %d took %d steps, rank 0 %d", i, len(r.Steps), len(ranks[0].Steps))
+					}
+					st := r.Steps[s]
+					if st[0] != s || st[1] > k || st[2] != total || st[3] != 3 {
+						t.Errorf("rank %d step %d: [index items total members] %v; total %d on rank 0, k %d", i, s, st, total, k)
+					}
+					items += st[1]
+				}
+				if items != total {
+					t.Errorf("step %d: %d items, total %d", s, items, total)
+				}
+				sum += total
+			}
+			if sum != 7 {
+				t.Errorf("the steps' totals sum to %d, want 7", sum)
+			}
+		})
+	}
+}
