@@ -348,3 +348,85 @@ type oldGroup struct{ proto.UnimplementedNodeServer }
 func (oldGroup) Describe(context.Context, *proto.DescribeRequest) (*proto.DescribeResponse, error) {
 	return &proto.DescribeResponse{Kinds: []*proto.Kind{{Name: "lockstep", Group: true}}}, nil
 }
+
+// recordingGroup records the collectives a replica's group is asked for.
+type recordingGroup struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (g *recordingGroup) add(s string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, s)
+}
+
+func (g *recordingGroup) Barrier(context.Context) error { g.add("barrier"); return nil }
+func (g *recordingGroup) AllReduce(_ context.Context, x nodes.Reducible) (int, error) {
+	f := x.(nodes.Floats)
+	g.add(fmt.Sprintf("all-reduce %v", []float32(f)))
+	for i := range f {
+		f[i] *= 3 // as if three members had the same
+	}
+	return 3, nil
+}
+func (g *recordingGroup) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
+	return g.AllReduce(ctx, nodes.Floats(buf))
+}
+func (g *recordingGroup) Leave()                                  { g.add("leave") }
+func (g *recordingGroup) Finish(context.Context) (bool, error)    { g.add("finish"); return true, nil }
+func (g *recordingGroup) Keep(context.Context, nodes.State) error { g.add("keep"); return nil }
+func (g *recordingGroup) Saves(context.Context) error             { g.add("saves"); return nil }
+func (g *recordingGroup) Saved(_ context.Context, step int) error {
+	g.add(fmt.Sprintf("saved %d", step))
+	if step < 0 {
+		return fmt.Errorf("no step %d", step)
+	}
+	return nil
+}
+
+type groupReplica struct {
+	nodes.Replica
+	g *recordingGroup
+}
+
+func (r groupReplica) Group() nodes.Group { return r.g }
+
+// TestCollectivesReachTheGroup: each Collective a group member's plugin
+// sends is the same call on its replica's nodes.Group (a cluster's as an
+// engine's), answered with its result: the sums and members, whether a
+// finish was the last, the step a save names, an error's text.
+func TestCollectivesReachTheGroup(t *testing.T) {
+	g := &recordingGroup{}
+	answers := make(chan *proto.CollectiveResult, 8)
+	c := &collectives{r: groupReplica{g: g}, send: func(m *proto.Message) error {
+		answers <- m.GetCollectiveResult()
+		return nil
+	}}
+	for _, tc := range []struct {
+		m    *proto.Collective
+		call string
+		want string // the answer, as %v of its fields
+	}{
+		{&proto.Collective{Id: 1, Op: proto.CollectiveOp_COLLECTIVE_SAVES}, "saves", "1 [] 0 false "},
+		{&proto.Collective{Id: 2, Op: proto.CollectiveOp_COLLECTIVE_ALL_REDUCE, Values: []float32{1, 2}}, "all-reduce [1 2]", "2 [3 6] 3 false "},
+		{&proto.Collective{Id: 3, Op: proto.CollectiveOp_COLLECTIVE_BARRIER}, "barrier", "3 [] 0 false "},
+		{&proto.Collective{Id: 4, Op: proto.CollectiveOp_COLLECTIVE_SAVED, Step: 5}, "saved 5", "4 [] 0 false "},
+		{&proto.Collective{Id: 5, Op: proto.CollectiveOp_COLLECTIVE_SAVED, Step: -1}, "saved -1", "5 [] 0 false no step -1"},
+		{&proto.Collective{Id: 6, Op: proto.CollectiveOp_COLLECTIVE_FINISH}, "finish", "6 [] 0 true "},
+	} {
+		c.do(context.Background(), tc.m)
+		c.wg.Wait()
+		r := <-answers
+		got := fmt.Sprintf("%d %v %d %v %s", r.Id, r.Values, r.Members, r.Last, r.Error)
+		if got != tc.want {
+			t.Errorf("%v: answered %q, want %q", tc.m, got, tc.want)
+		}
+		if last := g.calls[len(g.calls)-1]; last != tc.call {
+			t.Errorf("%v: the group was asked for %q, want %q", tc.m, last, tc.call)
+		}
+	}
+	if len(g.calls) != 6 {
+		t.Errorf("calls %v", g.calls)
+	}
+}
