@@ -47,11 +47,25 @@ func (c *Coordinator) checkBooks(rep *report.Report, err error) error {
 	if err != nil || rep.Status != report.OK {
 		return err
 	}
-	if err := engine.CheckBooks(c.g, rep, c.sourceTotals()); err != nil {
+	if err := engine.CheckBooksThrough(c.g, rep, c.sourceTotals(), c.oneForOne()); err != nil {
 		rep.Status, rep.Error = report.Failed, err.Error()
 		return err
 	}
 	return nil
+}
+
+// oneForOne is which stages' kinds send one item on each output for each
+// they take (nodes.Spec.OneForOne): the books carry through them, their
+// in edges' figures (a stream's, where one carries the edge) against their
+// out edges'.
+func (c *Coordinator) oneForOne() map[string]bool {
+	out := map[string]bool{}
+	for _, s := range c.g.Stages {
+		if spec, ok := c.o.Registry.Spec(s.Node); ok && spec.OneForOne {
+			out[s.Name] = true
+		}
+	}
+	return out
 }
 
 // sourceTotals is how many items each source emits in all, by stage,

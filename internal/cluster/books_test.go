@@ -81,7 +81,17 @@ edge "b" {
 			[]string{`edge "a": 6000 produced, 5994 consumed`}},
 		// the stream stored and acked 6000, work's engine took 5994
 		{"acked, never taken", []booksShare{w1, w2(2994, 2994)}, stream(6000, 5994),
-			[]string{`edge "a": 6000 consumed, stage "work" took 5994`}},
+			[]string{`edge "a": 6000 consumed, stage "work" took 5994`,
+				`stage "work": its in edges consumed 6000, its out edge "b" produced 5994 (it sends one item for each it takes)`}},
+		// the audit's loss: work took every item and settled it, 6 never
+		// sent on, every edge balanced on its own; work sends one for
+		// each it takes (synthetic_work), so the books carry through it
+		{"taken and settled, never sent on", []booksShare{w1, func() booksShare {
+			sh := w2(3000, 2994)
+			sh.sinkIn, sh.bIn, sh.bOut = 5994, 5994, 5994
+			return sh
+		}()}, stream(6000, 5994),
+			[]string{`stage "work": its in edges consumed 6000, its out edge "b" produced 5994 (it sends one item for each it takes)`}},
 		// the source sent 6000, the stream holds 5994
 		{"never stored", []booksShare{w1, w2(2994, 2994)}, stream(5994, 5994),
 			[]string{`edge "a": 5994 produced, stage "src" emits 6000 in all`, `edge "a": 5994 produced, stage "src" sent 6000`}},

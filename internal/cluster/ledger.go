@@ -207,7 +207,7 @@ type tracked struct {
 	l *links
 
 	mu  sync.Mutex
-	cur *taken // the delivery in hand, nil when none or not followed
+	cur *taken // the delivery in hand (nil: none); a dropped one until the next receive
 	// skip are the items a restart drops if they come back: the group's
 	// state it took holds what they trained (its group names them), each
 	// with the round it was trained in where no save holds that yet (0:

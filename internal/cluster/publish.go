@@ -19,9 +19,11 @@ import (
 //
 //   - Order. Every publish of a queue goes out on one connection in the
 //     order of the Sends, and none is ever refused for room: a producer
-//     publishes only within the room it read last (the queue's capacity
-//     less what the stream stores and what this share has under way), and
-//     the stream's own bound (backstop) is past what that pacing allows.
+//     publishes only within its credit (the room it read, the queue's
+//     capacity less what the stream stores and what this share has under
+//     way, and what the consumers granted since, within its part of the
+//     capacity) and within what the stream's own bound (backstop) leaves
+//     as the store was read last (bounded).
 //     So the server stores a producer's items in the order it sent them,
 //     and a consumer sees them so. A publish refused for any reason fails
 //     the share: sent again, it could land behind a later one.
@@ -75,17 +77,6 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			return err
 		}
 		if q.credit > 0 {
-			// Within the credit, answers may lag the consumers' grants:
-			// what is under way stays within what the answerer takes
-			// (publish's queue of them), or it would wait on the answerer
-			// while the answerer waits on it.
-			for q.unanswered >= backstop(q.edge) && !q.stopped && q.pubErr == nil {
-				q.pcond.Wait()
-			}
-			if err := q.pubErr; err != nil {
-				q.pmu.Unlock()
-				return err
-			}
 			if q.bounded > 0 {
 				q.credit--
 				q.bounded--
@@ -119,7 +110,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			}
 			continue
 		}
-		under, fetched, read := q.unanswered, q.fetched, q.read
+		fetched, read := q.fetched, q.read
 		q.pmu.Unlock()
 		if grants && read && full == 0 {
 			// Out of credit: the consumers grant more as they fetch, a
@@ -134,6 +125,9 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 				return ctx.Err()
 			}
 		}
+		q.pmu.Lock()
+		under := q.unanswered // as the read begins: taken after too, below
+		q.pmu.Unlock()
 		stored, err := q.stored(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -141,6 +135,9 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			}
 			return fmt.Errorf("%s: reading its room: %w", q.name(), err)
 		}
+		q.pmu.Lock()
+		under = max(under, q.unanswered)
+		q.pmu.Unlock()
 		// What is under way may be stored already, or not: counted both
 		// ways, the room is never overstated.
 		credit := max(q.edge.Capacity, 1) - stored - under
@@ -155,7 +152,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		room := credit
 		q.pmu.Lock()
 		q.bounded = q.boundRoomLocked(stored, under)
-		credit = min(credit, q.bounded)
+		credit = min(credit, q.bounded, q.part())
 		q.credit, q.grants, q.read = credit, 0, true
 		q.pmu.Unlock()
 		if credit > 0 {
@@ -292,7 +289,11 @@ func (q *jsQueue) delivered(ctx context.Context) (int, error) {
 
 // publish issues p's publish; its answer comes to the answerer. Issued
 // under pmu, so that the answers queue in the order the publishes went.
-func (q *jsQueue) publish(p *pub) error {
+// Answers may lag the consumers' grants: what is under way stays within
+// what the answerer's queue holds, the publish waiting for an answer
+// (else it would wait on the answerer, lock held, while the answerer
+// waits for the lock).
+func (q *jsQueue) publish(ctx context.Context, p *pub) error {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
 	fail := func(err error) error {
@@ -301,8 +302,28 @@ func (q *jsQueue) publish(p *pub) error {
 		}
 		return err
 	}
+	if q.pubs != nil && q.unanswered >= cap(q.pubs) {
+		stop := context.AfterFunc(ctx, func() {
+			q.pmu.Lock()
+			q.pcond.Broadcast()
+			q.pmu.Unlock()
+		})
+		for q.unanswered >= cap(q.pubs) && !q.stopped && q.pubErr == nil && ctx.Err() == nil {
+			q.pcond.Wait()
+		}
+		stop()
+		switch {
+		case ctx.Err() != nil:
+			return fail(ctx.Err())
+		case q.pubErr == nil && q.stopped:
+			return fail(fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.name(), q.unanswered))
+		}
+	}
 	if q.pubErr != nil {
 		return fail(q.pubErr)
+	}
+	if q.stopped {
+		return fail(fmt.Errorf("%s: the share has stopped", q.name()))
 	}
 	if q.pubs == nil {
 		q.pubs = make(chan *pub, backstop(q.edge))
@@ -354,7 +375,7 @@ func (q *jsQueue) answer() {
 func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	if err != nil {
 		if isFull(err) {
-			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to the room it read): %w", backstop(q.edge), err)
+			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", backstop(q.edge), err)
 		}
 		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
 		if p.held {

@@ -39,8 +39,9 @@ const DefaultAnswer = 30 * time.Second
 // stream per edge with a remote queue, each remote queue a subject of it
 // with a durable consumer of its own that the queue's consumer replicas'
 // workers all pull from; the end-key bucket. A queue holds its capacity:
-// producers publish within the room they read (jsQueue.waitRoom), and the
-// stream's bound per subject, past what that allows, is only a backstop.
+// producers publish within their credit (jsQueue.waitRoom: the room read,
+// and the consumers' grants), and the stream's bound per subject, past
+// what that allows, is only a backstop.
 //
 // A stage whose inputs may wait for a save (holds: heldBack) keeps them
 // unacked until then, checkpoint_every steps, say: its edges' stream and
@@ -98,9 +99,9 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 // backstop is the most messages a queue of e's stream may store (and
 // have delivered unacked): its capacity for each producer replica and
 // once more, and what its consumers' workers may hold besides. Producers
-// keep what is not yet delivered within the capacity by the room they
-// read (jsQueue.waitRoom); two producers that read the same room at once
-// may store up to a capacity each, a share counted lost may still have
+// keep what is not yet delivered within the capacity by their credit
+// (jsQueue.waitRoom); two producers that read the same room at once
+// may store up to their part of the capacity each, a share counted lost may still have
 // some publishes under way, and what the consumers' workers have taken
 // and not yet acked is out of the room: fetched ahead (two fetches each),
 // in their replicas' hands, or done with and waiting until what it sent
@@ -193,9 +194,10 @@ type links struct {
 	threshold int
 
 	// restartable says whether a stage's replicas restart elsewhere when
-	// their worker is lost: the items they take are then followed until
-	// finished and acked by the coordinator with their counts (ledger.go),
-	// so a loss redelivers what they had not finished.
+	// their worker is lost: the items they take then come with a receipt,
+	// settled (acked by this share) once finished and what was sent from
+	// them is stored (ledger.go), so a loss redelivers what they had not
+	// finished.
 	restartable func(*graph.Stage) bool
 	// summing says whether a stage is a group of a kind that moves whose
 	// members sum in this process (localGroup); locals their records
@@ -512,7 +514,7 @@ func (q *jsQueue) name() string { return fmt.Sprintf("edge %q queue %d", q.edge.
 // derives from the item in hand: its id follows from that item's, so sent
 // again after a loss, to whichever queue of the edge, it is a duplicate
 // the edge's stream drops, and the item in hand is settled only once
-// every answer is back (origin.t).
+// every answer is back (pub.from, the receipt it derives from).
 func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error {
 	wire, parts, err := items.Encode(item)
 	if err != nil {
@@ -560,7 +562,7 @@ func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error 
 	} else {
 		m.Data = bytes.Join(parts, nil)
 	}
-	return q.publish(p)
+	return q.publish(ctx, p)
 }
 
 func isFull(err error) bool {
@@ -637,9 +639,9 @@ func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
 	}
 }
 
-// batch is how many messages a fetch asks for: up to 8, shared out over
-// the consumer replicas so that one worker does not hold a shared queue's
-// whole capacity.
+// batch is how many messages a fetch asks for: half the capacity (at most
+// 256), shared out over the consumer replicas so that one worker does not
+// hold a shared queue's whole capacity.
 func (q *jsQueue) batch() int {
 	return max(1, min(q.edge.Capacity/2, 256)/max(1, len(q.edge.Queues[q.qi].Consumers)))
 }
@@ -676,9 +678,12 @@ func (q *jsQueue) fetch() {
 			}
 			return
 		}
-		n := 0
+		n, fresh, said := 0, 0, false
 		for m := range b.Messages() {
 			n++
+			if md, err := m.Metadata(); err == nil && md.NumDelivered == 1 {
+				fresh++ // a redelivery made no room: it was granted when it first came
+			}
 			q.hold(m)
 			q.fetchAhead(m)
 			select {
@@ -686,15 +691,17 @@ func (q *jsQueue) fetch() {
 			case <-q.l.stopCtx.Done():
 				return
 			}
-			if n == 1 {
+			if !said && fresh == 1 {
 				// the room is made as the server delivers: granted at the
 				// first, not after a batch that may wait for more
 				q.saidRoom(1)
+				said = true
 			}
 		}
-		if n > 1 {
-			q.saidRoom(n - 1)
-		} else if n == 0 {
+		if fresh > 1 {
+			q.saidRoom(fresh - 1)
+		}
+		if n == 0 {
 			select {
 			case q.idle <- struct{}{}:
 				select {
@@ -730,11 +737,20 @@ func (q *jsQueue) granted(n int) {
 	q.pmu.Lock()
 	all := max(1, len(q.producers))
 	q.grants += n * max(1, len(q.local)) // in parts of 1/all of a publish
-	q.credit += q.grants / all
+	q.credit = min(q.credit+q.grants/all, q.part())
 	q.grants %= all
 	close(q.fetched)
 	q.fetched = make(chan struct{})
 	q.pmu.Unlock()
+}
+
+// part is the most credit this share holds: its producer replicas' part
+// of the queue's capacity, rounded up (however much was granted or read,
+// so that an idle share does not pile it up, nor shares that read the
+// same room keep more than the capacity between them for long).
+func (q *jsQueue) part() int {
+	capacity := max(1, q.edge.Capacity)
+	return max(1, (capacity*max(1, len(q.local))+len(q.producers)-1)/max(1, len(q.producers)))
 }
 
 // grantWord is a grant of n from the consumer side of share from, as it
