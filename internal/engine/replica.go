@@ -243,7 +243,11 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 			r.endWait(w)
 		}
 		if ok && !isWake(item) {
-			return in.took(iq, item), nil
+			if iq.remote {
+				item = in.unbox(item)
+			}
+			in.took(iq, item)
+			return item, nil
 		}
 		// The queue is closed, or the run cancelled: the slow path sorts
 		// out which.
@@ -270,20 +274,27 @@ func (in *input) recvSlow(ctx context.Context) (any, error) {
 			return nil, err
 		}
 	}
-	return in.took(iq, item), nil
+	if iq.remote {
+		item = in.unbox(item)
+	}
+	in.took(iq, item)
+	return item, nil
+}
+
+// unbox returns an item taken off a queue on a transport: one that came
+// with a receipt (boxed, *Delivery) becomes the replica's delivery in
+// hand.
+func (in *input) unbox(item any) any {
+	if d, ok := item.(*Delivery); ok {
+		in.r.Hand(d.Receipt)
+		return d.Item
+	}
+	return item
 }
 
 // took does the accounting for an item taken off iq: the count, the bytes
-// it held, and whether to time it. It returns the item, unboxed where it
-// came from a transport with a receipt, which becomes the replica's
-// delivery in hand.
-func (in *input) took(iq *inQueue, item any) any {
-	if iq.remote {
-		if d, ok := item.(*Delivery); ok {
-			in.r.Hand(d.Receipt)
-			item = d.Item
-		}
-	}
+// it held, and whether to time it.
+func (in *input) took(iq *inQueue, item any) {
 	iq.got.add(in.clock.every)
 	if iq.capBytes > 0 {
 		iq.q.release(item)
@@ -291,7 +302,6 @@ func (in *input) took(iq *inQueue, item any) any {
 	if in.clock.pick.next() {
 		in.clock.picked(in.r)
 	}
-	return item
 }
 
 // poll is the fast path of fan-in: it takes an item waiting on any live
