@@ -220,7 +220,10 @@ func (lk *look) send(w report.Wait) (j judged, ok bool) {
 		if !ok || n < e.Capacity {
 			return j, false // room, or unknown
 		}
-		depth = n
+		// What the stream stores past the capacity was delivered to the
+		// consumers' workers (fetched ahead, or in a replica's hands): out
+		// of the queue, as an item in hand is in process. Full is the
+		// capacity, as the queue's depth shows it (jsQueue.Depth).
 		j.on = lk.live(e.To.Stage.Name, e.Queues[ref.Queue].Consumers)
 	}
 	if len(j.on) == 0 {
