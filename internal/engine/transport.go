@@ -192,7 +192,7 @@ func (r *replica) Hand(rc Receipt) {
 	if rc != nil {
 		h = &inHand{rc: rc}
 	}
-	if old := r.hand.Swap(h); old != nil && old.rc != nil {
+	if old := r.hand.Swap(h); old != nil { // an inHand always has its receipt
 		old.rc.Done()
 	}
 }
