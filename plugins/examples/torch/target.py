@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""dflow-plugin-torch: dflow's target_forward, written in PyTorch.
+"""dflow-plugin-torch: dflow's target_forward, written in PyTorch, and
+its drafter_train (drafter.py), served together.
 
 Node kind "target_forward" (torch/target_forward): runs the byte-level
 target LM of models/target.safetensors (the layout of internal/nn) on
@@ -74,7 +75,7 @@ def forward(p, c, tokens, taps):
     B, T = tokens.shape
     D, H, NH = c["d_model"], c["hidden"], c["heads"]
     x = p["wte"][tokens] + p["wpe"][:T]
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     tapped = {}
     for l in range(c["layers"]):
         b = "blocks.%d." % l
@@ -136,20 +137,26 @@ class TargetForward(Node):
         use_torch()
         if r.config["threads"]:
             torch.set_num_threads(int(r.config["threads"]))
+        # The replica's device: "cpu", or "cuda:N" as its process numbers
+        # its GPUs (dflow binds the stage's devices before it starts).
+        device = torch.device(r.device)
         p, c = load(r.config["model"])
+        p = {k: v.to(device) for k, v in p.items()}
         taps = self.taps(r.config, c)
         K, D = len(taps), c["d_model"]
         with torch.no_grad():
             for batch in r.recv("in"):
                 B, T = batch.B, batch.T
-                inputs = torch.from_numpy(np.ascontiguousarray(batch.tokens[:, :T], np.int64))
+                inputs = torch.from_numpy(np.ascontiguousarray(batch.tokens[:, :T], np.int64)).to(device)
                 logits, hidden = forward(p, c, inputs, taps)
                 out = r.alloc_hidden(B, T, K, D, batch.seq)
-                torch.from_numpy(out.hidden).copy_(hidden)  # the one copy: into dflow's buffer
+                torch.from_numpy(out.hidden).copy_(hidden)  # the one copy: into dflow's buffer (from the device)
                 out.tokens[...] = batch.tokens[:, :T]
-                out.greedy[...] = logits.argmax(-1).numpy()
+                out.greedy[...] = logits.argmax(-1).cpu().numpy()
                 r.send("hidden", out)
 
 
 if __name__ == "__main__":
-    serve(TargetForward())
+    from drafter import DrafterTrain  # drafter.py, beside this file
+
+    serve(TargetForward(), DrafterTrain())

@@ -243,8 +243,9 @@ func TestSpecIsTheMainJobs(t *testing.T) {
 	}
 }
 
-// TestReadmeCommands: each dflow run of the README's step 4, flags and
-// all, loads this folder's spec and writes a drafter of its own: never
+// TestReadmeCommands: each dflow run of the README, flags and all, loads
+// this folder's spec or specs/dflash-torch.hcl and writes a drafter of its
+// own: never
 // the main job's drafter.safetensors, which the top README's first run
 // wrote and which dflow would refuse to replace.
 func TestReadmeCommands(t *testing.T) {
@@ -261,8 +262,8 @@ func TestReadmeCommands(t *testing.T) {
 			continue
 		}
 		runs++
-		if f[4] != torchSpec {
-			t.Errorf("%s: runs %s, not %s", line, f[4], torchSpec)
+		if f[4] != torchSpec && f[4] != ddpSpec {
+			t.Errorf("%s: runs %s, not %s or %s", line, f[4], torchSpec, ddpSpec)
 			continue
 		}
 		l := &graph.Loader{Catalog: reg, Vars: map[string]string{}}
@@ -288,7 +289,7 @@ func TestReadmeCommands(t *testing.T) {
 			written[cp] = true
 		}
 	}
-	if runs < 2 {
-		t.Errorf("the README shows %d dflow run lines, want the spec's and the shared wiring's", runs)
+	if runs < 3 {
+		t.Errorf("the README shows %d dflow run lines, want the spec's, the shared wiring's and the DDP drafters'", runs)
 	}
 }
