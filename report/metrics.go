@@ -87,3 +87,28 @@ func Latest(seen ...map[string]Metric) map[string]Metric {
 	}
 	return out
 }
+
+// The split of a group member's steps (issue 45's data wait beside
+// compute): node metrics, counters in seconds, that a member adds to as it
+// takes its input in steps (the SDKs' steps, drafter_train's loop).
+// DataWait is the time from asking for a step's items to having them
+// (with the group's word on the step, where the SDK settles it by an
+// all-reduce); Compute the time from having them to asking for the next.
+// Summed over a stage's replicas, they say what share of each step its
+// members waited for data (Stage.DataWaitShare).
+const (
+	DataWait = "data_wait_seconds"
+	Compute  = "compute_seconds"
+)
+
+// DataWaitShare is the share of its members' steps that the stage spent
+// waiting for data, DataWait over DataWait plus Compute (summed over the
+// replicas), and whether the stage reported them.
+func (st Stage) DataWaitShare() (float64, bool) {
+	wait, ok1 := st.Metrics[DataWait]
+	compute, ok2 := st.Metrics[Compute]
+	if !ok1 || !ok2 || wait+compute <= 0 {
+		return 0, false
+	}
+	return wait / (wait + compute), true
+}

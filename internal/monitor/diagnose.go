@@ -2,6 +2,7 @@ package monitor
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -18,6 +19,7 @@ const (
 	emptyDepth     = 0.05 // a queue this empty on average is "always empty"
 	minRunSeconds  = 0.05 // shorter runs are too short to judge
 	minBusy        = 0.10 // a consumer busier than this is worth feeding faster
+	dataWaitShare  = 0.30 // members waiting this much of each step for data are starved by their producers
 )
 
 // Diagnose reads a finished run's figures and says, in plain words, what
@@ -44,6 +46,7 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 	}
 	out = append(out, bottleneck(g, rep)...)
 	for _, s := range g.Stages {
+		out = append(out, dataWait(rep, s)...)
 		out = append(out, siblings(g, rep, s, predict)...)
 	}
 	for _, e := range g.Edges {
@@ -51,6 +54,38 @@ func Diagnose(g *graph.Graph, rep *report.Report, predict Predictor) []string {
 		out = append(out, queueRules(g, rep, e)...)
 	}
 	return out
+}
+
+// dataWait says when a stage whose members measure their steps
+// (report.DataWait and report.Compute: a group kind taking its input in
+// steps, drafter_train) waits a large share of each step for data: the
+// stages feeding it, not its compute, set its pace.
+func dataWait(rep *report.Report, s *graph.Stage) []string {
+	st := rep.Stages[s.Name]
+	share, ok := st.DataWaitShare()
+	if !ok || share < dataWaitShare {
+		return nil
+	}
+	var from []string
+	for _, in := range s.Inputs {
+		for _, e := range in.Edges {
+			if !slices.Contains(from, e.From.Stage.Name) {
+				from = append(from, e.From.Stage.Name)
+			}
+		}
+	}
+	who, verb := "its producers", "are"
+	switch len(from) {
+	case 0:
+		return nil
+	case 1:
+		who, verb = "stage "+from[0], "is"
+	default:
+		who = "stages " + strings.Join(from, ", ")
+	}
+	return []string{fmt.Sprintf("%s waits %s of each step for data (%.1fs waiting, %.1fs computing, over its %s): %s %s the bottleneck; "+
+		"more %s replicas, or faster ones, would feed it",
+		s.Name, pct(share), st.Metrics[report.DataWait], st.Metrics[report.Compute], plural(s.Replicas, "replica"), who, verb, strings.Join(from, " or "))}
 }
 
 // skewShare: a key_hash edge whose busiest consumer replica takes this

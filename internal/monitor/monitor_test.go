@@ -170,6 +170,31 @@ func TestDiagnoseRules(t *testing.T) {
 	}
 }
 
+// TestDiagnoseDataWait: a stage whose members report their steps' wait
+// for data beside their compute (report.DataWait, report.Compute) is
+// said to wait for its producers when the wait is a large share of each
+// step, and not when it is small or unreported.
+func TestDiagnoseDataWait(t *testing.T) {
+	g := load(t)
+	rp := report.Replica{BusySeconds: 5, IdleSeconds: 5}
+	for _, c := range []struct {
+		wait, compute float64
+		want          string
+	}{
+		{6, 4, "drafter waits 60% of each step for data (6.0s waiting, 4.0s computing, over its 3 replicas): stage target is the bottleneck; more target replicas, or faster ones, would feed it"},
+		{1, 9, ""},
+		{0, 0, ""},
+	} {
+		rep := &report.Report{WallSeconds: 10, Stages: map[string]report.Stage{
+			"drafter": {Replicas: []report.Replica{rp, rp, rp}, Metrics: map[string]float64{report.DataWait: c.wait, report.Compute: c.compute}},
+		}}
+		all := strings.Join(Diagnose(g, rep, nil), "\n")
+		if c.want != "" && !strings.Contains(all, c.want) || c.want == "" && strings.Contains(all, "of each step for data") {
+			t.Errorf("wait %v, compute %v: want %q in:\n%s", c.wait, c.compute, c.want, all)
+		}
+	}
+}
+
 // TestDiagnosePrediction: the suggestion to share an edge carries the
 // predictor's speedup with its spread, "1.67x (1.60-1.72x)", and the
 // speedup alone where the spread rounds to nothing.

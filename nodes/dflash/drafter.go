@@ -19,6 +19,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/speceval"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/text"
+	"github.com/dflow-dev/dflow/report"
 	"github.com/zclconf/go-cty/cty"
 )
 
@@ -57,6 +58,8 @@ var drafterKind = graph.Kind{
 		{Name: "acceptance_length", Merge: graph.MergeLast, Doc: "tokens accepted per drafting cycle on held-out text: the lead's latest evaluation, then the last member's at the end"},
 		{Name: "acceptance_length_initial", Merge: graph.MergeLast, Doc: "acceptance length before training"},
 		{Name: "acceptance_length_ngram", Merge: graph.MergeLast, Doc: "acceptance length of an order-3 byte n-gram drafter, a baseline"},
+		{Name: report.DataWait, Merge: graph.MergeSum, Doc: "seconds the replicas waited for their next batch (the step's wait for data)"},
+		{Name: report.Compute, Merge: graph.MergeSum, Doc: "seconds the replicas spent on their batches (the step's compute: training, the all-reduce, evaluations and saves)"},
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		t := "hidden_states"
@@ -221,8 +224,11 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 		}
 	}
 	start, items := time.Now(), 0
+	asked := start // the wait for the next batch begins (report.DataWait)
 	for {
 		item, err := in.Recv(ctx)
+		ready := time.Now()
+		metrics.Add(report.DataWait, ready.Sub(asked).Seconds())
 		if err == io.EOF {
 			break
 		}
@@ -262,6 +268,8 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 				}
 			}
 		}
+		asked = time.Now()
+		metrics.Add(report.Compute, asked.Sub(ready).Seconds())
 	}
 	// The last member to leave holds every update: the others left the
 	// group once their input ended, and it trained on without them.

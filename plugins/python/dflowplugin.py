@@ -420,10 +420,17 @@ class Replica:
         items is len(items)/total; with DDP, which averages gradients over
         the members, scale the sum of the member's losses by
         members/total. Items that came by reference are valid until the
-        next step."""
+        next step.
+
+        Each step is measured, as node metrics (counters, in seconds):
+        data_wait_seconds, from asking for the step to having it (its
+        items and the all_reduce that settles it), and compute_seconds,
+        from having it to asking for the next. dflow's report and its
+        diagnosis read their shares."""
         if k < 1:
             raise ValueError("steps of %d items: k is at least 1" % k)
         held, ended, index = [], False, 0
+        asked = time.monotonic()  # the node asks for a step: its wait for data begins
         while True:
             items = []
             while not ended and len(items) < k:
@@ -434,9 +441,13 @@ class Replica:
                 else:
                     items.append(item)
             (total,), members = self.all_reduce([len(items)])
+            ready = time.monotonic()
+            self.metric(DATA_WAIT, ready - asked, counter=True)
             if total == 0:
                 return
             yield Step(index, items, int(total), members)
+            asked = time.monotonic()
+            self.metric(COMPUTE, asked - ready, counter=True)
             index += 1
 
     def _drop(self, off):
@@ -532,6 +543,11 @@ class Replica:
     def metric(self, name, value, counter=False):
         """Sets a gauge, or adds to a counter."""
         self._put(pb.Message(metric=pb.Metric(name=name, value=value, counter=counter)))
+
+
+# The node metrics of Replica.steps (report.DataWait and report.Compute
+# in dflow): a step's wait for its data and its compute, in seconds.
+DATA_WAIT, COMPUTE = "data_wait_seconds", "compute_seconds"
 
 
 class Step:

@@ -12,9 +12,11 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
 	"github.com/dflow-dev/dflow/plugins/host"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // ddpSpec: 7 items (synthetic_source's blobs, seq 0..6) into three DDP
@@ -334,6 +336,89 @@ edge "a" {
 			}
 			if sum != 7 {
 				t.Errorf("the steps' totals sum to %d, want 7", sum)
+			}
+		})
+	}
+}
+
+// stepsWaitSpec: 12 items from a source taking source_time each into
+// three ranks of the steps kind, each step computing compute_ms.
+const stepsWaitSpec = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count        = 12
+    size_bytes   = 8
+    service_time = %q
+  }
+}
+stage "s" {
+  node     = "steps/steps"
+  replicas = 3
+  config {
+    out        = %q
+    compute_ms = %d
+  }
+}
+edge "a" {
+  from = src.out
+  to   = s.in
+}`
+
+// TestStepsDataWait: the module's steps measure each step's wait for
+// data and its compute, as node metrics (data_wait_seconds and
+// compute_seconds, summed over the ranks). Behind a slow source (60ms an
+// item, the ranks computing nothing) the wait is most of each step and
+// the diagnosis says the source is the bottleneck; behind a fast one
+// (the ranks computing 200ms a step) it is a small share, and the
+// diagnosis does not say so.
+func TestStepsDataWait(t *testing.T) {
+	needModules(t, "grpc", "google.protobuf", "numpy")
+	t.Setenv("DFLOW_PYTHON", system)
+	var stderr syncBuf
+	h := host.New(&stderr)
+	t.Cleanup(h.Close)
+	reg := nodes.NewRegistry()
+	synthetic.Register(reg)
+	plugin, err := filepath.Abs("testdata/dflow-plugin-steps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Load("steps", plugin, reg); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, source string
+		compute      int
+		slow         bool
+	}{
+		{"slow source", "60ms", 0, true},
+		{"slow compute", "0s", 200, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g, diags := (&graph.Loader{Catalog: reg}).Load("steps.hcl", []byte(fmt.Sprintf(stepsWaitSpec, c.source, t.TempDir(), c.compute)))
+			if diags.HasErrors() {
+				t.Fatal(diags)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			rep, err := engine.Run(ctx, g, engine.Options{Registry: reg})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, stderr.String())
+			}
+			m := rep.Stages["s"].Metrics
+			share, ok := rep.Stages["s"].DataWaitShare()
+			t.Logf("data wait %.3fs, compute %.3fs: %.0f%% waiting", m[report.DataWait], m[report.Compute], 100*share)
+			if !ok || m[report.DataWait] <= 0 {
+				t.Fatalf("no data wait and compute measured: metrics %v", m)
+			}
+			if c.slow && share < 0.6 || !c.slow && share > 0.4 {
+				t.Errorf("waiting %.0f%% of each step for data; want more than 60%% behind the slow source, less than 40%% behind the fast one", 100*share)
+			}
+			diag := strings.Join(monitor.Diagnose(g, rep, nil), "\n")
+			said := strings.Contains(diag, "s waits ") && strings.Contains(diag, "of each step for data") && strings.Contains(diag, "stage src is the bottleneck")
+			if said != c.slow {
+				t.Errorf("the diagnosis says the source is the bottleneck: %v, want %v:\n%s", said, c.slow, diag)
 			}
 		})
 	}

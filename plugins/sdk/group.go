@@ -7,9 +7,11 @@ import (
 	"io"
 	"iter"
 	"sync"
+	"time"
 
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/proto"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // member is a group kind's replica's nodes.Group (Start.group, protocol
@@ -160,6 +162,12 @@ type Step struct {
 // empty step; the uneven end of a naive loop over Recv, where a member
 // that has run out stops joining, hangs the others' collective.
 //
+// Steps measures each step, as node metrics (counters, in seconds):
+// report.DataWait ("data_wait_seconds"), from the node asking for the
+// step to having it (its items and the group's all-reduce that settles
+// the step), and report.Compute ("compute_seconds"), from having it to
+// asking for the next. The report and its diagnosis read their shares.
+//
 // An item of a step that came by reference (shared memory) is valid
 // until the next step; with k > 1, all but a step's last are copies
 // (Detach).
@@ -169,8 +177,9 @@ func Steps(ctx context.Context, r nodes.Replica, port string, k int) iter.Seq2[*
 			yield(nil, fmt.Errorf("sdk: steps of %d items: k is at least 1", k))
 			return
 		}
-		in := r.In(port)
+		in, metrics := r.In(port), r.Metrics()
 		ended := false
+		asked := time.Now() // the node asks for a step: its wait for data begins
 		for index := 0; ; index++ {
 			st := &Step{Index: index}
 			for !ended && len(st.Items) < k {
@@ -199,12 +208,16 @@ func Steps(ctx context.Context, r nodes.Replica, port string, k int) iter.Seq2[*
 				return
 			}
 			st.Total, st.Members = int(counts[0]), n
+			ready := time.Now()
+			metrics.Add(report.DataWait, ready.Sub(asked).Seconds())
 			if st.Total == 0 {
 				return // every member's input has ended
 			}
 			if !yield(st, nil) {
 				return
 			}
+			asked = time.Now()
+			metrics.Add(report.Compute, asked.Sub(ready).Seconds())
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/internal/speceval"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // drafterParityScript computes, with drafter.py's BlockDrafter, the loss
@@ -179,6 +180,11 @@ func TestDFlashTorchDDP(t *testing.T) {
 	m := rep.Stages["drafter"].Metrics
 	if d, ok := m["rank_divergence"]; !ok || d != 0 {
 		t.Errorf("rank_divergence %v (reported: %v): the ranks' parameters differ at the end; metrics %v", d, ok, m)
+	}
+	if share, ok := rep.Stages["drafter"].DataWaitShare(); !ok {
+		t.Errorf("the ranks' steps are not measured (%s, %s): metrics %v", report.DataWait, report.Compute, m)
+	} else {
+		t.Logf("the ranks waited %.0f%% of each step for data", 100*share)
 	}
 	meta, err := nn.ReadSafetensorsMetadata(ck)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // stepper is a group kind whose replicas take their input in steps of
@@ -38,7 +39,8 @@ var stepper = nodes.Spec{
 
 // TestStepsInProcess: sdk.Steps works on a built-in kind's group as on a
 // plugin's: 7 items over 3 replicas, 2 a step: every replica has the
-// same steps, the totals of each step agree and add up to 7.
+// same steps, the totals of each step agree and add up to 7; the steps'
+// wait for data and compute are measured (node metrics).
 func TestStepsInProcess(t *testing.T) {
 	var inputs []any
 	for i := range 7 {
@@ -78,5 +80,9 @@ func TestStepsInProcess(t *testing.T) {
 	}
 	if len(steps) != 3 || steps[0] != steps[1] || steps[1] != steps[2] {
 		t.Errorf("steps per replica: %v, want the same on all 3", steps)
+	}
+	// Steps measures each step's wait for data and its compute.
+	if w, c := res.Metrics[report.DataWait], res.Metrics[report.Compute]; w <= 0 || c <= 0 {
+		t.Errorf("%s %v, %s %v: want both measured; metrics %v", report.DataWait, w, report.Compute, c, res.Metrics)
 	}
 }
