@@ -94,7 +94,24 @@ type Edge struct {
 	Produced      int64   `json:"produced"`
 	Consumed      int64   `json:"consumed"`
 	Queues        []Queue `json:"queues"`
+	// Carried says how a run across hosts carried the edge (one of the
+	// Carried constants; empty in one process).
+	Carried string `json:"carried,omitempty"`
 }
+
+// How an edge was carried across hosts (Edge.Carried).
+const (
+	// CarriedCrosses: on JetStream, between workers.
+	CarriedCrosses = "crosses hosts"
+	// CarriedStream: on JetStream within one worker, for the stage it
+	// feeds restarts elsewhere after a loss.
+	CarriedStream = "stream"
+	// CarriedChain: in process, a chain's edge: its items are settled
+	// through the input at the chain's head.
+	CarriedChain = "chain"
+	// CarriedProcess: in process, on one worker.
+	CarriedProcess = "in process"
+)
 
 // Queue is one queue of an edge.
 type Queue struct {

@@ -45,8 +45,12 @@ func (r *Report) Summarize(w io.Writer) {
 			// its last snapshot
 			left = fmt.Sprintf(" (%d more consumed than produced: a lost worker's figures are as of its last snapshot)", ed.Consumed-ed.Produced)
 		}
-		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d%s mean depth=%v\n",
-			name, ed.Policy, ed.Produced, ed.Consumed, left, depth)
+		carried := ""
+		if ed.Carried != "" {
+			carried = " [" + ed.Carried + "]"
+		}
+		fmt.Fprintf(w, "  edge  %-10s %-11s produced=%d consumed=%d%s mean depth=%v%s\n",
+			name, ed.Policy, ed.Produced, ed.Consumed, left, depth, carried)
 	}
 	if note := r.unconsumed(); note != "" {
 		fmt.Fprintln(w, note)

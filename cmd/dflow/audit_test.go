@@ -32,8 +32,9 @@ import (
 // auditItems is how many items the audit's source makes.
 const auditItems = 300
 
-// auditSpec is the audit's chain: the plugin's path, the item type and the
-// sink's file fill it in.
+// auditSpec is the audit's pipeline: the plugin's path, the item type,
+// the replicas of a and b, the sink's file and the policy of the edge
+// between a and b fill it in.
 const auditSpec = `plugin "audit" {
   path = %q
 }
@@ -48,7 +49,7 @@ stage "src" {
 
 stage "a" {
   node     = "synthetic_work"
-  replicas = 4
+  replicas = %d
   config {
     service_time = "20ms"
   }
@@ -56,7 +57,7 @@ stage "a" {
 
 stage "b" {
   node     = "synthetic_work"
-  replicas = 3
+  replicas = %d
   config {
     service_time = "10ms"
   }
@@ -79,7 +80,7 @@ edge "e1" {
 edge "e2" {
   from     = a.out
   to       = b.in
-  policy   = "shared"
+  policy   = %q
   capacity = 8
 }
 
@@ -139,14 +140,27 @@ func TestAuditBytes(t *testing.T) {
 	for _, typ := range []string{"bytes", "blob"} {
 		t.Run(typ, func(t *testing.T) {
 			t.Parallel()
-			auditRun(t, typ, victim, after)
+			auditRun(t, typ, victim, after, false)
 		})
 	}
 }
 
+// TestAuditChain: the audit with a chain between a and b (2 replicas
+// each, a[i] feeding b[i] round robin on one worker: the edge e2 stays in
+// process, its items settled through e1's), a worker holding one chain
+// SIGKILLed mid-run. The chain restarts whole from its inputs on e1: the
+// sink gets every id once, and the report's counts are exact, e2's
+// included (it has no stream to count it: its figures follow the chain's
+// heads).
+func TestAuditChain(t *testing.T) {
+	t.Parallel()
+	victim, after := auditKill(t)
+	auditRun(t, "bytes", victim, after, true)
+}
+
 // auditRun is one run of the audit: items of type typ, victim killed
 // once the sink has after ids.
-func auditRun(t *testing.T, typ, victim string, after int) {
+func auditRun(t *testing.T, typ, victim string, after int, chain bool) {
 	plugin, err := buildAudit()
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +168,11 @@ func auditRun(t *testing.T, typ, victim string, after int) {
 	dir := t.TempDir()
 	ids := filepath.Join(dir, "ids")
 	spec := filepath.Join(dir, "audit.hcl")
-	if err := os.WriteFile(spec, fmt.Appendf(nil, auditSpec, plugin, auditItems, typ, ids), 0o644); err != nil {
+	a, b, policy := 4, 3, "shared"
+	if chain {
+		a, b, policy = 2, 2, "round_robin"
+	}
+	if err := os.WriteFile(spec, fmt.Appendf(nil, auditSpec, plugin, auditItems, typ, a, b, ids, policy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	srv := startServer(t)
@@ -193,6 +211,16 @@ func auditRun(t *testing.T, typ, victim string, after int) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("%d items at the sink had no id: %q", len(bad), bad[:min(len(bad), 5)])
+	}
+	// How each edge was carried: e2 a chain's where a and b chain.
+	wantCarried := map[string]string{"e1": report.CarriedCrosses, "e2": report.CarriedCrosses, "e3": report.CarriedCrosses}
+	if chain {
+		wantCarried["e2"] = report.CarriedChain
+	}
+	for name, want := range wantCarried {
+		if got := rep.Edges[name].Carried; got != want {
+			t.Errorf("edge %s carried %q, want %q", name, got, want)
+		}
 	}
 	// The report's own counts, exact as well.
 	wantEdges(t, rep, auditItems)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -94,6 +95,55 @@ func TestGraph(t *testing.T) {
 	}
 	if code, _, _ := dflow(t, "graph", "../../specs/seed.hcl", "--format", "svg"); code != exitUsage {
 		t.Errorf("bad format: code %d", code)
+	}
+}
+
+// TestGraphWorkers: --workers says where a run on N workers puts each
+// replica and how it carries each edge: a chain of restartable stages
+// sits on one worker, its edges in process; pinned apart, they cross
+// hosts.
+func TestGraphWorkers(t *testing.T) {
+	t.Parallel()
+	spec := filepath.Join(t.TempDir(), "chain.hcl")
+	os.WriteFile(spec, []byte(`stage "src" {
+  node = "synthetic_source"
+  config {
+    count = 10
+  }
+}
+stage "w" {
+  node = "synthetic_work"
+}
+stage "dst" {
+  node = "sink"
+}
+edge "a" {
+  from = src.out
+  to   = w.in
+}
+edge "b" {
+  from = w.out
+  to   = dst.in
+}
+`), 0o644)
+	code, stdout, stderr := dflow(t, "graph", spec, "--workers", "2")
+	if code != 0 || !regexp.MustCompile(`(?m)^  w +local1$`).MatchString(stdout) ||
+		!regexp.MustCompile(`(?m)^  edge a +a chain's: in process`).MatchString(stdout) {
+		t.Errorf("--workers 2: code %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = dflow(t, "graph", spec, "--workers", "2", "--place", "src=local1", "--place", "w=local2")
+	if code != 0 || !regexp.MustCompile(`(?m)^  edge a +crosses hosts`).MatchString(stdout) ||
+		!regexp.MustCompile(`(?m)^  dst +local2$`).MatchString(stdout) {
+		t.Errorf("pinned apart: code %d\n%s%s", code, stdout, stderr)
+	}
+	for _, args := range [][]string{
+		{"--workers", "2", "--place", "nope=local1"},
+		{"--place", "w=local1"},
+		{"--workers", "2", "--format", "dot"},
+	} {
+		if code, _, stderr := dflow(t, append([]string{"graph", spec}, args...)...); code != exitUsage {
+			t.Errorf("%v: code %d, want %d\n%s", args, code, exitUsage, stderr)
+		}
 	}
 }
 

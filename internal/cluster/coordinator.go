@@ -62,6 +62,14 @@ type Coordinator struct {
 	run    string
 	start  time.Time
 	remote map[string][]bool
+	// chained says which edges are chains' (control.Queues): in process,
+	// their items settled through the inputs at the chains' heads
+	chained map[string]bool
+	// recount are the heads lost shares recorded last (Job.Recount);
+	// chainRecs every share's chain record, read as a run that
+	// completed ends (c.mu)
+	recount   map[string]map[string]int64
+	chainRecs map[string]chainRecord
 
 	mu        sync.Mutex
 	workers   []string
@@ -134,23 +142,53 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if err := c.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
-	c.place, c.remote = control.Place(c.g, c.workers, c.restartable)
-	// The spec's placement attributes, then the --place flags over them.
+	pins, err := Pins(c.g, o.Pin, c.workers)
+	if err != nil {
+		return nil, err
+	}
+	c.place, c.remote, c.chained = control.Place(c.g, c.workers, c.kinds(), pins)
+	return c, nil
+}
+
+// Pins are the spec's placement attributes with the --place flags (pin)
+// over them, checked against the graph and the workers.
+func Pins(g *graph.Graph, pin map[string][]string, workers []string) (map[string][]string, error) {
 	pins := map[string][]string{}
-	for _, s := range c.g.Stages {
+	for _, s := range g.Stages {
 		if len(s.Placement) > 0 {
 			pins[s.Name] = s.Placement
 		}
 	}
-	for stage, ws := range o.Pin {
-		pins[stage] = ws
-	}
-	if len(pins) > 0 {
-		if err := c.pin(pins); err != nil {
-			return nil, err
+	maps.Copy(pins, pin)
+	for _, stage := range slices.Sorted(maps.Keys(pins)) {
+		if g.Stage(stage) == nil {
+			return nil, fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
+		}
+		for _, w := range pins[stage] {
+			if !slices.Contains(workers, w) {
+				return nil, fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(workers, ", "))
+			}
 		}
 	}
-	return c, nil
+	return pins, nil
+}
+
+// Plan is where a run across the workers named puts each replica (by
+// stage), and how it carries each edge (report.Edge.Carried): `dflow
+// graph --workers` shows it before a run.
+func Plan(g *graph.Graph, reg *nodes.Registry, workers []string, pin map[string][]string) (place map[string][]string, carried map[string]string, err error) {
+	pins, err := Pins(g, pin, workers)
+	if err != nil {
+		return nil, nil, err
+	}
+	kinds := control.Kinds{Restartable: func(s *graph.Stage) bool { return restartable(reg, s) },
+		Chainable: func(s *graph.Stage) bool { return chainable(reg, s) }}
+	place, remote, chained := control.Place(g, workers, kinds, pins)
+	carried = map[string]string{}
+	for _, e := range g.Edges {
+		carried[e.Name] = control.Carried(e, place, remote[e.Name], chained[e.Name])
+	}
+	return place, carried, nil
 }
 
 // waitWorkers waits for the run's workers: Workers idle ones (up to
@@ -562,6 +600,10 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	}
 	c.mu.Unlock()
 	job.Remote = c.remote
+	job.Chained = c.chained
+	c.mu.Lock()
+	job.Recount = maps.Clone(c.recount)
+	c.mu.Unlock()
 	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)
 	c.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -283,6 +284,7 @@ func (c *Coordinator) merged(status string, err error) *report.Report {
 	var totals map[string]streamTotal
 	if err == nil && status != report.Aborted {
 		totals = c.streamTotals()
+		c.readChains()
 	}
 	return c.mergedBy(status, err, totals)
 }
@@ -516,7 +518,8 @@ func (c *Coordinator) streamTotals() map[string]streamTotal {
 // books, books.go, set it against the stages' counts); each queue's depth
 // the largest any share saw.
 func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals map[string]streamTotal) report.Edge {
-	re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes}
+	re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes,
+		Carried: control.Carried(e, c.place, c.remote[e.Name], c.chained[e.Name])}
 	for _, q := range e.Queues {
 		re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
 	}
@@ -525,8 +528,19 @@ func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals ma
 			re = re.Plus(ed)
 		}
 	}
+	byChains := totals != nil && c.chained[e.Name] // a run that completed
 	for _, in := range c.instances {
-		if in.lost {
+		rec := c.chainRecs[in.name]
+		switch {
+		case byChains && in.lost:
+			// what it settled, as it recorded it (chain.go)
+			re.Produced += rec.Committed[e.Name]
+			re.Consumed += rec.Committed[e.Name]
+		case byChains:
+			// what it did again of a lost share's recorded heads
+			re.Produced -= rec.Recounted[e.Name]
+			re.Consumed -= rec.Recounted[e.Name]
+		case in.lost:
 			p, n := c.lostEdge(in, e)
 			re.Produced += p
 			re.Consumed += n

@@ -119,6 +119,30 @@ func (lg *ledger) settle() error {
 	if len(batch) == 0 || lg.l.released.Load() {
 		return nil
 	}
+	// A chain's heads are recorded before they are acked (chain.go); a
+	// source's item is a head once its position passes it.
+	var heads []*taken
+	var moved []*sourcePos
+	for _, t := range batch {
+		if t.q == nil {
+			passed := t.pos.settled(t)
+			if len(passed) > 0 {
+				moved = append(moved, t.pos)
+			}
+			for _, p := range passed {
+				if p.chain != nil {
+					heads = append(heads, p)
+				}
+			}
+		} else if t.chain != nil {
+			heads = append(heads, t)
+		}
+	}
+	if len(heads) > 0 {
+		if err := lg.recordChains(heads); err != nil {
+			return err
+		}
+	}
 	for _, t := range batch {
 		if t.q == nil {
 			continue // a source's item: nothing to ack
@@ -143,12 +167,8 @@ func (lg *ledger) settle() error {
 			return fmt.Errorf("settling %d items on worker %s: %w", len(batch), lg.l.worker, err)
 		}
 	}
-	var moved []*sourcePos
 	for _, t := range batch {
 		if t.q == nil {
-			if t.pos.settled(t.k) {
-				moved = append(moved, t.pos)
-			}
 			continue
 		}
 		t.q.committed(t)

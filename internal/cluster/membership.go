@@ -48,26 +48,6 @@ func (c *Coordinator) idle() []string {
 	return ws
 }
 
-// pin applies CoordOptions.Pin and says again which queues are remote.
-func (c *Coordinator) pin(pins map[string][]string) error {
-	for stage, ws := range pins {
-		s := c.g.Stage(stage)
-		if s == nil {
-			return fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
-		}
-		for _, w := range ws {
-			if !slices.Contains(c.workers, w) {
-				return fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(c.workers, ", "))
-			}
-		}
-		for i := range s.Replicas {
-			c.place[stage][i] = ws[i%len(ws)]
-		}
-	}
-	c.remote = control.RemoteQueues(c.g, c.place, c.restartable)
-	return nil
-}
-
 // Placement says where each replica runs, one line.
 func (c *Coordinator) Placement() string {
 	c.mu.Lock()
@@ -151,6 +131,9 @@ func (c *Coordinator) recover(in *instance) error {
 	// its items from redelivery (a worker that was only slow, say).
 	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
 	ended := c.endedOn(in)
+	if err := c.recountFrom(in); err != nil {
+		return fmt.Errorf("worker %s lost: %w", in.worker, err)
+	}
 	// why the share is over: its worker silent, or a group's restore
 	// needs a member it ran back (its worker lives)
 	lost := fmt.Sprintf("worker %s lost (no word from it for %v)", in.worker, c.o.Timings.Lease)
@@ -271,7 +254,8 @@ func (c *Coordinator) recover(in *instance) error {
 // and the run's figures settle what it did since (settleLost). One
 // recorded settled after that snapshot whose ends are not all written
 // restarts, as before. Not one that feeds a queue in
-// process on the lost worker (its consumer is gone with it), and, where a
+// process on the lost worker (its consumer is gone with it), nor one that
+// reads a chain's edge (the chain restarts whole, chain.go), and, where a
 // stage has no group across workers, none of its replicas on in unless all
 // of them had finished (those that stayed and those that moved would be a
 // group spread over two workers, with no host). What cannot be read is not
@@ -307,6 +291,13 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 			}
 			for _, p := range q.Producers {
 				local[replicaKey{e.From.Stage.Name, p}] = true
+			}
+			if c.chained[e.Name] {
+				// a chain restarts whole: what its consumer settled
+				// came back to the chain's head unsettled, maybe
+				for _, cr := range q.Consumers {
+					local[replicaKey{e.To.Stage.Name, cr}] = true
+				}
 			}
 		}
 	}
@@ -408,6 +399,12 @@ func replicaDone(s *report.Snapshot, stage string, i int) bool {
 
 // restartable reports whether a stage's replicas may restart elsewhere.
 func (c *Coordinator) restartable(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+
+// kinds is what placement reads of the stages' kinds.
+func (c *Coordinator) kinds() control.Kinds {
+	return control.Kinds{Restartable: c.restartable,
+		Chainable: func(s *graph.Stage) bool { return chainable(c.o.Registry, s) }}
+}
 
 // loseMember takes replica i of s, lost with in, out of its group across
 // workers. A group whose state moves needs a member left to take it from,

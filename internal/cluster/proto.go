@@ -23,7 +23,14 @@ type Job struct {
 	Place map[string][]string `json:"place"`
 	// Remote[edge][i] says whether queue i of edge rides JetStream.
 	Remote map[string][]bool `json:"remote"`
-	Grace  time.Duration     `json:"grace"`
+	// Chained says which edges are chains': in process, their items
+	// carrying receipts derived from their producers' (chain.go).
+	Chained map[string]bool `json:"chained,omitempty"`
+	// Recount are the heads of chains that lost shares recorded last
+	// (chainRecord.Last), each with what it derived on each chained edge:
+	// one that comes back is counted apart.
+	Recount map[string]map[string]int64 `json:"recount,omitempty"`
+	Grace   time.Duration               `json:"grace"`
 	// Instance names the share of the job this request starts: the
 	// worker's name, or a restart's name (worker/rN) for replicas moved
 	// from a lost worker.

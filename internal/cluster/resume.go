@@ -38,23 +38,26 @@ type sourcePos struct {
 	key  string // its key in the position bucket
 	mu   sync.Mutex
 	next int64
-	done map[int64]bool // settled past next
+	done map[int64]*taken // settled past next
 }
 
-// settled notes item k settled; true when the position moved.
-func (p *sourcePos) settled(k int64) bool {
+// settled notes item t (its t.k-th) settled, and returns the items the
+// position passed with it (none where it did not move).
+func (p *sourcePos) settled(t *taken) []*taken {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if k != p.next {
-		if k > p.next {
-			p.done[k] = true
+	if t.k != p.next {
+		if t.k > p.next {
+			p.done[t.k] = t
 		}
-		return false
+		return nil
 	}
-	for p.next++; p.done[p.next]; p.next++ {
+	passed := []*taken{t}
+	for p.next++; p.done[p.next] != nil; p.next++ {
+		passed = append(passed, p.done[p.next])
 		delete(p.done, p.next)
 	}
-	return true
+	return passed
 }
 
 func (p *sourcePos) at() int64 {
@@ -99,7 +102,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 			fmt.Fprintf(l.log(), "dflow worker %s: stage %s replica %d resumes after its item %d\n", l.worker, s.Name, r.Index(), from)
 		}
 		src := &resumed{Replica: r, l: l, from: from, id: "s" + key,
-			pos: &sourcePos{key: key, next: from, done: map[int64]bool{}}}
+			pos: &sourcePos{key: key, next: from, done: map[int64]*taken{}}}
 		return n.Run(ctx, src)
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -221,7 +222,9 @@ type links struct {
 	// fatal fails the share with err (a publish refused, an end of input
 	// that could not be recorded).
 	fatal func(error)
-	pmu   sync.Mutex
+	// chains is the share's side of its chains' figures (chain.go)
+	chains chains
+	pmu    sync.Mutex
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 
@@ -251,6 +254,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	own.Timings = own.Timings.withDefaults()
 	l.job = &own
 	l.ledger = newLedger(l)
+	l.chains.recount = maps.Clone(job.Recount)
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
@@ -282,6 +286,9 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 
 // For is the engine's TransportFor.
 func (l *links) For(e *graph.Edge, qi int) engine.Transport {
+	if l.job.Chained[e.Name] {
+		return l.chainQueue(e)
+	}
 	if !l.job.Remote[e.Name][qi] {
 		return nil
 	}
@@ -991,6 +998,11 @@ type taken struct {
 	// trained in, a save of which still has to come)
 	dropped bool
 	keep    uint32
+	// a chain's item (chain.go): parent is the delivery it derives from,
+	// head the input at its chain's head, edge the chained edge it was
+	// sent on
+	parent, head *taken
+	edge         string
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next settle
@@ -998,6 +1010,9 @@ type taken struct {
 	under    int  // publishes derived from it, unanswered
 	finished bool // its replica has asked for the next item, or returned
 	queued   bool // handed to the ledger: once, whatever a node does
+	// chain counts, on a chain's head, what was derived from it on each
+	// chained edge, by name
+	chain map[string]int64
 }
 
 // derive notes a publish of an item sent from t, under way.
@@ -1016,7 +1031,7 @@ func (t *taken) answered(lg *ledger) {
 	t.queued = t.queued || settle
 	t.mu.Unlock()
 	if settle {
-		lg.done(t)
+		t.settled(lg)
 	}
 }
 
@@ -1029,7 +1044,7 @@ func (t *taken) finish(lg *ledger) {
 	t.queued = t.queued || settle
 	t.mu.Unlock()
 	if settle {
-		lg.done(t)
+		t.settled(lg)
 	}
 }
 

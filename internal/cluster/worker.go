@@ -440,6 +440,14 @@ func restartable(reg *nodes.Registry, s *graph.Stage) bool {
 	}
 }
 
+// chainable reports whether a stage may be part of a chain (control.Kinds):
+// it restarts elsewhere, and nothing of it outlives an item: no state that
+// moves, no group.
+func chainable(reg *nodes.Registry, s *graph.Stage) bool {
+	spec, ok := reg.Spec(s.Node)
+	return ok && restartable(reg, s) && !spec.Moves && (spec.Sync == nil || !spec.Sync(s.Config))
+}
+
 // moves reports whether a stage's state moves to a restart (Spec.Moves).
 func moves(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)
