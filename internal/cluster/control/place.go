@@ -18,8 +18,8 @@ type Kinds struct {
 
 // Place puts the pinned stages' replicas where pins say (replica i on
 // the i-th worker named, round the list), and spreads the others evenly
-// over the workers, stage after stage (the k-th replica not pinned, in
-// the spec's order, goes to worker k mod W), except that a replica
+// over the workers, stage after stage (the k-th replica in the spec's
+// order goes to worker k mod W, pinned ones counted), except that a replica
 // joined to one placed before it by a chainable edge (Chainable) goes
 // where that one went: a chain's replicas sit together. It says which
 // queues ride JetStream and which edges are chains (Queues).
@@ -36,6 +36,7 @@ func Place(g *graph.Graph, workers []string, kinds Kinds, pins map[string][]stri
 	k := 0
 	for _, s := range g.Stages {
 		if len(pins[s.Name]) > 0 {
+			k += s.Replicas // the others go where they would without the pin
 			continue
 		}
 		for i := range s.Replicas {
