@@ -88,14 +88,15 @@ func Latest(seen ...map[string]Metric) map[string]Metric {
 	return out
 }
 
-// The split of a group member's steps (issue 45's data wait beside
-// compute): node metrics, counters in seconds, that a member adds to as it
-// takes its input in steps (the SDKs' steps, drafter_train's loop).
-// DataWait is the time from asking for a step's items to having them
-// (with the group's word on the step, where the SDK settles it by an
-// all-reduce); Compute the time from having them to asking for the next.
-// Summed over a stage's replicas, they say what share of each step its
-// members waited for data (Stage.DataWaitShare).
+// The split of a group member's steps into waiting for data and
+// computing: node metrics, counters in seconds, that a member adds to as
+// it takes its input in steps (the SDKs' steps, drafter_train's loop).
+// DataWait is the member's wait for its items, Compute the time from
+// having them to asking for the next; the SDKs' steps share the wait in
+// the all-reduce that settles each step between the two, in the
+// proportion of the group's waits for items to its compute. Summed over a
+// stage's replicas, they say what share of each step its members waited
+// for data (Stage.DataWaitShare).
 const (
 	DataWait = "data_wait_seconds"
 	Compute  = "compute_seconds"

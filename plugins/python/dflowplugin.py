@@ -423,16 +423,21 @@ class Replica:
         next step.
 
         Each step is measured, as node metrics (counters, in seconds):
-        data_wait_seconds, from asking for the step to having it (its
-        items and the all_reduce that settles it), and compute_seconds,
-        from having it to asking for the next. dflow's report and its
-        diagnosis read their shares."""
+        data_wait_seconds, the member's wait for its items, and
+        compute_seconds, from having the step to asking for the next. The
+        step's all_reduce, where the members wait for the last to arrive,
+        is shared between the two in the proportion of the group's item
+        waits to its compute (summed over the members in the same
+        all_reduce): a group waiting for its producers counts it as data
+        wait, one whose members compute unevenly as compute. dflow's
+        report and its diagnosis read their shares."""
         if k < 1:
             raise ValueError("steps of %d items: k is at least 1" % k)
         held, ended, index = [], False, 0
-        asked = time.monotonic()  # the node asks for a step: its wait for data begins
+        computed = 0.0  # the last step's compute
         while True:
             items = []
+            asked = time.monotonic()  # the wait for the step's items begins
             while not ended and len(items) < k:
                 # The first ask of a step gives back the last step's regions.
                 item = self._take(port, held if not items else [], held)
@@ -440,14 +445,17 @@ class Replica:
                     ended = True
                 else:
                     items.append(item)
-            (total,), members = self.all_reduce([len(items)])
+            got = time.monotonic()
+            (total, waits, computes), members = self.all_reduce([len(items), got - asked, computed])
             ready = time.monotonic()
-            self.metric(DATA_WAIT, ready - asked, counter=True)
+            data = waits / (waits + computes) if waits + computes > 0 else 1.0
+            self.metric(DATA_WAIT, got - asked + data * (ready - got), counter=True)
+            self.metric(COMPUTE, (1 - data) * (ready - got), counter=True)
             if total == 0:
                 return
             yield Step(index, items, int(total), members)
-            asked = time.monotonic()
-            self.metric(COMPUTE, asked - ready, counter=True)
+            computed = time.monotonic() - ready
+            self.metric(COMPUTE, computed, counter=True)
             index += 1
 
     def _drop(self, off):

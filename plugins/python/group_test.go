@@ -341,13 +341,13 @@ edge "a" {
 	}
 }
 
-// stepsWaitSpec: 12 items from a source taking source_time each into
+// stepsWaitSpec: 24 items from a source taking service_time each into
 // three ranks of the steps kind, each step computing compute_ms.
 const stepsWaitSpec = `
 stage "src" {
   node = "synthetic_source"
   config {
-    count        = 12
+    count        = 24
     size_bytes   = 8
     service_time = %q
   }
@@ -367,7 +367,7 @@ edge "a" {
 
 // TestStepsDataWait: the module's steps measure each step's wait for
 // data and its compute, as node metrics (data_wait_seconds and
-// compute_seconds, summed over the ranks). Behind a slow source (60ms an
+// compute_seconds, summed over the ranks). Behind a slow source (100ms an
 // item, the ranks computing nothing) the wait is most of each step and
 // the diagnosis says the source is the bottleneck; behind a fast one
 // (the ranks computing 200ms a step) it is a small share, and the
@@ -392,7 +392,7 @@ func TestStepsDataWait(t *testing.T) {
 		compute      int
 		slow         bool
 	}{
-		{"slow source", "60ms", 0, true},
+		{"slow source", "100ms", 0, true},
 		{"slow compute", "0s", 200, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -163,10 +163,14 @@ type Step struct {
 // that has run out stops joining, hangs the others' collective.
 //
 // Steps measures each step, as node metrics (counters, in seconds):
-// report.DataWait ("data_wait_seconds"), from the node asking for the
-// step to having it (its items and the group's all-reduce that settles
-// the step), and report.Compute ("compute_seconds"), from having it to
-// asking for the next. The report and its diagnosis read their shares.
+// report.DataWait ("data_wait_seconds"), the member's wait for its items,
+// and report.Compute ("compute_seconds"), from having the step to asking
+// for the next. The step's all-reduce, where the members wait for the
+// last to arrive, is shared between the two in the proportion of the
+// group's waits for items to its compute (summed in the same all-reduce):
+// a group waiting for its producers counts it as data wait, one whose
+// members compute unevenly as compute. The report and its diagnosis read
+// their shares.
 //
 // An item of a step that came by reference (shared memory) is valid
 // until the next step; with k > 1, all but a step's last are copies
@@ -179,9 +183,10 @@ func Steps(ctx context.Context, r nodes.Replica, port string, k int) iter.Seq2[*
 		}
 		in, metrics := r.In(port), r.Metrics()
 		ended := false
-		asked := time.Now() // the node asks for a step: its wait for data begins
+		var computed time.Duration // the last step's compute
 		for index := 0; ; index++ {
 			st := &Step{Index: index}
+			asked := time.Now() // the wait for the step's items begins
 			for !ended && len(st.Items) < k {
 				item, err := in.Recv(ctx)
 				if err == io.EOF {
@@ -201,23 +206,32 @@ func Steps(ctx context.Context, r nodes.Replica, port string, k int) iter.Seq2[*
 				}
 				st.Items = append(st.Items, item)
 			}
-			counts := []float32{float32(len(st.Items))}
-			n, err := r.Group().AllReduceSum(ctx, counts)
+			got := time.Now()
+			// The step's count, with the members' waits for items and
+			// their last computes, which share out the all-reduce's wait.
+			sums := []float32{float32(len(st.Items)), float32(got.Sub(asked).Seconds()), float32(computed.Seconds())}
+			n, err := r.Group().AllReduceSum(ctx, sums)
 			if err != nil {
 				yield(nil, fmt.Errorf("sdk: step %d: %w", index, err))
 				return
 			}
-			st.Total, st.Members = int(counts[0]), n
+			st.Total, st.Members = int(sums[0]), n
 			ready := time.Now()
-			metrics.Add(report.DataWait, ready.Sub(asked).Seconds())
+			data := 1.0
+			if w, c := float64(sums[1]), float64(sums[2]); w+c > 0 {
+				data = w / (w + c)
+			}
+			synced := ready.Sub(got).Seconds()
+			metrics.Add(report.DataWait, got.Sub(asked).Seconds()+data*synced)
+			metrics.Add(report.Compute, (1-data)*synced)
 			if st.Total == 0 {
 				return // every member's input has ended
 			}
 			if !yield(st, nil) {
 				return
 			}
-			asked = time.Now()
-			metrics.Add(report.Compute, asked.Sub(ready).Seconds())
+			computed = time.Since(ready)
+			metrics.Add(report.Compute, computed.Seconds())
 		}
 	}
 }
