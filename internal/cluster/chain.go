@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -19,8 +18,9 @@ import (
 //
 // An edge between stages that restart elsewhere and keep nothing past an
 // item, each of whose queues is one producer's to one consumer on one
-// worker, is a chain's (control.Queues): its items stay in process, on a
-// chainQueue, and never ride a stream. What makes that exactly once:
+// worker, is a chain's (control.Queues): its items stay in process, on
+// the engine's channels (engine.Chain: chainEdge), and never ride a
+// stream. What makes that exactly once:
 //
 //   - an item sent on a chain's edge carries a receipt of its own (a
 //     child *taken), with the id the edge's stream would have given it
@@ -47,56 +47,33 @@ import (
 // shares' last heads (Job.Recount), counts what it derives from them
 // apart (Recounted), and the run's figures take that off (chainFigures).
 
-// chainQueue is a queue of a chain's edge: a channel of deliveries.
-type chainQueue struct {
-	l    *links
-	edge *graph.Edge
+// chainEdge is a chain's edge as the engine sees it (engine.Chain): its
+// queues are the engine's channels, each item boxed with a child receipt.
+type chainEdge struct {
+	name string
 	ei   int
-	ch   chan engine.Delivery
-	once sync.Once
 }
 
-func (l *links) chainQueue(e *graph.Edge) *chainQueue {
-	return &chainQueue{l: l, edge: e, ei: edgeIndex(l.g, e), ch: make(chan engine.Delivery, max(e.Capacity, 1))}
-}
-
-// Send queues item with a receipt derived from the sender's delivery in
-// hand (none where it has none: a sequence id's item on a stream is not
-// derived either).
-func (q *chainQueue) Send(ctx context.Context, item any, from engine.Origin) error {
-	d := engine.Delivery{Item: item}
-	parent, _ := from.Receipt.(*taken)
-	var c *taken
-	if parent != nil {
-		c = parent.child(q.edge.Name, q.ei, from.Sent)
-		d.Receipt = c
-	}
-	select {
-	case q.ch <- d:
+// ChainFor is the engine's ChainFor.
+func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
+	if !l.job.Chained[e.Name] {
 		return nil
-	case <-ctx.Done():
-		if c != nil {
-			c.unsent()
-		}
-		return ctx.Err()
 	}
+	return &chainEdge{name: e.Name, ei: edgeIndex(l.g, e)}
 }
 
-func (q *chainQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
-	select {
-	case d, ok := <-q.ch:
-		return d, ok, nil
-	case <-ctx.Done():
-		return engine.Delivery{}, false, ctx.Err()
+// Derive gives an item sent from the sender's delivery in hand a receipt
+// of its own (none where it has none: an item a stream gets under a
+// sequence id is not derived either).
+func (c *chainEdge) Derive(from engine.Origin) engine.Receipt {
+	parent, _ := from.Receipt.(*taken)
+	if parent == nil {
+		return nil
 	}
+	return parent.child(c.name, c.ei, from.Sent)
 }
 
-func (q *chainQueue) Close()     { q.once.Do(func() { close(q.ch) }) }
-func (q *chainQueue) Depth() int { return len(q.ch) }
-
-// Held is engine.Holder's: what its consumers never took, once they have
-// all returned.
-func (q *chainQueue) Held() int { return len(q.ch) }
+func (c *chainEdge) Unsent(rc engine.Receipt) { rc.(*taken).unsent() }
 
 // child is the receipt of an item sent from t on chained edge edge (index
 // ei), the k-th sent from t: counted under way from t until settled, and
@@ -106,12 +83,12 @@ func (t *taken) child(edge string, ei, k int) *taken {
 	if t.head != nil {
 		head = t.head
 	}
-	c := &taken{id: "f" + origin{id: t.id, k: k}.hash(strconv.Itoa(ei)), lg: t.lg, parent: t, head: head, edge: edge}
+	c := &taken{id: "f" + origin{id: t.id, k: k}.hash(strconv.Itoa(ei)), lg: t.lg, parent: t, head: head, ei: ei}
 	head.mu.Lock()
 	if head.chain == nil {
-		head.chain = map[string]int64{}
+		head.chain = make([]int64, len(t.lg.l.g.Edges))
 	}
-	head.chain[edge]++
+	head.chain[ei]++
 	head.mu.Unlock()
 	t.derive()
 	return c
@@ -120,7 +97,7 @@ func (t *taken) child(edge string, ei, k int) *taken {
 // unsent takes back a child whose send failed.
 func (c *taken) unsent() {
 	c.head.mu.Lock()
-	c.head.chain[c.edge]--
+	c.head.chain[c.ei]--
 	c.head.mu.Unlock()
 	c.parent.answered(c.lg)
 }
@@ -139,52 +116,123 @@ func (t *taken) settled(lg *ledger) {
 	t.parent.answered(lg)
 }
 
-// chainCounts is what was derived from head t on each chained edge.
-func (t *taken) chainCounts() map[string]int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return maps.Clone(t.chain)
-}
-
 // chainRecord is a share's record of its chains' figures (keyChain).
 type chainRecord struct {
 	// Committed is what the heads it settled derived, by chained edge,
-	// less those in Recount.
+	// less what Recounted holds.
 	Committed map[string]int64 `json:"committed,omitempty"`
-	// Recounted is what the heads in the job's Recount derived here: they
-	// were recorded by a lost share, whose ack may not have reached the
-	// server.
+	// Recounted is what the heads in the job's Recount derived here: a
+	// lost share recorded them, and their acks (or its source's position)
+	// may not have reached the server.
 	Recounted map[string]int64 `json:"recounted,omitempty"`
-	// Last is the latest batch of heads recorded, by id, each with what it
-	// derived: recorded before they were acked, they come back to a
-	// restart where the acks did not reach the server.
-	Last map[string]map[string]int64 `json:"last,omitempty"`
+	// Last are the heads of the latest settle recorded: recorded before
+	// they were acked, they come back to a restart where the acks did not
+	// reach the server.
+	Last chainHeads `json:"last"`
+}
+
+// chainHeads names heads: a stream's items by id, a resuming source's by
+// the ranges of its items (k from [0] up to [1]) that a position move
+// passed, by the source's position key.
+type chainHeads struct {
+	IDs     []string              `json:"ids,omitempty"`
+	Sources map[string][][2]int64 `json:"sources,omitempty"`
+}
+
+// add adds head h.
+func (hs *chainHeads) add(h *taken) {
+	if h.pos == nil {
+		hs.IDs = append(hs.IDs, h.id)
+		return
+	}
+	if hs.Sources == nil {
+		hs.Sources = map[string][][2]int64{}
+	}
+	rs := hs.Sources[h.pos.key]
+	if n := len(rs); n > 0 && rs[n-1][1] == h.k {
+		rs[n-1][1]++
+	} else {
+		rs = append(rs, [2]int64{h.k, h.k + 1})
+	}
+	hs.Sources[h.pos.key] = rs
+}
+
+// merge adds o's heads.
+func (hs *chainHeads) merge(o chainHeads) {
+	hs.IDs = append(hs.IDs, o.IDs...)
+	for k, rs := range o.Sources {
+		if hs.Sources == nil {
+			hs.Sources = map[string][][2]int64{}
+		}
+		hs.Sources[k] = append(hs.Sources[k], rs...)
+	}
 }
 
 // chains is a share's side of its chains' figures.
 type chains struct {
 	mu  sync.Mutex
 	rec chainRecord
-	// recount are lost shares' last heads (Job.Recount)
-	recount map[string]map[string]int64
+	// again are the stream heads lost shares recorded last, and sources
+	// the ranges of their sources' (Job.Recount)
+	again   map[string]bool
+	sources map[string][][2]int64
 }
 
-// record adds the heads of a settle about to be acked to the share's
-// chain record and writes it, before the acks go: a head recorded whose
-// ack is lost is in Last for the restart to recount.
+// setRecount takes the job's Recount.
+func (ch *chains) setRecount(hs chainHeads) {
+	ch.again = map[string]bool{}
+	for _, id := range hs.IDs {
+		ch.again[id] = true
+	}
+	ch.sources = hs.Sources
+}
+
+// recounts reports whether head h is one a lost share recorded last.
+func (ch *chains) recounts(h *taken) bool {
+	if h.pos == nil {
+		if ch.again[h.id] {
+			delete(ch.again, h.id)
+			return true
+		}
+		return false
+	}
+	for _, r := range ch.sources[h.pos.key] {
+		if r[0] <= h.k && h.k < r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// recordChains adds the heads of a settle about to be acked to the
+// share's chain record and writes it, before the acks go (or the source
+// positions move): a head recorded whose ack is lost is in Last for the
+// restart to recount.
 func (lg *ledger) recordChains(heads []*taken) error {
 	ch := &lg.l.chains
+	edges := lg.l.g.Edges
+	add := func(to map[string]int64, h *taken) map[string]int64 {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for ei, n := range h.chain {
+			if n != 0 {
+				if to == nil {
+					to = map[string]int64{}
+				}
+				to[edges[ei].Name] += n
+			}
+		}
+		return to
+	}
 	ch.mu.Lock()
-	last := map[string]map[string]int64{}
+	var last chainHeads
 	for _, h := range heads {
-		counts := h.chainCounts()
-		if _, again := ch.recount[h.id]; again {
-			delete(ch.recount, h.id)
-			ch.rec.Recounted = addCounts(ch.rec.Recounted, counts)
+		if ch.recounts(h) {
+			ch.rec.Recounted = add(ch.rec.Recounted, h)
 			continue
 		}
-		ch.rec.Committed = addCounts(ch.rec.Committed, counts)
-		last[h.id] = counts
+		ch.rec.Committed = add(ch.rec.Committed, h)
+		last.add(h)
 	}
 	ch.rec.Last = last
 	b, err := json.Marshal(&ch.rec)
@@ -198,19 +246,6 @@ func (lg *ledger) recordChains(heads []*taken) error {
 		return fmt.Errorf("recording the chains' figures on worker %s: %w", lg.l.worker, err)
 	}
 	return nil
-}
-
-func addCounts(to, from map[string]int64) map[string]int64 {
-	if len(from) == 0 {
-		return to
-	}
-	if to == nil {
-		to = map[string]int64{}
-	}
-	for k, v := range from {
-		to[k] += v
-	}
-	return to
 }
 
 // keyChain is a share's chain record.
@@ -248,10 +283,7 @@ func (c *Coordinator) recountFrom(in *instance) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.recount == nil {
-		c.recount = map[string]map[string]int64{}
-	}
-	maps.Copy(c.recount, rec.Last)
+	c.recount.merge(rec.Last)
 	return nil
 }
 
@@ -275,4 +307,10 @@ func (c *Coordinator) readChains() {
 	c.mu.Lock()
 	c.chainRecs = recs
 	c.mu.Unlock()
+}
+
+func (hs chainHeads) clone() chainHeads {
+	var out chainHeads
+	out.merge(hs)
+	return out
 }

@@ -68,7 +68,7 @@ type Coordinator struct {
 	// recount are the heads lost shares recorded last (Job.Recount);
 	// chainRecs every share's chain record, read as a run that
 	// completed ends (c.mu)
-	recount   map[string]map[string]int64
+	recount   chainHeads
 	chainRecs map[string]chainRecord
 
 	mu        sync.Mutex
@@ -602,7 +602,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Remote = c.remote
 	job.Chained = c.chained
 	c.mu.Lock()
-	job.Recount = maps.Clone(c.recount)
+	job.Recount = c.recount.clone()
 	c.mu.Unlock()
 	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)

@@ -183,7 +183,7 @@ func (lk *look) recv(w report.Wait) (j judged, ok bool) {
 		from := e.From.Stage.Name
 		by := lk.live(from, ref.For)
 		if ref.Remote {
-			if n, ok := lk.queued(e, ref.Queue); !ok || n > 0 {
+			if n, ok := lk.streamMsgs(e, ref.Queue); !ok || n > 0 {
 				return j, false // an item on its way, or unknown
 			}
 			by = lk.live(from, e.Queues[ref.Queue].Producers)
@@ -216,7 +216,7 @@ func (lk *look) send(w report.Wait) (j judged, ok bool) {
 	depth := e.Capacity
 	j.on = lk.live(e.To.Stage.Name, ref.For)
 	if ref.Remote {
-		n, ok := lk.queued(e, ref.Queue)
+		n, ok := lk.streamMsgs(e, ref.Queue)
 		if !ok || n < e.Capacity {
 			return j, false // room, or unknown
 		}
@@ -278,36 +278,6 @@ func (lk *look) live(stage string, idx []int) []replicaRef {
 
 // streamMsgs is how many messages queue q of e's stream holds, read once
 // a look.
-// queued is how many items queue q of e holds: its stream's, or, on a
-// chain's edge (in process on one worker, chain.go), as the share that
-// runs it last said.
-func (lk *look) queued(e *graph.Edge, q int) (int, bool) {
-	if lk.c.chained[e.Name] {
-		return lk.c.chainDepth(e, q)
-	}
-	return lk.streamMsgs(e, q)
-}
-
-// chainDepth is the depth of queue q of chain's edge e as the share that
-// runs its producer last said.
-func (c *Coordinator) chainDepth(e *graph.Edge, q int) (int, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if q >= len(e.Queues) || len(e.Queues[q].Producers) == 0 {
-		return 0, false
-	}
-	in := c.instances[c.place[e.From.Stage.Name][e.Queues[q].Producers[0]]]
-	if in == nil || in.last == nil {
-		return 0, false
-	}
-	for _, es := range in.last.Edges {
-		if es.Name == e.Name && q < len(es.Queues) {
-			return es.Queues[q].Depth, true
-		}
-	}
-	return 0, false
-}
-
 func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	key := fmt.Sprintf("%s/%d", e.Name, q)
 	if n, ok := lk.msgs[key]; ok {

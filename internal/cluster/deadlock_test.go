@@ -170,6 +170,9 @@ func TestDeadlockStopsDrainAcrossWorkers(t *testing.T) {
 	var once sync.Once
 	rep, c, err := tc.runWith(t, spec, 2, func(o *CoordOptions) {
 		o.Drain = drain
+		// across the workers: left to itself, the chain src -> mid ->
+		// step would sit on one worker, and its engine sees the deadlock
+		o.Pin = map[string][]string{"src": {"w1"}, "mid": {"w2"}, "step": {"w1", "w2"}}
 		o.Timings.DeadlockConfirm = 6 * time.Second
 		// The deadlock has formed once mid has waited for room on b,
 		// taking nothing more, for a second; the coordinator confirms it

@@ -580,7 +580,13 @@ type origin struct {
 // whichever share sends it, and whichever queue of the edge it goes to
 // (the edge's stream is one namespace of ids).
 func (o origin) hash(at string) string {
+	var buf [96]byte
+	b := append(buf[:0], o.id...)
+	b = append(b, '#')
+	b = strconv.AppendInt(b, int64(o.k), 10)
+	b = append(b, '>')
+	b = append(b, at...)
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s#%d>%s", o.id, o.k, at)
+	h.Write(b)
 	return strconv.FormatUint(h.Sum64(), 36)
 }

@@ -27,10 +27,9 @@ type Job struct {
 	// carrying receipts derived from their producers' (chain.go).
 	Chained map[string]bool `json:"chained,omitempty"`
 	// Recount are the heads of chains that lost shares recorded last
-	// (chainRecord.Last), each with what it derived on each chained edge:
-	// one that comes back is counted apart.
-	Recount map[string]map[string]int64 `json:"recount,omitempty"`
-	Grace   time.Duration               `json:"grace"`
+	// (chainRecord.Last): one that comes back is counted apart.
+	Recount chainHeads    `json:"recount"`
+	Grace   time.Duration `json:"grace"`
 	// Instance names the share of the job this request starts: the
 	// worker's name, or a restart's name (worker/rN) for replicas moved
 	// from a lost worker.

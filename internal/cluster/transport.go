@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -254,7 +253,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	own.Timings = own.Timings.withDefaults()
 	l.job = &own
 	l.ledger = newLedger(l)
-	l.chains.recount = maps.Clone(job.Recount)
+	l.chains.setRecount(job.Recount)
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
@@ -286,9 +285,6 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 
 // For is the engine's TransportFor.
 func (l *links) For(e *graph.Edge, qi int) engine.Transport {
-	if l.job.Chained[e.Name] {
-		return l.chainQueue(e)
-	}
 	if !l.job.Remote[e.Name][qi] {
 		return nil
 	}
@@ -1002,7 +998,7 @@ type taken struct {
 	// head the input at its chain's head, edge the chained edge it was
 	// sent on
 	parent, head *taken
-	edge         string
+	ei           int
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next settle
@@ -1011,8 +1007,8 @@ type taken struct {
 	finished bool // its replica has asked for the next item, or returned
 	queued   bool // handed to the ledger: once, whatever a node does
 	// chain counts, on a chain's head, what was derived from it on each
-	// chained edge, by name
-	chain map[string]int64
+	// chained edge, by edge index
+	chain []int64
 }
 
 // derive notes a publish of an item sent from t, under way.

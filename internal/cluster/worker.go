@@ -251,6 +251,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		Registry: w.o.Registry, Drain: drain, Grace: job.Grace,
 		Here:      func(s *graph.Stage, i int) bool { return job.Place[s.Name][i] == inst },
 		Transport: l.For,
+		Chain:     l.ChainFor,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
 		Wrap:      l.track,
 	})

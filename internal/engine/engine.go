@@ -42,6 +42,9 @@ type Options struct {
 	// Transport, when set, may carry queues out of process (transport.go);
 	// nil keeps every queue an in-process channel.
 	Transport TransportFor
+	// Chain, when set, may make an in-process queue a chain's: its items
+	// carry receipts derived from their senders' (transport.go).
+	Chain ChainFor
 	// Here, when set, runs only the replicas it accepts; the others run
 	// in other engines (placement.go). Group, when set, may give a stage
 	// a group whose members sit in several engines.
@@ -216,6 +219,9 @@ func (r *run) build() error {
 					q.t, q.ch = t, make(chan any, 1)
 				}
 			}
+			if r.opts.Chain != nil && q.t == nil {
+				q.chain = r.opts.Chain(ge, i)
+			}
 			e.queues = append(e.queues, q)
 		}
 		from, to := byName[ge.From.Stage.Name], byName[ge.To.Stage.Name]
@@ -229,7 +235,7 @@ func (r *run) build() error {
 			out := rep.outputs[ge.From.Name]
 			out.edges = append(out.edges, oe)
 			out.one = nil
-			if len(out.edges) == 1 && len(oe.queues) == 1 && oe.route == nil {
+			if len(out.edges) == 1 && len(oe.queues) == 1 && oe.route == nil && oe.queues[0].q.chain == nil {
 				out.one = oe.queues[0]
 			}
 		}

@@ -18,6 +18,10 @@ type queue struct {
 	edge  *edge
 	index int
 	ch    chan any
+	// chain, when set, makes the queue a chain's: each item sent on it
+	// goes boxed with a receipt derived from its sender's delivery in
+	// hand (transport.go)
+	chain Chain
 	gone  chan struct{}
 	// mu orders the close of ch with the wake tokens sent once the run is
 	// cancelled (wake.go); closed is true once ch is closed.

@@ -209,12 +209,12 @@ type inQueue struct {
 	capBytes int64
 	got      tally
 	q        *queue
-	remote   bool // on a transport: its items may come boxed (*Delivery)
+	remote   bool // on a transport or a chain's: its items may come boxed (*Delivery)
 	_        linePad
 }
 
 func newInQueue(q *queue) *inQueue {
-	return &inQueue{ch: q.ch, capBytes: q.capBytes, q: q, remote: q.t != nil}
+	return &inQueue{ch: q.ch, capBytes: q.capBytes, q: q, remote: q.t != nil || q.chain != nil}
 }
 
 func (in *input) Recv(ctx context.Context) (any, error) {
@@ -531,8 +531,23 @@ func (o *output) sendSlow(ctx context.Context, item any, full bool) error {
 // when it is full; full says the caller has just found it full, so that
 // it is not tried twice.
 func (o *output) send(ctx context.Context, oq *outQueue, item any, full bool) error {
+	if c := oq.q.chain; c != nil {
+		if rc := c.Derive(o.r.origin()); rc != nil {
+			if err := o.push(ctx, oq, &Delivery{Item: item, Receipt: rc}, item, full); err != nil {
+				c.Unsent(rc)
+				return err
+			}
+			return nil
+		}
+	}
+	return o.push(ctx, oq, item, item, full)
+}
+
+// push is send, the item boxed or not; sized is the item as sent, what
+// counts against capacity_bytes.
+func (o *output) push(ctx context.Context, oq *outQueue, item, sized any, full bool) error {
 	if oq.capBytes > 0 {
-		if err := o.reserve(ctx, oq, sizeOf(item)); err != nil {
+		if err := o.reserve(ctx, oq, sizeOf(sized)); err != nil {
 			return err
 		}
 	}

@@ -118,6 +118,25 @@ type Holder interface {
 	Held() int
 }
 
+// A Chain keeps a queue in process, the engine's channel, while its items
+// carry receipts as a transport's do: each item sent on it goes boxed
+// with the receipt Derive gives for the sender's origin, and the replica
+// that takes it keeps that receipt as its delivery in hand. A runtime
+// that restarts a chain of replicas elsewhere from the input at its head
+// settles that input once every receipt derived from it is.
+type Chain interface {
+	// Derive returns the receipt of an item sent from from (nil: none is
+	// owed, and the item goes unboxed).
+	Derive(from Origin) Receipt
+	// Unsent takes back a receipt whose item was never queued: its send
+	// failed.
+	Unsent(rc Receipt)
+}
+
+// ChainFor, when set in Options, returns the chain of in-process queue i
+// of edge e, or nil for a plain channel.
+type ChainFor func(e *graph.Edge, i int) Chain
+
 // TransportFor, when set in Options, returns the transport of queue i of
 // edge e, or nil to keep it in process.
 type TransportFor func(e *graph.Edge, i int) Transport

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -517,5 +518,154 @@ func TestDeliveryKeptOnStop(t *testing.T) {
 	<-done
 	if settled, _ := fs.settled("e"); settled != 1 {
 		t.Errorf("%d receipts settled, want 1 (item 0; item 1 was in hand when the replica was stopped)", settled)
+	}
+}
+
+// testChain is an engine.Chain that records what it derives.
+type testChain struct {
+	mu      sync.Mutex
+	derived []*chainReceipt
+	unsent  int
+}
+
+type chainReceipt struct {
+	c    *testChain
+	from Origin
+	done int
+}
+
+func (c *testChain) Derive(from Origin) Receipt {
+	if from.Receipt == nil {
+		return nil
+	}
+	rc := &chainReceipt{c: c, from: from}
+	c.mu.Lock()
+	c.derived = append(c.derived, rc)
+	c.mu.Unlock()
+	return rc
+}
+
+func (c *testChain) Unsent(Receipt) {
+	c.mu.Lock()
+	c.unsent++
+	c.mu.Unlock()
+}
+
+func (rc *chainReceipt) Done() {
+	rc.c.mu.Lock()
+	rc.done++
+	rc.c.mu.Unlock()
+}
+
+// TestChainReceipts: a chain's queue stays in process, and each item sent
+// on it carries a receipt derived from its sender's delivery in hand (the
+// k-th sent from it), which the receiving replica holds as its own
+// delivery in hand and settles once; the consumer sees the item itself,
+// not its box.
+func TestChainReceipts(t *testing.T) {
+	t.Parallel()
+	const n = 30
+	reg := nodes.NewRegistry()
+	funcKind(reg, "src", false, true, func(ctx context.Context, r nodes.Replica) error {
+		for i := range n {
+			if err := r.Out("out").Send(ctx, []byte{byte(i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	funcKind(reg, "twice", true, true, func(ctx context.Context, r nodes.Replica) error {
+		for {
+			item, err := r.In("in").Recv(ctx)
+			if err != nil {
+				return nil
+			}
+			for range 2 {
+				if err := r.Out("out").Send(ctx, item); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	var mu sync.Mutex
+	var held []Receipt // the sink's delivery in hand at each item
+	var got int
+	funcKind(reg, "sink", true, false, func(ctx context.Context, r nodes.Replica) error {
+		for {
+			item, err := r.In("in").Recv(ctx)
+			if err != nil {
+				return nil
+			}
+			if _, ok := item.([]byte); !ok {
+				return fmt.Errorf("the sink got a %T, want []byte", item)
+			}
+			mu.Lock()
+			held = append(held, r.(Hands).Delivered())
+			got++
+			mu.Unlock()
+		}
+	})
+	g, diags := (&graph.Loader{Catalog: reg}).Load("chain.hcl", []byte(`
+stage "src" {
+  node = "src"
+}
+stage "mid" {
+  node = "twice"
+}
+stage "end" {
+  node = "sink"
+}
+edge "a" {
+  from = src.out
+  to   = mid.in
+}
+edge "b" {
+  from = mid.out
+  to   = end.in
+}`))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	fs := &fifos{only: []string{"a"}}
+	chain := &testChain{}
+	p, err := New(g, Options{Registry: reg, Transport: fs.transport, Chain: func(e *graph.Edge, i int) Chain {
+		if e.Name == "b" {
+			return chain
+		}
+		return nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Execute(context.Background())
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("status %s, err %v", rep.Status, err)
+	}
+	if got != 2*n || rep.Edges["b"].Produced != 2*n || rep.Edges["b"].Consumed != 2*n {
+		t.Errorf("the sink got %d items, b produced %d and consumed %d, want %d", got, rep.Edges["b"].Produced, rep.Edges["b"].Consumed, 2*n)
+	}
+	if len(chain.derived) != 2*n || chain.unsent != 0 {
+		t.Fatalf("%d receipts derived (%d unsent), want %d", len(chain.derived), chain.unsent, 2*n)
+	}
+	sends := map[Receipt][]int{}
+	for i, rc := range chain.derived {
+		if rc.done != 1 {
+			t.Errorf("receipt %d settled %d times, want once", i, rc.done)
+		}
+		if held[i] != Receipt(rc) {
+			t.Errorf("the sink held %v at item %d, want its receipt", held[i], i)
+		}
+		sends[rc.from.Receipt] = append(sends[rc.from.Receipt], rc.from.Sent)
+	}
+	if len(sends) != n {
+		t.Errorf("the chain's items derive from %d deliveries, want %d", len(sends), n)
+	}
+	for _, s := range sends {
+		if !slices.Equal(s, []int{0, 1}) {
+			t.Errorf("sends from one delivery count %v, want [0 1]", s)
+		}
+	}
+	if settled, _ := fs.settled("a"); settled != n {
+		t.Errorf("edge a: %d receipts settled, want %d", settled, n)
 	}
 }
