@@ -3,8 +3,9 @@ PyTorch and trained with DistributedDataParallel.
 
 Node kind "drafter_train" (torch/drafter_train) is a group kind: its
 replicas are the ranks of one DDP job (gloo on the CPU, NCCL on CUDA
-devices), each started by dflow with torchrun's environment. It trains
-the DFlash-style block drafter of internal/nn (internal/nn/drafter.go,
+devices, gloo where the ranks share one), each started by dflow with
+torchrun's environment. It trains the DFlash-style block drafter of
+internal/nn (internal/nn/drafter.go,
 the same tensors, shapes and initialization) on the hidden_states items
 of the Go or the PyTorch target_forward, taking them in lockstep
 (Replica.steps, one batch a rank a step), and saves checkpoints with the
@@ -107,6 +108,22 @@ def sha256(path):
 
 def rmsnorm(x, w, eps=1e-5):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def backend_for(device, asked):
+    """The torch.distributed backend: asked, if set; gloo on the CPU; on
+    CUDA, NCCL where each of this host's ranks has a device of its own
+    (dflow then shows every rank all of them: CUDA_VISIBLE_DEVICES has
+    LOCAL_WORLD_SIZE entries), gloo where the ranks share one (NCCL
+    refuses two ranks on one device; gloo all-reduces CUDA tensors through
+    the host)."""
+    if asked:
+        return asked
+    if device.type != "cuda":
+        return "gloo"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return "nccl" if local == 1 or len(visible) >= local else "gloo"
 
 
 class BlockDrafter:
@@ -228,7 +245,7 @@ class AdamW:
 class DrafterTrain(Node):
     name = "drafter_train"
     doc = ("Trains dflow's DFlash-style block drafter in PyTorch on a target's hidden states; its replicas are "
-           "the ranks of one DDP job (gloo on the CPU, NCCL on CUDA), and its checkpoints are the Go drafter_train's.")
+           "the ranks of one DDP job (gloo on the CPU, NCCL on CUDA devices), and its checkpoints are the Go drafter_train's.")
     group = True
     config = [
         Field("target", "string", default="models/target.safetensors", path="read",
@@ -250,6 +267,8 @@ class DrafterTrain(Node):
         Field("overwrite", "bool", default=False, doc="replace the checkpoint file when it exists (otherwise the run refuses to start)"),
         Field("seed", "int", default=1, doc="the drafter's init and sampling seed"),
         Field("threads", "int", default=0, doc="torch threads per rank (0: PyTorch's default)"),
+        Field("backend", "string", default="",
+              doc="torch.distributed's backend: \"\" for gloo on the CPU and NCCL on CUDA (gloo where ranks share a device), or \"gloo\", \"nccl\""),
     ]
 
     def drafter_config(self, config):
@@ -276,6 +295,8 @@ class DrafterTrain(Node):
         for f in ("target_layers", "layers", "heads", "hidden", "anchors", "checkpoint_every"):
             if config[f] < 1:
                 errors.append((f, "must be at least 1"))
+        if config["backend"] not in ("", "gloo", "nccl"):
+            errors.append(("backend", "%r is not \"\", \"gloo\" or \"nccl\"" % config["backend"]))
         if config["block_size"] < 2:
             errors.append(("block_size", "must be at least 2 (an anchor and one drafted token)"))
         if config["heads"] >= 1 and c["d_model"] % config["heads"]:
@@ -299,8 +320,8 @@ class DrafterTrain(Node):
         device = torch.device(r.device)
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://",
-                                timeout=datetime.timedelta(minutes=30))
+        backend = backend_for(device, cfg["backend"])
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(minutes=30))
         rank, world = dist.get_rank(), dist.get_world_size()
         # The run's id for the checkpoint's metadata, rank 0's for all.
         run = [{"run_id": secrets.token_hex(8),
@@ -373,6 +394,8 @@ class DrafterTrain(Node):
         # DDP keeps the ranks' parameters identical: rank_divergence says
         # by how much they differ at the end (0: not at all).
         flat = drafter.flat.detach()
+        if backend != "nccl":
+            flat = flat.cpu()  # gloo gathers host tensors
         every_rank = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(every_rank, flat)
         r.metric("rank_divergence", max(float((p - every_rank[0]).abs().max()) for p in every_rank))
