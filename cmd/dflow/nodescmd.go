@@ -24,9 +24,12 @@ type kindDoc struct {
 	Name string `json:"name"`
 	// Plugin and Path say which plugin executable offers the kind; empty
 	// for a built-in kind.
-	Plugin string     `json:"plugin,omitempty"`
-	Path   string     `json:"path,omitempty"`
-	Doc    string     `json:"doc"`
+	Plugin string `json:"plugin,omitempty"`
+	Path   string `json:"path,omitempty"`
+	Doc    string `json:"doc"`
+	// Group: a plugin's group kind, whose replicas step together (each a
+	// rank, its stage a replica group).
+	Group  bool       `json:"group,omitempty"`
 	Ports  []portDoc  `json:"ports"`
 	Config []fieldDoc `json:"config"`
 	// Metrics are the node metrics the kind declares, with how the
@@ -83,7 +86,7 @@ func describeKind(k *graph.Kind) kindDoc {
 // pluginKindDoc builds the description of a kind a plugin reported.
 func pluginKindDoc(plugin, path string, k host.KindInfo) kindDoc {
 	d := newKindDoc(k.Name, k.Doc, k.Config, k.Ports)
-	d.Plugin, d.Path = plugin, path
+	d.Plugin, d.Path, d.Group = plugin, path, k.Group
 	return d
 }
 
@@ -132,9 +135,10 @@ func (p portDoc) portType() string {
 }
 
 // writeKind prints one kind in text, every line after indent: its name,
-// its doc, a line per port (direction, name, type, doc) and a line per
-// config attribute (name, type, default or required, doc). withSource
-// adds which plugin offers it (`dflow plugins` says so in its heading).
+// its doc, whether it is a group kind, a line per port (direction, name,
+// type, doc) and a line per config attribute (name, type, default or
+// required, doc). withSource adds which plugin offers it (`dflow
+// plugins` says so in its heading).
 func writeKind(w io.Writer, k kindDoc, indent string, withSource bool) {
 	fmt.Fprintf(w, "%snode %s\n", indent, k.Name)
 	in := indent + "  "
@@ -143,6 +147,9 @@ func writeKind(w io.Writer, k kindDoc, indent string, withSource bool) {
 	}
 	if k.Doc != "" {
 		fmt.Fprintf(w, "%s\n", wrap(k.Doc, 76-len(in), in))
+	}
+	if k.Group {
+		fmt.Fprintf(w, "%sgroup kind: its replicas step together, each a rank with torchrun's environment\n", in)
 	}
 	for _, p := range k.Ports {
 		line := fmt.Sprintf("%s%-3s %s %s", in, p.Direction, p.Name, p.portType())

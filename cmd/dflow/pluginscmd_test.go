@@ -27,17 +27,24 @@ func python(t *testing.T, modules string) {
 }
 
 // TestPluginsTorchPorts: `dflow plugins plugins/examples/torch`, as the
-// example's README types it, lists the kind's ports with its config.
+// example's README types it, lists the kinds' ports with their config,
+// and marks drafter_train, not target_forward, a group kind.
 func TestPluginsTorchPorts(t *testing.T) {
 	python(t, "grpc, google.protobuf, numpy, torch")
 	code, stdout, stderr := dflow(t, "plugins", "../../plugins/examples/torch")
+	const group = "    group kind: its replicas step together, each a rank with torchrun's environment\n"
 	for _, want := range []string{
 		"  node torch/target_forward\n",
 		"    in  in tokens: token batches\n    out hidden hidden_states: hidden states\n    config model string (required)",
+		"  node torch/drafter_train\n",
+		group + "    in  hidden hidden_states: hidden states from target_forward (Go or PyTorch)\n",
 	} {
 		if code != exitOK || !strings.Contains(stdout, want) {
 			t.Errorf("code %d, want %q in\n%s%s", code, want, stdout, stderr)
 		}
+	}
+	if strings.Count(stdout, group) != 1 {
+		t.Errorf("%d kinds marked group kinds, want 1 (drafter_train):\n%s", strings.Count(stdout, group), stdout)
 	}
 }
 

@@ -53,6 +53,11 @@ type Plugin struct {
 	// Data the port's name), so that a full edge on one holds back that
 	// output alone.
 	Fork string
+	// Group is a group kind (protocol version 2) with an input "in" and
+	// an output "out" of blobs, that takes its input in steps of one
+	// item (its SDK's steps: Python's r.steps, Go's sdk.Steps) and sends
+	// each item of a step on out; "" if it has none.
+	Group string
 	// Skip names cases not to run, with why (Run logs it).
 	Skip map[string]string
 }
@@ -103,6 +108,7 @@ var cases = []struct {
 	{"Crash", (*suite).crash},
 	{"BadConfig", (*suite).badConfig},
 	{"KilledDflow", (*suite).killedDflow},
+	{"Group", (*suite).group},
 }
 
 // Run runs every case against the plugin, each a subtest of t. The test
@@ -400,6 +406,58 @@ edge "out" {
 	}
 	if rep.Edges["out"].Produced != 500 || len(s.got) != 500 {
 		t.Errorf("%d items out, %d at the sink; want 500", rep.Edges["out"].Produced, len(s.got))
+	}
+}
+
+// group: 7 items into three replicas of a group kind taking them in
+// steps of one: the run ends (the members' uneven ends do not hang it),
+// every item comes out once, and the steps' wait for data and compute
+// are in the stage's metrics (the SDK's steps measure them).
+func (s *suite) group(t *testing.T) {
+	if s.p.Group == "" {
+		t.Skip("the plugin has no Group kind")
+	}
+	s.load(t)
+	if spec, ok := s.reg.Spec("conf/" + s.p.Group); !ok || spec.Sync == nil {
+		t.Fatalf("kind %s is not registered as a group kind (Kind.group, protocol version 2)", s.p.Group)
+	}
+	rep, err := s.run(t, fmt.Sprintf(`
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = 7
+    size_bytes = 8
+  }
+}
+stage "g" {
+  node     = "conf/%s"
+  replicas = 3
+}
+stage "sink" {
+  node = "conf_sink"
+}
+edge "a" {
+  from = src.out
+  to   = g.in
+}
+edge "out" {
+  from = g.out
+  to   = sink.in
+}`, s.p.Group), 2*time.Minute)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, s.stderr.String())
+	}
+	seen := map[int64]bool{}
+	for _, item := range s.got {
+		if b, ok := item.(*items.Blob); ok {
+			seen[b.Seq] = true
+		}
+	}
+	if rep.Edges["out"].Produced != 7 || len(s.got) != 7 || len(seen) != 7 {
+		t.Errorf("%d items out, %d at the sink, %d distinct; want 7 each", rep.Edges["out"].Produced, len(s.got), len(seen))
+	}
+	if _, ok := rep.Stages["g"].DataWaitShare(); !ok {
+		t.Errorf("the steps' %s and %s are not in the stage's metrics %v", report.DataWait, report.Compute, rep.Stages["g"].Metrics)
 	}
 }
 

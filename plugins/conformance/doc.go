@@ -13,7 +13,8 @@
 // turn; two outputs held back apart; a deadlock through the plugin's
 // stage named, and none while its node computes; replicas that end with
 // their processes; a crash, and a config the kind refuses; no plugin
-// process left after dflow is SIGKILLed.
+// process left after dflow is SIGKILLed; a group kind's steps ending
+// without a hang, each item once, measured.
 //
 // Invariants: every case asserts what the protocol promises, with a
 // deadline on every wait; a case the plugin has no kind for is skipped,

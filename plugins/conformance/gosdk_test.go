@@ -24,7 +24,7 @@ import (
 // when goPluginEnv says so; otherwise conformance.Main.
 func TestMain(m *testing.M) {
 	if os.Getenv(goPluginEnv) != "" {
-		sdk.Serve(passKind, zipKind, forkKind)
+		sdk.Serve(passKind, zipKind, forkKind, groupKind)
 		return
 	}
 	testutil.RaceExitAtOnce()
@@ -49,8 +49,9 @@ func TestGoSDK(t *testing.T) {
 		Path: path,
 		Pass: conformance.Pass{Kind: "pass", Items: "items", Crash: "crash_after",
 			CrashLine: "pass: crashing on purpose after 7 items", Slow: "sleep_ms = 1000"},
-		Zip:  "zip",
-		Fork: "fork",
+		Zip:   "zip",
+		Fork:  "fork",
+		Group: "group",
 	})
 }
 
@@ -165,6 +166,33 @@ var forkKind = nodes.Spec{
 			}
 			wg.Wait()
 			return errors.Join(errs...)
+		}), nil
+	},
+}
+
+// groupKind is a group kind taking its input in steps of one (sdk.Steps)
+// and sending each step's items on.
+var groupKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name: "group",
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: "blob"}, {Name: "out", Dir: graph.Out, Type: "blob"}}
+		},
+	},
+	Sync: nodes.Always,
+	New: func(*graph.Config) (nodes.Node, error) {
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			for st, err := range sdk.Steps(ctx, r, "in", 1) {
+				if err != nil {
+					return err
+				}
+				for _, item := range st.Items {
+					if err := r.Out("out").Send(ctx, item); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
 		}), nil
 	},
 }

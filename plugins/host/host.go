@@ -282,6 +282,10 @@ type KindInfo struct {
 	Doc    string
 	Config []graph.Field
 	Ports  []graph.PortSpec // for the default config
+	// Group: the kind's replicas step together (a group kind, protocol
+	// version 2): each a rank with torchrun's environment, its stage a
+	// replica group.
+	Group bool
 }
 
 // Load starts plugin name at path, asks it for its node kinds and
@@ -329,7 +333,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 			spec.Sync = nodes.Always // a step a collective, as a built-in group kind's
 		}
 		reg.Register(spec)
-		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields))})
+		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields)), Group: k.Group})
 	}
 	return infos, nil
 }
