@@ -223,8 +223,8 @@ func compareStage(t *testing.T, name string, local, across report.Stage) {
 		av := across.Metrics[k]
 		tol := 0.25 // the batches reach the replicas in another order
 		switch {
-		case strings.HasSuffix(k, "_per_s"):
-			continue // a rate: the machine's, not the run's
+		case strings.HasSuffix(k, "_per_s"), strings.HasSuffix(k, "_seconds"):
+			continue // a rate or a time (data_wait_seconds): the machine's, not the run's
 		case k == "step" && across.Metrics["batches"] > 0:
 			// A group in one process steps with every member, each with a
 			// batch; across workers a member whose batch is late is left
