@@ -81,16 +81,18 @@ func chainLinks(g *graph.Graph, kinds Kinds) map[replica][]replica {
 }
 
 // chainable reports whether edge e may be a chain's: both its stages
-// chainable, and every queue of it one producer's to one consumer (a
-// replica restarted after a loss sends what it sends again to the same
-// queue, so what it sent before, lost with the chain, is sent once).
+// chainable, and every queue of it one producer's to one consumer, the
+// only queue that producer feeds (a replica restarted after a loss sends
+// what it sends again to the same queue, so what it sent before, lost
+// with the chain, is sent once; and a producer's consumers are not all
+// drawn to its worker).
 func chainable(e *graph.Edge, kinds Kinds) bool {
 	if kinds.Chainable == nil || !kinds.Chainable(e.From.Stage) || !kinds.Chainable(e.To.Stage) {
 		return false
 	}
 	for _, q := range e.Queues {
-		if len(q.Producers) != 1 || len(q.Consumers) != 1 {
-			return false
+		if len(q.Producers) != 1 || len(q.Consumers) != 1 || len(e.ProducerQueues(q.Producers[0])) != 1 {
+			return false // several consumers, or a producer that picks among queues
 		}
 	}
 	return len(e.Queues) > 0

@@ -99,6 +99,16 @@ func TestPlaceChains(t *testing.T) {
 	if want := []string{"w2", "w3"}; !slices.Equal(place2["a"], want) {
 		t.Errorf("no chainable kinds: a on %v, want %v", place2["a"], want)
 	}
+	// One producer rotating (or hashing) over two consumers' queues is
+	// no chain: a restart may pick another queue, and the consumers would
+	// all be drawn to the producer's worker.
+	for _, policy := range []graph.Policy{graph.RoundRobin, graph.KeyHash} {
+		fan := &graph.Graph{Stages: []*graph.Stage{src, a}, Edges: []*graph.Edge{edge("fan", src, a, policy)}}
+		fplace, _, fchained := Place(fan, []string{"w1", "w2"}, kinds, nil)
+		if fchained["fan"] || fplace["a"][0] == fplace["a"][1] {
+			t.Errorf("%s from one producer to two: chained %v, a on %v", policy, fchained, fplace["a"])
+		}
+	}
 	// A pin parts b[1] from a[1]: ab rides its stream.
 	place["b"][1] = place["a"][0]
 	remote3, chained3 := Queues(g, place, kinds)
