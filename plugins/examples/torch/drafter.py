@@ -313,7 +313,7 @@ class DrafterTrain(Node):
             torch.set_num_threads(int(cfg["threads"]))
         path = cfg["checkpoint"]
         if path and os.path.exists(path) and not cfg["overwrite"]:
-            raise RuntimeError("%s already exists; refusing to overwrite it. Set overwrite = true to replace it "
+            raise RuntimeError("drafter_train: %s already exists; refusing to overwrite it. Set overwrite = true to replace it "
                                "(--set stage.%s.config.overwrite=true), or write elsewhere with checkpoint = \"FILE\"."
                                % (path, r.stage))
         cuda = r.device.startswith("cuda")
@@ -327,7 +327,7 @@ class DrafterTrain(Node):
         run = [{"run_id": secrets.token_hex(8),
                 "run_started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}]
         dist.broadcast_object_list(run, src=0)
-        params, tc = tgt.load(cfg["target"])
+        params, _ = tgt.load(cfg["target"])
         dc = self.drafter_config(cfg)
         wte = params["wte"].to(device)
         drafter = BlockDrafter(dc, wte, cfg["seed"], device)
@@ -357,9 +357,9 @@ class DrafterTrain(Node):
             if s.items:
                 h = s.items[0]
                 if h.K != K or h.D != D:
-                    raise ValueError("hidden states of width %d x %d layers, the drafter expects %d x %d" % (h.D, h.K, D, K))
+                    raise ValueError("drafter_train: hidden states of width %d x %d layers, the drafter expects %d x %d" % (h.D, h.K, D, K))
                 if h.T < P + 1:
-                    raise ValueError("sequences of %d tokens are too short for blocks of %d" % (h.T, P))
+                    raise ValueError("drafter_train: sequences of %d tokens are too short for blocks of %d" % (h.T, P))
                 # A anchors a sequence (as the Go drafter samples them):
                 # the hidden states at position a, the anchor token at
                 # a+1, the target's greedy tokens after it as the labels.
