@@ -153,7 +153,7 @@ func TestDrafterParity(t *testing.T) {
 const ddpSpec = "specs/dflash-torch.hcl"
 
 // TestDFlashTorchDDP: specs/dflash-torch.hcl (PyTorch targets, three DDP
-// drafter ranks) runs ok on 12 small batches; every batch is read,
+// drafter ranks) loads without a warning and runs ok on 12 small batches; every batch is read,
 // forwarded and trained on once, and the checkpoint says so (batches 12);
 // the ranks' parameters are identical at the end; the checkpoint is a Go
 // drafter checkpoint of the stage's config, which dflow eval's code
@@ -164,7 +164,7 @@ func TestDFlashTorchDDP(t *testing.T) {
 	g, diags := (&graph.Loader{Catalog: reg, Vars: map[string]string{
 		"corpus": corpus, "batches": "12", "targets": "2", "checkpoint": ck},
 		Sets: []string{"stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4", "stage.drafter.config.checkpoint_every=2"}}).LoadFile(ddpSpec)
-	if diags.HasErrors() {
+	if len(diags) > 0 { // errors, and warnings, which a shipped spec should not have either
 		t.Fatal(diags)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
