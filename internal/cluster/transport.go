@@ -642,81 +642,12 @@ func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
 	}
 }
 
-// batch is how many messages a fetch asks for: half the capacity (at most
-// 256), shared out over the consumer replicas so that one worker does not
-// hold a shared queue's whole capacity.
+// batch is half what the consumer side's inbox holds (the room its pulls
+// ask for, pull.go): half the capacity (at most 256), shared out over the
+// consumer replicas so that one worker does not hold a shared queue's
+// whole capacity.
 func (q *jsQueue) batch() int {
 	return max(1, min(q.edge.Capacity/2, 256)/max(1, len(q.edge.Queues[q.qi].Consumers)))
-}
-
-// fetch pulls the queue's messages into the inbox as they arrive, each
-// held (kept from redelivery) from the moment it is here, until the queue
-// has ended or the instance stops. A fetch that brings nothing says so on
-// idle.
-func (q *jsQueue) fetch() {
-	batch := q.batch()
-	for !q.finished.Load() {
-		select {
-		case <-q.l.stopCtx.Done():
-			return
-		default:
-		}
-		// Room for a whole batch first: every message fetched goes into the
-		// inbox at once and is held from then on, none waits unheld (and
-		// unrefreshed) in the client while the consumers are slow. The
-		// inbox holds two batches: the next is fetched while the consumers
-		// take the one before.
-		for cap(q.inbox)-len(q.inbox) < batch {
-			select {
-			case <-q.room:
-			case <-q.l.stopCtx.Done():
-				return
-			}
-		}
-		b, err := q.cons.Fetch(batch, jetstream.FetchMaxWait(200*time.Millisecond))
-		if err != nil {
-			select {
-			case <-q.l.stopCtx.Done():
-			case q.fetchErr <- fmt.Errorf("%s: fetch: %w", q.name(), err):
-			}
-			return
-		}
-		n, fresh, said := 0, 0, false
-		for m := range b.Messages() {
-			n++
-			if md, err := m.Metadata(); err == nil && md.NumDelivered == 1 {
-				fresh++ // a redelivery made no room: it was granted when it first came
-			}
-			q.hold(m)
-			q.fetchAhead(m)
-			select {
-			case q.inbox <- m:
-			case <-q.l.stopCtx.Done():
-				return
-			}
-			if !said && fresh == 1 {
-				// the room is made as the server delivers: granted at the
-				// first, not after a batch that may wait for more
-				q.saidRoom(1)
-				said = true
-			}
-		}
-		if fresh > 1 {
-			q.saidRoom(fresh - 1)
-		}
-		if n == 0 {
-			select {
-			case q.idle <- struct{}{}:
-				select {
-				case <-q.resume:
-				case <-q.l.stopCtx.Done():
-					return
-				}
-			case <-q.l.stopCtx.Done():
-				return
-			}
-		}
-	}
 }
 
 // saidRoom grants the producers the room n fetched messages made: to the
