@@ -317,7 +317,8 @@ func (b *Builder) stageAttrs(s *Stage, d *stageDraft) {
 	}
 	if d.devicesGiven {
 		s.Devices = d.devices
-		b.checkDevices(who, d.devices, d.devicesRange)
+		_, _, plugin := strings.Cut(s.Node, "/")
+		b.checkDevices(who, d.devices, d.devicesRange, plugin)
 	}
 	if d.placementGiven {
 		s.Placement = d.placement
@@ -344,7 +345,10 @@ func (b *Builder) stageAttrs(s *Stage, d *stageDraft) {
 	}
 }
 
-func (b *Builder) checkDevices(who string, devices []string, r hcl.Range) {
+// checkDevices checks a stage's devices. A plugin's stage (plugin) runs
+// its node in the plugin's processes, which bring their own CUDA (PyTorch
+// on the device dflow binds for them): it needs no CUDA backend in dflow.
+func (b *Builder) checkDevices(who string, devices []string, r hcl.Range, plugin bool) {
 	for _, dev := range devices {
 		n, isCUDA := strings.CutPrefix(dev, "cuda:")
 		switch {
@@ -355,7 +359,7 @@ func (b *Builder) checkDevices(who string, devices []string, r hcl.Range) {
 		case strings.Trim(n, "0123456789") != "" || n == "":
 			b.errorf(r, "invalid device", "%s", named(r, who,
 				fmt.Sprintf("Device %q is not known: a GPU is \"cuda:N\" with N its index, such as \"cuda:0\".", dev)))
-		case !CUDA:
+		case !CUDA && !plugin:
 			b.errorf(r, "device not in this build", "%s", named(r, who,
 				fmt.Sprintf("Device %q needs dflow's CUDA backend, and this dflow is built without it (a CUDA build is `go build -tags cuda`, "+
 					"docs/models.md says how). Use \"cpu\", or a dflow built with -tags cuda.", dev)))

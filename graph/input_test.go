@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/hashicorp/hcl/v2"
 )
 
@@ -115,6 +116,33 @@ func TestNotText(t *testing.T) {
 	l := &graph.Loader{Catalog: testRegistry()}
 	if _, diags := l.Load("spec.hcl", []byte("# café ✓\n"+twoStages)); diags.HasErrors() {
 		t.Errorf("UTF-8 comment: %s", printed(l, diags))
+	}
+}
+
+// TestCUDADevicePlugin: a plugin's stage on "cuda:0" is valid in a build
+// without a CUDA backend: the plugin's processes run it with their own
+// CUDA (PyTorch's), dflow only binds the device.
+func TestCUDADevicePlugin(t *testing.T) {
+	if graph.CUDA {
+		t.Skip("a CUDA build")
+	}
+	reg := testRegistry()
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "p/sink", Ports: func(*graph.Config) []graph.PortSpec {
+		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+	}}})
+	src := strings.Replace(twoStages, `node = "sink"`, `node    = "p/sink"
+  devices = ["cuda:0"]`, 1)
+	l := &graph.Loader{Catalog: reg}
+	g, diags := l.Load("spec.hcl", []byte(src))
+	if diags.HasErrors() || g.Stage("out").Device(0) != "cuda:0" {
+		t.Errorf("a plugin's stage on cuda:0: %s", printed(l, diags))
+	}
+	// A built-in kind's stage beside it is still refused.
+	src = strings.Replace(src, `node = "synthetic_source"`, `node    = "synthetic_source"
+  devices = ["cuda:0"]`, 1)
+	l = &graph.Loader{Catalog: reg}
+	if _, diags := l.Load("spec.hcl", []byte(src)); !strings.Contains(printed(l, diags), "-tags cuda") {
+		t.Errorf("a built-in stage on cuda:0 in this build: want the build named:\n%s", printed(l, diags))
 	}
 }
 

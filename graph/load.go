@@ -378,7 +378,9 @@ var edgeSchema = &hcl.BodySchema{
 // CUDA reports whether this build runs nodes on CUDA devices: true in a
 // build with -tags cuda (cuda.go), which has internal/nn's CUDA backend.
 // Without it a stage naming "cuda:N" is an error at validate, naming the
-// tag, rather than a run on the CPU that looks like one on the GPU.
+// tag, rather than a run on the CPU that looks like one on the GPU; a
+// plugin's stage ("PLUGIN/KIND") is not, its processes bringing their
+// own CUDA.
 var CUDA = false
 
 func (d *decoder) decodeEdge(b *hcl.Block) {
