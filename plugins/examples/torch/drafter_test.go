@@ -21,7 +21,9 @@ import (
 )
 
 // drafterParityScript computes, with drafter.py's BlockDrafter, the loss
-// and the gradient of a drafter checkpoint on the samples of a JSON file.
+// and the gradient of a drafter checkpoint on the samples of a JSON file,
+// then takes one AdamW step (learning rate 1e-3, weight decay 0.01) with
+// the Go drafter's gradient, which the file holds too.
 const drafterParityScript = `
 import json, sys
 import drafter as dr
@@ -36,14 +38,20 @@ S, KD = len(samples["anchors"]), dc["target_layers"] * dc["d_model"]
 ctx = torch.tensor(samples["hidden"]).view(S, KD)
 loss = d.loss(ctx, torch.tensor(samples["anchors"]), torch.tensor(samples["labels"]).view(S, -1), 4.0)
 loss.backward()
-json.dump({"loss": float(loss), "grad": d.flat.grad.tolist()}, sys.stdout)
+grad = d.flat.grad.tolist()
+opt = dr.AdamW(d.flat, d.decay, 0.01)
+norm = opt.step(d.flat.data, torch.tensor(samples["grad"]), 1e-3)  # Go's gradient: the optimizer alone
+json.dump({"loss": float(loss), "grad": grad, "norm": norm, "params": d.flat.detach().tolist()}, sys.stdout)
 `
 
 // TestDrafterParity: drafter.py's block drafter is internal/nn's. A Go
 // drafter saved as a checkpoint, loaded by the PyTorch one, gives the
 // same loss (within 1e-5 relative) and the same gradient of every
-// parameter (within 1e-4 of the largest) on the same samples: the
-// forward pass, the loss's weights and the tensors' layout agree.
+// parameter (within 1e-4 of the largest) on the same samples, and the
+// same parameters after one AdamW step from the same gradient (within
+// 1e-6): the forward pass,
+// the loss's weights, the tensors' layout, the decay mask, clipping and
+// the update agree.
 func TestDrafterParity(t *testing.T) {
 	py, err := checkPython()
 	if err != nil {
@@ -80,6 +88,7 @@ func TestDrafterParity(t *testing.T) {
 		Hidden  []float32 `json:"hidden"`
 		Anchors []int32   `json:"anchors"`
 		Labels  []int32   `json:"labels"`
+		Grad    []float32 `json:"grad"` // Go's, for the optimizer's step
 	}
 	w := d.NewWork(S)
 	KD := c.K * c.D
@@ -104,6 +113,12 @@ func TestDrafterParity(t *testing.T) {
 	w.Backward()
 	grad := make([]float32, d.Grads.Len())
 	d.Backend().ToHost(grad, d.Grads)
+	samples.Grad = grad
+	opt := nn.NewAdamW(d.Backend(), d.Params.Len(), 1e-3)
+	opt.WeightDecay = 0.01 // as drafter_train sets it
+	norm := opt.Step(d.Params, d.Grads, d.DecayMask())
+	after := make([]float32, d.Params.Len())
+	d.Backend().ToHost(after, d.Params)
 
 	sf := filepath.Join(t.TempDir(), "samples.json")
 	b, _ := json.Marshal(samples)
@@ -122,8 +137,10 @@ func TestDrafterParity(t *testing.T) {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
 	var got struct {
-		Loss float64
-		Grad []float64
+		Loss   float64
+		Grad   []float64
+		Norm   float64
+		Params []float64
 	}
 	if err := json.Unmarshal(out, &got); err != nil {
 		t.Fatal(err)
@@ -145,6 +162,27 @@ func TestDrafterParity(t *testing.T) {
 	t.Logf("loss %.6f (Go) %.6f (PyTorch); gradient: largest %.3g, worst difference %.3g at %d", loss, got.Loss, largest, worst, at)
 	if worst > 1e-4*largest {
 		t.Errorf("gradients differ by %.3g at value %d (Go %g, PyTorch %g), more than 1e-4 of the largest %.3g", worst, at, grad[at], got.Grad[at], largest)
+	}
+	// One AdamW step from Go's gradient, clipped to norm 1 (its norm is
+	// more): the same parameters after it, within 1e-6. (From each one's
+	// own gradient they may differ by more: a first Adam step moves a
+	// parameter by about lr whatever its gradient's size, so gradients of
+	// 1e-8 that differ by 2e-7 move it differently.)
+	if norm <= 1 || math.Abs(got.Norm-float64(norm)) > 1e-4*float64(norm) {
+		t.Errorf("gradient norm: Go %v, PyTorch %v (want them equal, and over the clip of 1 so that clipping is checked)", norm, got.Norm)
+	}
+	if len(got.Params) != len(after) {
+		t.Fatalf("PyTorch has %d parameters after the step, Go %d", len(got.Params), len(after))
+	}
+	worst, at = 0, 0
+	for i, p := range after {
+		if e := math.Abs(got.Params[i] - float64(p)); e > worst {
+			worst, at = e, i
+		}
+	}
+	t.Logf("after one AdamW step (gradient norm %.3f): worst parameter difference %.3g at %d", norm, worst, at)
+	if worst > 1e-6 {
+		t.Errorf("parameters after one AdamW step differ by %.3g at %d (Go %g, PyTorch %g)", worst, at, after[at], got.Params[at])
 	}
 }
 
