@@ -47,6 +47,29 @@ func TestSummaryExplainsUnconsumed(t *testing.T) {
 	}
 }
 
+// TestSummaryDataWait: a stage whose members measure their steps
+// (DataWait, Compute) has the share waiting for data on its line; one
+// without them has none.
+func TestSummaryDataWait(t *testing.T) {
+	rep := &Report{Status: OK, Stages: map[string]Stage{
+		"drafter": {Metrics: map[string]float64{DataWait: 3, Compute: 9}},
+		"target":  {Metrics: map[string]float64{"loss": 1}},
+	}, Edges: map[string]Edge{}}
+	var b bytes.Buffer
+	rep.Summarize(&b)
+	if !strings.Contains(b.String(), "stage drafter") {
+		t.Fatalf("no drafter line:\n%s", b.String())
+	}
+	for _, l := range strings.Split(b.String(), "\n") {
+		switch {
+		case strings.Contains(l, "stage drafter") && !strings.HasSuffix(l, "compute_seconds=9 data_wait_seconds=3 (its steps 25.0% waiting for data)"):
+			t.Errorf("drafter's line: %q", l)
+		case strings.Contains(l, "stage target") && strings.Contains(l, "waiting for data"):
+			t.Errorf("target's line: %q", l)
+		}
+	}
+}
+
 // TestOrder: stages and edges keep the spec's order through the JSON and
 // back, and the summary follows it (a map alone would sort them).
 func TestOrder(t *testing.T) {

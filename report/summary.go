@@ -10,7 +10,8 @@ import (
 
 // Summarize prints the end-of-run figures for people: the status and
 // wall time, a line per stage (items in and out, each replica's busy
-// share, the node's metrics) and per edge (policy, produced and consumed,
+// share, the node's metrics, the share of its steps spent waiting for
+// data where its members measure their steps) and per edge (policy, produced and consumed,
 // each queue's mean depth), in the spec's order, why counts differ where
 // they do, and the diagnosis.
 func (r *Report) Summarize(w io.Writer) {
@@ -28,7 +29,11 @@ func (r *Report) Summarize(w io.Writer) {
 			out += rp.ItemsOut
 			util[i] = fmt.Sprintf("%.0f%%", 100*rp.Utilization)
 		}
-		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v%s\n", name, in, out, util, metricList(st.Metrics))
+		steps := ""
+		if share, ok := st.DataWaitShare(); ok {
+			steps = fmt.Sprintf(" (its steps %.1f%% waiting for data)", 100*share)
+		}
+		fmt.Fprintf(w, "  stage %-10s in=%-6d out=%-6d busy=%v%s%s\n", name, in, out, util, metricList(st.Metrics), steps)
 	}
 	for _, name := range r.EdgeNames() {
 		ed := r.Edges[name]
