@@ -1,6 +1,7 @@
-// Command audit runs the cluster audit, cmd/dflow's TestAuditBytes, many
-// times, each run with its item type (bytes or blob), the worker it
-// kills (w2 or w3) and when (after 1-99% of the ids reached the sink)
+// Command audit runs the cluster audit, cmd/dflow's TestAuditBytes and
+// TestAuditChain, many times, each run with its case (bytes or blob items
+// on shared edges, or bytes items through a chain), the worker it kills
+// (w2 or w3) and when (after 1-99% of the ids reached the sink)
 // drawn from a seed of its own, and prints a verdict a run and a
 // summary: runs, failures, and the seeds of the failures.
 //
@@ -10,7 +11,7 @@
 //	go run ./bench/audit -race             # the coordinator under -race
 //
 // A run takes 10-20 s on 2 cores, one run at a time. The harness is the
-// test's (TestAuditBytes, cmd/dflow/audit_test.go): this program builds
+// tests' (cmd/dflow/audit_test.go): this program builds
 // its test binary once (go test -c, into bench/out/) and runs one subtest
 // of it a run, the drawn choices in DFLOW_AUDIT_KILL and
 // DFLOW_AUDIT_AFTER; a run passes when the test does. A failed run's
@@ -52,7 +53,7 @@ func main() {
 // choice is what one run does, drawn from its seed.
 type choice struct {
 	seed   uint64
-	typ    string // the item type: bytes or blob
+	typ    string // the case: bytes or blob (TestAuditBytes), or chain (TestAuditChain)
 	victim string // the worker killed: w2 or w3
 	after  int    // the kill comes once this percentage of the ids is at the sink
 }
@@ -61,7 +62,7 @@ func draw(seed uint64) choice {
 	r := rand.New(rand.NewPCG(seed, 0x617564697421)) // "audit!"
 	return choice{
 		seed:   seed,
-		typ:    []string{"bytes", "blob"}[r.IntN(2)],
+		typ:    []string{"bytes", "blob", "chain"}[r.IntN(3)],
 		victim: []string{"w2", "w3"}[r.IntN(2)],
 		after:  1 + r.IntN(99),
 	}
@@ -72,7 +73,12 @@ func (c choice) env() []string {
 }
 
 // filter is the -run of the test binary for c's subtest.
-func (c choice) filter() string { return "^TestAuditBytes$/^" + c.typ + "$" }
+func (c choice) filter() string {
+	if c.typ == "chain" {
+		return "^TestAuditChain$"
+	}
+	return "^TestAuditBytes$/^" + c.typ + "$"
+}
 
 // alone is the command that runs c's test with go test, from the root.
 func (c choice) alone() string {
@@ -133,7 +139,7 @@ func audit(runs int, seed, replay uint64, race bool) (int, error) {
 		fmt.Printf("run %d/%d seed %d: %s, kill %s after %d%%: %s: %s\n", i+1, len(choices), c.seed, c.typ, c.victim, c.after, state, verdict)
 	}
 	fmt.Printf("audit: %d runs, %d failures", len(choices), len(failed))
-	for _, typ := range []string{"bytes", "blob"} {
+	for _, typ := range []string{"bytes", "blob", "chain"} {
 		if n := byType[typ]; n[0] > 0 {
 			fmt.Printf("; %s: %d of %d failed", typ, n[1], n[0])
 		}

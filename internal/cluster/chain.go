@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -41,11 +42,17 @@ import (
 // heads: each head counts what was derived from it on each chained edge,
 // and the share's chain record (keyChain, in the end bucket) holds what
 // its settled heads derived, written before those heads are acked (or
-// their source positions moved). A lost share's part of a chained edge is
-// its record's, not its last snapshot's; a head it recorded whose ack did
-// not reach the server comes back to the restart, which, told the lost
-// shares' last heads (Job.Recount), counts what it derives from them
-// apart (Recounted), and the run's figures take that off (chainFigures).
+// their source positions moved), each write expecting the revision of
+// the one before (recordChains). A lost share's part of a chained edge is
+// its record's, not its last snapshot's; the coordinator seals the record
+// as it counts the share lost (sealChain), so a share that was only slow
+// writes no more of it and acks nothing more. A head the lost share
+// recorded in its last settle whose ack did not reach the server comes
+// back: a stream's to whichever share takes it, which records it as
+// delivered before (Redone), and the run's figures count it once
+// (chainTwice); a resuming source's to the source's restart, told the
+// lost share's last ranges (Job.Recount), which counts it apart
+// (Recounted).
 
 // chainEdge is a chain's edge as the engine sees it (engine.Chain): its
 // queues are the engine's channels, each item boxed with a child receipt.
@@ -121,14 +128,21 @@ type chainRecord struct {
 	// Committed is what the heads it settled derived, by chained edge,
 	// less what Recounted holds.
 	Committed map[string]int64 `json:"committed,omitempty"`
-	// Recounted is what the heads in the job's Recount derived here: a
-	// lost share recorded them, and their acks (or its source's position)
-	// may not have reached the server.
+	// Recounted is what a resuming source's heads in the job's Recount
+	// derived here: a lost share recorded them, and its position may not
+	// have moved past them.
 	Recounted map[string]int64 `json:"recounted,omitempty"`
+	// Redone are the stream heads it settled that the server had
+	// delivered before (to a share lost with them, maybe, which recorded
+	// them), each with what it derived (chainFigures).
+	Redone map[string]map[string]int64 `json:"redone,omitempty"`
 	// Last are the heads of the latest settle recorded: recorded before
-	// they were acked, they come back to a restart where the acks did not
-	// reach the server.
+	// they were acked (or the position moved past them), they come back
+	// where the acks did not reach the server.
 	Last chainHeads `json:"last"`
+	// Sealed: the coordinator counted the share lost and sealed its
+	// record; the share writes no more of it, and acks nothing more.
+	Sealed bool `json:"sealed,omitempty"`
 }
 
 // chainHeads names heads: a stream's items by id, a resuming source's by
@@ -157,9 +171,8 @@ func (hs *chainHeads) add(h *taken) {
 	hs.Sources[h.pos.key] = rs
 }
 
-// merge adds o's heads.
-func (hs *chainHeads) merge(o chainHeads) {
-	hs.IDs = append(hs.IDs, o.IDs...)
+// mergeSources adds o's sources' ranges.
+func (hs *chainHeads) mergeSources(o chainHeads) {
 	for k, rs := range o.Sources {
 		if hs.Sources == nil {
 			hs.Sources = map[string][][2]int64{}
@@ -172,28 +185,17 @@ func (hs *chainHeads) merge(o chainHeads) {
 type chains struct {
 	mu  sync.Mutex
 	rec chainRecord
-	// again are the stream heads lost shares recorded last, and sources
-	// the ranges of their sources' (Job.Recount)
-	again   map[string]bool
+	// rev is the record's revision as last written (0: none yet)
+	rev uint64
+	// sources are the ranges of resuming sources' heads lost shares
+	// recorded last (Job.Recount)
 	sources map[string][][2]int64
 }
 
-// setRecount takes the job's Recount.
-func (ch *chains) setRecount(hs chainHeads) {
-	ch.again = map[string]bool{}
-	for _, id := range hs.IDs {
-		ch.again[id] = true
-	}
-	ch.sources = hs.Sources
-}
-
-// recounts reports whether head h is one a lost share recorded last.
+// recounts reports whether head h is a resuming source's that a lost
+// share recorded last: a restart of the source, it emits it again.
 func (ch *chains) recounts(h *taken) bool {
 	if h.pos == nil {
-		if ch.again[h.id] {
-			delete(ch.again, h.id)
-			return true
-		}
 		return false
 	}
 	for _, r := range ch.sources[h.pos.key] {
@@ -204,48 +206,87 @@ func (ch *chains) recounts(h *taken) bool {
 	return false
 }
 
+// errSealed says the coordinator sealed the share's chain record: it was
+// counted lost, and what it would settle now comes back elsewhere.
+var errSealed = errors.New("the share was counted lost: its chains' record is sealed")
+
 // recordChains adds the heads of a settle about to be acked to the
 // share's chain record and writes it, before the acks go (or the source
-// positions move): a head recorded whose ack is lost is in Last for the
-// restart to recount.
+// positions move): a head recorded whose ack is lost is in Last. The
+// write expects the revision written before: once the coordinator has
+// sealed the record (the share counted lost), it fails, and the settle
+// acks nothing. Any failure stops the settle.
 func (lg *ledger) recordChains(heads []*taken) error {
 	ch := &lg.l.chains
 	edges := lg.l.g.Edges
-	add := func(to map[string]int64, h *taken) map[string]int64 {
+	counts := func(h *taken) map[string]int64 {
 		h.mu.Lock()
 		defer h.mu.Unlock()
+		out := map[string]int64{}
 		for ei, n := range h.chain {
 			if n != 0 {
-				if to == nil {
-					to = map[string]int64{}
-				}
-				to[edges[ei].Name] += n
+				out[edges[ei].Name] += n
 			}
+		}
+		return out
+	}
+	add := func(to, from map[string]int64) map[string]int64 {
+		if to == nil {
+			to = map[string]int64{}
+		}
+		for k, n := range from {
+			to[k] += n
 		}
 		return to
 	}
 	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	rec := ch.rec // written only once stored
+	rec.Committed, rec.Recounted = maps.Clone(rec.Committed), maps.Clone(rec.Recounted)
+	rec.Redone = maps.Clone(rec.Redone)
 	var last chainHeads
 	for _, h := range heads {
+		c := counts(h)
 		if ch.recounts(h) {
-			ch.rec.Recounted = add(ch.rec.Recounted, h)
+			rec.Recounted = add(rec.Recounted, c)
 			continue
 		}
-		ch.rec.Committed = add(ch.rec.Committed, h)
+		rec.Committed = add(rec.Committed, c)
+		if h.again {
+			if rec.Redone == nil {
+				rec.Redone = map[string]map[string]int64{}
+			}
+			rec.Redone[h.id] = c
+		}
 		last.add(h)
 	}
-	ch.rec.Last = last
-	b, err := json.Marshal(&ch.rec)
-	ch.mu.Unlock()
+	rec.Last = last
+	b, err := json.Marshal(&rec)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(lg.l.stopCtx, 5*time.Second)
 	defer cancel()
-	if _, err := lg.l.ends.Put(ctx, keyChain(lg.l.instance), b); err != nil && lg.l.stopCtx.Err() == nil {
+	var rev uint64
+	if ch.rev == 0 {
+		rev, err = lg.l.ends.Create(ctx, keyChain(lg.l.instance), b)
+	} else {
+		rev, err = lg.l.ends.Update(ctx, keyChain(lg.l.instance), b, ch.rev)
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrKeyDeleted), isWrongRevision(err):
+		return errSealed
+	case err != nil:
 		return fmt.Errorf("recording the chains' figures on worker %s: %w", lg.l.worker, err)
 	}
+	ch.rec, ch.rev = rec, rev
 	return nil
+}
+
+// isWrongRevision says err is a key-value update refused for its expected
+// revision (the key was written since).
+func isWrongRevision(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)
 }
 
 // keyChain is a share's chain record.
@@ -271,32 +312,65 @@ func (c *Coordinator) readChain(inst string) (chainRecord, error) {
 	return rec, json.Unmarshal(e.Value(), &rec)
 }
 
-// recountFrom adds the heads lost share in recorded last to those a
-// restart counts apart (Job.Recount).
-func (c *Coordinator) recountFrom(in *instance) error {
+// sealChain seals the chain record of lost share in (chainRecord.Sealed:
+// a share that is only slow writes no more of it, and acks nothing more),
+// and adds its resuming sources' last heads to those a restart counts
+// apart (Job.Recount).
+func (c *Coordinator) sealChain(in *instance) error {
 	if len(c.chained) == 0 {
 		return nil
 	}
-	rec, err := c.readChain(in.name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
 	if err != nil {
-		return fmt.Errorf("reading the chains' record of the share %s: %w", in.name, err)
+		return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.recount.merge(rec.Last)
-	return nil
+	key := keyChain(in.name)
+	for {
+		var rec chainRecord
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			rec.Sealed = true
+			b, _ := json.Marshal(&rec)
+			if _, err = kv.Create(ctx, key, b); errors.Is(err, jetstream.ErrKeyExists) {
+				continue // it wrote one meanwhile
+			}
+		case err == nil:
+			if err = json.Unmarshal(e.Value(), &rec); err != nil {
+				return fmt.Errorf("the chains' record of the share %s: %w", in.name, err)
+			}
+			rec.Sealed = true
+			b, _ := json.Marshal(&rec)
+			if _, err = kv.Update(ctx, key, b, e.Revision()); isWrongRevision(err) {
+				continue // it wrote meanwhile
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
+		}
+		c.mu.Lock()
+		c.recount.mergeSources(rec.Last)
+		c.mu.Unlock()
+		return nil
+	}
 }
 
 // readChains reads every share's chain record, for the figures of a run
 // that completed (mergedEdge): a lost share's part of a chained edge is
-// what it recorded settled, and a live share counted apart what it did
-// again of a lost one's.
+// what it recorded settled, a live share counted apart what it did again
+// of a lost one's resuming sources, and a stream's head settled by more
+// than one share is taken off all but once (chainTwice).
 func (c *Coordinator) readChains() {
 	if len(c.chained) == 0 {
 		return
 	}
+	c.mu.Lock()
+	ins := c.sortedInstances()
+	c.mu.Unlock()
 	recs := map[string]chainRecord{}
-	for _, in := range c.sortedInstances() {
+	for _, in := range ins {
 		rec, err := c.readChain(in.name)
 		if err != nil {
 			fmt.Fprintf(c.o.Log, "dflow: the chains' record of the share %s could not be read (%v): its figures are the engines'\n", in.name, err)
@@ -305,12 +379,44 @@ func (c *Coordinator) readChains() {
 		recs[in.name] = rec
 	}
 	c.mu.Lock()
-	c.chainRecs = recs
+	c.chainRecs, c.chainTwice = recs, chainTwice(recs)
 	c.mu.Unlock()
 }
 
-func (hs chainHeads) clone() chainHeads {
-	var out chainHeads
-	out.merge(hs)
+// chainTwice is what stream heads settled by more than one share derived
+// on each chained edge, counted once for each share past the first. A
+// head is settled twice only where the server delivered it again, its
+// first holder's ack lost: the first recorded it in its last settle
+// (Last), and every later one saw it delivered before (Redone).
+func chainTwice(recs map[string]chainRecord) map[string]int64 {
+	by := map[string]map[string]bool{} // head -> the shares that settled it
+	note := func(id, share string) {
+		if by[id] == nil {
+			by[id] = map[string]bool{}
+		}
+		by[id][share] = true
+	}
+	for share, rec := range recs {
+		for _, id := range rec.Last.IDs {
+			note(id, share)
+		}
+		for id := range rec.Redone {
+			note(id, share)
+		}
+	}
+	out := map[string]int64{}
+	for id, shares := range by {
+		if len(shares) < 2 {
+			continue
+		}
+		for share := range shares {
+			if counts, ok := recs[share].Redone[id]; ok {
+				for e, n := range counts {
+					out[e] += n * int64(len(shares)-1)
+				}
+				break
+			}
+		}
+	}
 	return out
 }

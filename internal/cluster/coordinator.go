@@ -65,11 +65,13 @@ type Coordinator struct {
 	// chained says which edges are chains' (control.Queues): in process,
 	// their items settled through the inputs at the chains' heads
 	chained map[string]bool
-	// recount are the heads lost shares recorded last (Job.Recount);
-	// chainRecs every share's chain record, read as a run that
-	// completed ends (c.mu)
-	recount   chainHeads
-	chainRecs map[string]chainRecord
+	// recount are the resuming sources' heads lost shares recorded last
+	// (Job.Recount); chainRecs every share's chain record, read as a run
+	// that completed ends, and chainTwice what heads settled twice
+	// derived, by edge (chainTwice) (c.mu)
+	recount    chainHeads
+	chainRecs  map[string]chainRecord
+	chainTwice map[string]int64
 
 	mu        sync.Mutex
 	workers   []string
@@ -602,7 +604,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Remote = c.remote
 	job.Chained = c.chained
 	c.mu.Lock()
-	job.Recount = c.recount.clone()
+	job.Recount.mergeSources(c.recount)
 	c.mu.Unlock()
 	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)

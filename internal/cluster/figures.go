@@ -546,6 +546,10 @@ func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals ma
 			re.Consumed += n
 		}
 	}
+	if byChains {
+		re.Produced -= c.chainTwice[e.Name]
+		re.Consumed -= c.chainTwice[e.Name]
+	}
 	if t, ok := totals[e.Name]; ok {
 		re.Produced, re.Consumed = t.stored, t.stored-t.left
 	}

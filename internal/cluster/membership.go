@@ -131,7 +131,7 @@ func (c *Coordinator) recover(in *instance) error {
 	// its items from redelivery (a worker that was only slow, say).
 	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
 	ended := c.endedOn(in)
-	if err := c.recountFrom(in); err != nil {
+	if err := c.sealChain(in); err != nil {
 		return fmt.Errorf("worker %s lost: %w", in.worker, err)
 	}
 	// why the share is over: its worker silent, or a group's restore

@@ -253,7 +253,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *J
 	own.Timings = own.Timings.withDefaults()
 	l.job = &own
 	l.ledger = newLedger(l)
-	l.chains.setRecount(job.Recount)
+	l.chains.sources = job.Recount.Sources
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
@@ -930,6 +930,8 @@ type taken struct {
 	// sent on
 	parent, head *taken
 	ei           int
+	// again: the server had delivered it before (a stream's item)
+	again bool
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next settle
@@ -992,8 +994,14 @@ func (q *jsQueue) take(id string, r *ref) *taken {
 	}
 	q.hmu.Lock()
 	q.following[id] = true
+	m := q.held[id]
 	q.hmu.Unlock()
-	return &taken{q: q, id: id, ref: r, lg: q.l.ledger}
+	again := false
+	if m != nil {
+		md, err := m.Metadata()
+		again = err != nil || md.NumDelivered > 1 // unknown: maybe
+	}
+	return &taken{q: q, id: id, ref: r, lg: q.l.ledger, again: again}
 }
 
 func (q *jsQueue) isFollowed(id string) bool {
