@@ -22,7 +22,7 @@ func cmdGraph(e *env, args []string) int {
 	fs.Func("place", "with --workers, a run's `STAGE=W1,W2,...` pin (workers local1 to localN; repeatable)", func(v string) error {
 		stage, ws, ok := strings.Cut(v, "=")
 		if !ok || stage == "" || ws == "" {
-			return errors.New("want STAGE=WORKER[,WORKER...], such as w1=local2")
+			return errors.New("want STAGE=WORKER[,WORKER...], such as target=local2")
 		}
 		if pins == nil {
 			pins = map[string][]string{}

@@ -179,7 +179,7 @@ edge "e" {
 	job := &Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: NewToken()}
 	pjs, _ := newJS(pc)
 	cjs, _ := newJS(cc)
-	if err := setupRun(ctx, pjs, job.Run, g, job.Remote, DefaultAckWait, nil); err != nil {
+	if err := setupRun(ctx, pjs, job.Run, g, job.Remote, job.Chained, DefaultAckWait, nil); err != nil {
 		tb.Fatal(err)
 	}
 	pl, err := newLinks(ctx, pc, pjs, job, g, "p", "")

@@ -77,15 +77,15 @@ func (c *chainEdge) Derive(from engine.Origin) engine.Receipt {
 	if parent == nil {
 		return nil
 	}
-	return parent.child(c.name, c.ei, from.Sent)
+	return parent.child(c.ei, from.Sent)
 }
 
 func (c *chainEdge) Unsent(rc engine.Receipt) { rc.(*taken).unsent() }
 
-// child is the receipt of an item sent from t on chained edge edge (index
-// ei), the k-th sent from t: counted under way from t until settled, and
+// child is the receipt of an item sent from t on the chained edge of
+// index ei, the k-th sent from t: counted under way from t until settled, and
 // counted on its head.
-func (t *taken) child(edge string, ei, k int) *taken {
+func (t *taken) child(ei, k int) *taken {
 	head := t
 	if t.head != nil {
 		head = t.head

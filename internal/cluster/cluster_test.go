@@ -67,7 +67,7 @@ func testServer(t *testing.T) (*Server, *nats.Conn) {
 // shares (shareOf) have ended.
 func setUp(t *testing.T, js jetstream.JetStream, job *Job, g *graph.Graph) {
 	t.Helper()
-	if err := setupRun(context.Background(), js, job.Run, g, job.Remote, DefaultAckWait, nil); err != nil {
+	if err := setupRun(context.Background(), js, job.Run, g, job.Remote, job.Chained, DefaultAckWait, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { teardownRun(js, job.Run, g, job.Remote) })
@@ -806,7 +806,7 @@ func TestRoomWithinBound(t *testing.T) {
 	send, _, js, cleanup := edgePairCap(t, srv, "bound", 16)
 	defer cleanup()
 	q := send.(*jsQueue)
-	bound := backstop(q.edge)
+	bound := backstop(q.edge, q.l.job.Chained)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n := bound + 8

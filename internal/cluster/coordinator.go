@@ -238,7 +238,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	c.start = time.Now()
 	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.o.Timings.AckWait, heldBack(c.o.Registry, c.g))
+	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.chained, c.o.Timings.AckWait, heldBack(c.o.Registry, c.g))
 	cancel()
 	defer teardownRun(c.js, c.run, c.g, c.remote)
 	if err != nil {

@@ -39,9 +39,16 @@
 // it holds what shares one share's state (links) or the Coordinator's:
 //
 //   - the edge: a queue on JetStream, its room, grants and bound, its
-//     pipelined publishes (transport.go, publish.go), and settling, the
-//     receipts of what a restartable stage takes and the rule that acks
-//     them (ledger.go, resume.go, saves.go, held.go);
+//     pipelined publishes and its pulls (transport.go, publish.go,
+//     pull.go), and settling, the receipts of what a restartable stage
+//     takes and the rule that acks them (ledger.go, resume.go, saves.go,
+//     held.go);
+//   - chains (chain.go): an edge between restartable stages whose queues
+//     each join one producer replica to one consumer on one worker stays
+//     in process (engine.Chain), its items' receipts derived from their
+//     senders', the input at a chain's head settled once what the chain
+//     sent on is stored, and the chain's figures recorded before its
+//     heads are acked;
 //   - the Coordinator (coordinator.go, membership.go, deadlock.go,
 //     figures.go, books.go) and the worker (worker.go).
 //

@@ -22,8 +22,10 @@ import (
 //
 // A replica of a stage that restarts elsewhere (a restartable stage: its
 // kind is stateless and it does not step with the others) reads only
-// queues on JetStream (remoteQueues), so whatever it has not finished is
-// still in a stream when its worker is lost. What it has finished must
+// queues on JetStream (control.Queues) or a chain's queues, whose items
+// derive from an input on JetStream or a resuming source's (chain.go), so
+// whatever it has not finished is still in a stream, or comes back to
+// the source, when its worker is lost. What it has finished must
 // never come back, and what it sent must be there once. The worker settles
 // its own inputs; no item goes through the coordinator:
 //

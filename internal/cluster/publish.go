@@ -326,7 +326,7 @@ func (q *jsQueue) publish(ctx context.Context, p *pub) error {
 		return fail(fmt.Errorf("%s: the share has stopped", q.name()))
 	}
 	if q.pubs == nil {
-		q.pubs = make(chan *pub, backstop(q.edge))
+		q.pubs = make(chan *pub, backstop(q.edge, q.l.job.Chained))
 		q.l.bg.Go(q.answer)
 	}
 	fut, err := q.l.js.PublishMsgAsync(p.msg)
@@ -375,7 +375,7 @@ func (q *jsQueue) answer() {
 func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	if err != nil {
 		if isFull(err) {
-			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", backstop(q.edge), err)
+			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", backstop(q.edge, q.l.job.Chained), err)
 		}
 		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
 		if p.held {

@@ -46,9 +46,9 @@ const DefaultAnswer = 30 * time.Second
 // A stage whose inputs may wait for a save (holds: heldBack) keeps them
 // unacked until then, checkpoint_every steps, say: its edges' stream and
 // consumers have no bound to speak of; the room still paces producers.
-func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
+func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, chained map[string]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
 	for ei, e := range g.Edges {
-		bound := backstop(e)
+		bound := backstop(e, chained)
 		if holds != nil && holds(e.To.Stage) {
 			bound = 1 << 30 // none to speak of
 		}
@@ -106,21 +106,30 @@ func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 // and not yet acked is out of the room: fetched ahead (two fetches each),
 // in their replicas' hands, or done with and waiting until what it sent
 // downstream is settled (up to the downstream edges' capacities, and as
-// much again in their consumers' hands). So the stream's own bound is
-// past what pacing allows: a publish is never refused for room, which
-// would let a later one in flight pass it.
-func backstop(e *graph.Edge) int {
+// much again in their consumers' hands; through a chain, chained, the
+// edges after it too, for the input at its head is settled only once
+// what the chain sent on is). So the stream's own bound is past what
+// pacing allows: a publish is never refused for room, which would let a
+// later one in flight pass it.
+func backstop(e *graph.Edge, chained map[string]bool) int {
 	n := 1
 	for _, q := range e.Queues {
 		n = max(n, len(q.Producers))
 	}
 	capacity := max(e.Capacity, 1)
 	held := capacity + 4*e.To.Stage.Replicas
-	for _, out := range e.To.Stage.Outputs {
-		for _, d := range out.Edges {
-			held += 2 * max(d.Capacity, 1) * len(d.Queues)
+	var downstream func(s *graph.Stage)
+	downstream = func(s *graph.Stage) {
+		for _, out := range s.Outputs {
+			for _, d := range out.Edges {
+				held += 2 * max(d.Capacity, 1) * len(d.Queues)
+				if chained[d.Name] {
+					downstream(d.To.Stage)
+				}
+			}
 		}
 	}
+	downstream(e.To.Stage)
 	// Producers take the consumers' grants as room as soon as messages
 	// are fetched (jsQueue.granted), and the server applies acks on its
 	// own time, behind deliveries and publishes: acked messages it still
@@ -926,8 +935,8 @@ type taken struct {
 	dropped bool
 	keep    uint32
 	// a chain's item (chain.go): parent is the delivery it derives from,
-	// head the input at its chain's head, edge the chained edge it was
-	// sent on
+	// head the input at its chain's head, ei the index of the chained
+	// edge it was sent on
 	parent, head *taken
 	ei           int
 	// again: the server had delivered it before (a stream's item)

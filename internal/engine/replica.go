@@ -38,8 +38,8 @@ type replica struct {
 	// own is the node's own account of its time (own.go), nil for a
 	// replica measured at its ports
 	own atomic.Pointer[ownTimes]
-	// delivers: an input of the replica is on a transport, so it may hold
-	// a delivery (its Recv settles the one in hand)
+	// delivers: an input of the replica is on a transport or a chain's,
+	// so it may hold a delivery (its Recv settles the one in hand)
 	delivers bool
 
 	_       linePad
@@ -53,9 +53,9 @@ type replica struct {
 	// the sites count for the deadlock detector.
 	countSites bool
 	waitOn     atomic.Pointer[waitSite]
-	// hand is the delivery in hand, from a queue on a transport (nil:
-	// none); sentBare counts what the replica sent on transports with
-	// none in hand (a source)
+	// hand is the delivery in hand, from a queue on a transport or a
+	// chain's (nil: none); sentBare counts what the replica sent on
+	// transports and chains' queues with none in hand (a source)
 	hand     atomic.Pointer[inHand]
 	sentBare atomic.Int64
 	_        linePad

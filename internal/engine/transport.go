@@ -84,7 +84,8 @@ type Origin struct {
 	// Receipt is the sender's delivery in hand; nil where it has none (a
 	// source, or a replica whose inputs are all in process).
 	Receipt Receipt
-	// Sent is how many items the replica sent on transports since it
+	// Sent is how many items the replica sent on transports and chains'
+	// queues since it
 	// received that delivery (since it started, with none): a node that
 	// handles the same item the same way sends the same sequence again.
 	Sent int
@@ -191,7 +192,7 @@ func (q *queue) pump(ctx context.Context) error {
 }
 
 // inHand is a replica's delivery in hand: its receipt, and how many items
-// the replica has sent on transports since it took it.
+// the replica has sent on transports and chains' queues since it took it.
 type inHand struct {
 	rc   Receipt
 	sent atomic.Int64
