@@ -90,7 +90,7 @@ func (t *taken) child(ei, k int) *taken {
 	if t.head != nil {
 		head = t.head
 	}
-	c := &taken{id: "f" + origin{id: t.id, k: k}.hash(strconv.Itoa(ei)), lg: t.lg, parent: t, head: head, ei: ei}
+	c := &taken{lg: t.lg, parent: t, head: head, ei: ei, sent: k}
 	head.mu.Lock()
 	if head.chain == nil {
 		head.chain = make([]int64, len(t.lg.l.g.Edges))
@@ -99,6 +99,20 @@ func (t *taken) child(ei, k int) *taken {
 	head.mu.Unlock()
 	t.derive()
 	return c
+}
+
+// ident is t's id. A chain's item's derives from its parent's (the id the
+// edge's stream would have given it), worked out when first asked: most
+// never are, only those something is published from, or that a chain
+// further on derives from.
+func (t *taken) ident() string {
+	if t.parent == nil {
+		return t.id
+	}
+	t.idOnce.Do(func() {
+		t.id = "f" + origin{id: t.parent.ident(), k: t.sent}.hash(strconv.Itoa(t.ei))
+	})
+	return t.id
 }
 
 // unsent takes back a child whose send failed.
@@ -219,9 +233,10 @@ var errSealed = errors.New("the share was counted lost: its chains' record is se
 func (lg *ledger) recordChains(heads []*taken) error {
 	ch := &lg.l.chains
 	edges := lg.l.g.Edges
-	counts := func(h *taken) map[string]int64 {
-		h.mu.Lock()
-		defer h.mu.Unlock()
+	// what the heads derived, by edge index: settled here, and counted
+	// apart
+	committed, recounted := make([]int64, len(edges)), make([]int64, len(edges))
+	named := func(h *taken) map[string]int64 {
 		out := map[string]int64{}
 		for ei, n := range h.chain {
 			if n != 0 {
@@ -230,36 +245,44 @@ func (lg *ledger) recordChains(heads []*taken) error {
 		}
 		return out
 	}
-	add := func(to, from map[string]int64) map[string]int64 {
-		if to == nil {
-			to = map[string]int64{}
-		}
-		for k, n := range from {
-			to[k] += n
-		}
-		return to
-	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	rec := ch.rec // written only once stored
-	rec.Committed, rec.Recounted = maps.Clone(rec.Committed), maps.Clone(rec.Recounted)
 	rec.Redone = maps.Clone(rec.Redone)
 	var last chainHeads
 	for _, h := range heads {
-		c := counts(h)
+		to := committed
 		if ch.recounts(h) {
-			rec.Recounted = add(rec.Recounted, c)
-			continue
+			to = recounted
 		}
-		rec.Committed = add(rec.Committed, c)
-		if h.again {
+		h.mu.Lock()
+		for ei, n := range h.chain {
+			to[ei] += n
+		}
+		if h.again && !ch.recounts(h) {
 			if rec.Redone == nil {
 				rec.Redone = map[string]map[string]int64{}
 			}
-			rec.Redone[h.id] = c
+			rec.Redone[h.id] = named(h)
 		}
-		last.add(h)
+		h.mu.Unlock()
+		if !ch.recounts(h) {
+			last.add(h)
+		}
 	}
+	add := func(to map[string]int64, by []int64) map[string]int64 {
+		to = maps.Clone(to)
+		for ei, n := range by {
+			if n != 0 {
+				if to == nil {
+					to = map[string]int64{}
+				}
+				to[edges[ei].Name] += n
+			}
+		}
+		return to
+	}
+	rec.Committed, rec.Recounted = add(rec.Committed, committed), add(rec.Recounted, recounted)
 	rec.Last = last
 	b, err := json.Marshal(&rec)
 	if err != nil {

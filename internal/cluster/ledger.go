@@ -356,7 +356,7 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 				t.mu.Lock()
 				defer t.mu.Unlock()
 				if t.cur != nil {
-					return t.cur.id
+					return t.cur.ident()
 				}
 			}
 			return ""
@@ -533,13 +533,13 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		if rec != nil {
 			rec.by = t
 			t.open++
-			round, drop = t.skip[rec.id]
+			round, drop = t.skip[rec.ident()]
 		}
 		if drop {
 			// Trained on before the state the restart took was: in it
 			// already, settled at the next receive (or at the save that
 			// holds it).
-			delete(t.skip, rec.id)
+			delete(t.skip, rec.ident())
 			rec.dropped = true
 			if round > 0 && t.hold {
 				rec.keep = round
@@ -549,7 +549,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		if !drop {
 			return item, nil
 		}
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.id)
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.ident())
 	}
 }
 

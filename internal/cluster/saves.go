@@ -133,7 +133,7 @@ func (g savingGroup) joining() {
 	t.round, t.last = round, round
 	id := ""
 	if t.cur != nil {
-		id = t.cur.id
+		id = t.cur.ident()
 	}
 	t.mu.Unlock()
 	if id != "" && lg.saves {
@@ -231,7 +231,7 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 	for i := range lg.stage.Replicas {
 		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
 			for _, d := range t.saved(durable) {
-				settled[d.id] = true
+				settled[d.ident()] = true
 			}
 		}
 	}

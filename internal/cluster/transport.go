@@ -539,7 +539,7 @@ func (q *jsQueue) Send(ctx context.Context, item any, from engine.Origin) error 
 	id := q.id + "-" + strconv.FormatInt(q.seq.Add(1), 10)
 	t, derived := from.Receipt.(*taken)
 	if derived {
-		id = "f" + origin{id: t.id, k: from.Sent}.hash(strconv.Itoa(q.ei))
+		id = "f" + origin{id: t.ident(), k: from.Sent}.hash(strconv.Itoa(q.ei))
 	}
 	m := nats.NewMsg(q.subject)
 	m.Header.Set(jetstream.MsgIDHeader, id)
@@ -936,9 +936,11 @@ type taken struct {
 	keep    uint32
 	// a chain's item (chain.go): parent is the delivery it derives from,
 	// head the input at its chain's head, ei the index of the chained
-	// edge it was sent on
+	// edge it was sent on, sent how many its parent's replica had sent
+	// from it before
 	parent, head *taken
-	ei           int
+	ei, sent     int
+	idOnce       sync.Once // its id, derived when first asked (ident)
 	// again: the server had delivered it before (a stream's item)
 	again bool
 
