@@ -102,15 +102,17 @@ func (t *taken) child(ei, k int) *taken {
 }
 
 // ident is t's id. A chain's item's derives from its parent's (the id the
-// edge's stream would have given it), worked out when first asked: most
-// never are, only those something is published from, or that a chain
-// further on derives from.
+// edge's stream would have given it), and a resuming source's from its
+// place; both are worked out when first asked: most never are, only those
+// something is published from, or that a chain further on derives from.
 func (t *taken) ident() string {
-	if t.parent == nil {
-		return t.id
-	}
 	t.idOnce.Do(func() {
-		t.id = "f" + origin{id: t.parent.ident(), k: t.sent}.hash(strconv.Itoa(t.ei))
+		switch {
+		case t.parent != nil:
+			t.id = "f" + origin{id: t.parent.ident(), k: t.sent}.hash(strconv.Itoa(t.ei))
+		case t.pos != nil && t.id == "":
+			t.id = sourceItemID(t.pos.key, t.k) // a resuming source's (resume.go)
+		}
 	})
 	return t.id
 }

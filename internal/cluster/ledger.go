@@ -533,7 +533,9 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		if rec != nil {
 			rec.by = t
 			t.open++
-			round, drop = t.skip[rec.ident()]
+			if t.skip != nil {
+				round, drop = t.skip[rec.ident()]
+			}
 		}
 		if drop {
 			// Trained on before the state the restart took was: in it

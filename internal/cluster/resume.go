@@ -68,6 +68,10 @@ func (p *sourcePos) at() int64 {
 
 func positionKey(s *graph.Stage, i int) string { return token(s.Name) + "." + strconv.Itoa(i) }
 
+// sourceItemID is the id of item k of the resuming source replica whose
+// position key is key.
+func sourceItemID(key string, k int64) string { return "s" + key + "." + strconv.FormatInt(k, 10) }
+
 // record writes the positions that moved.
 func (lg *ledger) record(moved []*sourcePos) error {
 	seen := map[*sourcePos]bool{}
@@ -101,7 +105,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 		if from > 0 {
 			fmt.Fprintf(l.log(), "dflow worker %s: stage %s replica %d resumes after its item %d\n", l.worker, s.Name, r.Index(), from)
 		}
-		src := &resumed{Replica: r, l: l, from: from, id: "s" + key,
+		src := &resumed{Replica: r, l: l, from: from,
 			pos: &sourcePos{key: key, next: from, done: map[int64]*taken{}}}
 		return n.Run(ctx, src)
 	})
@@ -111,8 +115,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 type resumed struct {
 	nodes.Replica
 	l    *links
-	id   string // its items' ids derive from it
-	from int64  // items emitted before this are dropped: stored before
+	from int64 // items emitted before this are dropped: stored before
 	pos  *sourcePos
 
 	mu   sync.Mutex
@@ -143,7 +146,7 @@ func (o *resumedOut) Send(ctx context.Context, item any) error {
 	}
 	// What it sends derives from its place: a delivery of its own, in
 	// hand while it is sent, settled once what was sent is stored.
-	h.Hand(&taken{id: s.id + "." + strconv.FormatInt(k, 10), pos: s.pos, k: k, lg: s.l.ledger})
+	h.Hand(&taken{pos: s.pos, k: k, lg: s.l.ledger}) // its id from its place (ident)
 	if err := o.Output.Send(ctx, item); err != nil {
 		return err
 	}
