@@ -933,7 +933,9 @@ type taken struct {
 	// trained on it; in a save already unless keep (the round it was
 	// trained in, a save of which still has to come)
 	dropped bool
-	keep    uint32
+	// again: the server had delivered it before (a stream's item)
+	again bool
+	keep  uint32
 	// a chain's item (chain.go): parent is the delivery it derives from,
 	// head the input at its chain's head, ei the index of the chained
 	// edge it was sent on, sent how many its parent's replica had sent
@@ -941,15 +943,13 @@ type taken struct {
 	parent, head *taken
 	ei, sent     int
 	idOnce       sync.Once // its id, derived when first asked (ident)
-	// again: the server had delivered it before (a stream's item)
-	again bool
 
 	// settled: once its replica has done with it and every publish of
 	// what it sent has its answer, it joins the ledger's next settle
 	mu       sync.Mutex
-	under    int  // publishes derived from it, unanswered
 	finished bool // its replica has asked for the next item, or returned
 	queued   bool // handed to the ledger: once, whatever a node does
+	under    int  // publishes derived from it, unanswered
 	// chain counts, on a chain's head, what was derived from it on each
 	// chained edge, by edge index
 	chain []int64
