@@ -738,6 +738,39 @@ func TestFinishedReplicaStays(t *testing.T) {
 	}
 }
 
+// TestFinishedChainStaysWhole: a lost worker's chain (work feeding the
+// sink in process, a chain's edge) stays finished only when every replica
+// of it had finished by the rule for one replica; one that had not
+// restarts the chain whole.
+func TestFinishedChainStaysWhole(t *testing.T) {
+	t.Parallel()
+	nc := serverConn(t)
+	js, _ := newJS(nc)
+	g := chain(t, 1)
+	job := &Job{Run: "chainstays", Remote: map[string][]bool{"a": {true}, "b": {false}}, Chained: map[string]bool{"b": true},
+		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
+	setUp(t, js, job, g)
+	l := shareOf(t, nc, js, job, g, "w2")
+	ctx := context.Background()
+	if _, err := l.ends.Put(ctx, keySettled(1, 0), []byte("w2")); err != nil { // work[0] settled, the sink not
+		t.Fatal(err)
+	}
+	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote,
+		chained: job.Chained, place: job.Place}
+	in := &instance{name: "w2", last: &report.Snapshot{Stages: []report.StageSnapshot{
+		{Name: "work", Replicas: []report.ReplicaSnapshot{{Done: true}}},
+		{Name: "sink", Replicas: []report.ReplicaSnapshot{{Done: true}}}}}}
+	if got := c.endedOn(in); got[replicaKey{"work", 0}] || got[replicaKey{"sink", 0}] {
+		t.Errorf("ended on w2 with the sink unsettled: %v, want the chain restarted whole", got)
+	}
+	if _, err := l.ends.Put(ctx, keySettled(2, 0), []byte("w2")); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.endedOn(in); !got[replicaKey{"work", 0}] || !got[replicaKey{"sink", 0}] {
+		t.Errorf("ended on w2 with the whole chain settled: %v, want both to stay", got)
+	}
+}
+
 // TestSettledAfterLastSnapshot: a worker lost after its replicas had
 // returned, settled everything (their record written) and written their
 // ends, but before a snapshot showed them done (snapshots come once a

@@ -254,8 +254,9 @@ func (c *Coordinator) recover(in *instance) error {
 // and the run's figures settle what it did since (settleLost). One
 // recorded settled after that snapshot whose ends are not all written
 // restarts, as before. Not one that feeds a queue in
-// process on the lost worker (its consumer is gone with it), nor one that
-// reads a chain's edge (the chain restarts whole, chain.go), and, where a
+// process on the lost worker (its consumer is gone with it), nor a
+// chain's replica unless the chain's every replica there had finished by
+// this rule (a chain restarts whole, chain.go), and, where a
 // stage has no group across workers, none of its replicas on in unless all
 // of them had finished (those that stayed and those that moved would be a
 // group spread over two workers, with no host). What cannot be read is not
@@ -284,19 +285,19 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 			}
 		}
 	}
+	chain := map[replicaKey][]replicaKey{} // the replicas a chain's edge joins each to
 	for _, e := range c.g.Edges {
 		for qi, q := range e.Queues {
-			if c.remote[e.Name][qi] {
-				continue
-			}
-			for _, p := range q.Producers {
-				local[replicaKey{e.From.Stage.Name, p}] = true
-			}
-			if c.chained[e.Name] {
-				// a chain restarts whole: what its consumer settled
-				// came back to the chain's head unsettled, maybe
-				for _, cr := range q.Consumers {
-					local[replicaKey{e.To.Stage.Name, cr}] = true
+			switch {
+			case c.remote[e.Name][qi]:
+			case c.chained[e.Name]:
+				p, cr := replicaKey{e.From.Stage.Name, q.Producers[0]}, replicaKey{e.To.Stage.Name, q.Consumers[0]}
+				if c.place[p.stage][p.i] == in.name && c.place[cr.stage][cr.i] == in.name {
+					chain[p], chain[cr] = append(chain[p], cr), append(chain[cr], p)
+				}
+			default:
+				for _, p := range q.Producers {
+					local[replicaKey{e.From.Stage.Name, p}] = true
 				}
 			}
 		}
@@ -330,7 +331,21 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 				_, err := kv.Get(ctx, keyEnd(q.ei, q.qi, k.i))
 				return err != nil
 			}))
-		partial[r.s.Name] = partial[r.s.Name] || !ended[k]
+	}
+	// A chain stays finished only whole: a member that restarts restarts
+	// the chain (what its consumers had settled may come back to it).
+	for again := true; again; {
+		again = false
+		for k, joined := range chain {
+			for _, j := range joined {
+				if !ended[k] && ended[j] {
+					ended[j], again = false, true
+				}
+			}
+		}
+	}
+	for _, r := range reps {
+		partial[r.s.Name] = partial[r.s.Name] || !ended[replicaKey{r.s.Name, r.i}]
 	}
 	for k := range ended {
 		if partial[k.stage] && !hosted[k.stage] {
