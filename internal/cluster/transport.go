@@ -208,6 +208,9 @@ type links struct {
 	// them is stored (ledger.go), so a loss redelivers what they had not
 	// finished.
 	restartable func(*graph.Stage) bool
+	// syncs says whether a stage's replicas step together: a node that
+	// starts them as distributed ranks learns where each runs (ranks.go)
+	syncs func(*graph.Stage) bool
 	// summing says whether a stage is a group of a kind that moves whose
 	// members sum in this process (localGroup); locals their records
 	summing   func(*graph.Stage) bool
@@ -233,6 +236,9 @@ type links struct {
 	// chains is the share's side of its chains' figures (chain.go)
 	chains chains
 	pmu    sync.Mutex
+	// rank0s are where the group stages' ranks 0 this share runs listen,
+	// by keyRank0 (ranks.go)
+	rank0s map[string]*rank0
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 

@@ -217,6 +217,10 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	defer l.close()
 	l.worker = w.o.Name
 	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	l.syncs = func(s *graph.Stage) bool {
+		spec, ok := w.o.Registry.Spec(s.Node)
+		return ok && spec.Sync != nil && spec.Sync(s.Config)
+	}
 	l.summing = func(s *graph.Stage) bool {
 		return moves(w.o.Registry, s) && !hosted(w.o.Registry, s, job.Place[s.Name])
 	}
@@ -253,7 +257,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		Transport: l.For,
 		Chain:     l.ChainFor,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
-		Wrap:      l.track,
+		Wrap:      func(s *graph.Stage, n nodes.Node) nodes.Node { return l.track(s, l.ranked(s, n)) },
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))

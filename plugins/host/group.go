@@ -24,32 +24,22 @@ import (
 // nodes.Group is.
 
 // Place is where a group kind's replica runs, as its torch.distributed
-// rank sees it (Host.GroupPlace).
-type Place struct {
-	// MasterAddr and MasterPort are where rank 0 listens for the others
-	// (MASTER_ADDR, MASTER_PORT): rank 0's host as the others reach it,
-	// and a port free there, fresh for each attempt of the group (a
-	// restart of the group gets a new one), the same for every member.
-	MasterAddr string
-	MasterPort int
-	// LocalRank is the replica's rank among the group's members on its
-	// host, LocalWorldSize how many those are (LOCAL_RANK,
-	// LOCAL_WORLD_SIZE).
-	LocalRank, LocalWorldSize int
-	// LocalDevices are the devices of the group's members on the
-	// replica's host, by local rank ("cpu", "cuda:N" in dflow's
-	// numbering); nil: only the replica's own is known.
-	LocalDevices []string
-}
+// rank sees it (Host.GroupPlace; nodes.RankPlace).
+type Place = nodes.RankPlace
 
 // stageDevices is implemented by the engine's replicas: every replica's
 // device, by index.
 type stageDevices interface{ Devices() []string }
 
-// place is where replica r of a group stage runs: the host's GroupPlace,
-// or, by default, the whole group on this host, with one free port for
-// the stage's run (n.master, chosen by the first replica to start).
-func (n *remoteNode) place(r nodes.Replica) (Place, error) {
+// place is where replica r of a group stage runs: as the run's context
+// says (nodes.RankPlacerFrom: a cluster's worker, the members on several
+// hosts), the host's GroupPlace, or, by default, the whole group on this
+// host, with one free port for the stage's run (n.master, chosen by the
+// first replica to start).
+func (n *remoteNode) place(ctx context.Context, r nodes.Replica) (Place, error) {
+	if f := nodes.RankPlacerFrom(ctx); f != nil {
+		return f(ctx, r)
+	}
 	if f := n.k.host.GroupPlace; f != nil {
 		return f(r)
 	}

@@ -36,7 +36,7 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	if k.group {
 		// A rank: the environment torchrun gives one, its device bound
 		// before the process starts (group.go).
-		place, err := n.place(r)
+		place, err := n.place(ctx, r)
 		if err != nil {
 			return fmt.Errorf("plugin %s (%s): %w", k.plugin, k.path, err)
 		}
