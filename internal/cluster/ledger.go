@@ -594,3 +594,25 @@ func (o origin) hash(at string) string {
 	h.Write(b)
 	return strconv.FormatUint(h.Sum64(), 36)
 }
+
+// ownClock is the engine's replica taking a node's own account of its
+// time (a plugin that measures its own busy and idle time; plugins/host).
+type ownClock interface {
+	OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool)
+	OwnService(sum time.Duration, counts map[time.Duration]int64)
+}
+
+// OwnTimes hands a node's own account of its time to the engine's
+// replica, as it would have it without the share's runtime around it.
+func (t *tracked) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
+	if c, ok := t.Replica.(ownClock); ok {
+		c.OwnTimes(idle, blocked, idleNow, blockedNow)
+	}
+}
+
+// OwnService is OwnTimes' for items' service times.
+func (t *tracked) OwnService(sum time.Duration, counts map[time.Duration]int64) {
+	if c, ok := t.Replica.(ownClock); ok {
+		c.OwnService(sum, counts)
+	}
+}

@@ -156,3 +156,17 @@ func (o *resumedOut) Send(ctx context.Context, item any) error {
 	}
 	return nil
 }
+
+// OwnTimes and OwnService hand a node's own account of its time to the
+// engine's replica (tracked.OwnTimes).
+func (s *resumed) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
+	if c, ok := s.Replica.(ownClock); ok {
+		c.OwnTimes(idle, blocked, idleNow, blockedNow)
+	}
+}
+
+func (s *resumed) OwnService(sum time.Duration, counts map[time.Duration]int64) {
+	if c, ok := s.Replica.(ownClock); ok {
+		c.OwnService(sum, counts)
+	}
+}
