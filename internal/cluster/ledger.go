@@ -192,7 +192,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		return l.resume(s, n) // a source that resumes
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-		tr := &tracked{Replica: r, l: l}
+		tr := &tracked{clocked: clocked{r}, l: l}
 		if l.summing != nil && l.summing(s) {
 			tr.local = l.localGroupFor(s)
 		}
@@ -225,7 +225,7 @@ type quiescent struct {
 // what it sends meanwhile derives from it. A stateless kind handles one
 // item at a time; its ports may still sit on two goroutines, hence mu.
 type tracked struct {
-	nodes.Replica
+	clocked
 	l *links
 
 	mu  sync.Mutex
@@ -602,17 +602,20 @@ type ownClock interface {
 	OwnService(sum time.Duration, counts map[time.Duration]int64)
 }
 
-// OwnTimes hands a node's own account of its time to the engine's
-// replica, as it would have it without the share's runtime around it.
-func (t *tracked) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
-	if c, ok := t.Replica.(ownClock); ok {
-		c.OwnTimes(idle, blocked, idleNow, blockedNow)
+// clocked is a replica as a runtime around a node embeds it: it passes
+// the node's own account of its time on to the engine's replica, as the
+// node would without the runtime around it (plugins/host asks its replica
+// for OwnTimes and OwnService).
+type clocked struct{ nodes.Replica }
+
+func (c clocked) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
+	if o, ok := c.Replica.(ownClock); ok {
+		o.OwnTimes(idle, blocked, idleNow, blockedNow)
 	}
 }
 
-// OwnService is OwnTimes' for items' service times.
-func (t *tracked) OwnService(sum time.Duration, counts map[time.Duration]int64) {
-	if c, ok := t.Replica.(ownClock); ok {
-		c.OwnService(sum, counts)
+func (c clocked) OwnService(sum time.Duration, counts map[time.Duration]int64) {
+	if o, ok := c.Replica.(ownClock); ok {
+		o.OwnService(sum, counts)
 	}
 }

@@ -23,8 +23,8 @@ func (c *clockReplica) OwnService(time.Duration, map[time.Duration]int64) { c.se
 // cluster was measured at its ports, computing while shown idle.
 func TestOwnClockThroughShare(t *testing.T) {
 	for _, wrap := range []func(r nodes.Replica) nodes.Replica{
-		func(r nodes.Replica) nodes.Replica { return &tracked{Replica: r} },
-		func(r nodes.Replica) nodes.Replica { return &resumed{Replica: r} },
+		func(r nodes.Replica) nodes.Replica { return &tracked{clocked: clocked{r}} },
+		func(r nodes.Replica) nodes.Replica { return &resumed{clocked: clocked{r}} },
 	} {
 		inner := &clockReplica{}
 		c, ok := wrap(inner).(ownClock)

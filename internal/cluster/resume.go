@@ -105,7 +105,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 		if from > 0 {
 			fmt.Fprintf(l.log(), "dflow worker %s: stage %s replica %d resumes after its item %d\n", l.worker, s.Name, r.Index(), from)
 		}
-		src := &resumed{Replica: r, l: l, from: from,
+		src := &resumed{clocked: clocked{r}, l: l, from: from,
 			pos: &sourcePos{key: key, next: from, done: map[int64]*taken{}}}
 		return n.Run(ctx, src)
 	})
@@ -113,7 +113,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 
 // resumed is a resuming source replica's runtime.
 type resumed struct {
-	nodes.Replica
+	clocked
 	l    *links
 	from int64 // items emitted before this are dropped: stored before
 	pos  *sourcePos
@@ -155,18 +155,4 @@ func (o *resumedOut) Send(ctx context.Context, item any) error {
 		f(s.Stage())
 	}
 	return nil
-}
-
-// OwnTimes and OwnService hand a node's own account of its time to the
-// engine's replica (tracked.OwnTimes).
-func (s *resumed) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
-	if c, ok := s.Replica.(ownClock); ok {
-		c.OwnTimes(idle, blocked, idleNow, blockedNow)
-	}
-}
-
-func (s *resumed) OwnService(sum time.Duration, counts map[time.Duration]int64) {
-	if c, ok := s.Replica.(ownClock); ok {
-		c.OwnService(sum, counts)
-	}
 }

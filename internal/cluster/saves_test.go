@@ -51,7 +51,7 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	var members [2]savingGroup
 	for i := range members {
 		inner := stalledGroup{joined: joined, release: release, lead: i == 0}
-		trs[i] = &tracked{Replica: groupReplica{i: i, g: inner}, l: l, local: lg}
+		trs[i] = &tracked{clocked: clocked{groupReplica{i: i, g: inner}}, l: l, local: lg}
 		l.pmu.Lock()
 		l.replicas[replicaKey{"work", i}] = trs[i]
 		l.pmu.Unlock()
