@@ -235,9 +235,8 @@ const maxRoomWait = 100 * time.Millisecond
 // and not yet acked, and not yet delivered (the stream's own count of the
 // queue's subject, read from its store). Not the consumer's pending and
 // ack-pending counts, which one read would give with the held ones: the
-// consumer lets go of an acked message before the stream removes it, and
-// a room taken from them went past the bound (BenchmarkRemoteEdge's 64B,
-// refused in three runs of three).
+// consumer lets go of an acked message before the stream removes it, so
+// a room taken from them can go past the stream's bound.
 func (q *jsQueue) stored(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, q.l.job.Timings.Answer)
 	defer cancel()

@@ -28,7 +28,8 @@ func toHost(b Buffer) []float32 {
 // TestBitIdentical: three training steps of a small target and of a
 // drafter on it, then a forward pass, give bit for bit the losses,
 // weights and logits the kernels gave before the backend seam (the
-// hashes were recorded with the code of commit ecd353d, gonum's sgemm).
+// hashes were recorded with the kernels as they were then, on gonum's
+// sgemm).
 // OpenBLAS rounds differently, so the figures hold for the gonum build.
 func TestBitIdentical(t *testing.T) {
 	if CPU().Name() != "gonum" {
