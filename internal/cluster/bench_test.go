@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The figures of docs/cluster.md (bench/run prints them): items across a
-// remote edge (one producer instance, one consumer instance, an embedded
-// server on loopback, capacity 16), and the same bytes over a bare
-// loopback TCP connection (a 4-byte length, then the payload), in the same
-// run.
+// The figures of docs/performance.md, "Across hosts" (bench/run prints
+// them): items across a remote edge (one producer instance, one consumer
+// instance, an embedded server on loopback, capacity 8, 16 and 1024), and
+// the same bytes over a bare loopback TCP connection (a 4-byte length,
+// then the payload), in the same run.
 
 var benchSizes = []int{64, 16 << 20}
 
