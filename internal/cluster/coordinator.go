@@ -18,7 +18,6 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
-	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -592,7 +591,7 @@ func (c *Coordinator) allDone() bool {
 func (c *Coordinator) startInstance(worker, inst string) error {
 	job := c.o.Job
 	job.Run, job.Instance, job.Grace, job.Restart = c.run, inst, c.o.Grace, inst != worker
-	job.Provenance = nn.CurrentRun()
+	job.Provenance = nodes.CurrentRun()
 	job.Timings = c.o.Timings
 	job.DataKey = c.dataKey
 	c.mu.Lock()

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/cluster/control"
-	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 // Job is what the coordinator sends a worker: the spec as the coordinator
@@ -39,7 +39,7 @@ type Job struct {
 	// Provenance is the run that files written by the job's stages
 	// record (the coordinator's): the replicas of a stage on several
 	// workers write and overwrite one run's checkpoint.
-	Provenance nn.Run `json:"provenance"`
+	Provenance nodes.Run `json:"provenance"`
 	// Timings are the run's lease and ack wait (the coordinator's).
 	Timings Timings `json:"timings"`
 	// DataKey is the run's key to the workers' data planes (package dataplane),

@@ -15,7 +15,6 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/engine"
-	"github.com/dflow-dev/dflow/internal/nn"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -189,7 +188,7 @@ func (w *worker) announce(ctx context.Context) {
 func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	nc := w.o.Conn
 	inst := job.Instance
-	nn.SetRun(job.Provenance) // before the stages are built: they claim their files for it
+	nodes.SetRun(job.Provenance) // before the stages are built: they claim their files for it
 	job.Timings = job.Timings.withDefaults()
 	for _, f := range job.VarFiles { // read by Load
 		if err := w.o.Roots.CheckRead(f); err != nil {

@@ -1,7 +1,6 @@
 package nn
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -9,10 +8,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/dflow-dev/dflow/nodes"
 )
 
 // Provenance. Every model and checkpoint dflow writes records, in its
@@ -28,45 +27,23 @@ import (
 // meanwhile (Output.Check). The run's own periodic checkpoints overwrite
 // one another freely.
 
-// Run is the run files are written by.
-type Run struct {
-	ID      string    `json:"id"`
-	Started time.Time `json:"started"`
-}
-
-var current atomic.Pointer[Run]
-
-func init() {
-	current.Store(&Run{ID: newRunID(), Started: time.Now().UTC().Truncate(time.Second)})
-}
+// Run is the run files are written by (nodes.Run: the node API's, so that
+// the runtime sets it without knowing the models).
+type Run = nodes.Run
 
 // CurrentRun is the run this process writes files for.
-func CurrentRun() Run { return *current.Load() }
+func CurrentRun() Run { return nodes.CurrentRun() }
 
-// SetRun makes files written from now on this run's: a worker serving a
-// job across hosts sets the coordinator's run before it builds the
-// stages. A zero Run leaves the process's own.
-func SetRun(r Run) {
-	if r.ID != "" {
-		current.Store(&r)
-	}
-}
-
-func newRunID() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return strconv.FormatInt(time.Now().UnixNano(), 16)
-	}
-	return hex.EncodeToString(b[:])
-}
+// SetRun makes files written from now on this run's (nodes.SetRun).
+func SetRun(r Run) { nodes.SetRun(r) }
 
 // RunID is this run's id, as files it writes record it.
-func RunID() string { return current.Load().ID }
+func RunID() string { return nodes.CurrentRun().ID }
 
 // RunMetadata is the metadata that marks a file as written by this run;
 // spec may be "".
 func RunMetadata(spec string) map[string]string {
-	r := current.Load()
+	r := nodes.CurrentRun()
 	m := map[string]string{"run_id": r.ID, "run_started": r.Started.Format(time.RFC3339)}
 	if spec != "" {
 		m["spec"] = spec

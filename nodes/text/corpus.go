@@ -7,32 +7,18 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
-)
 
-// ExpandPath expands $VAR and ${VAR} in a corpus path; $GOROOT falls back
-// to the Go root this binary was built with, so "$GOROOT/src" works on any
-// machine that can build dflow.
-func ExpandPath(p string) string {
-	return os.Expand(p, func(v string) string {
-		if val := os.Getenv(v); val != "" {
-			return val
-		}
-		if v == "GOROOT" {
-			return runtime.GOROOT()
-		}
-		return ""
-	})
-}
+	"github.com/dflow-dev/dflow/nodes"
+)
 
 // CheckPath reports a corpus path that names no file or folder, for a
 // node kind's Check: a missing corpus fails at validate, as a missing
 // model does, rather than when the stage starts. It reads nothing.
 func CheckPath(path string) error {
-	expanded := ExpandPath(path)
+	expanded := nodes.ExpandPath(path)
 	matches, err := filepath.Glob(expanded)
 	switch {
 	case err != nil:
@@ -68,7 +54,7 @@ func ReadCorpus(path string, maxBytes int64) ([]byte, error) {
 	if b, ok := cache[key]; ok {
 		return b, nil
 	}
-	expanded := ExpandPath(path)
+	expanded := nodes.ExpandPath(path)
 	matches, err := filepath.Glob(expanded)
 	if err != nil {
 		return nil, fmt.Errorf("text: bad glob %q: %w", path, err)

@@ -71,8 +71,8 @@ func TestReadCorpus(t *testing.T) {
 	if e, _ := ReadCorpus("$DFLOW_TEST_CORPUS/a.txt", 1<<30); len(e) != 13*3000 {
 		t.Errorf("env expansion read %d", len(e))
 	}
-	if !strings.HasSuffix(ExpandPath("$GOROOT/src"), "/src") || ExpandPath("$GOROOT/src") == "/src" {
-		t.Errorf("$GOROOT expands to %q", ExpandPath("$GOROOT/src"))
+	if !strings.HasSuffix(nodes.ExpandPath("$GOROOT/src"), "/src") || nodes.ExpandPath("$GOROOT/src") == "/src" {
+		t.Errorf("$GOROOT expands to %q", nodes.ExpandPath("$GOROOT/src"))
 	}
 }
 

@@ -3,13 +3,13 @@ package control
 import (
 	"errors"
 	"fmt"
+	"github.com/dflow-dev/dflow/nodes"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/nodes/text"
 )
 
 // Roots are the folders under which a worker lets a job's nodes read and
@@ -26,7 +26,7 @@ type Roots struct {
 // default corpus of the documented recipes is $GOROOT/src).
 func DefaultRoots() Roots {
 	wd, _ := os.Getwd()
-	return Roots{Write: []string{wd}, Read: []string{text.ExpandPath("$GOROOT")}}
+	return Roots{Write: []string{wd}, Read: []string{nodes.ExpandPath("$GOROOT")}}
 }
 
 // resolved are the roots, absolute, with their links resolved.
@@ -97,7 +97,7 @@ func SpecFolders(g *graph.Graph) (write, read []string) {
 		return list
 	}
 	pathFields(g, func(_ *graph.Stage, f graph.Field, v string) {
-		for _, c := range []string{v, text.ExpandPath(v)} {
+		for _, c := range []string{v, nodes.ExpandPath(v)} {
 			d := staticDir(c)
 			if rp, err := resolvePath(d); err == nil {
 				d = rp
@@ -159,7 +159,7 @@ func staticDir(p string) string {
 // not), and each file a glob in it matches.
 func within(v string, roots []string) error {
 	cands := []string{v}
-	if x := text.ExpandPath(v); x != v {
+	if x := nodes.ExpandPath(v); x != v {
 		cands = append(cands, x)
 	}
 	for _, c := range cands {
