@@ -57,8 +57,7 @@ import (
 // chainEdge is a chain's edge as the engine sees it (engine.Chain): its
 // queues are the engine's channels, each item boxed with a child receipt.
 type chainEdge struct {
-	name string
-	ei   int
+	ei int // the edge's index
 }
 
 // ChainFor is the engine's ChainFor.
@@ -66,7 +65,7 @@ func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
 	if !l.job.Chained[e.Name] {
 		return nil
 	}
-	return &chainEdge{name: e.Name, ei: edgeIndex(l.g, e)}
+	return &chainEdge{ei: edgeIndex(l.g, e)}
 }
 
 // Derive gives an item sent from the sender's delivery in hand a receipt
