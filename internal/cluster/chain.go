@@ -248,26 +248,30 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	}
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	rec := ch.rec // written only once stored
-	rec.Redone = maps.Clone(rec.Redone)
+	rec := ch.rec   // written only once stored
+	cloned := false // rec.Redone, before the first head it adds
 	var last chainHeads
 	for _, h := range heads {
+		apart := ch.recounts(h)
 		to := committed
-		if ch.recounts(h) {
+		if apart {
 			to = recounted
 		}
 		h.mu.Lock()
 		for ei, n := range h.chain {
 			to[ei] += n
 		}
-		if h.again && !ch.recounts(h) {
-			if rec.Redone == nil {
-				rec.Redone = map[string]map[string]int64{}
+		if h.again && !apart {
+			if !cloned {
+				rec.Redone, cloned = maps.Clone(rec.Redone), true
+				if rec.Redone == nil {
+					rec.Redone = map[string]map[string]int64{}
+				}
 			}
 			rec.Redone[h.id] = named(h)
 		}
 		h.mu.Unlock()
-		if !ch.recounts(h) {
+		if !apart {
 			last.add(h)
 		}
 	}

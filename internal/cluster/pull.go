@@ -110,7 +110,7 @@ func (q *jsQueue) fetch() {
 			asked--
 			got++
 			quiet = false
-			jm := &pulled{m: m, nc: q.l.nc}
+			jm := newPulled(m, q.l.nc)
 			fresh := jm.delivered() == 1 // a redelivery made no room: it was granted when it first came
 			q.hold(jm)
 			q.fetchAhead(jm)
@@ -155,23 +155,35 @@ func (q *jsQueue) pullStatus(m *nats.Msg, status string) (int, error) {
 type pulled struct {
 	m  *nats.Msg
 	nc *nats.Conn
+	// its metadata, read once from its reply subject (ackMetadata)
+	md    *jetstream.MsgMetadata
+	mdErr error
 }
 
 var _ jetstream.Msg = (*pulled)(nil)
 
-// delivered is how many times the server has delivered the message, from
-// its reply subject ($JS.ACK.[domain.hash.]stream.consumer.delivered.
-// stream-seq.consumer-seq.time.pending[.token]); 0 where it cannot say.
-func (p *pulled) delivered() uint64 {
-	md, err := p.Metadata()
-	if err != nil {
-		return 0
-	}
-	return md.NumDelivered
+func newPulled(m *nats.Msg, nc *nats.Conn) *pulled {
+	p := &pulled{m: m, nc: nc}
+	p.md, p.mdErr = ackMetadata(m.Reply)
+	return p
 }
 
-func (p *pulled) Metadata() (*jetstream.MsgMetadata, error) {
-	tok := strings.Split(p.m.Reply, ".")
+// delivered is how many times the server has delivered the message; 0
+// where it cannot say.
+func (p *pulled) delivered() uint64 {
+	if p.mdErr != nil {
+		return 0
+	}
+	return p.md.NumDelivered
+}
+
+func (p *pulled) Metadata() (*jetstream.MsgMetadata, error) { return p.md, p.mdErr }
+
+// ackMetadata reads a message's metadata from its reply subject
+// ($JS.ACK.[domain.hash.]stream.consumer.delivered.stream-seq.
+// consumer-seq.time.pending[.token]).
+func ackMetadata(reply string) (*jetstream.MsgMetadata, error) {
+	tok := strings.Split(reply, ".")
 	if len(tok) < 9 || tok[0] != "$JS" || tok[1] != "ACK" {
 		return nil, errors.New("not a JetStream message")
 	}

@@ -15,7 +15,7 @@ func TestPulledMetadata(t *testing.T) {
 		"$JS.ACK.DFQ_ab_1.q0.3.41.40.1700000000000000000.7",
 		"$JS.ACK.hub.ACCHASH.DFQ_ab_1.q0.3.41.40.1700000000000000000.7.tok",
 	} {
-		p := &pulled{m: &nats.Msg{Reply: reply}}
+		p := newPulled(&nats.Msg{Reply: reply}, nil)
 		md, err := p.Metadata()
 		if err != nil {
 			t.Fatalf("%s: %v", reply, err)
@@ -28,7 +28,7 @@ func TestPulledMetadata(t *testing.T) {
 			t.Errorf("%s: delivered %d, want 3", reply, p.delivered())
 		}
 	}
-	if _, err := (&pulled{m: &nats.Msg{Reply: "_INBOX.x"}}).Metadata(); err == nil {
+	if _, err := newPulled(&nats.Msg{Reply: "_INBOX.x"}, nil).Metadata(); err == nil {
 		t.Error("an inbox subject read as a JetStream message")
 	}
 }

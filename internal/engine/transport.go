@@ -85,9 +85,9 @@ type Origin struct {
 	// source, or a replica whose inputs are all in process).
 	Receipt Receipt
 	// Sent is how many items the replica sent on transports and chains'
-	// queues since it
-	// received that delivery (since it started, with none): a node that
-	// handles the same item the same way sends the same sequence again.
+	// queues since it received that delivery (since it started, with
+	// none): a node that handles the same item the same way sends the same
+	// sequence again.
 	Sent int
 }
 

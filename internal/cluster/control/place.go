@@ -119,16 +119,7 @@ func Queues(g *graph.Graph, place map[string][]string, kinds Kinds) (remote map[
 	remote, chained = map[string][]bool{}, map[string]bool{}
 	restartable := kinds.Restartable
 	for _, e := range g.Edges {
-		together := func(q graph.Queue) bool {
-			at := map[string]bool{}
-			for _, p := range q.Producers {
-				at[place[e.From.Stage.Name][p]] = true
-			}
-			for _, cr := range q.Consumers {
-				at[place[e.To.Stage.Name][cr]] = true
-			}
-			return len(at) == 1
-		}
+		together := func(q graph.Queue) bool { return !crosses(e, q, place) }
 		if chainable(e, kinds) && allOf(e.Queues, together) {
 			chained[e.Name] = true
 			remote[e.Name] = make([]bool, len(e.Queues))
@@ -155,20 +146,13 @@ func allOf[T any](xs []T, f func(T) bool) bool {
 // words (report.Edge.Carried), given its queues' remote (Queues) and
 // whether it is a chain's.
 func Carried(e *graph.Edge, place map[string][]string, remote []bool, chained bool) string {
-	crosses, stream := false, false
+	across, stream := false, false
 	for qi, q := range e.Queues {
-		at := map[string]bool{}
-		for _, p := range q.Producers {
-			at[place[e.From.Stage.Name][p]] = true
-		}
-		for _, c := range q.Consumers {
-			at[place[e.To.Stage.Name][c]] = true
-		}
-		crosses = crosses || len(at) > 1
+		across = across || crosses(e, q, place)
 		stream = stream || qi < len(remote) && remote[qi]
 	}
 	switch {
-	case crosses:
+	case across:
 		return report.CarriedCrosses
 	case stream:
 		return report.CarriedStream
@@ -176,4 +160,17 @@ func Carried(e *graph.Edge, place map[string][]string, remote []bool, chained bo
 		return report.CarriedChain
 	}
 	return report.CarriedProcess
+}
+
+// crosses reports whether queue q of edge e has producers and consumers
+// on more than one worker under a placement.
+func crosses(e *graph.Edge, q graph.Queue, place map[string][]string) bool {
+	at := map[string]bool{}
+	for _, p := range q.Producers {
+		at[place[e.From.Stage.Name][p]] = true
+	}
+	for _, c := range q.Consumers {
+		at[place[e.To.Stage.Name][c]] = true
+	}
+	return len(at) > 1
 }
