@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -176,10 +177,10 @@ edge "e" {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	job := &Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: NewToken()}
-	pjs, _ := newJS(pc)
-	cjs, _ := newJS(cc)
-	if err := setupRun(ctx, pjs, job.Run, g, job.Remote, job.Chained, DefaultAckWait, nil); err != nil {
+	job := &wire.Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: NewToken()}
+	pjs, _ := wire.NewJS(pc)
+	cjs, _ := wire.NewJS(cc)
+	if err := wire.SetupRun(ctx, pjs, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
 		tb.Fatal(err)
 	}
 	pl, err := newLinks(ctx, pc, pjs, job, g, "p", "")
@@ -199,7 +200,7 @@ edge "e" {
 	return pl.For(g.Edges[0], 0), cl.For(g.Edges[0], 0), pjs, func() {
 		cl.close()
 		pl.close()
-		teardownRun(pjs, job.Run, g, job.Remote)
+		wire.TeardownRun(pjs, job.Run, g, job.Remote)
 		pc.Close()
 		cc.Close()
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -33,7 +34,7 @@ type booksShare struct {
 // sends on edge b to sink.
 func TestBooks(t *testing.T) {
 	t.Parallel()
-	g, err := loader(nodes.Default)(&Job{Filename: "books.hcl", Src: []byte(`
+	g, err := loader(nodes.Default)(&wire.Job{Filename: "books.hcl", Src: []byte(`
 stage "src" {
   node = "synthetic_source"
   config {

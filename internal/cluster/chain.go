@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -138,38 +139,8 @@ func (t *taken) settled(lg *ledger) {
 	t.parent.answered(lg)
 }
 
-// chainRecord is a share's record of its chains' figures (keyChain).
-type chainRecord struct {
-	// Committed is what the heads it settled derived, by chained edge,
-	// less what Recounted holds.
-	Committed map[string]int64 `json:"committed,omitempty"`
-	// Recounted is what a resuming source's heads in the job's Recount
-	// derived here: a lost share recorded them, and its position may not
-	// have moved past them.
-	Recounted map[string]int64 `json:"recounted,omitempty"`
-	// Redone are the stream heads it settled that the server had
-	// delivered before (to a share lost with them, maybe, which recorded
-	// them), each with what it derived (chainFigures).
-	Redone map[string]map[string]int64 `json:"redone,omitempty"`
-	// Last are the heads of the latest settle recorded: recorded before
-	// they were acked (or the position moved past them), they come back
-	// where the acks did not reach the server.
-	Last chainHeads `json:"last"`
-	// Sealed: the coordinator counted the share lost and sealed its
-	// record; the share writes no more of it, and acks nothing more.
-	Sealed bool `json:"sealed,omitempty"`
-}
-
-// chainHeads names heads: a stream's items by id, a resuming source's by
-// the ranges of its items (k from [0] up to [1]) that a position move
-// passed, by the source's position key.
-type chainHeads struct {
-	IDs     []string              `json:"ids,omitempty"`
-	Sources map[string][][2]int64 `json:"sources,omitempty"`
-}
-
-// add adds head h.
-func (hs *chainHeads) add(h *taken) {
+// addHead adds head h to hs.
+func addHead(hs *wire.ChainHeads, h *taken) {
 	if h.pos == nil {
 		hs.IDs = append(hs.IDs, h.id)
 		return
@@ -186,20 +157,10 @@ func (hs *chainHeads) add(h *taken) {
 	hs.Sources[h.pos.key] = rs
 }
 
-// mergeSources adds o's sources' ranges.
-func (hs *chainHeads) mergeSources(o chainHeads) {
-	for k, rs := range o.Sources {
-		if hs.Sources == nil {
-			hs.Sources = map[string][][2]int64{}
-		}
-		hs.Sources[k] = append(hs.Sources[k], rs...)
-	}
-}
-
 // chains is a share's side of its chains' figures.
 type chains struct {
 	mu  sync.Mutex
-	rec chainRecord
+	rec wire.ChainRecord
 	// rev is the record's revision as last written (0: none yet)
 	rev uint64
 	// sources are the ranges of resuming sources' heads lost shares
@@ -250,7 +211,7 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	defer ch.mu.Unlock()
 	rec := ch.rec   // written only once stored
 	cloned := false // rec.Redone, before the first head it adds
-	var last chainHeads
+	var last wire.ChainHeads
 	for _, h := range heads {
 		apart := ch.recounts(h)
 		to := committed
@@ -272,7 +233,7 @@ func (lg *ledger) recordChains(heads []*taken) error {
 		}
 		h.mu.Unlock()
 		if !apart {
-			last.add(h)
+			addHead(&last, h)
 		}
 	}
 	add := func(to map[string]int64, by []int64) map[string]int64 {
@@ -297,12 +258,12 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	defer cancel()
 	var rev uint64
 	if ch.rev == 0 {
-		rev, err = lg.l.ends.Create(ctx, keyChain(lg.l.instance), b)
+		rev, err = lg.l.ends.Create(ctx, wire.KeyChain(lg.l.instance), b)
 	} else {
-		rev, err = lg.l.ends.Update(ctx, keyChain(lg.l.instance), b, ch.rev)
+		rev, err = lg.l.ends.Update(ctx, wire.KeyChain(lg.l.instance), b, ch.rev)
 	}
 	switch {
-	case errors.Is(err, jetstream.ErrKeyDeleted), isWrongRevision(err):
+	case errors.Is(err, jetstream.ErrKeyDeleted), wire.IsWrongRevision(err):
 		return errSealed
 	case err != nil:
 		return fmt.Errorf("recording the chains' figures on worker %s: %w", lg.l.worker, err)
@@ -311,26 +272,17 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	return nil
 }
 
-// isWrongRevision says err is a key-value update refused for its expected
-// revision (the key was written since).
-func isWrongRevision(err error) bool {
-	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists)
-}
-
-// keyChain is a share's chain record.
-func keyChain(instance string) string { return "chain." + token(instance) }
-
 // readChain reads the chain record of share inst (none: it recorded
 // nothing, or the read failed).
-func (c *Coordinator) readChain(inst string) (chainRecord, error) {
-	var rec chainRecord
+func (c *Coordinator) readChain(inst string) (wire.ChainRecord, error) {
+	var rec wire.ChainRecord
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
 	if err != nil {
 		return rec, err
 	}
-	e, err := kv.Get(ctx, keyChain(inst))
+	e, err := kv.Get(ctx, wire.KeyChain(inst))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return rec, nil
 	}
@@ -350,13 +302,13 @@ func (c *Coordinator) sealChain(in *instance) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
 	if err != nil {
 		return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
 	}
-	key := keyChain(in.name)
+	key := wire.KeyChain(in.name)
 	for {
-		var rec chainRecord
+		var rec wire.ChainRecord
 		e, err := kv.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -371,7 +323,7 @@ func (c *Coordinator) sealChain(in *instance) error {
 			}
 			rec.Sealed = true
 			b, _ := json.Marshal(&rec)
-			if _, err = kv.Update(ctx, key, b, e.Revision()); isWrongRevision(err) {
+			if _, err = kv.Update(ctx, key, b, e.Revision()); wire.IsWrongRevision(err) {
 				continue // it wrote meanwhile
 			}
 		}
@@ -379,7 +331,7 @@ func (c *Coordinator) sealChain(in *instance) error {
 			return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
 		}
 		c.mu.Lock()
-		c.recount.mergeSources(rec.Last)
+		c.recount.MergeSources(rec.Last)
 		c.mu.Unlock()
 		return nil
 	}
@@ -397,7 +349,7 @@ func (c *Coordinator) readChains() {
 	c.mu.Lock()
 	ins := c.sortedInstances()
 	c.mu.Unlock()
-	recs := map[string]chainRecord{}
+	recs := map[string]wire.ChainRecord{}
 	for _, in := range ins {
 		rec, err := c.readChain(in.name)
 		if err != nil {
@@ -407,44 +359,6 @@ func (c *Coordinator) readChains() {
 		recs[in.name] = rec
 	}
 	c.mu.Lock()
-	c.chainRecs, c.chainTwice = recs, chainTwice(recs)
+	c.chainRecs, c.chainTwice = recs, wire.ChainTwice(recs)
 	c.mu.Unlock()
-}
-
-// chainTwice is what stream heads settled by more than one share derived
-// on each chained edge, counted once for each share past the first. A
-// head is settled twice only where the server delivered it again, its
-// first holder's ack lost: the first recorded it in its last settle
-// (Last), and every later one saw it delivered before (Redone).
-func chainTwice(recs map[string]chainRecord) map[string]int64 {
-	by := map[string]map[string]bool{} // head -> the shares that settled it
-	note := func(id, share string) {
-		if by[id] == nil {
-			by[id] = map[string]bool{}
-		}
-		by[id][share] = true
-	}
-	for share, rec := range recs {
-		for _, id := range rec.Last.IDs {
-			note(id, share)
-		}
-		for id := range rec.Redone {
-			note(id, share)
-		}
-	}
-	out := map[string]int64{}
-	for id, shares := range by {
-		if len(shares) < 2 {
-			continue
-		}
-		for share := range shares {
-			if counts, ok := recs[share].Redone[id]; ok {
-				for e, n := range counts {
-					out[e] += n * int64(len(shares)-1)
-				}
-				break
-			}
-		}
-	}
-	return out
 }

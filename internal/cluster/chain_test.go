@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -27,7 +28,7 @@ func TestChainRecordSealed(t *testing.T) {
 	b := &graph.Stage{Name: "b", Replicas: 1}
 	g := &graph.Graph{Stages: []*graph.Stage{a, b}, Edges: []*graph.Edge{
 		{Name: "ab", From: &graph.Port{Stage: a}, To: &graph.Port{Stage: b}, Queues: graph.Wire(graph.Shared, 1, 1)}}}
-	job := &Job{Run: "sealed", Remote: map[string][]bool{"ab": {false}}, Chained: map[string]bool{"ab": true}}
+	job := &wire.Job{Run: "sealed", Remote: map[string][]bool{"ab": {false}}, Chained: map[string]bool{"ab": true}}
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w1")
 	head := func(id string, n int64) *taken { return &taken{id: id, lg: l.ledger, chain: []int64{n}} }
@@ -68,16 +69,16 @@ func TestChainRecordSealed(t *testing.T) {
 // redelivered one only one share settled, come off nothing.
 func TestChainTwice(t *testing.T) {
 	t.Parallel()
-	recs := map[string]chainRecord{
-		"lost":  {Last: chainHeads{IDs: []string{"x", "y"}}},
+	recs := map[string]wire.ChainRecord{
+		"lost":  {Last: wire.ChainHeads{IDs: []string{"x", "y"}}},
 		"again": {Redone: map[string]map[string]int64{"x": {"e": 2, "f": 1}}},
 		"third": {Redone: map[string]map[string]int64{"x": {"e": 2, "f": 1}, "z": {"e": 5}}},
 	}
-	if got, want := chainTwice(recs), map[string]int64{"e": 4, "f": 2}; !maps.Equal(got, want) {
+	if got, want := wire.ChainTwice(recs), map[string]int64{"e": 4, "f": 2}; !maps.Equal(got, want) {
 		t.Errorf("chainTwice = %v, want %v", got, want)
 	}
 	b, _ := json.Marshal(recs["lost"])
-	var back chainRecord
+	var back wire.ChainRecord
 	if err := json.Unmarshal(b, &back); err != nil || !slices.Equal(back.Last.IDs, []string{"x", "y"}) {
 		t.Errorf("a record through JSON: %+v, %v", back, err)
 	}

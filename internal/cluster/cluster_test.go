@@ -16,6 +16,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
@@ -28,8 +29,8 @@ import (
 
 // loader is the workers' and the test's way to build a job's graph with
 // the kinds of reg.
-func loader(reg *nodes.Registry) func(*Job) (*graph.Graph, error) {
-	return func(job *Job) (*graph.Graph, error) {
+func loader(reg *nodes.Registry) func(*wire.Job) (*graph.Graph, error) {
+	return func(job *wire.Job) (*graph.Graph, error) {
 		l := &graph.Loader{Catalog: reg, Vars: job.Vars, Sets: job.Sets}
 		g, diags := l.Load(job.Filename, job.Src)
 		if diags.HasErrors() {
@@ -65,17 +66,17 @@ func testServer(t *testing.T) (*Server, *nats.Conn) {
 
 // setUp makes job's streams and consumers, removed once the test and its
 // shares (shareOf) have ended.
-func setUp(t *testing.T, js jetstream.JetStream, job *Job, g *graph.Graph) {
+func setUp(t *testing.T, js jetstream.JetStream, job *wire.Job, g *graph.Graph) {
 	t.Helper()
-	if err := setupRun(context.Background(), js, job.Run, g, job.Remote, job.Chained, DefaultAckWait, nil); err != nil {
+	if err := wire.SetupRun(context.Background(), js, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { teardownRun(js, job.Run, g, job.Remote) })
+	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
 }
 
 // shareOf is instance's share of job (its links), closed at the test's
 // end, before the streams are removed.
-func shareOf(t *testing.T, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance string) *links {
+func shareOf(t *testing.T, nc *nats.Conn, js jetstream.JetStream, job *wire.Job, g *graph.Graph, instance string) *links {
 	t.Helper()
 	l, err := newLinks(context.Background(), nc, js, job, g, instance, "")
 	if err != nil {
@@ -167,7 +168,7 @@ func (tc *testCluster) runWith(t *testing.T, file string, workers int, opt func(
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := Job{Filename: file, Src: src, Sets: sets}
+	job := wire.Job{Filename: file, Src: src, Sets: sets}
 	g, err := loader(tc.reg)(&job)
 	if err != nil {
 		t.Fatal(err)
@@ -502,8 +503,8 @@ edge "a" {
 func TestPlacedOnce(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
-	g, err := loader(nodes.Default)(&Job{Filename: "rr.hcl", Src: []byte(`
+	js, _ := wire.NewJS(nc)
+	g, err := loader(nodes.Default)(&wire.Job{Filename: "rr.hcl", Src: []byte(`
 stage "src" {
   node = "synthetic_source"
   config {
@@ -531,7 +532,7 @@ edge "b" {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := &Job{Run: "rr", Remote: map[string][]bool{"a": {false}, "b": {true, true, true}},
+	job := &wire.Job{Run: "rr", Remote: map[string][]bool{"a": {false}, "b": {true, true, true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w2"}, "sink": {"w3", "w3", "w3"}}}
 	ctx := context.Background()
 	setUp(t, js, job, g)
@@ -553,7 +554,7 @@ edge "b" {
 	send(second, 2, 0) // and another, taking the input over, to queue 2
 	send(second, 1, 1) // the input's item 1, first sent by the second share
 	msgs := func(qi int) int {
-		n, err := queueMsgs(ctx, js, job.Run, 1, qi)
+		n, err := wire.QueueMsgs(ctx, js, job.Run, 1, qi)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -568,7 +569,7 @@ edge "b" {
 // over edges a and b.
 func chain(t *testing.T, replicas int) *graph.Graph {
 	t.Helper()
-	g, err := loader(nodes.Default)(&Job{Filename: "chain.hcl", Src: []byte(fmt.Sprintf(`
+	g, err := loader(nodes.Default)(&wire.Job{Filename: "chain.hcl", Src: []byte(fmt.Sprintf(`
 stage "src" {
   node = "synthetic_source"
   config {
@@ -608,13 +609,13 @@ edge "b" {
 func TestEndWaitsForLocalRestart(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 1)
-	job := &Job{Run: "end", Remote: map[string][]bool{"a": {false}, "b": {true}},
+	job := &wire.Job{Run: "end", Remote: map[string][]bool{"a": {false}, "b": {true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
 	ctx := context.Background()
 	setUp(t, js, job, g)
-	share := func(job *Job, name string) *jsQueue {
+	share := func(job *wire.Job, name string) *jsQueue {
 		l := shareOf(t, nc, js, job, g, name)
 		l.started = time.Now().Add(-time.Hour) // past a restart's guard
 		return l.For(g.Edges[1], 0).(*jsQueue)
@@ -644,9 +645,9 @@ func TestEndWaitsForLocalRestart(t *testing.T) {
 func TestSettledRecorded(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 1)
-	job := &Job{Run: "settle", Remote: map[string][]bool{"a": {true}, "b": {true}},
+	job := &wire.Job{Run: "settle", Remote: map[string][]bool{"a": {true}, "b": {true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w3"}}}
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
@@ -655,10 +656,10 @@ func TestSettledRecorded(t *testing.T) {
 	tr := &tracked{l: l}
 	tk := &taken{q: in, id: "in-1", by: tr}
 	tr.open = 1 // taken, not yet finished
-	tr.returned(keySettled(1, 0))
+	tr.returned(wire.KeySettled(1, 0))
 	ctx := context.Background()
 	settled := func() string {
-		e, err := l.ends.Get(ctx, keySettled(1, 0))
+		e, err := l.ends.Get(ctx, wire.KeySettled(1, 0))
 		if err != nil {
 			return ""
 		}
@@ -683,16 +684,16 @@ func TestSettledRecorded(t *testing.T) {
 func TestFinishedReplicaStays(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 3)
-	job := &Job{Run: "stays", Remote: map[string][]bool{"a": {true}, "b": {true}},
+	job := &wire.Job{Run: "stays", Remote: map[string][]bool{"a": {true}, "b": {true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w2", "w2"}, "sink": {"w3"}}}
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
 	ctx := context.Background()
 	for i, by := range []string{"", "w2", "w9"} { // work[0] not settled, work[2] by another
 		if by != "" {
-			if _, err := l.ends.Put(ctx, keySettled(1, i), []byte(by)); err != nil {
+			if _, err := l.ends.Put(ctx, wire.KeySettled(1, i), []byte(by)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -718,7 +719,7 @@ func TestFinishedReplicaStays(t *testing.T) {
 	}
 	// its end written too: its consumer may have ended on it, so it stays
 	// (recover marks it done), unless w2 was never seen at all
-	if _, err := l.ends.Put(ctx, keyEnd(1, 0, 1), []byte("w2")); err != nil {
+	if _, err := l.ends.Put(ctx, wire.KeyEnd(1, 0, 1), []byte("w2")); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.endedOn(done(true, false, true)); !maps.Equal(got, want) {
@@ -745,14 +746,14 @@ func TestFinishedReplicaStays(t *testing.T) {
 func TestFinishedChainStaysWhole(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 1)
-	job := &Job{Run: "chainstays", Remote: map[string][]bool{"a": {true}, "b": {false}}, Chained: map[string]bool{"b": true},
+	job := &wire.Job{Run: "chainstays", Remote: map[string][]bool{"a": {true}, "b": {false}}, Chained: map[string]bool{"b": true},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
 	ctx := context.Background()
-	if _, err := l.ends.Put(ctx, keySettled(1, 0), []byte("w2")); err != nil { // work[0] settled, the sink not
+	if _, err := l.ends.Put(ctx, wire.KeySettled(1, 0), []byte("w2")); err != nil { // work[0] settled, the sink not
 		t.Fatal(err)
 	}
 	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote,
@@ -763,7 +764,7 @@ func TestFinishedChainStaysWhole(t *testing.T) {
 	if got := c.endedOn(in); got[replicaKey{"work", 0}] || got[replicaKey{"sink", 0}] {
 		t.Errorf("ended on w2 with the sink unsettled: %v, want the chain restarted whole", got)
 	}
-	if _, err := l.ends.Put(ctx, keySettled(2, 0), []byte("w2")); err != nil {
+	if _, err := l.ends.Put(ctx, wire.KeySettled(2, 0), []byte("w2")); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.endedOn(in); !got[replicaKey{"work", 0}] || !got[replicaKey{"sink", 0}] {
@@ -784,23 +785,23 @@ func TestFinishedChainStaysWhole(t *testing.T) {
 func TestSettledAfterLastSnapshot(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 3)
-	job := &Job{Run: "settled-late", Remote: map[string][]bool{"a": {true}, "b": {true}},
+	job := &wire.Job{Run: "settled-late", Remote: map[string][]bool{"a": {true}, "b": {true}},
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w2", "w2"}, "sink": {"w3"}}}
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := l.ends.Put(ctx, keySettled(1, i), []byte("w2")); err != nil {
+		if _, err := l.ends.Put(ctx, wire.KeySettled(1, i), []byte("w2")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := l.ends.Put(ctx, keyEnd(1, 0, i), []byte("w2")); err != nil {
+		if _, err := l.ends.Put(ctx, wire.KeyEnd(1, 0, i), []byte("w2")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var log strings.Builder // written by recover, in this goroutine
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default, Conn: nc, Log: &log, Timings: Timings{Lease: time.Minute}},
+	c := &Coordinator{o: CoordOptions{Registry: nodes.Default, Conn: nc, Log: &log, Timings: wire.Timings{Lease: time.Minute}},
 		g: g, js: js, run: job.Run, remote: job.Remote, place: job.Place}
 	last := &report.Snapshot{Stages: []report.StageSnapshot{{Name: "work", Replicas: []report.ReplicaSnapshot{{Done: true}, {}, {}}}}}
 	in := &instance{name: "w2", worker: "w2", lost: true, last: last}
@@ -839,12 +840,12 @@ func TestRoomWithinBound(t *testing.T) {
 	send, _, js, cleanup := edgePairCap(t, srv, "bound", 16)
 	defer cleanup()
 	q := send.(*jsQueue)
-	bound := backstop(q.edge, q.l.job.Chained)
+	bound := wire.Backstop(q.edge, q.l.job.Chained)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n := bound + 8
 	errs := sendSmall(ctx, send, n, q.flush)
-	cons, err := js.Consumer(ctx, streamEdge("bound", 0), consumerQueue(0))
+	cons, err := js.Consumer(ctx, wire.StreamEdge("bound", 0), wire.ConsumerQueue(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -977,10 +978,10 @@ func TestFullQueueWaitIsQuiet(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			srv, nc := testServer(t)
-			js, _ := newJS(nc)
+			js, _ := wire.NewJS(nc)
 			g := chain(t, 1)
 			g.Edges[0].Capacity = 2
-			job := &Job{Run: "quiet", Remote: map[string][]bool{"a": {true}, "b": {false}},
+			job := &wire.Job{Run: "quiet", Remote: map[string][]bool{"a": {true}, "b": {false}},
 				Place: map[string][]string{"src": {"w1"}, "work": {c.consumer}, "sink": {c.consumer}}}
 			ctx := context.Background()
 			setUp(t, js, job, g)

@@ -18,6 +18,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -30,7 +31,7 @@ type CoordOptions struct {
 	// Graph is the spec as loaded here; Job carries its source and
 	// overrides (Filename, Src, Vars, VarFiles, Sets) for the workers.
 	Graph *graph.Graph
-	Job   Job
+	Job   wire.Job
 	// Workers is how many workers to wait for; 0 takes those that have
 	// announced themselves within JoinWait (at least one).
 	Workers  int
@@ -50,7 +51,7 @@ type CoordOptions struct {
 	// Timings are the run's lease and ack wait; unset ones take the
 	// defaults (the spec's lease, when it has one, comes in through the
 	// caller).
-	Timings Timings
+	Timings wire.Timings
 }
 
 // Coordinator runs one pipeline over a cluster's workers.
@@ -68,18 +69,18 @@ type Coordinator struct {
 	// (Job.Recount); chainRecs every share's chain record, read as a run
 	// that completed ends, and chainTwice what heads settled twice
 	// derived, by edge (chainTwice) (c.mu)
-	recount    chainHeads
-	chainRecs  map[string]chainRecord
+	recount    wire.ChainHeads
+	chainRecs  map[string]wire.ChainRecord
 	chainTwice map[string]int64
 
 	mu        sync.Mutex
 	workers   []string
 	place     map[string][]string // stage -> instance per replica
 	instances map[string]*instance
-	seen      map[string]time.Time // worker -> last hello
-	paused    control.Pauses       // the coordinator's own (seen by the heartbeat), not counted as workers' silence
-	saves     localSaves           // what groups summing on one worker saved
-	restores  map[string]*Restore  // for the restarts of such groups lost whole
+	seen      map[string]time.Time     // worker -> last hello
+	paused    control.Pauses           // the coordinator's own (seen by the heartbeat), not counted as workers' silence
+	saves     localSaves               // what groups summing on one worker saved
+	restores  map[string]*wire.Restore // for the restarts of such groups lost whole
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
@@ -130,10 +131,10 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if o.Grace == 0 {
 		o.Grace = 5 * time.Second
 	}
-	o.Timings = o.Timings.withDefaults()
+	o.Timings = o.Timings.WithDefaults()
 	c := &Coordinator{o: o, g: o.Graph, seen: map[string]time.Time{}, instances: map[string]*instance{}}
 	var err error
-	if c.js, err = newJS(o.Conn); err != nil {
+	if c.js, err = wire.NewJS(o.Conn); err != nil {
 		return nil, err
 	}
 	b := make([]byte, 4)
@@ -182,8 +183,8 @@ func Plan(g *graph.Graph, reg *nodes.Registry, workers []string, pin map[string]
 	if err != nil {
 		return nil, nil, err
 	}
-	kinds := control.Kinds{Restartable: func(s *graph.Stage) bool { return restartable(reg, s) },
-		Chainable: func(s *graph.Stage) bool { return chainable(reg, s) }}
+	kinds := control.Kinds{Restartable: func(s *graph.Stage) bool { return wire.Restartable(reg, s) },
+		Chainable: func(s *graph.Stage) bool { return wire.Chainable(reg, s) }}
 	place, remote, chained := control.Place(g, workers, kinds, pins)
 	carried = map[string]string{}
 	for _, e := range g.Edges {
@@ -237,9 +238,9 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	c.start = time.Now()
 	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := setupRun(setupCtx, c.js, c.run, c.g, c.remote, c.chained, c.o.Timings.AckWait, heldBack(c.o.Registry, c.g))
+	err := wire.SetupRun(setupCtx, c.js, c.run, c.g, c.remote, c.chained, c.o.Timings.AckWait, wire.HeldBack(c.o.Registry, c.g))
 	cancel()
-	defer teardownRun(c.js, c.run, c.g, c.remote)
+	defer wire.TeardownRun(c.js, c.run, c.g, c.remote)
 	if err != nil {
 		return c.failed(err), err
 	}
@@ -299,10 +300,10 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	}
 	groups := map[string]*group.Host{}
 	for _, s := range c.g.Stages {
-		if hosted(c.o.Registry, s, c.place[s.Name]) {
-			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), moves(c.o.Registry, s))
+		if wire.Hosted(c.o.Registry, s, c.place[s.Name]) {
+			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
 			groups[s.Name] = h
-			sub(subjGroup(c.run, s.Name), h.Handle)
+			sub(wire.SubjGroup(c.run, s.Name), h.Handle)
 		}
 	}
 	c.mu.Lock() // for LastSave, which may be called while Run runs
@@ -310,11 +311,11 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	c.mu.Unlock()
 	sub("dflow.hello.*", c.hello)
 	sub("dflow.r."+c.run+".saves.*", c.savesNote)
-	sub(subjAlive(c.run), func(m *nats.Msg) { m.Respond(c.lostShares()) }) // a worker that missed heartbeats asks
+	sub(wire.SubjAlive(c.run), func(m *nats.Msg) { m.Respond(c.lostShares()) }) // a worker that missed heartbeats asks
 	dones = make(chan *nats.Msg, 64)
 	if err == nil {
 		var ds *nats.Subscription
-		if ds, err = nc.ChanSubscribe(subjDone(c.run), dones); err == nil {
+		if ds, err = nc.ChanSubscribe(wire.SubjDone(c.run), dones); err == nil {
 			subs = append(subs, ds)
 		}
 	}
@@ -322,10 +323,10 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 		return nil, stop, err
 	}
 	beating.Go(func() {
-		t := time.NewTicker(hbEvery)
+		t := time.NewTicker(wire.HBEvery)
 		defer t.Stop()
 		for {
-			nc.Publish(subjHB(c.run), c.lostShares())
+			nc.Publish(wire.SubjHB(c.run), c.lostShares())
 			c.paused.Check(time.Now())
 			select {
 			case <-hbStop:
@@ -347,7 +348,7 @@ func (c *Coordinator) startShares() error {
 	c.mu.Unlock()
 	for _, w := range c.workers {
 		if err := c.startInstance(w, w); err != nil {
-			c.o.Conn.Publish(subjAbort(c.run), nil)
+			c.o.Conn.Publish(wire.SubjAbort(c.run), nil)
 			return err
 		}
 	}
@@ -374,7 +375,7 @@ type runLoop struct {
 }
 
 func (l *runLoop) run() {
-	live := time.NewTicker(hbEvery)
+	live := time.NewTicker(wire.HBEvery)
 	defer live.Stop()
 	var series <-chan time.Time
 	if l.c.o.Interval > 0 {
@@ -389,7 +390,7 @@ func (l *runLoop) run() {
 		case <-l.drain:
 			l.drain = nil
 			l.status = report.Interrupted
-			l.c.o.Conn.Publish(subjDrain(l.c.run), nil)
+			l.c.o.Conn.Publish(wire.SubjDrain(l.c.run), nil)
 		case <-l.ctx.Done():
 			l.cancelled()
 		case <-series:
@@ -412,14 +413,14 @@ func (l *runLoop) fail(err error) {
 }
 
 func (l *runLoop) abort() {
-	l.c.o.Conn.Publish(subjAbort(l.c.run), nil)
+	l.c.o.Conn.Publish(wire.SubjAbort(l.c.run), nil)
 	l.c.o.Conn.Flush()
 }
 
 // done takes a share's report and last figures.
 func (l *runLoop) done(m *nats.Msg) {
 	c := l.c
-	var d done
+	var d wire.Done
 	if json.Unmarshal(m.Data, &d) != nil {
 		return
 	}
@@ -457,7 +458,7 @@ func (l *runLoop) cancelled() {
 	select {
 	case m := <-l.dones:
 		l.dones <- m
-	case <-time.After(hbEvery):
+	case <-time.After(wire.HBEvery):
 	}
 }
 
@@ -522,7 +523,7 @@ func (c *Coordinator) unread(ctx context.Context) error {
 			if !c.remote[e.Name][qi] {
 				continue
 			}
-			cons, err := c.js.Consumer(ctx, streamEdge(c.run, ei), consumerQueue(qi))
+			cons, err := c.js.Consumer(ctx, wire.StreamEdge(c.run, ei), wire.ConsumerQueue(qi))
 			if err != nil {
 				continue
 			}
@@ -603,7 +604,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Remote = c.remote
 	job.Chained = c.chained
 	c.mu.Lock()
-	job.Recount.mergeSources(c.recount)
+	job.Recount.MergeSources(c.recount)
 	c.mu.Unlock()
 	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)
@@ -612,11 +613,11 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	if err != nil {
 		return err
 	}
-	m, err := c.o.Conn.Request(subjRun(worker), b, 30*time.Second)
+	m, err := c.o.Conn.Request(wire.SubjRun(worker), b, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("worker %s did not take its share: %w", worker, err)
 	}
-	var r reply
+	var r wire.Reply
 	json.Unmarshal(m.Data, &r)
 	if r.Err != "" {
 		return errors.New(r.Err)

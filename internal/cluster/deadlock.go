@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -285,7 +286,7 @@ func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	}
 	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
 	defer cancel()
-	n, err := queueWaiting(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
+	n, err := wire.QueueWaiting(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
 	if err != nil {
 		return 0, false
 	}

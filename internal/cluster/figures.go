@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -38,7 +39,7 @@ func (c *Coordinator) Snapshot() *report.Snapshot {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, err := c.o.Conn.Request(subjSnap(run, in.name), nil, time.Second)
+			m, err := c.o.Conn.Request(wire.SubjSnap(run, in.name), nil, time.Second)
 			if err != nil {
 				return
 			}
@@ -498,7 +499,7 @@ func (c *Coordinator) streamTotals() map[string]streamTotal {
 		if slices.Contains(c.remote[e.Name], false) {
 			continue
 		}
-		s, err := c.js.Stream(ctx, streamEdge(c.run, ei))
+		s, err := c.js.Stream(ctx, wire.StreamEdge(c.run, ei))
 		if err != nil {
 			continue
 		}

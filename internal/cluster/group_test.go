@@ -8,6 +8,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
@@ -82,11 +83,11 @@ edge "tap" {
   from = reader.out
   to   = side.in
 }`
-	g, err := loader(reg)(&Job{Filename: "held.hcl", Src: []byte(src)})
+	g, err := loader(reg)(&wire.Job{Filename: "held.hcl", Src: []byte(src)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := heldBack(reg, g)
+	held := wire.HeldBack(reg, g)
 	for name, want := range map[string]bool{"reader": true, "target": true, "train": true, "side": false} {
 		if got := held(g.Stage(name)); got != want {
 			t.Errorf("stage %s held back: %v, want %v", name, got, want)
@@ -107,8 +108,8 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 	conn := connector(t)
 	nc := conn()
 	var log strings.Builder // written by recover, in this goroutine
-	js, _ := newJS(nc)      // no end bucket: what finished cannot be read, so all restart
-	c := &Coordinator{o: CoordOptions{Registry: reg, Conn: nc, Log: &log, Timings: Timings{Lease: time.Minute}}, g: g, js: js,
+	js, _ := wire.NewJS(nc) // no end bucket: what finished cannot be read, so all restart
+	c := &Coordinator{o: CoordOptions{Registry: reg, Conn: nc, Log: &log, Timings: wire.Timings{Lease: time.Minute}}, g: g, js: js,
 		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*group.Host{},
 		place:     map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w3"}},
 		instances: map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}, "w3": {name: "w3", worker: "w3"}},
@@ -116,8 +117,8 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 	// w1 answers; w3, the least loaded, has gone: nobody listens for it
 	started := make(chan string, 1)
 	w1 := conn()
-	sub, err := w1.Subscribe(subjRun("w1"), func(m *nats.Msg) {
-		var j Job
+	sub, err := w1.Subscribe(wire.SubjRun("w1"), func(m *nats.Msg) {
+		var j wire.Job
 		json.Unmarshal(m.Data, &j)
 		started <- j.Instance
 		m.Respond([]byte("{}"))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -205,7 +206,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 			if !tr.ended(ctx, s) {
 				return nil // the share is over: what it kept comes back to a restart
 			}
-			tr.returned(keySettled(stageIndex(l.g, s), r.Index()))
+			tr.returned(wire.KeySettled(stageIndex(l.g, s), r.Index()))
 		}
 		return err
 	})
@@ -350,7 +351,7 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 			t.mu.Unlock()
 		}
 	}
-	g := &group.Member{NC: l.nc, Subject: subjGroup(l.job.Run, s.Name), Share: l.instance, Restart: restart, Lone: s.Replicas == 1,
+	g := &group.Member{NC: l.nc, Subject: wire.SubjGroup(l.job.Run, s.Name), Share: l.instance, Restart: restart, Lone: s.Replicas == 1,
 		Held: func(i int) string {
 			if t := find(i); t != nil {
 				t.mu.Lock()

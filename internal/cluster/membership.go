@@ -16,13 +16,14 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
 )
 
 func (c *Coordinator) hello(m *nats.Msg) {
-	var h hello
-	if json.Unmarshal(m.Data, &h) != nil || !validName.MatchString(h.Name) {
+	var h wire.Hello
+	if json.Unmarshal(m.Data, &h) != nil || !wire.ValidName.MatchString(h.Name) {
 		return
 	}
 	c.mu.Lock()
@@ -129,7 +130,7 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 func (c *Coordinator) recover(in *instance) error {
 	// Whatever it still does, the share is over: told so, it stops keeping
 	// its items from redelivery (a worker that was only slow, say).
-	c.o.Conn.Publish(subjAbortShare(c.run, in.name), nil)
+	c.o.Conn.Publish(wire.SubjAbortShare(c.run, in.name), nil)
 	ended := c.endedOn(in)
 	if err := c.sealChain(in); err != nil {
 		return fmt.Errorf("worker %s lost: %w", in.worker, err)
@@ -317,7 +318,7 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
 	if err != nil {
 		return nil
 	}
@@ -325,10 +326,10 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 	partial := map[string]bool{} // a stage with a replica on in that had not finished
 	for _, r := range reps {
 		k := replicaKey{r.s.Name, r.i}
-		e, err := kv.Get(ctx, keySettled(r.si, r.i))
+		e, err := kv.Get(ctx, wire.KeySettled(r.si, r.i))
 		ended[k] = err == nil && string(e.Value()) == in.name && !local[k] &&
 			(seen[k] || in.last != nil && len(feeds[k]) > 0 && !slices.ContainsFunc(feeds[k], func(q queue) bool {
-				_, err := kv.Get(ctx, keyEnd(q.ei, q.qi, k.i))
+				_, err := kv.Get(ctx, wire.KeyEnd(q.ei, q.qi, k.i))
 				return err != nil
 			}))
 	}
@@ -362,19 +363,19 @@ func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
 func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err := c.js.KeyValue(ctx, bucketEnds(c.run))
+	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
 	if err != nil {
 		return err
 	}
 	for ei, e := range c.g.Edges {
 		for qi, q := range e.Queues {
 			if e.To.Stage == s && slices.Contains(q.Consumers, i) {
-				if _, err := kv.Put(ctx, keyGone(ei, qi, i), []byte("coordinator")); err != nil {
+				if _, err := kv.Put(ctx, wire.KeyGone(ei, qi, i), []byte("coordinator")); err != nil {
 					return err
 				}
 			}
 			if e.From.Stage == s && slices.Contains(q.Producers, i) {
-				if _, err := kv.Put(ctx, keyEnd(ei, qi, i), []byte("coordinator")); err != nil {
+				if _, err := kv.Put(ctx, wire.KeyEnd(ei, qi, i), []byte("coordinator")); err != nil {
 					return err
 				}
 			}
@@ -413,12 +414,12 @@ func replicaDone(s *report.Snapshot, stage string, i int) bool {
 }
 
 // restartable reports whether a stage's replicas may restart elsewhere.
-func (c *Coordinator) restartable(s *graph.Stage) bool { return restartable(c.o.Registry, s) }
+func (c *Coordinator) restartable(s *graph.Stage) bool { return wire.Restartable(c.o.Registry, s) }
 
 // kinds is what placement reads of the stages' kinds.
 func (c *Coordinator) kinds() control.Kinds {
 	return control.Kinds{Restartable: c.restartable,
-		Chainable: func(s *graph.Stage) bool { return chainable(c.o.Registry, s) }}
+		Chainable: func(s *graph.Stage) bool { return wire.Chainable(c.o.Registry, s) }}
 }
 
 // loseMember takes replica i of s, lost with in, out of its group across
@@ -431,9 +432,9 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	if h == nil {
 		// no group across workers: every replica was on the lost one,
 		// summing there; it restores its last save where it saves
-		if r, ok := c.restoreFor(s.Name); ok && moves(c.o.Registry, s) {
+		if r, ok := c.restoreFor(s.Name); ok && wire.Moves(c.o.Registry, s) {
 			if c.restores == nil {
-				c.restores = map[string]*Restore{}
+				c.restores = map[string]*wire.Restore{}
 			}
 			switch {
 			case i != slices.Index(c.place[s.Name], in.name): // said once, at its first replica
@@ -445,7 +446,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 			c.restores[s.Name] = r
 			return nil
 		}
-		if moves(c.o.Registry, s) {
+		if wire.Moves(c.o.Registry, s) {
 			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), and its state is gone with them, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas, c.whyNot(s.Name))
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -245,14 +246,14 @@ func (q *jsQueue) stored(ctx context.Context) (int, error) {
 	q.pmu.Unlock()
 	if s == nil {
 		var err error
-		if s, err = q.l.js.Stream(ctx, streamEdge(q.l.job.Run, q.ei)); err != nil {
+		if s, err = q.l.js.Stream(ctx, wire.StreamEdge(q.l.job.Run, q.ei)); err != nil {
 			return 0, err
 		}
 		q.pmu.Lock()
 		q.pstream = s
 		q.pmu.Unlock()
 	}
-	return subjectMsgs(ctx, s, q.subject)
+	return wire.SubjectMsgs(ctx, s, q.subject)
 }
 
 // delivered is how many of the queue's messages are delivered to a
@@ -272,7 +273,7 @@ func (q *jsQueue) delivered(ctx context.Context) (int, error) {
 	q.pmu.Unlock()
 	if c == nil {
 		var err error
-		if c, err = q.l.js.Consumer(ctx, streamEdge(q.l.job.Run, q.ei), consumerQueue(q.qi)); err != nil {
+		if c, err = q.l.js.Consumer(ctx, wire.StreamEdge(q.l.job.Run, q.ei), wire.ConsumerQueue(q.qi)); err != nil {
 			return 0, err
 		}
 		q.pmu.Lock()
@@ -325,7 +326,7 @@ func (q *jsQueue) publish(ctx context.Context, p *pub) error {
 		return fail(fmt.Errorf("%s: the share has stopped", q.name()))
 	}
 	if q.pubs == nil {
-		q.pubs = make(chan *pub, backstop(q.edge, q.l.job.Chained))
+		q.pubs = make(chan *pub, wire.Backstop(q.edge, q.l.job.Chained))
 		q.l.bg.Go(q.answer)
 	}
 	fut, err := q.l.js.PublishMsgAsync(p.msg)
@@ -374,7 +375,7 @@ func (q *jsQueue) answer() {
 func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	if err != nil {
 		if isFull(err) {
-			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", backstop(q.edge, q.l.job.Chained), err)
+			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", wire.Backstop(q.edge, q.l.job.Chained), err)
 		}
 		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
 		if p.held {

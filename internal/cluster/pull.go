@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -50,7 +51,7 @@ func (q *jsQueue) fetch() {
 		return
 	}
 	defer sub.Unsubscribe()
-	next := "$JS.API.CONSUMER.MSG.NEXT." + streamEdge(q.l.job.Run, q.ei) + "." + consumerQueue(q.qi)
+	next := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamEdge(q.l.job.Run, q.ei) + "." + wire.ConsumerQueue(q.qi)
 	// at least this much room before a request: not one per item
 	least := max(1, cap(q.inbox)/4)
 	// asked: asked for and not yet here or expired; got: come since the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -132,5 +133,5 @@ func (l *links) listen(ctx context.Context, key string) (addr string, port int, 
 // keyRank0 is where the share that runs rank 0 of group stage s (the
 // instance inst) records where it listens.
 func keyRank0(s *graph.Stage, inst string) string {
-	return "rank0." + token(s.Name) + "." + token(inst)
+	return "rank0." + wire.Token(s.Name) + "." + wire.Token(inst)
 }

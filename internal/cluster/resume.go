@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go/jetstream"
@@ -66,7 +67,7 @@ func (p *sourcePos) at() int64 {
 	return p.next
 }
 
-func positionKey(s *graph.Stage, i int) string { return token(s.Name) + "." + strconv.Itoa(i) }
+func positionKey(s *graph.Stage, i int) string { return wire.Token(s.Name) + "." + strconv.Itoa(i) }
 
 // sourceItemID is the id of item k of the resuming source replica whose
 // position key is key.

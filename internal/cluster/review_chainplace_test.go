@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 )
 
@@ -15,7 +16,7 @@ import (
 // workers idle. The work replicas are spread.
 func TestReviewChainFanOutSpreads(t *testing.T) {
 	for _, policy := range []string{"round_robin", "key_hash"} {
-		g, err := loader(nodes.Default)(&Job{Filename: "fan.hcl", Src: []byte(fmt.Sprintf(`
+		g, err := loader(nodes.Default)(&wire.Job{Filename: "fan.hcl", Src: []byte(fmt.Sprintf(`
 stage "src" {
   node = "synthetic_source"
   config {

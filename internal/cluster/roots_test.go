@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/lm"
 	_ "github.com/dflow-dev/dflow/nodes/text"
@@ -67,7 +68,7 @@ func refused(t *testing.T, tc *testCluster, spec string, words ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job := Job{Filename: file, Src: src}
+	job := wire.Job{Filename: file, Src: src}
 	g, err := loader(tc.reg)(&job)
 	if err != nil {
 		t.Fatal(err)

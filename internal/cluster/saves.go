@@ -8,6 +8,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
@@ -27,31 +28,6 @@ import (
 // last save (Job.Restore) as it restarts a hosted group lost whole, its
 // finished members too; lost once final, its restarts drop every item
 // that comes back, and neither train nor save.
-
-// savesNote is what a share says of a local group's saves.
-type savesNote struct {
-	Share string `json:"share"`
-	Stage string `json:"stage"`
-	Saves bool   `json:"saves,omitempty"`
-	Final bool   `json:"final,omitempty"`
-	// Step is the last save's (-1: none yet); Skip[replica] the ids of
-	// the items trained up to it that may not be settled
-	Step int        `json:"step"`
-	Skip [][]string `json:"skip,omitempty"`
-}
-
-// Restore is the coordinator's order to the restart of a group lost whole
-// that summed on one worker: restore the save of Step, dropping the items
-// of Skip[replica] if they come back; Final: the group had written its
-// final save, so its restarts restore nothing, drop every item, and save
-// nothing.
-type Restore struct {
-	Step  int        `json:"step"`
-	Skip  [][]string `json:"skip,omitempty"`
-	Final bool       `json:"final,omitempty"`
-}
-
-func subjSaves(run, stage string) string { return "dflow.r." + run + ".saves." + token(stage) }
 
 // localGroup is a share's record of a local group's rounds and saves.
 type localGroup struct {
@@ -93,7 +69,7 @@ func (l *links) localGroupFor(s *graph.Stage) *localGroup {
 
 // noteLocked tells the coordinator (lg.mu held).
 func (lg *localGroup) noteLocked() {
-	n := savesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Final: lg.final, Step: lg.step,
+	n := wire.SavesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Final: lg.final, Step: lg.step,
 		Skip: make([][]string, lg.stage.Replicas)}
 	for r, items := range lg.trained {
 		for _, t := range items {
@@ -105,7 +81,7 @@ func (lg *localGroup) noteLocked() {
 	b, _ := json.Marshal(n)
 	// Asked, not published: a save's acks wait until the coordinator has
 	// the ids they cover.
-	lg.l.nc.Request(subjSaves(lg.l.job.Run, lg.stage.Name), b, lg.l.job.Timings.Lease)
+	lg.l.nc.Request(wire.SubjSaves(lg.l.job.Run, lg.stage.Name), b, lg.l.job.Timings.Lease)
 }
 
 // savingGroup is a replica's local group, with the share's record.
@@ -269,11 +245,11 @@ func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
 // stage, from what their shares say.
 type localSaves struct {
 	mu    sync.Mutex
-	notes map[string]savesNote
+	notes map[string]wire.SavesNote
 }
 
 func (c *Coordinator) savesNote(m *nats.Msg) {
-	var n savesNote
+	var n wire.SavesNote
 	if json.Unmarshal(m.Data, &n) != nil {
 		return
 	}
@@ -285,7 +261,7 @@ func (c *Coordinator) savesNote(m *nats.Msg) {
 	if counted { // a share counted lost speaks for a group that restarts
 		c.saves.mu.Lock()
 		if c.saves.notes == nil {
-			c.saves.notes = map[string]savesNote{}
+			c.saves.notes = map[string]wire.SavesNote{}
 		}
 		// (a first note has no old one: its step stands, -1 included;
 		// taken from a zero note it read as a save of step 0, which a
@@ -305,14 +281,14 @@ func (c *Coordinator) savesNote(m *nats.Msg) {
 // restoreFor says how a local group lost whole restarts: from its last
 // save (or, final, dropping everything), or not at all (false: it saves
 // nothing).
-func (c *Coordinator) restoreFor(stage string) (*Restore, bool) {
+func (c *Coordinator) restoreFor(stage string) (*wire.Restore, bool) {
 	c.saves.mu.Lock()
 	defer c.saves.mu.Unlock()
 	n, ok := c.saves.notes[stage]
 	if !ok || !n.Saves {
 		return nil, false
 	}
-	return &Restore{Step: n.Step, Skip: n.Skip, Final: n.Final}, true
+	return &wire.Restore{Step: n.Step, Skip: n.Skip, Final: n.Final}, true
 }
 
 // LastSave is the step of stage's last save that the coordinator holds:

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 )
@@ -23,15 +24,15 @@ import (
 func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	t.Parallel()
 	nc := serverConn(t)
-	js, _ := newJS(nc)
+	js, _ := wire.NewJS(nc)
 	g := chain(t, 2)
-	job := &Job{Run: "saves", Remote: map[string][]bool{"a": {true}, "b": {false}}, Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w1"}, "sink": {"w1"}}}
+	job := &wire.Job{Run: "saves", Remote: map[string][]bool{"a": {true}, "b": {false}}, Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w1"}, "sink": {"w1"}}}
 	ctx := context.Background()
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w1")
-	notes := make(chan savesNote, 8)
-	sub, err := nc.Subscribe(subjSaves(job.Run, "work"), func(m *nats.Msg) {
-		var n savesNote
+	notes := make(chan wire.SavesNote, 8)
+	sub, err := nc.Subscribe(wire.SubjSaves(job.Run, "work"), func(m *nats.Msg) {
+		var n wire.SavesNote
 		json.Unmarshal(m.Data, &n)
 		notes <- n
 		m.Respond(nil)
@@ -62,7 +63,7 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	}
 	// round: each member finishes the item in hand (kept for a save),
 	// takes ids[i] and trains it; the lead saves the round as step.
-	round := func(step int, ids ...string) savesNote {
+	round := func(step int, ids ...string) wire.SavesNote {
 		t.Helper()
 		for i, tr := range trs {
 			tr.mu.Lock()
@@ -92,13 +93,13 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		var last savesNote
+		var last wire.SavesNote
 		for len(notes) > 0 {
 			last = <-notes
 		}
 		return last
 	}
-	want := func(n savesNote, step int, ids [2][]string) {
+	want := func(n wire.SavesNote, step int, ids [2][]string) {
 		t.Helper()
 		if n.Step != step || len(n.Skip) != 2 || !slices.Equal(n.Skip[0], ids[0]) || !slices.Equal(n.Skip[1], ids[1]) {
 			t.Errorf("the save of step %d named %v as trained and not settled (its note: step %d); want %v", step, n.Skip, n.Step, ids)
@@ -159,19 +160,19 @@ func (s stalledGroup) AllReduce(ctx context.Context, x nodes.Reducible) (int, er
 // note, from its new share, still keeps the save it restored.
 func TestFirstNoteBeforeASave(t *testing.T) {
 	c := &Coordinator{instances: map[string]*instance{"w2": {name: "w2"}, "w3-r1": {name: "w3-r1"}}}
-	note := func(n savesNote) {
+	note := func(n wire.SavesNote) {
 		b, _ := json.Marshal(n)
 		c.savesNote(&nats.Msg{Data: b})
 	}
-	note(savesNote{Share: "w2", Stage: "drafter", Saves: true, Step: -1})
+	note(wire.SavesNote{Share: "w2", Stage: "drafter", Saves: true, Step: -1})
 	if r, ok := c.restoreFor("drafter"); !ok || r.Step != -1 {
 		t.Errorf("before any save: restore %+v (%v), want step -1", r, ok)
 	}
 	if step, ok := c.LastSave("drafter"); ok {
 		t.Errorf("before any save: LastSave %d", step)
 	}
-	note(savesNote{Share: "w2", Stage: "drafter", Saves: true, Step: 4, Skip: [][]string{{"a"}}})
-	note(savesNote{Share: "w3-r1", Stage: "drafter", Saves: true, Step: -1})
+	note(wire.SavesNote{Share: "w2", Stage: "drafter", Saves: true, Step: 4, Skip: [][]string{{"a"}}})
+	note(wire.SavesNote{Share: "w3-r1", Stage: "drafter", Saves: true, Step: -1})
 	if r, ok := c.restoreFor("drafter"); !ok || r.Step != 4 || !slices.Equal(r.Skip[0], []string{"a"}) {
 		t.Errorf("restored, before its first save: restore %+v (%v), want step 4 skipping a", r, ok)
 	}

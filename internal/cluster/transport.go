@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -32,164 +32,13 @@ const (
 	hdrKey    = "Dflow-Key"       // the item's key (nodes.Keyed), for key_hash edges further on
 )
 
-// DefaultAnswer is Timings.Answer's default.
-const DefaultAnswer = 30 * time.Second
-
-// setupRun creates a run's streams, consumers and bucket: a work-queue
-// stream per edge with a remote queue, each remote queue a subject of it
-// with a durable consumer of its own that the queue's consumer replicas'
-// workers all pull from; the end-key bucket. A queue holds its capacity:
-// producers publish within their credit (jsQueue.waitRoom: the room read,
-// and the consumers' grants), and the stream's bound per subject, past
-// what that allows, is only a backstop.
-//
-// A stage whose inputs may wait for a save (holds: heldBack) keeps them
-// unacked until then, checkpoint_every steps, say: its edges' stream and
-// consumers have no bound to speak of; the room still paces producers.
-func setupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, chained map[string]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
-	for ei, e := range g.Edges {
-		bound := backstop(e, chained)
-		if holds != nil && holds(e.To.Stage) {
-			bound = 1 << 30 // none to speak of
-		}
-		var subjects []string
-		var queues []int
-		for qi := range e.Queues {
-			if remote[e.Name][qi] {
-				subjects = append(subjects, subjQueue(run, ei, qi))
-				queues = append(queues, qi)
-			}
-		}
-		if len(queues) == 0 {
-			continue
-		}
-		s, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name: streamEdge(run, ei), Subjects: subjects,
-			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
-			MaxMsgsPerSubject: int64(bound), Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
-			Duplicates: 2 * time.Minute,
-		})
-		if err != nil {
-			return fmt.Errorf("edge %q: stream: %w", e.Name, err)
-		}
-		for _, qi := range queues {
-			if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-				Durable: consumerQueue(qi), FilterSubject: subjQueue(run, ei, qi),
-				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-				MaxAckPending: bound, MaxWaiting: 512,
-			}); err != nil {
-				return fmt.Errorf("edge %q queue %d: consumer: %w", e.Name, qi, err)
-			}
-		}
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketEnds(run), Storage: jetstream.MemoryStorage}); err != nil {
-		return fmt.Errorf("end bucket: %w", err)
-	}
-	// where a large item sent again after a loss is held now (rehold), for
-	// as long as a duplicate can be dropped
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketHolders(run), Storage: jetstream.MemoryStorage, TTL: 2 * time.Minute}); err != nil {
-		return fmt.Errorf("holder bucket: %w", err)
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucketPositions(run), Storage: jetstream.MemoryStorage}); err != nil {
-		return fmt.Errorf("position bucket: %w", err)
-	}
-	return nil
-}
-
-// backstop is the most messages a queue of e's stream may store (and
-// have delivered unacked): its capacity for each producer replica and
-// once more, and what its consumers' workers may hold besides. Producers
-// keep what is not yet delivered within the capacity by their credit
-// (jsQueue.waitRoom); two producers that read the same room at once
-// may store up to their part of the capacity each, a share counted lost may still have
-// some publishes under way, and what the consumers' workers have taken
-// and not yet acked is out of the room: fetched ahead (two fetches each),
-// in their replicas' hands, or done with and waiting until what it sent
-// downstream is settled (up to the downstream edges' capacities, and as
-// much again in their consumers' hands; through a chain, chained, the
-// edges after it too, for the input at its head is settled only once
-// what the chain sent on is). So the stream's own bound is past what
-// pacing allows: a publish is never refused for room, which would let a
-// later one in flight pass it.
-func backstop(e *graph.Edge, chained map[string]bool) int {
-	n := 1
-	for _, q := range e.Queues {
-		n = max(n, len(q.Producers))
-	}
-	capacity := max(e.Capacity, 1)
-	held := capacity + 4*e.To.Stage.Replicas
-	var downstream func(s *graph.Stage)
-	downstream = func(s *graph.Stage) {
-		for _, out := range s.Outputs {
-			for _, d := range out.Edges {
-				held += 2 * max(d.Capacity, 1) * len(d.Queues)
-				if chained[d.Name] {
-					downstream(d.To.Stage)
-				}
-			}
-		}
-	}
-	downstream(e.To.Stage)
-	// Producers take the consumers' grants as room as soon as messages
-	// are fetched (jsQueue.granted), and the server applies acks on its
-	// own time, behind deliveries and publishes: acked messages it still
-	// stores, up to a capacity more and a fixed margin.
-	late := capacity + lateAcks
-	return capacity*(n+1) + held + late
-}
-
-// lateAcks is the margin of backstop for acks the server has yet to
-// apply, beside a capacity's worth.
-const lateAcks = 64
-
-// heldBack says which stages' inputs may stay unacked until a save
-// downstream: a stage whose kind moves (its group may save, and settles
-// what it trained on only once a save holds it), and every stage that
-// feeds one, however far up: the producer of a large item settles its
-// input once its consumer has released the bytes.
-func heldBack(reg *nodes.Registry, g *graph.Graph) func(*graph.Stage) bool {
-	held := map[*graph.Stage]bool{}
-	var mark func(s *graph.Stage)
-	mark = func(s *graph.Stage) {
-		if held[s] {
-			return
-		}
-		held[s] = true
-		for _, e := range g.Edges {
-			if e.To.Stage == s {
-				mark(e.From.Stage)
-			}
-		}
-	}
-	for _, s := range g.Stages {
-		if moves(reg, s) {
-			mark(s)
-		}
-	}
-	return func(s *graph.Stage) bool { return held[s] }
-}
-
-// teardownRun deletes what setupRun made.
-func teardownRun(js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for ei, e := range g.Edges {
-		if slices.Contains(remote[e.Name], true) {
-			js.DeleteStream(ctx, streamEdge(run, ei))
-		}
-	}
-	js.DeleteKeyValue(ctx, bucketEnds(run))
-	js.DeleteKeyValue(ctx, bucketHolders(run))
-	js.DeleteKeyValue(ctx, bucketPositions(run))
-}
-
 // links are one instance's transports: the engine's TransportFor, and what
 // they share (the connection, the blob stream, the end bucket, the items
 // held unacked).
 type links struct {
 	nc        *nats.Conn
 	js        jetstream.JetStream
-	job       *Job
+	job       *wire.Job
 	g         *graph.Graph
 	instance  string
 	worker    string // the worker's name (instance is the share's)
@@ -260,25 +109,25 @@ type links struct {
 // newLinks sets up a share's transports; dataAddr is the address its data
 // plane listens on and other hosts reach it by ("": the host's address on
 // the route to the broker, any free port).
-func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
+func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *wire.Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
 	l := &links{nc: nc, js: js, job: job, g: g, instance: instance,
 		replicas: map[replicaKey]*tracked{}}
 	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
-	own.Timings = own.Timings.withDefaults()
+	own.Timings = own.Timings.WithDefaults()
 	l.job = &own
 	l.ledger = newLedger(l)
 	l.chains.sources = job.Recount.Sources
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
-	if l.ends, err = js.KeyValue(ctx, bucketEnds(job.Run)); err != nil {
+	if l.ends, err = js.KeyValue(ctx, wire.BucketEnds(job.Run)); err != nil {
 		return nil, fmt.Errorf("end bucket: %w", err)
 	}
-	if l.holders, err = js.KeyValue(ctx, bucketHolders(job.Run)); err != nil {
+	if l.holders, err = js.KeyValue(ctx, wire.BucketHolders(job.Run)); err != nil {
 		return nil, fmt.Errorf("holder bucket: %w", err)
 	}
-	if l.positions, err = js.KeyValue(ctx, bucketPositions(job.Run)); err != nil {
+	if l.positions, err = js.KeyValue(ctx, wire.BucketPositions(job.Run)); err != nil {
 		return nil, fmt.Errorf("position bucket: %w", err)
 	}
 	l.threshold = job.DataThreshold
@@ -304,7 +153,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 		return nil
 	}
 	ei := edgeIndex(l.g, e)
-	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: subjQueue(l.job.Run, ei, qi),
+	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: wire.SubjQueue(l.job.Run, ei, qi),
 		producers: e.Queues[qi].Producers, seen: seenIDs{window: 4 * l.job.Timings.AckWait},
 		held: map[string]jetstream.Msg{}, following: map[string]bool{}, fetched: make(chan struct{})}
 	for _, p := range q.producers {
@@ -318,12 +167,12 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 			q.localConsumers = append(q.localConsumers, c)
 		}
 	}
-	q.id = token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
+	q.id = wire.Token(l.instance) + "-" + strconv.Itoa(ei) + "-" + strconv.Itoa(qi)
 	q.pcond.L = &q.pmu
 	if len(q.local) > 0 && q.consumers < len(e.Queues[qi].Consumers) {
 		// A failed subscription leaves the producers to read the room
 		// more often (waitRoom), as they did before it was said.
-		q.roomSub, _ = l.nc.Subscribe(subjRoom(l.job.Run, ei, qi), func(m *nats.Msg) {
+		q.roomSub, _ = l.nc.Subscribe(wire.SubjRoom(l.job.Run, ei, qi), func(m *nats.Msg) {
 			from, n, ok := parseGrant(m.Data)
 			if ok && from != l.instance { // its own consumer side grants directly
 				q.granted(n)
@@ -597,7 +446,7 @@ func isFull(err error) bool {
 func (q *jsQueue) Recv(ctx context.Context) (engine.Delivery, bool, error) {
 	var none engine.Delivery
 	if q.cons == nil {
-		c, err := q.l.js.Consumer(ctx, streamEdge(q.l.job.Run, q.ei), consumerQueue(q.qi))
+		c, err := q.l.js.Consumer(ctx, wire.StreamEdge(q.l.job.Run, q.ei), wire.ConsumerQueue(q.qi))
 		if err != nil {
 			return none, false, err
 		}
@@ -673,7 +522,7 @@ func (q *jsQueue) saidRoom(n int) {
 		q.granted(n)
 	}
 	if len(q.local) < len(q.producers) {
-		q.l.nc.Publish(subjRoom(q.l.job.Run, q.ei, q.qi), grantWord(q.l.instance, n))
+		q.l.nc.Publish(wire.SubjRoom(q.l.job.Run, q.ei, q.qi), grantWord(q.l.instance, n))
 	}
 }
 
@@ -1094,7 +943,7 @@ func (q *jsQueue) ackSync(id string) {
 func (q *jsQueue) stores(ctx context.Context, seq uint64) bool {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	s, err := q.l.js.Stream(ctx, streamEdge(q.l.job.Run, q.ei))
+	s, err := q.l.js.Stream(ctx, wire.StreamEdge(q.l.job.Run, q.ei))
 	if err != nil {
 		return true
 	}
@@ -1126,7 +975,7 @@ func (q *jsQueue) touch() {
 // (ackWait after the lost share last kept them, which it stops doing when
 // told it is lost, before the restart starts).
 func (q *jsQueue) ends(ctx context.Context) (bool, error) {
-	if q.l.job.Restart && time.Since(q.l.started) < q.l.job.Timings.restartGuard() {
+	if q.l.job.Restart && time.Since(q.l.started) < q.l.job.Timings.RestartGuard() {
 		return false, nil
 	}
 	// A producer replica of this instance ends when it returns here: an
@@ -1142,7 +991,7 @@ func (q *jsQueue) ends(ctx context.Context) (bool, error) {
 		if q.ended[p] {
 			continue
 		}
-		if _, err := q.l.ends.Get(ctx, keyEnd(q.ei, q.qi, p)); err != nil {
+		if _, err := q.l.ends.Get(ctx, wire.KeyEnd(q.ei, q.qi, p)); err != nil {
 			if errors.Is(err, jetstream.ErrKeyNotFound) {
 				q.endErrs = 0
 				return false, nil
@@ -1176,7 +1025,7 @@ func (q *jsQueue) ConsumersGone() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, c := range q.localConsumers {
-		q.l.ends.Put(ctx, keyGone(q.ei, q.qi, c), []byte(q.l.instance))
+		q.l.ends.Put(ctx, wire.KeyGone(q.ei, q.qi, c), []byte(q.l.instance))
 	}
 }
 
@@ -1184,7 +1033,7 @@ func (q *jsQueue) ConsumersGone() {
 // the queue has returned, wherever it ran.
 func (q *jsQueue) consumersGone(ctx context.Context, qi int) bool {
 	for _, c := range q.edge.Queues[qi].Consumers {
-		if _, err := q.l.ends.Get(ctx, keyGone(q.ei, qi, c)); err != nil {
+		if _, err := q.l.ends.Get(ctx, wire.KeyGone(q.ei, qi, c)); err != nil {
 			return false
 		}
 	}
@@ -1217,7 +1066,7 @@ func (q *jsQueue) Close() {
 	defer cancel()
 	for _, p := range q.local {
 		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			_, err := q.l.ends.Put(ctx, keyEnd(q.ei, q.qi, p), []byte(q.l.instance))
+			_, err := q.l.ends.Put(ctx, wire.KeyEnd(q.ei, q.qi, p), []byte(q.l.instance))
 			if err == nil {
 				break
 			}
@@ -1250,48 +1099,4 @@ func (q *jsQueue) readDepth() {
 	if n, err := q.stored(ctx); err == nil { // the room's reading, on the stream it keeps
 		q.depth.Store(int64(n))
 	}
-}
-
-// queueMsgs is how many messages queue qi of edge ei stores, delivered
-// or not: the stream's count of the queue's subject.
-func queueMsgs(ctx context.Context, js jetstream.JetStream, run string, ei, qi int) (int, error) {
-	s, err := js.Stream(ctx, streamEdge(run, ei))
-	if err != nil {
-		return 0, err
-	}
-	return subjectMsgs(ctx, s, subjQueue(run, ei, qi))
-}
-
-// queueWaiting is how many of queue qi's messages count against its room
-// (jsQueue.waitRoom): stored, less what is delivered to a consumer's
-// worker and not yet acked.
-func queueWaiting(ctx context.Context, js jetstream.JetStream, run string, ei, qi int) (int, error) {
-	n, err := queueMsgs(ctx, js, run, ei, qi)
-	if err != nil {
-		return 0, err
-	}
-	c, err := js.Consumer(ctx, streamEdge(run, ei), consumerQueue(qi))
-	if err != nil {
-		return 0, err
-	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return max(n-info.NumAckPending, 0), nil
-}
-
-// subjectMsgs is how many messages stream s stores on subject subj.
-func subjectMsgs(ctx context.Context, s jetstream.Stream, subj string) (int, error) {
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subj))
-	if err != nil {
-		return 0, err
-	}
-	return int(info.State.Subjects[subj]), nil
-}
-
-// newJS is a connection's JetStream, its pipelined publishes answered or
-// failed within DefaultAnswer.
-func newJS(nc *nats.Conn) (jetstream.JetStream, error) {
-	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(DefaultAnswer), jetstream.WithPublishAsyncMaxPending(1<<16))
 }

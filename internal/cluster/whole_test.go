@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
@@ -334,7 +335,7 @@ edge "e" {
   capacity = 64
 }
 `, n)
-	job := Job{Filename: "tally.hcl", Src: []byte(src)}
+	job := wire.Job{Filename: "tally.hcl", Src: []byte(src)}
 	g, err := loader(reg)(&job)
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +349,7 @@ edge "e" {
 	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 3, Registry: reg,
 		Interval: 200 * time.Millisecond, Log: log,
 		Pin:     map[string][]string{"src": {"w3"}, "tally": pin},
-		Timings: Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
+		Timings: wire.Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +477,7 @@ func TestEvictForRestore(t *testing.T) {
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "keeper", Ports: func(*graph.Config) []graph.PortSpec {
 		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
 	}}, New: func(*graph.Config) (nodes.Node, error) { return nil, errors.New("not run") }})
-	g, err := loader(reg)(&Job{Filename: "evict.hcl", Src: []byte(`
+	g, err := loader(reg)(&wire.Job{Filename: "evict.hcl", Src: []byte(`
 stage "src" {
   node = "synthetic_source"
   config {
@@ -535,7 +536,7 @@ edge "k" {
 			var log syncLog
 			lost := &instance{name: "w2", worker: "w2", lost: true}
 			w1 := &instance{name: "w1", worker: "w1", done: tc.done, last: tc.last}
-			c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: Timings{}.withDefaults()}, g: g,
+			c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()}, g: g,
 				place:     map[string][]string{"src": {"w3"}, "src2": {"w3"}, "tally": {"w2", "w2", tc.share}, "keep": {tc.keep}},
 				instances: map[string]*instance{"w1": w1, "w2": lost, "w3": {name: "w3", worker: "w3"}},
 				groups:    map[string]*group.Host{"tally": h}}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -30,7 +31,7 @@ type WorkerOptions struct {
 	Registry *nodes.Registry
 	// Load builds the graph of a job the way the coordinator did (the
 	// spec's source with its overrides).
-	Load func(*Job) (*graph.Graph, error)
+	Load func(*wire.Job) (*graph.Graph, error)
 	// Log gets a line per job started and ended.
 	Log io.Writer
 	// Once makes the worker return after one job, and when the
@@ -54,7 +55,7 @@ type WorkerOptions struct {
 
 // RunWorker serves jobs until ctx is done (or, with Once, after a job).
 func RunWorker(ctx context.Context, o WorkerOptions) error {
-	if !validName.MatchString(o.Name) {
+	if !wire.ValidName.MatchString(o.Name) {
 		return fmt.Errorf("worker name %q: use letters, digits, - and _", o.Name)
 	}
 	if o.Registry == nil {
@@ -69,17 +70,17 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	w := &worker{o: o, jobs: make(chan *nats.Msg, 4)}
 	var err error
-	if w.js, err = newJS(o.Conn); err != nil {
+	if w.js, err = wire.NewJS(o.Conn); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub, err := o.Conn.ChanSubscribe(subjRun(o.Name), w.jobs)
+	sub, err := o.Conn.ChanSubscribe(wire.SubjRun(o.Name), w.jobs)
 	if err != nil {
 		return err
 	}
 	defer sub.Unsubscribe()
-	exit, err := o.Conn.Subscribe(subjExit(o.Name), func(*nats.Msg) { cancel() })
+	exit, err := o.Conn.Subscribe(wire.SubjExit(o.Name), func(*nats.Msg) { cancel() })
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 				return nil // once restarts it took have ended with the run
 			}
 		case m := <-w.jobs:
-			var job Job
+			var job wire.Job
 			if err := json.Unmarshal(m.Data, &job); err != nil {
 				respond(m, fmt.Errorf("bad job: %v", err))
 				continue
@@ -161,7 +162,7 @@ type worker struct {
 }
 
 func respond(m *nats.Msg, err error) {
-	var r reply
+	var r wire.Reply
 	if err != nil {
 		r.Err = err.Error()
 	}
@@ -171,11 +172,11 @@ func respond(m *nats.Msg, err error) {
 
 // announce says every helloEvery that the worker is there.
 func (w *worker) announce(ctx context.Context) {
-	t := time.NewTicker(helloEvery)
+	t := time.NewTicker(wire.HelloEvery)
 	defer t.Stop()
 	for {
-		b, _ := json.Marshal(hello{Name: w.o.Name, Busy: w.busy.Load()})
-		w.o.Conn.Publish(subjHello(w.o.Name), b)
+		b, _ := json.Marshal(wire.Hello{Name: w.o.Name, Busy: w.busy.Load()})
+		w.o.Conn.Publish(wire.SubjHello(w.o.Name), b)
 		select {
 		case <-ctx.Done():
 			return
@@ -185,11 +186,11 @@ func (w *worker) announce(ctx context.Context) {
 }
 
 // serve runs one instance's share of a job and sends its report.
-func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
+func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 	nc := w.o.Conn
 	inst := job.Instance
 	nodes.SetRun(job.Provenance) // before the stages are built: they claim their files for it
-	job.Timings = job.Timings.withDefaults()
+	job.Timings = job.Timings.WithDefaults()
 	for _, f := range job.VarFiles { // read by Load
 		if err := w.o.Roots.CheckRead(f); err != nil {
 			respond(m, fmt.Errorf("worker %s refused the job: --var-file %s: %v", w.o.Name, f, err))
@@ -215,13 +216,13 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	}
 	defer l.close()
 	l.worker = w.o.Name
-	l.restartable = func(s *graph.Stage) bool { return restartable(w.o.Registry, s) }
+	l.restartable = func(s *graph.Stage) bool { return wire.Restartable(w.o.Registry, s) }
 	l.syncs = func(s *graph.Stage) bool {
 		spec, ok := w.o.Registry.Spec(s.Node)
 		return ok && spec.Sync != nil && spec.Sync(s.Config)
 	}
 	l.summing = func(s *graph.Stage) bool {
-		return moves(w.o.Registry, s) && !hosted(w.o.Registry, s, job.Place[s.Name])
+		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name])
 	}
 	l.afterSend = w.o.AfterSend
 	l.logw = w.o.Log
@@ -246,7 +247,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	var drainOnce sync.Once
 	groups := map[string]engine.RemoteGroup{}
 	for _, s := range g.Stages {
-		if hosted(w.o.Registry, s, job.Place[s.Name]) {
+		if wire.Hosted(w.o.Registry, s, job.Place[s.Name]) {
 			groups[s.Name] = l.group(s, job.Restart)
 		}
 	}
@@ -269,19 +270,19 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 			subs = append(subs, s)
 		}
 	}
-	sub(subjSnap(job.Run, inst), func(m *nats.Msg) {
+	sub(wire.SubjSnap(job.Run, inst), func(m *nats.Msg) {
 		b, _ := json.Marshal(l.sent(p.Snapshot()))
 		m.Respond(b)
 	})
-	sub(subjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
+	sub(wire.SubjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
 	var aborted atomic.Bool
-	sub(subjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
+	sub(wire.SubjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
 	// Counted lost: the share ends, and its items are for the share that
 	// took over. Said by an abort of its own and by every heartbeat after
 	// (the abort may have been missed).
 	lost := func() { l.released.Store(true); aborted.Store(true); abort() }
-	sub(subjAbortShare(job.Run, inst), func(*nats.Msg) { lost() })
-	sub(subjHB(job.Run), func(m *nats.Msg) {
+	sub(wire.SubjAbortShare(job.Run, inst), func(*nats.Msg) { lost() })
+	sub(wire.SubjHB(job.Run), func(m *nats.Msg) {
 		if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
 			lost()
 			return
@@ -299,7 +300,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	if job.Restart {
 		share = " (the share " + inst + ", taking over)"
 	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, placed(g, job, inst))
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, wire.Placed(g, job, inst))
 
 	var orphaned atomic.Bool
 	watchDone := make(chan struct{})
@@ -308,7 +309,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		// Asked directly, a coordinator that lives answers with the
 		// heartbeat's list: its beats were only late (a loaded host).
 		Probe: func() bool {
-			m, err := nc.Request(subjAlive(job.Run), nil, job.Timings.Lease)
+			m, err := nc.Request(wire.SubjAlive(job.Run), nil, job.Timings.Lease)
 			if err != nil {
 				return false
 			}
@@ -322,7 +323,7 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	// The watch is in the share's group: close waits for it (a probe
 	// under way ends within a lease).
 	l.bg.Go(func() {
-		t := time.NewTicker(hbEvery)
+		t := time.NewTicker(wire.HBEvery)
 		defer t.Stop()
 		for {
 			select {
@@ -352,10 +353,10 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 		// Say so, in case the coordinator lives and only its heartbeat was
 		// late: the run then fails instead of waiting for this share.
 		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v and it did not answer when asked: aborted\n", w.o.Name, job.Run, job.Timings.Lease)
-		d := done{Instance: inst, Failed: true,
+		d := wire.Done{Instance: inst, Failed: true,
 			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v and it did not answer when asked, so its share aborted", w.o.Name, job.Timings.Lease)}
 		db, _ := json.Marshal(d)
-		nc.Request(subjDone(job.Run), db, time.Second)
+		nc.Request(wire.SubjDone(job.Run), db, time.Second)
 		return
 	}
 	// What the replicas finished last is settled before the report goes.
@@ -376,13 +377,13 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	b, _ := json.Marshal(rep)
 	l.readDepths() // the share's last figures show the queues as they are now, not 250ms ago
 	sb, _ := json.Marshal(p.Snapshot())
-	d := done{Instance: inst, Report: b, Snapshot: sb, Failed: rep.Status == report.Failed}
+	d := wire.Done{Instance: inst, Report: b, Snapshot: sb, Failed: rep.Status == report.Failed}
 	if err != nil && !aborted.Load() {
 		d.Err = fmt.Sprintf("worker %s: %v", inst, err)
 	}
 	db, _ := json.Marshal(d)
 	for range 20 {
-		if _, rerr := nc.Request(subjDone(job.Run), db, time.Second); rerr == nil || errors.Is(rerr, nats.ErrConnectionClosed) {
+		if _, rerr := nc.Request(wire.SubjDone(job.Run), db, time.Second); rerr == nil || errors.Is(rerr, nats.ErrConnectionClosed) {
 			break
 		}
 		if ctx.Err() != nil {
@@ -392,77 +393,11 @@ func (w *worker) serve(ctx context.Context, job *Job, m *nats.Msg) {
 	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, rep.Status)
 }
 
-// spread reports whether the replicas of a stage sit in more than one
-// instance.
-func spread(place []string) bool {
-	for _, p := range place {
-		if p != place[0] {
-			return true
-		}
-	}
-	return false
-}
-
-// hosted reports whether a stage's group is the coordinator's: its
-// replicas sit in more than one instance, or it is a lone replica whose
-// state moves (lost, it restores its group's last save through the host;
-// its steps are barriers, which carry no vector). Several replicas on one
-// instance sum in process, on their devices.
-func hosted(reg *nodes.Registry, s *graph.Stage, place []string) bool {
-	return spread(place) || s.Replicas == 1 && moves(reg, s)
-}
-
-// placed says which replicas an instance runs.
-func placed(g *graph.Graph, job *Job, inst string) string {
-	s := ""
-	for _, st := range g.Stages {
-		for i, p := range job.Place[st.Name] {
-			if p == inst {
-				if s != "" {
-					s += " "
-				}
-				s += fmt.Sprintf("%s[%d]", st.Name, i)
-			}
-		}
-	}
-	return s
-}
-
-// restartable reports whether a stage's replicas may restart elsewhere:
-// a source that resumes (Spec.Resumes); a stage of a stateless kind,
-// stepping with the others or not (a synchronized one rejoins its group);
-// a stage whose state moves to its restart (Spec.Moves).
-func restartable(reg *nodes.Registry, s *graph.Stage) bool {
-	spec, ok := reg.Spec(s.Node)
-	switch {
-	case !ok:
-		return false
-	case len(s.Inputs) == 0:
-		return spec.Resumes // a source keeps its place in what it emits
-	default:
-		return spec.Stateless || spec.Moves
-	}
-}
-
-// chainable reports whether a stage may be part of a chain (control.Kinds):
-// it restarts elsewhere, and nothing of it outlives an item: no state that
-// moves, no group.
-func chainable(reg *nodes.Registry, s *graph.Stage) bool {
-	spec, ok := reg.Spec(s.Node)
-	return ok && restartable(reg, s) && !spec.Moves && (spec.Sync == nil || !spec.Sync(s.Config))
-}
-
-// moves reports whether a stage's state moves to a restart (Spec.Moves).
-func moves(reg *nodes.Registry, s *graph.Stage) bool {
-	spec, ok := reg.Spec(s.Node)
-	return ok && spec.Moves
-}
-
 // Dismiss tells workers to leave (those started with --once for a local
 // cluster, when the run is over or could not start).
 func Dismiss(nc *nats.Conn, workers ...string) {
 	for _, w := range workers {
-		nc.Publish(subjExit(w), nil)
+		nc.Publish(wire.SubjExit(w), nil)
 	}
 	nc.Flush()
 }

@@ -1,4 +1,4 @@
-package cluster
+package wire
 
 import (
 	"fmt"
@@ -27,8 +27,8 @@ type Job struct {
 	// carrying receipts derived from their producers' (chain.go).
 	Chained map[string]bool `json:"chained,omitempty"`
 	// Recount are the heads of chains that lost shares recorded last
-	// (chainRecord.Last): one that comes back is counted apart.
-	Recount chainHeads    `json:"recount"`
+	// (ChainRecord.Last): one that comes back is counted apart.
+	Recount ChainHeads    `json:"recount"`
 	Grace   time.Duration `json:"grace"`
 	// Instance names the share of the job this request starts: the
 	// worker's name, or a restart's name (worker/rN) for replicas moved
@@ -53,14 +53,14 @@ type Job struct {
 	Restore map[string]*Restore `json:"restore,omitempty"`
 }
 
-// hello is a worker's announcement.
-type hello struct {
+// Hello is a worker's announcement.
+type Hello struct {
 	Name string `json:"name"`
 	Busy bool   `json:"busy"`
 }
 
-// done is an instance's report at the end of its share.
-type done struct {
+// Done is an instance's report at the end of its share.
+type Done struct {
 	Instance string `json:"instance"`
 	Report   []byte `json:"report"`
 	// Snapshot is the share's last snapshot, taken as it ended: the
@@ -71,66 +71,66 @@ type done struct {
 	Failed   bool   `json:"failed"`
 }
 
-// reply is the answer to a request: empty Err means accepted.
-type reply struct {
+// Reply is the answer to a request: empty Err means accepted.
+type Reply struct {
 	Err string `json:"err,omitempty"`
 }
 
-func subjHello(name string) string           { return "dflow.hello." + name }
-func subjRun(worker string) string           { return "dflow.w." + worker + ".run" }
-func subjExit(worker string) string          { return "dflow.w." + worker + ".exit" }
-func subjHB(run string) string               { return "dflow.r." + run + ".hb" }
-func subjAlive(run string) string            { return "dflow.r." + run + ".alive" }
-func subjAbort(run string) string            { return "dflow.r." + run + ".abort" }
-func subjDrain(run string) string            { return "dflow.r." + run + ".drain" }
-func subjAbortShare(run, inst string) string { return "dflow.r." + run + ".abort." + token(inst) }
-func subjDone(run string) string             { return "dflow.r." + run + ".done" }
-func subjSnap(run, inst string) string       { return "dflow.r." + run + ".snap." + token(inst) }
-func subjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + token(stage) }
-func subjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
+func SubjHello(name string) string           { return "dflow.Hello." + name }
+func SubjRun(worker string) string           { return "dflow.w." + worker + ".run" }
+func SubjExit(worker string) string          { return "dflow.w." + worker + ".exit" }
+func SubjHB(run string) string               { return "dflow.r." + run + ".hb" }
+func SubjAlive(run string) string            { return "dflow.r." + run + ".alive" }
+func SubjAbort(run string) string            { return "dflow.r." + run + ".abort" }
+func SubjDrain(run string) string            { return "dflow.r." + run + ".drain" }
+func SubjAbortShare(run, inst string) string { return "dflow.r." + run + ".abort." + Token(inst) }
+func SubjDone(run string) string             { return "dflow.r." + run + ".done" }
+func SubjSnap(run, inst string) string       { return "dflow.r." + run + ".snap." + Token(inst) }
+func SubjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + Token(stage) }
+func SubjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
 
-// subjRoom is where a queue's consumer side says it has fetched, which
+// SubjRoom is where a queue's consumer side says it has fetched, which
 // makes room, to the producers on other workers waiting for it
 // (publish.go); apart from the queue's subject, which its stream stores.
-func subjRoom(run string, e, q int) string { return fmt.Sprintf("dflow.r.%s.room.%d.%d", run, e, q) }
+func SubjRoom(run string, e, q int) string { return fmt.Sprintf("dflow.r.%s.room.%d.%d", run, e, q) }
 
-// streamEdge is an edge's stream: every remote queue of the edge is a
-// subject of it (subjQueue) read by a consumer of its own (consumerQueue),
+// StreamEdge is an edge's stream: every remote queue of the edge is a
+// subject of it (SubjQueue) read by a consumer of its own (ConsumerQueue),
 // and its ids are one namespace, so a duplicate is dropped whichever queue
 // it is sent to.
-func streamEdge(run string, e int) string { return fmt.Sprintf("DFQ_%s_%d", run, e) }
-func consumerQueue(q int) string          { return fmt.Sprintf("q%d", q) }
-func bucketEnds(run string) string        { return "DFE_" + run }
-func bucketHolders(run string) string     { return "DFH_" + run }
-func bucketPositions(run string) string   { return "DFP_" + run }
-func keyEnd(e, q, producer int) string {
+func StreamEdge(run string, e int) string { return fmt.Sprintf("DFQ_%s_%d", run, e) }
+func ConsumerQueue(q int) string          { return fmt.Sprintf("q%d", q) }
+func BucketEnds(run string) string        { return "DFE_" + run }
+func BucketHolders(run string) string     { return "DFH_" + run }
+func BucketPositions(run string) string   { return "DFP_" + run }
+func KeyEnd(e, q, producer int) string {
 	return fmt.Sprintf("e%d.q%d.p%d", e, q, producer)
 }
 
-// keySettled says replica i of stage si, a followed one, has returned and
+// KeySettled says replica i of stage si, a followed one, has returned and
 // everything it took is settled (tracked.ended); its value is the
 // instance that ran it.
-func keySettled(si, i int) string {
+func KeySettled(si, i int) string {
 	return fmt.Sprintf("s%d.r%d.settled", si, i)
 }
 
-// keyGone says a consumer replica of a queue has returned.
-func keyGone(e, q, consumer int) string {
+// KeyGone says a consumer replica of a queue has returned.
+func KeyGone(e, q, consumer int) string {
 	return fmt.Sprintf("e%d.q%d.c%d", e, q, consumer)
 }
 
-// token makes a name safe as one subject token.
-func token(s string) string { return badToken.ReplaceAllString(s, "_") }
+// Token makes a name safe as one subject token.
+func Token(s string) string { return badToken.ReplaceAllString(s, "_") }
 
 var badToken = regexp.MustCompile(`[^A-Za-z0-9_-]`)
 
-// validName is a worker name: letters, digits, - and _.
-var validName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+// ValidName is a worker name: letters, digits, - and _.
+var ValidName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Intervals of the control plane.
 const (
-	helloEvery = 250 * time.Millisecond
-	hbEvery    = control.Beat
+	HelloEvery = 250 * time.Millisecond
+	HBEvery    = control.Beat
 )
 
 // Timings are a run's lease and ack wait across hosts. The coordinator
@@ -168,8 +168,8 @@ const (
 	DefaultDeadlockConfirm = 2 * time.Second
 )
 
-// withDefaults fills what is unset.
-func (t Timings) withDefaults() Timings {
+// WithDefaults fills what is unset.
+func (t Timings) WithDefaults() Timings {
 	if t.DeadlockConfirm <= 0 {
 		t.DeadlockConfirm = DefaultDeadlockConfirm
 	}
@@ -185,7 +185,7 @@ func (t Timings) withDefaults() Timings {
 	return t
 }
 
-// restartGuard is how long a share taking over a lost one's replicas
+// RestartGuard is how long a share taking over a lost one's replicas
 // waits before it may end a queue: the lost one's items are redelivered
 // within AckWait of when it stopped keeping them.
-func (t Timings) restartGuard() time.Duration { return t.AckWait + 2*time.Second }
+func (t Timings) RestartGuard() time.Duration { return t.AckWait + 2*time.Second }
