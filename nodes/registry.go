@@ -133,6 +133,12 @@ type SimModel struct {
 	// stage. The synthetic nodes return the very stream their replicas
 	// sleep, so a simulation replays a real run's draws.
 	Service func(stage string, replica int) func() time.Duration
+	// ServiceAt, if set, is used instead of Service by a node whose cost
+	// changes during a run (synthetic_work's change_after, change_at):
+	// the stream of one replica's service times, each drawn knowing when
+	// the item starts (the time since the run's start) and how many
+	// items the stage's replicas started before it.
+	ServiceAt func(stage string, replica int) func(elapsed time.Duration, started int64) time.Duration
 	// Sync makes the replicas step together: a barrier per item, as
 	// synthetic_work's sync does.
 	Sync bool

@@ -111,6 +111,8 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 		case hasMeasured:
 			mean, sigma := s.measuredService(measured, si, i)
 			p.next = lognormal(mean, sigma, rng)
+		case model != nil && model.ServiceAt != nil:
+			p.nextAt = model.ServiceAt(gs.Name, i)
 		case model != nil:
 			p.next = model.Service(gs.Name, i)
 		case gs.Sim != nil:

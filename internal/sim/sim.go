@@ -90,10 +90,13 @@ type proc struct {
 	remaining int64
 	items     int // items finished, for fail_after
 	next      func() time.Duration
-	in, out   int64
-	service   []float64 // seconds
-	waiting   []*squeue // queues this replica waits on
-	end       time.Duration
+	// nextAt, when set, draws instead of next, knowing the time and the
+	// stage's items started so far (nodes.SimModel.ServiceAt)
+	nextAt  func(elapsed time.Duration, started int64) time.Duration
+	in, out int64
+	service []float64 // seconds
+	waiting []*squeue // queues this replica waits on
+	end     time.Duration
 }
 
 // sout is one output edge of a replica: its queues, the edge policy's
@@ -116,6 +119,7 @@ type sstage struct {
 	share     func(total int64, i, n int) int64 // a source's split of total over its replicas
 	source    bool
 	members   int
+	started   int64 // items its replicas started serving
 	arrived   []*proc
 	metrics   map[string]float64
 }
@@ -361,7 +365,15 @@ func (s *sim) step(p *proc) {
 
 // serve starts one service time.
 func (s *sim) serve(p *proc) {
-	d := p.next()
+	var d time.Duration
+	if p.nextAt != nil {
+		// A simulation with its sources scaled down (maxItems) reaches
+		// a change of cost as far into the run as the full one does.
+		d = p.nextAt(time.Duration(float64(s.now)*s.scale), int64(float64(p.st.started)*s.scale))
+	} else {
+		d = p.next()
+	}
+	p.st.started++
 	s.setState(p, busy)
 	p.service = append(p.service, d.Seconds())
 	p.phase = phaseServed

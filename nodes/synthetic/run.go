@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"io"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -24,6 +26,16 @@ type timing struct {
 	dist  graph.Distribution
 	speed []float64
 	seed  int64
+	// A change of cost mid-run (change_after, change_at): from the
+	// stage's after-th item, or from at after its start, items take then.
+	then     graph.Distribution
+	changing bool // then is set
+	after    int64
+	at       time.Duration
+	// shift counts the stage's items and keeps its start, for the
+	// change: one per node, so shared by the replicas of the stage in
+	// this process.
+	shift *shift
 }
 
 func newTiming(cfg *graph.Config) (timing, error) {
@@ -31,8 +43,42 @@ func newTiming(cfg *graph.Config) (timing, error) {
 	if err != nil {
 		return timing{}, err
 	}
-	return timing{dist: d, speed: cfg.Floats("speed"), seed: int64(cfg.Int("seed"))}, nil
+	t := timing{dist: d, speed: cfg.Floats("speed"), seed: int64(cfg.Int("seed")), shift: &shift{}}
+	if s := cfg.String("changed_service_time"); s != "" {
+		if t.then, err = graph.ParseDistribution(s); err != nil {
+			return timing{}, fmt.Errorf("changed_service_time: %w", err)
+		}
+		t.changing = true
+		t.after = int64(cfg.Int("change_after"))
+		if at := cfg.String("change_at"); at != "" {
+			if t.at, err = time.ParseDuration(at); err != nil {
+				return timing{}, fmt.Errorf("change_at: %w", err)
+			}
+		}
+	}
+	return t, nil
 }
+
+// changes reports whether an item takes the changed cost: the stage had
+// started started items before it, at elapsed after the stage's start.
+func (t timing) changes(elapsed time.Duration, started int64) bool {
+	if !t.changing {
+		return false
+	}
+	return (t.after > 0 && started >= t.after) || (t.at > 0 && elapsed >= t.at)
+}
+
+// shift is a stage's count of items and its start, as its replicas in
+// one process see them.
+type shift struct {
+	once  sync.Once
+	start time.Time
+	items atomic.Int64
+}
+
+// begin marks the stage's start: the first replica's call sets it, and
+// every replica calls it before its first draw.
+func (s *shift) begin() { s.once.Do(func() { s.start = time.Now() }) }
 
 // clock draws one replica's service times and sleeps them.
 type clock struct {
@@ -64,9 +110,24 @@ func (t timing) Speed(i int) float64 {
 	return t.speed[i%len(t.speed)]
 }
 
-// next draws the replica's next service time.
+// next draws the replica's next service time, counting it as one of
+// the stage's items.
 func (c *clock) next() time.Duration {
-	return time.Duration(float64(c.dist.Sample(c.rng)) / c.Speed(c.replica))
+	if !c.changing {
+		return c.draw(false)
+	}
+	sh := c.shift
+	sh.begin()
+	return c.draw(c.changes(time.Since(sh.start), sh.items.Add(1)-1))
+}
+
+// draw draws one service time, of the changed cost or not.
+func (c *clock) draw(changed bool) time.Duration {
+	d := c.dist
+	if changed {
+		d = c.then
+	}
+	return time.Duration(float64(d.Sample(c.rng)) / c.Speed(c.replica))
 }
 
 // work sleeps one service time, or returns ctx.Err().
@@ -153,6 +214,7 @@ func Share(count, i, n int) int {
 }
 
 func (s *source) Run(ctx context.Context, r nodes.Replica) error {
+	s.shift.begin()
 	c := s.clock(r.Stage(), r.Index())
 	defer c.stop()
 	out := r.Out("out")
@@ -194,6 +256,7 @@ func newWork(cfg *graph.Config) (nodes.Node, error) {
 var ErrInjected = errors.New("injected failure")
 
 func (w *work) Run(ctx context.Context, r nodes.Replica) error {
+	w.shift.begin()
 	c := w.clock(r.Stage(), r.Index())
 	defer c.stop()
 	in, out := r.In("in"), r.Out("out")
@@ -235,6 +298,7 @@ func newSink(cfg *graph.Config) (nodes.Node, error) {
 }
 
 func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
+	s.shift.begin()
 	c := s.clock(r.Stage(), r.Index())
 	defer c.stop()
 	in := r.In("in")
@@ -253,15 +317,24 @@ func (s *sink) Run(ctx context.Context, r nodes.Replica) error {
 }
 
 // simModel gives the simulator the same service-time streams the replicas
-// sleep, plus sync and fail_after, and a source's item size, keys and
-// split of its items over its replicas.
+// sleep, with the change of cost at the same item of the stage or the
+// same time after its start, plus sync and fail_after, and a source's
+// item size, keys and split of its items over its replicas.
 func simModel(cfg *graph.Config) (*nodes.SimModel, error) {
 	t, err := newTiming(cfg)
 	if err != nil {
 		return nil, err
 	}
+	var at func(stage string, replica int) func(time.Duration, int64) time.Duration
+	if t.changing {
+		at = func(stage string, replica int) func(time.Duration, int64) time.Duration {
+			c := t.clock(stage, replica)
+			return func(elapsed time.Duration, started int64) time.Duration { return c.draw(t.changes(elapsed, started)) }
+		}
+	}
 	return &nodes.SimModel{
 		Service:   func(stage string, replica int) func() time.Duration { return t.clock(stage, replica).next },
+		ServiceAt: at,
 		Sync:      cfg.Bool("sync"),
 		FailAfter: cfg.Int("fail_after"),
 		ItemBytes: int64(cfg.Int("size_bytes")), // only a source's config has it

@@ -2,6 +2,7 @@ package synthetic
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -27,7 +28,17 @@ var (
 		Doc: "one factor per replica: replica i takes service_time / speed[i % len(speed)]"}
 	fieldSeed = graph.Field{Name: "seed", Type: graph.Int, Default: cty.NumberIntVal(1),
 		Doc: "seed of the service-time draws; replica i uses seed+i"}
+	// A cost that changes mid-run: a workload whose bottleneck moves.
+	fieldChangeAfter = graph.Field{Name: "change_after", Type: graph.Int, Default: cty.NumberIntVal(0),
+		Doc: "the stage's items (over its replicas) after which each takes changed_service_time; 0: no change by count"}
+	fieldChangeAt = graph.Field{Name: "change_at", Type: graph.String, Default: cty.StringVal(""),
+		Doc: `the time after the stage's start ("30s") from which each item takes changed_service_time; "": no change by time`}
+	fieldChanged = graph.Field{Name: "changed_service_time", Type: graph.String, Default: cty.StringVal(""),
+		Doc: "service_time from the change (change_after or change_at) on; speed applies to it too"}
 )
+
+// timingFields are the config of every synthetic kind's service times.
+var timingFields = []graph.Field{fieldServiceTime, fieldSpeed, fieldSeed, fieldChangeAfter, fieldChangeAt, fieldChanged}
 
 var sourceKind = graph.Kind{
 	Name: "synthetic_source",
@@ -41,7 +52,7 @@ var sourceKind = graph.Kind{
 			Doc: `give the items keys (for key_hash edges): N distinct keys "k0".."k{N-1}", taking turns; 0 for none`},
 		{Name: "key_skew", Type: graph.Number, Default: cty.NumberIntVal(0),
 			Doc: `with keys: 0 for keys taking turns, s > 0 for keys drawn with probability 1/(k+1)^s (Zipf, "k0" the most frequent)`},
-		fieldServiceTime, fieldSpeed, fieldSeed,
+		fieldServiceTime, fieldSpeed, fieldSeed, fieldChangeAfter, fieldChangeAt, fieldChanged,
 	},
 	Ports: func(cfg *graph.Config) []graph.PortSpec {
 		out := graph.PortSpec{Name: "out", Dir: graph.Out, Type: cfg.String("type"), Doc: "the generated items"}
@@ -82,6 +93,7 @@ var workKind = graph.Kind{
 			Doc: "replicas step together through the replica group, as data-parallel training does"},
 		{Name: "fail_after", Type: graph.Int, Default: cty.NumberIntVal(0),
 			Doc: "each replica fails after this many items (0: never); for failure tests"},
+		fieldChangeAfter, fieldChangeAt, fieldChanged,
 	},
 	Ports: func(*graph.Config) []graph.PortSpec {
 		return []graph.PortSpec{
@@ -97,7 +109,7 @@ var workKind = graph.Kind{
 var sinkKind = graph.Kind{
 	Name:   "sink",
 	Doc:    "Consumes and drops every item.",
-	Config: []graph.Field{fieldServiceTime, fieldSpeed, fieldSeed},
+	Config: timingFields,
 	Ports: func(*graph.Config) []graph.PortSpec {
 		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any, Doc: "items of any type"}}
 	},
@@ -117,6 +129,39 @@ func checkTiming(cfg *graph.Config) []error {
 	}
 	if cfg.Has("speed") && len(cfg.Floats("speed")) == 0 {
 		errs = append(errs, &graph.FieldError{Field: "speed", Err: fmt.Errorf("must list at least one factor")})
+	}
+	return append(errs, checkChange(cfg)...)
+}
+
+// checkChange checks a change of cost mid-run: changed_service_time and
+// exactly one of change_after and change_at go together.
+func checkChange(cfg *graph.Config) []error {
+	var errs []error
+	after, at, then := cfg.Int("change_after"), cfg.String("change_at"), cfg.String("changed_service_time")
+	if after < 0 {
+		errs = append(errs, &graph.FieldError{Field: "change_after", Err: fmt.Errorf("must be 0 (no change) or more; got %d", after)})
+	}
+	if at != "" {
+		if d, err := time.ParseDuration(at); err != nil || d <= 0 {
+			errs = append(errs, &graph.FieldError{Field: "change_at",
+				Err: fmt.Errorf("must be a duration above 0 after the stage's start, such as \"30s\"; got %q", at)})
+		}
+	}
+	switch {
+	case after > 0 && at != "":
+		errs = append(errs, &graph.FieldError{Field: "change_at", Err: fmt.Errorf("give change_after (items) or change_at (a time), not both")})
+	case then != "":
+		if err := graph.CheckServiceTime(then); err != nil {
+			errs = append(errs, &graph.FieldError{Field: "changed_service_time", Err: err})
+		}
+		if after == 0 && at == "" {
+			errs = append(errs, &graph.FieldError{Field: "changed_service_time",
+				Err: fmt.Errorf("says what the cost changes to, and needs change_after = N (items) or change_at = \"30s\" to say when")})
+		}
+	case after > 0:
+		errs = append(errs, &graph.FieldError{Field: "change_after", Err: fmt.Errorf("needs changed_service_time, the cost from the change on")})
+	case at != "":
+		errs = append(errs, &graph.FieldError{Field: "change_at", Err: fmt.Errorf("needs changed_service_time, the cost from the change on")})
 	}
 	return errs
 }

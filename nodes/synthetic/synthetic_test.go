@@ -2,6 +2,7 @@ package synthetic
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -116,5 +117,113 @@ func TestSourceItemsAreTheirType(t *testing.T) {
 		if b, ok := item.(*text.Batch); ok && (b.B*(b.T+1) != len(b.Tokens) || b.Seq != 7) {
 			t.Errorf("tokens: %+v", b)
 		}
+	}
+}
+
+// TestCostChange: with change_after the stage's first N items take
+// service_time and the rest changed_service_time, counted over its
+// replicas (one node, shared by them); with change_at the change comes
+// with the time since the stage's start.
+func TestCostChange(t *testing.T) {
+	config := func(kv ...string) *graph.Config {
+		m := map[string]cty.Value{"service_time": cty.StringVal("10ms"), "changed_service_time": cty.StringVal("30ms")}
+		for i := 0; i < len(kv); i += 2 {
+			if kv[i] == "change_after" {
+				n, _ := strconv.Atoi(kv[i+1])
+				m[kv[i]] = cty.NumberIntVal(int64(n))
+			} else {
+				m[kv[i]] = cty.StringVal(kv[i+1])
+			}
+		}
+		return graph.NewConfig(m)
+	}
+	tm, err := newTiming(config("change_after", "5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := tm.clock("s", 0), tm.clock("s", 1)
+	var got []time.Duration
+	for range 4 {
+		got = append(got, a.next(), b.next())
+	}
+	want := []time.Duration{10, 10, 10, 10, 10, 30, 30, 30}
+	for i := range want {
+		if got[i] != want[i]*time.Millisecond {
+			t.Fatalf("draws over two replicas %v; want the stage's first 5 at 10ms, then 30ms", got)
+		}
+	}
+	tm, err = newTiming(config("change_at", "1h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := tm.clock("s", 0).next(); d != 10*time.Millisecond {
+		t.Errorf("change_at 1h: first draw %v, want 10ms", d)
+	}
+	tm, err = newTiming(config("change_at", "1ns"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tm.clock("s", 0)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.next() != 30*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatal("change_at 1ns: still 10ms a draw after 10s")
+		}
+	}
+	// The simulator's model draws the same, from the time and count the
+	// simulation gives.
+	m, err := simModel(config("change_after", "3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ServiceAt == nil {
+		t.Fatal("a changing cost gives the simulator no ServiceAt")
+	}
+	at := m.ServiceAt("s", 0)
+	if d0, d3 := at(0, 2), at(0, 3); d0 != 10*time.Millisecond || d3 != 30*time.Millisecond {
+		t.Errorf("ServiceAt: item 2 takes %v, item 3 %v; want 10ms then 30ms", d0, d3)
+	}
+	m, err = simModel(config("change_at", "2s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at = m.ServiceAt("s", 0)
+	if d0, d1 := at(1999*time.Millisecond, 100), at(2*time.Second, 0); d0 != 10*time.Millisecond || d1 != 30*time.Millisecond {
+		t.Errorf("ServiceAt: at 1.999s %v, at 2s %v; want 10ms then 30ms", d0, d1)
+	}
+	if m, _ := simModel(graph.NewConfig(map[string]cty.Value{"service_time": cty.StringVal("10ms")})); m.ServiceAt != nil {
+		t.Error("a cost that does not change gives the simulator a ServiceAt")
+	}
+}
+
+// TestCostChangeCheck: changed_service_time and one of change_after and
+// change_at go together, each valid.
+func TestCostChangeCheck(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  map[string]cty.Value
+		want string
+	}{
+		{map[string]cty.Value{"changed_service_time": cty.StringVal("30ms")}, "needs change_after = N (items) or change_at"},
+		{map[string]cty.Value{"change_after": cty.NumberIntVal(5)}, "change_after: needs changed_service_time"},
+		{map[string]cty.Value{"change_at": cty.StringVal("30s")}, "change_at: needs changed_service_time"},
+		{map[string]cty.Value{"change_at": cty.StringVal("soon"), "changed_service_time": cty.StringVal("1ms")}, `change_at: must be a duration above 0 after the stage's start, such as "30s"; got "soon"`},
+		{map[string]cty.Value{"change_after": cty.NumberIntVal(-1)}, "change_after: must be 0 (no change) or more; got -1"},
+		{map[string]cty.Value{"change_after": cty.NumberIntVal(5), "change_at": cty.StringVal("1s"), "changed_service_time": cty.StringVal("1ms")}, "not both"},
+		{map[string]cty.Value{"change_after": cty.NumberIntVal(5), "changed_service_time": cty.StringVal("later")}, "changed_service_time:"},
+	} {
+		tc.cfg["service_time"] = cty.StringVal("1ms")
+		errs := workKind.Check(graph.NewConfig(tc.cfg))
+		var msgs []string
+		for _, e := range errs {
+			msgs = append(msgs, e.Error())
+		}
+		if all := strings.Join(msgs, "; "); !strings.Contains(all, tc.want) {
+			t.Errorf("%v: errors %q, want one with %q", tc.cfg, all, tc.want)
+		}
+	}
+	ok := graph.NewConfig(map[string]cty.Value{"service_time": cty.StringVal("1ms"),
+		"change_after": cty.NumberIntVal(5), "changed_service_time": cty.StringVal("lognormal(4ms, 0.2)")})
+	if errs := sinkKind.Check(ok); len(errs) != 0 {
+		t.Errorf("a valid change: %v", errs)
 	}
 }
