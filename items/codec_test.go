@@ -46,7 +46,7 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
-// TestWireLayout pins the documented byte layouts (docs/plugins.md) that
+// TestWireLayout pins the documented byte layouts (docs/plugin-protocol.md) that
 // plugins in other languages read and write.
 func TestWireLayout(t *testing.T) {
 	le := func(vals ...any) []byte {

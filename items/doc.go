@@ -15,7 +15,7 @@
 // user's own that sends a type of its own across a plugin boundary
 // registers it the same way. Port types name encodings: a port of type
 // "bytes", "blob", "tokens" or "hidden_states" carries exactly the Go
-// type registered for it (see graph.WireTypes and docs/plugins.md).
+// type registered for it (see graph.WireTypes, and docs/plugin-protocol.md for the layouts).
 //
 // Invariants: a registered encoding never changes; Decode(Encode(x))
 // equals x; an item is read-only once sent, so encoding may alias its

@@ -1,12 +1,12 @@
 // Package conformance is the plugin protocol's conformance suite: given
-// an executable that speaks the protocol (docs/plugins.md, The protocol)
+// an executable that speaks the protocol (docs/plugin-protocol.md)
 // and the node kinds of it that the cases use, Run runs each case through
 // dflow's real host and runtime, and fails with what the plugin did
 // wrong. dflow runs it against the Go SDK (a test plugin, this package's
 // own test), the Python SDK (plugins/examples/python) and the PyTorch
 // example (plugins/examples/torch); an implementation in another language
 // runs it the same way, from a Go test of its own (docs/plugins.md,
-// Conformance).
+// "Testing a plugin").
 //
 // The cases: small items, exact counts; large items in chunks (and by
 // reference where the plugin maps shared memory); two inputs read in

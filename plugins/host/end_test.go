@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-// bare serves the protocol as a plugin written from docs/plugins.md
+// bare serves the protocol as a plugin written from docs/plugin-protocol.md
 // alone might (DFLOW_TEST_PLUGIN=bare): the handshake line by hand, the
 // Node service and nothing of go-plugin's (no GRPCController, so no
 // Shutdown), and it never exits by itself, not at Done nor at the end

@@ -34,7 +34,7 @@ type Host struct {
 	Stderr io.Writer // plugin stderr is forwarded here, prefixed
 	// PoolBytes is the size of each of the two shared-memory pools a
 	// replica of a plugin that takes them gets (0: 256 MiB): what its items
-	// by reference may occupy at most, each way (docs/plugins.md, Shared
+	// by reference may occupy at most, each way (docs/plugin-protocol.md, Shared
 	// memory). Set it before the run.
 	PoolBytes int64
 	// StartTimeout bounds how long a plugin may take to start, and each

@@ -29,7 +29,7 @@
 //   - On Linux, items of 64 KiB or more cross by reference in
 //     shared memory (two memfd pools per replica, no names); an item
 //     received so is a read-only view, valid until the node's next Recv
-//     on its port unless sent on first (docs/plugins.md, Shared memory).
+//     on its port unless sent on first (docs/plugin-protocol.md, Shared memory).
 //   - The plugin measures where each replica's time goes (times.go): its
 //     node's waits in Recv are idle, in Send blocked (a moment when
 //     both wait, from two goroutines, counts once, as blocked), the rest

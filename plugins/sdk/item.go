@@ -20,11 +20,11 @@ func Detach(item any) (any, error) {
 
 // Shared reports whether an item's bytes lie in shared memory: an item
 // received by reference (a view of a pool), valid only as long as the
-// lifetime rules say (Recv; docs/plugins.md, Shared memory).
+// lifetime rules say (Recv; docs/plugin-protocol.md, Shared memory).
 func Shared(item any) bool { return wire.Shared(item) }
 
 // Encode turns an item into its wire name ("bytes", "blob", "tokens",
 // "hidden", or one registered with items.Register) and its payload, as
-// it crosses between dflow and a plugin (docs/plugins.md has the
+// it crosses between dflow and a plugin (docs/plugin-protocol.md has the
 // layouts).
 func Encode(item any) (string, []byte, error) { return wire.Encode(item) }

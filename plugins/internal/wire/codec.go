@@ -10,7 +10,7 @@ import (
 // Items cross the process boundary in the wire encoding registered for
 // their Go type (package items: the built-in types, and any a plugin
 // registers itself). Each port type of graph.WireTypes means one Go type
-// and one encoding; docs/plugins.md has the table and the layouts.
+// and one encoding; docs/plugins.md has the table, docs/plugin-protocol.md the layouts.
 
 // WireName is the encoding an item crosses as ("bytes", "blob", "tokens",
 // "hidden", or one a plugin registered), or "" for an item of a type

@@ -21,7 +21,7 @@ import (
 // allocates, the plugin maps it read-only), pool 1 what the plugin sends
 // (the plugin allocates, dflow maps it read-only). The receiver of a ref
 // releases it (a Release message) once its consumer is done with it; the
-// region is then free to be reused. docs/plugins.md has the rules.
+// region is then free to be reused. docs/plugin-protocol.md has the rules.
 
 // Threshold is the smallest payload that goes by reference when pools are
 // attached; smaller items go on the stream, in batches.
