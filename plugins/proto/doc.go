@@ -4,14 +4,14 @@
 // hashicorp/go-plugin's gRPC transport, and any language with gRPC can
 // implement it (docs/plugins.md walks through it).
 //
-// Invariants: the .pb.go files (and the Python SDK's dflow_pb2.py) are
-// generated from dflow.proto by `go generate ./plugins/...` (generate.sh:
-// Debian's protoc 3.21.12, protoc-gen-go and protoc-gen-go-grpc pinned as
-// the module's tools), byte for byte as committed, and never edited by
-// hand (.ci/run checks that generating changes nothing); a change to the protocol
-// is a change to dflow.proto, kept compatible with plugins built against
-// the earlier messages (new fields are optional, old ones keep their
-// numbers).
+// Invariants: the .pb.go files (and the Python SDK's
+// dflowplugin/dflow_pb2.py) are generated from dflow.proto by `go
+// generate ./plugins/...` (generate.sh: Debian's protoc 3.21.12,
+// protoc-gen-go and protoc-gen-go-grpc pinned as the module's tools),
+// byte for byte as committed, and never edited by hand (.ci/run checks
+// that generating changes nothing); a change to the protocol is a change
+// to dflow.proto, kept compatible with plugins built against the earlier
+// messages (new fields are optional, old ones keep their numbers).
 package proto
 
 //go:generate sh generate.sh

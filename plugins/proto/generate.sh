@@ -1,7 +1,8 @@
 #!/bin/sh
 # Regenerates the protocol's code from dflow.proto, byte for byte as
-# committed: dflow.pb.go and dflow_grpc.pb.go here, ../python/dflow_pb2.py
-# for the Python SDK. Run by `go generate ./plugins/...` (doc.go).
+# committed: dflow.pb.go and dflow_grpc.pb.go here, and
+# ../python/dflowplugin/dflow_pb2.py, the Python SDK's module of it. Run
+# by `go generate ./plugins/...` (doc.go).
 #
 # protoc is Debian's protobuf-compiler 3.21.12 (what the committed files
 # name in their headers; another version writes other bytes), and the Go
@@ -19,5 +20,5 @@ gen_grpc=$(go tool -n protoc-gen-go-grpc)
 protoc -I . \
   --plugin=protoc-gen-go="$gen_go" --go_out=. --go_opt=paths=source_relative \
   --plugin=protoc-gen-go-grpc="$gen_grpc" --go-grpc_out=. --go-grpc_opt=paths=source_relative \
-  --python_out=../python \
+  --python_out=../python/dflowplugin \
   dflow.proto

@@ -12,19 +12,12 @@ import (
 // for a third item, which the node has not asked for yet. It prints what
 // sending each item did.
 const keptScript = `
-import mmap, queue, threading, types
-import numpy as np
+import mmap, queue, types
 import dflowplugin as d
+from dflowplugin.shm import _Pools
 
 N, SIZE = 100 << 10, 1 << 20
-p = object.__new__(d._Pools)
-p.threshold = 64 << 10
-p.maps = [mmap.mmap(-1, SIZE), mmap.mmap(-1, SIZE)]
-p.view = [memoryview(m) for m in p.maps]
-p.arr = [np.frombuffer(m, np.uint8) for m in p.maps]
-p.base = [a.ctypes.data for a in p.arr]
-p.lock = threading.Lock()
-p.free, p.live, p.held, p.given = [(0, SIZE)], {}, {}, set()
+p = _Pools([mmap.mmap(-1, SIZE), mmap.mmap(-1, SIZE)], 64 << 10)
 
 r = d.Replica(types.SimpleNamespace(stage="s", replica=0, replicas=1, device=""), {}, queue.Queue())
 r._pools = p

@@ -6,13 +6,15 @@ import (
 	"testing"
 )
 
-// timesScript drives the module's _Times on a clock it moves, in the
-// interleaving of the Go SDK's TestTimesOverlappingWaits: a recv waiting
-// 0-30 on one thread, a send waiting 10-50 on another, two sends from two
-// threads waiting 55-70 and 60-80, the next recv at 100. It prints the
-// Times said at 20 and at 120, with waits on two recvs (two ports) after.
+// timesScript drives the SDK's _Times (dflowplugin.times) on a clock it
+// moves, in the interleaving of the Go SDK's TestTimesOverlappingWaits: a
+// recv waiting 0-30 on one thread, a send waiting 10-50 on another, two
+// sends from two threads waiting 55-70 and 60-80, the next recv at 100.
+// It prints the Times said at 20 and at 120, with waits on two recvs (two
+// ports) after.
 const timesScript = `
-import json, dflowplugin as d
+import json
+from dflowplugin import times as d
 
 class Clock:
     at = 0
@@ -47,7 +49,7 @@ out["at145"] = say(145)
 print(json.dumps(out))
 `
 
-// TestTimesOverlappingWaits: the Python module counts each instant of
+// TestTimesOverlappingWaits: the Python SDK counts each instant of
 // overlapping waits once, as the Go SDK does (blocked while any send
 // waits, else idle while any recv waits), so busy + idle + blocked is the
 // wall time and an item's service time is the busy time between its recv
