@@ -107,8 +107,9 @@ func sampleEvery(mean time.Duration) int32 {
 
 // portClock is what a port's per-item path needs of its replica's
 // itemClock, kept in the port: the fast path then reads no cache line but
-// the port's and its queue's (reading the replica's clock on every item
-// cost about 30ns an item on 2 contended cores).
+// the port's and its queue's (a line read on every item that other
+// goroutines' items also read is fetched across cores under contention:
+// docs/performance.md, "What limits each figure").
 type portClock struct {
 	pick  sampler
 	every int32 // the replica's itemClock.every as of this port's last pick

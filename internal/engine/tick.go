@@ -9,10 +9,9 @@ import (
 //
 // While any Go timer is pending, the Go scheduler reads the system clock
 // at every goroutine switch (to see whether the timer is due), and a
-// replica moving small items switches every few items: on this project's
-// 2-core VMs (kvm-clock, ~30ns a read) a 10ms time.Ticker alone slowed
-// plain channels by 6ns an item on one core, 10% of the whole cost
-// (docs/performance.md). So where the system allows, the sampler sleeps on
+// replica moving small items switches every few items, so a pending
+// timer adds a clock read to every few items, a share of a small item's
+// cost that shows (docs/performance.md, "What limits each figure"). So where the system allows, the sampler sleeps on
 // a kernel timer the netpoller watches (a timerfd on Linux), which the
 // scheduler looks at only when it has nothing else to run; elsewhere it
 // falls back to a time.Ticker.
