@@ -49,6 +49,9 @@ type Builder struct {
 	plugins func(declared []*Plugin, referenced []string) hcl.Diagnostics
 	// findPlugin is the Loader's FindPlugin hook.
 	findPlugin func(p *Plugin) (string, error)
+	// rebalance is the rebalance block as read (or RebalanceAll's), checked
+	// once the stages and edges are (checkRebalance).
+	rebalance *rebalanceDraft
 	// eval evaluates an attribute of a spec's config block (the Loader's,
 	// with its variables).
 	eval func(a *hcl.Attribute, want cty.Type, what string) (cty.Value, bool)

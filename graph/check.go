@@ -63,6 +63,7 @@ func (b *Builder) check() {
 		}
 	}
 	b.checkUnconnected()
+	b.checkRebalance()
 }
 
 // findPlugins returns the declared plugins whose executables are there,

@@ -22,6 +22,9 @@ type Graph struct {
 	Plugins []*Plugin
 	Stages  []*Stage
 	Edges   []*Edge
+	// Rebalance is the rebalance block (stages sharing a budget of
+	// replicas), or nil.
+	Rebalance *Rebalance
 
 	stages map[string]*Stage
 	edges  map[string]*Edge

@@ -120,6 +120,7 @@ var rootSchema = &hcl.BodySchema{
 		{Type: "plugin", LabelNames: []string{"name"}},
 		{Type: "stage", LabelNames: []string{"name"}},
 		{Type: "edge", LabelNames: []string{"name"}},
+		{Type: "rebalance"},
 	},
 }
 
@@ -166,7 +167,7 @@ func (d *decoder) decode(body hcl.Body) {
 	content, diags := body.Content(rootSchema)
 	d.diags = append(d.diags, diags...)
 
-	var stages, edges, vars []*hcl.Block
+	var stages, edges, vars, rebalance []*hcl.Block
 	for _, b := range content.Blocks {
 		switch b.Type {
 		case "pipeline":
@@ -179,6 +180,8 @@ func (d *decoder) decode(body hcl.Body) {
 			stages = append(stages, b)
 		case "edge":
 			edges = append(edges, b)
+		case "rebalance":
+			rebalance = append(rebalance, b)
 		}
 	}
 	if len(stages) == 0 && !d.diags.HasErrors() {
@@ -196,6 +199,9 @@ func (d *decoder) decode(body hcl.Body) {
 	}
 	for _, b := range edges {
 		d.decodeEdge(b)
+	}
+	for _, b := range rebalance {
+		d.decodeRebalance(b)
 	}
 	d.applySets()
 }

@@ -110,6 +110,7 @@ func (g *Graph) clone() *Graph {
 		Name:        g.Name,
 		Description: g.Description,
 		Plugins:     slices.Clone(g.Plugins),
+		Rebalance:   g.Rebalance,
 		stages:      make(map[string]*Stage, len(g.Stages)),
 		edges:       make(map[string]*Edge, len(g.Edges)),
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/monitor"
+	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/dflow-dev/dflow/run"
 	"golang.org/x/term"
@@ -29,6 +30,7 @@ func cmdRun(e *env, args []string) int {
 	uiAddr := fs.String("ui", "", "serve a live page of the run at http://`HOST:PORT`/: the graph, queues, replicas, node metrics, diagnosis (:8080 binds to loopback only)")
 	uiLinger := fs.Duration("ui-linger", 5*time.Second, "with --ui, keep the page up this `DURATION` after the run ends (Ctrl-C closes it sooner)")
 	plotPath := fs.String("plot", "", "at the end, draw queue depth, busy and idle share over time into `FILE`, a .png or .jpg (needs an --interval)")
+	rebalance := fs.Bool("rebalance", false, "move replicas between the stages that carry the work while the run goes, as a rebalance block with its defaults does (for a spec without one)")
 	var cf clusterFlags
 	cf.register(fs)
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
@@ -54,6 +56,12 @@ func cmdRun(e *env, args []string) int {
 	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
 		return code
+	}
+	if g, code = e.rebalanced("run", g, *rebalance, sim.Options{Registry: e.registry}); g == nil {
+		return code
+	}
+	if g.Rebalance != nil {
+		fmt.Fprintln(e.stderr, "dflow: rebalance: this dflow does not move replicas during a run yet: the run keeps its split (dflow sim --rebalance simulates the moves)")
 	}
 
 	ctx, abort := context.WithCancel(context.Background())

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/sim"
+)
+
+// rebalanced gives g the rebalance `--rebalance` (on) asks for, when the
+// spec has no rebalance block: over the stages that carry the work and
+// whose replicas can move (sim.RebalanceStages), with the block's
+// defaults. A spec's own block wins. It says on stderr which stages share
+// which budget; nil and an exit code when no two stages can.
+func (e *env) rebalanced(cmd string, g *graph.Graph, on bool, opts sim.Options) (*graph.Graph, int) {
+	if on && g.Rebalance == nil {
+		stages, err := sim.RebalanceStages(g, opts)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "dflow %s: --rebalance: %v\n", cmd, err)
+			return nil, exitFailed
+		}
+		v, diags := g.WithRebalance(graph.Rebalance{Stages: stages, FromFlag: true})
+		if diags.HasErrors() {
+			graph.WriteDiagnostics(e.stderr, diags, nil)
+			return nil, exitFailed
+		}
+		g = v
+	}
+	if r := g.Rebalance; r != nil {
+		fmt.Fprintf(e.stderr, "dflow: rebalance: %s\n", describeRebalance(g))
+	}
+	return g, exitOK
+}
+
+// describeRebalance says in one line what a rebalance moves and when:
+// "target and drafter share 8 replicas (now 5+3); looks every 10s, moves
+// for a gain of 5% of the time left, a move costs 0s, no move back within
+// 1m0s".
+func describeRebalance(g *graph.Graph) string {
+	r := g.Rebalance
+	var now []string
+	for _, name := range r.Stages {
+		now = append(now, fmt.Sprint(g.Stage(name).Replicas))
+	}
+	names := strings.Join(r.Stages[:len(r.Stages)-1], ", ") + " and " + r.Stages[len(r.Stages)-1]
+	where := ""
+	if len(r.Devices) > 0 {
+		where = " on " + strings.Join(r.Devices, ", ")
+	}
+	return fmt.Sprintf("%s share %d replicas%s (now %s); looks every %v, moves for a gain of %.0f%% of the time left, a move costs %v, no move back within %v",
+		names, r.Replicas, where, strings.Join(now, "+"), r.Every, 100*r.MinGain, r.MoveCost, r.Hold)
+}
