@@ -112,6 +112,7 @@ func anchors(t *testing.T, page string) map[string]bool {
 // page. A page renamed or a section retitled fails here, naming the page,
 // the line and the link.
 func TestRelativeLinks(t *testing.T) {
+	t.Parallel()
 	checked := 0
 	for _, page := range pages(t) {
 		src, err := os.ReadFile(filepath.Join("..", page))
