@@ -37,10 +37,29 @@ type Report struct {
 	Edges     map[string]Edge  `json:"edges"`
 	Series    []Sample         `json:"series"`
 	Diagnosis []string         `json:"diagnosis"`
+	// Moves are the moves of replicas between the stages of a rebalance
+	// block, in time order; none without one.
+	Moves []Move `json:"moves,omitempty"`
 
 	// the spec's order of stages and edges (SetOrder, or the order read
 	// from JSON): the JSON and the summary follow it
 	stageOrder, edgeOrder []string
+}
+
+// Move is one move of replicas between two stages of a rebalance: at T
+// seconds, Replicas replicas of From left and as many of To started.
+// From is "" for replicas of the budget that no stage had.
+type Move struct {
+	T        float64 `json:"t"`
+	From     string  `json:"from"`
+	To       string  `json:"to"`
+	Replicas int     `json:"replicas"`
+	// Reason says how busy the stages were ("target 100% busy, drafter
+	// 41%").
+	Reason string `json:"reason"`
+	// PredictedGain is the share of the time left the move was predicted
+	// to save, its cost taken off.
+	PredictedGain float64 `json:"predicted_gain"`
 }
 
 // Overrides are the --var, --var-file and --set flags of a run, in the

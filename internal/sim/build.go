@@ -107,7 +107,9 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	for i := 0; i < gs.Replicas; i++ {
 		p := &proc{st: st, idx: i}
 		rng := rand.New(rand.NewPCG(s.opts.Seed, si<<20|uint64(i)))
-		switch {
+		switch fixed, isFixed := s.opts.fixed[gs.Name]; {
+		case isFixed:
+			p.next = func() time.Duration { return fixed }
 		case hasMeasured:
 			mean, sigma := s.measuredService(measured, si, i)
 			p.next = lognormal(mean, sigma, rng)

@@ -39,6 +39,15 @@ type Options struct {
 	// none emits more than this many items; sim.scale is the factor back
 	// (Predictor).
 	maxItems int64
+	// Rebalance, for a graph with a rebalance block, simulates its
+	// policy: at each look the Rebalancer decides, and the simulation
+	// moves replicas as it says (a leaving replica finishes its item in
+	// hand; a new one starts after the block's move_cost). The report's
+	// Moves list them.
+	Rebalance bool
+	// fixed, when set, gives stages a constant service time an item over
+	// their models (the rebalance policy's fitted ones).
+	fixed map[string]time.Duration
 	// refit, when above zero, redraws the measured figures of From
 	// within their precision before they are fitted: the predictor's
 	// alternative fits, one per value (redraw).

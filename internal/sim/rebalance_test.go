@@ -1,0 +1,201 @@
+package sim
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/report"
+)
+
+// rebalanced is the seed's shape with every edge shared and a rebalance
+// block over target and drafter: src -> target -> drafter -> sink. The
+// %d are the source's count, the target and drafter replicas, the
+// budget; the %q the target's and drafter's service times; the last %s
+// more of the block.
+const rebalanced = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count = %d
+  }
+}
+stage "target" {
+  node     = "synthetic_work"
+  replicas = %d
+  config {
+    service_time = %q
+  }
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = %d
+  config {
+    service_time = %q
+  }
+}
+stage "sink" {
+  node = "sink"
+}
+edge "tokens" {
+  from = src.out
+  to   = target.in
+}
+edge "hs" {
+  from = target.out
+  to   = drafter.in
+}
+edge "done" {
+  from = drafter.out
+  to   = sink.in
+}
+rebalance {
+  stages   = ["target", "drafter"]
+  replicas = %d
+  %s
+}`
+
+func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+
+func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol*want }
+
+// TestDecide: from the worst split of 8 (1 target of 50ms, 7 drafters of
+// 25ms) the policy moves to the best (5+3: the targets' 100 items/s
+// against the drafters' 120), four replicas at once, and predicts the
+// rates a queueing model gives.
+func TestDecide(t *testing.T) {
+	g := load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 7, "25ms", 8, ""))
+	look := Look{Split: map[string]int{"target": 1, "drafter": 7},
+		Service: map[string]time.Duration{"target": ms(50), "drafter": ms(25)}, Total: 1000}
+	d := Decide(g, look, Options{Registry: registry()})
+	if !d.Move || d.Split["target"] != 5 || d.Split["drafter"] != 3 {
+		t.Fatalf("decision %+v, want a move to 5+3", d)
+	}
+	if len(d.Transfers) != 1 || d.Transfers[0].From != "drafter" || d.Transfers[0].To != "target" || d.Transfers[0].Replicas != 4 {
+		t.Errorf("transfers %+v, want 4 replicas drafter -> target", d.Transfers)
+	}
+	if !near(d.Rate, 20, 0.03) || !near(d.NewRate, 100, 0.03) {
+		t.Errorf("rates %.1f -> %.1f items/s, want 20 -> 100", d.Rate, d.NewRate)
+	}
+	if !near(d.TimeLeft.Seconds(), 50, 0.03) || !near(d.Gain(), 0.8, 0.03) || !strings.Contains(d.Why, "predicted +80% over the") {
+		t.Errorf("time left %v, gain %.3f (%s); want 50s and 0.8", d.TimeLeft, d.Gain(), d.Why)
+	}
+	// The same look, the same decision.
+	if d2 := Decide(g, look, Options{Registry: registry()}); !maps.Equal(d2.Split, d.Split) || d2.Rate != d.Rate || d2.NewRate != d.NewRate {
+		t.Errorf("not deterministic: %+v then %+v", d, d2)
+	}
+	// At the best split it stays.
+	look.Split = map[string]int{"target": 5, "drafter": 3}
+	if d := Decide(g, look, Options{Registry: registry()}); d.Move || !strings.Contains(d.Why, "is the fastest the simulator finds") {
+		t.Errorf("at the best split: %+v", d)
+	}
+}
+
+// TestDecideCost: a move whose cost outweighs the time it saves over the
+// little work left is not made; with more work left it is.
+func TestDecideCost(t *testing.T) {
+	g := load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 7, "25ms", 8, `move_cost = "5s"`))
+	look := Look{Split: map[string]int{"target": 1, "drafter": 7},
+		Service: map[string]time.Duration{"target": ms(50), "drafter": ms(25)}, Done: 990, Total: 1000}
+	d := Decide(g, look, Options{Registry: registry()})
+	if d.Move || !strings.Contains(d.Why, "under min_gain 5%") {
+		t.Errorf("10 items left (0.5s) and a 5s move: %+v", d)
+	}
+	look.Done = 0 // 50s left: 5s of 1 target, then 995 items at 100/s
+	d = Decide(g, look, Options{Registry: registry()})
+	if !d.Move || !near(d.Saved.Seconds(), 50-(5+(1000-20*5)/100.0), 0.03) {
+		t.Errorf("1000 items left: saved %v, want about 36s: %+v", d.Saved, d)
+	}
+	// min_gain above what the move saves: no move.
+	g = load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 7, "25ms", 8, `min_gain = 0.9`))
+	if d := Decide(g, look, Options{Registry: registry()}); d.Move {
+		t.Errorf("min_gain 0.9 against a gain of 0.8: %+v", d)
+	}
+}
+
+// TestDecideHold: within hold of a move, no move back, even where the
+// simulator ranks it best; after hold, the move back.
+func TestDecideHold(t *testing.T) {
+	g := load(t, fmt.Sprintf(rebalanced, 1000, 5, "50ms", 3, "25ms", 8, `hold = "60s"`))
+	// The cost moved: drafters are now the bottleneck.
+	look := Look{Elapsed: 10 * time.Second, Split: map[string]int{"target": 5, "drafter": 3},
+		Service: map[string]time.Duration{"target": ms(10), "drafter": ms(50)}, Total: 1000,
+		Moves: []report.Move{{T: 5, From: "drafter", To: "target", Replicas: 4}}}
+	d := Decide(g, look, Options{Registry: registry()})
+	if d.Move || !strings.Contains(d.Why, "moves no replica back within 1m0s") {
+		t.Errorf("within hold: %+v", d)
+	}
+	look.Elapsed = 70 * time.Second
+	if d := Decide(g, look, Options{Registry: registry()}); !d.Move || d.Split["drafter"] <= 3 {
+		t.Errorf("after hold: %+v", d)
+	}
+}
+
+// TestDecideOpenEnded: with no known total the time left is the horizon.
+func TestDecideOpenEnded(t *testing.T) {
+	g := load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 7, "25ms", 8, `horizon = "2m"`))
+	look := Look{Split: map[string]int{"target": 1, "drafter": 7},
+		Service: map[string]time.Duration{"target": ms(50), "drafter": ms(25)}, Done: 500}
+	d := Decide(g, look, Options{Registry: registry()})
+	if !d.Move || d.TimeLeft != 2*time.Minute || !near(d.Gain(), 0.8, 0.03) {
+		t.Errorf("open-ended: %+v", d)
+	}
+	look.Service = map[string]time.Duration{"target": ms(50)}
+	if d := Decide(g, look, Options{Registry: registry()}); d.Move || !strings.Contains(d.Why, "no service time measured for stage drafter") {
+		t.Errorf("no drafter fit: %+v", d)
+	}
+}
+
+// TestFit: the median over replicas of busy time per item in the window.
+func TestFit(t *testing.T) {
+	prev := []report.ReplicaSnapshot{{ItemsIn: 10, Busy: ms(500)}, {ItemsIn: 3, Busy: ms(900)}}
+	now := []report.ReplicaSnapshot{{ItemsIn: 20, Busy: ms(1000)}, {ItemsIn: 3, Busy: ms(900)}, {ItemsIn: 5, Busy: ms(300)}, {ItemsIn: 1, Busy: ms(5000)}}
+	// 50ms, none, 60ms, 5s (a spike): the median of three is 60ms.
+	if f, ok := Fit(prev, now); !ok || f != ms(60) {
+		t.Errorf("fit %v %v, want 60ms", f, ok)
+	}
+	if _, ok := Fit(now, now); ok {
+		t.Error("a window of no items fitted something")
+	}
+}
+
+// TestRebalancerDue: the first look comes once every replica has served
+// a few items (or at every), the next every after the last.
+func TestRebalancerDue(t *testing.T) {
+	g := load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 2, "25ms", 8, `every = "10s"`))
+	rb := NewRebalancer(g, Options{Registry: registry()})
+	snap := func(at time.Duration, target, d0, d1 int64) *report.Snapshot {
+		return &report.Snapshot{Elapsed: at, Stages: []report.StageSnapshot{
+			{Name: "src", Source: true, Total: 1000, Replicas: []report.ReplicaSnapshot{{ItemsOut: target}}},
+			{Name: "target", Replicas: []report.ReplicaSnapshot{{ItemsIn: target, Busy: time.Duration(target) * ms(50)}}},
+			{Name: "drafter", Replicas: []report.ReplicaSnapshot{{ItemsIn: d0, Busy: time.Duration(d0) * ms(25)}, {ItemsIn: d1, Busy: time.Duration(d1) * ms(25)}}},
+		}}
+	}
+	if rb.Due(snap(ms(200), 5, 4, 5)) {
+		t.Error("due before every replica served 5 items")
+	}
+	s := snap(ms(300), 6, 5, 5)
+	if !rb.Due(s) {
+		t.Fatal("not due once every replica served 5 items")
+	}
+	d := rb.Look(s)
+	// 1+2 of a budget of 8: the spare five start, four targets and a
+	// drafter.
+	if !d.Move || d.Split["target"] != 5 || len(d.Transfers) != 2 || d.Transfers[0] != (report.Move{T: 0.3, From: "", To: "target", Replicas: 4,
+		Reason: "target 100% busy, drafter 100%", PredictedGain: d.Gain()}) || d.Transfers[1].To != "drafter" || d.Transfers[1].Replicas != 1 {
+		t.Errorf("first look: %+v", d)
+	}
+	rb.Moved(d)
+	if got := rb.Split(); got["target"] != 5 || got["drafter"] != 3 || len(rb.Moves()) != 2 {
+		t.Errorf("after the move: split %v, moves %v", got, rb.Moves())
+	}
+	if rb.Due(snap(ms(10200), 100, 50, 50)) || !rb.Due(snap(ms(10300), 100, 50, 50)) {
+		t.Error("the next look is not every (10s) after the last")
+	}
+	if rb.Due(snap(ms(300), 0, 0, 0)); !NewRebalancer(g, Options{}).Due(snap(10*time.Second, 0, 0, 0)) {
+		t.Error("the first look does not come at every when replicas served nothing")
+	}
+}
