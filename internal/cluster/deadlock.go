@@ -286,7 +286,7 @@ func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	}
 	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
 	defer cancel()
-	n, err := wire.QueueWaiting(ctx, lk.c.js, lk.c.run, edgeIndex(lk.c.g, e), q)
+	n, err := wire.QueueWaiting(ctx, lk.c.js, lk.c.run, wire.EdgeIndex(lk.c.g, e), q)
 	if err != nil {
 		return 0, false
 	}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -16,7 +17,7 @@ import (
 // 100%). A share that runs neither end has no say.
 func TestQueueDepthAsLastRead(t *testing.T) {
 	t.Parallel()
-	g := chain(t, 1) // src -a-> work -b-> sink
+	g := clustertest.Chain(t, 1) // src -a-> work -b-> sink
 	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, instances: map[string]*instance{},
 		place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
 	snap := func(depthA, depthB int) *report.Snapshot {
@@ -66,7 +67,7 @@ func TestQueueDepthAsLastRead(t *testing.T) {
 // comes off both counts of one replica.
 func TestSettleLostTogether(t *testing.T) {
 	t.Parallel()
-	g := chain(t, 2)
+	g := clustertest.Chain(t, 2)
 	c := &Coordinator{g: g}
 	edges := map[string]report.Edge{"a": {Produced: 20, Consumed: 20}, "b": {Produced: 20, Consumed: 20}}
 	for _, tc := range []struct {

@@ -543,3 +543,9 @@ func (c *Coordinator) leastLoaded(not ...string) string {
 	}
 	return best
 }
+
+// replicaKey names a replica of a stage.
+type replicaKey struct {
+	stage string
+	i     int
+}

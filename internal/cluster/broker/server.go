@@ -1,4 +1,4 @@
-package cluster
+package broker
 
 import (
 	"crypto/rand"
@@ -38,6 +38,16 @@ type Server struct {
 	URL   string
 	Token string
 	tmp   string
+}
+
+// APIRequests is how many JetStream API requests the server has answered
+// (what a client's reads of a queue's state cost it).
+func (s *Server) APIRequests() (uint64, error) {
+	js, err := s.s.Jsz(nil)
+	if err != nil {
+		return 0, err
+	}
+	return js.API.Total, nil
 }
 
 // NewToken makes up a random token.

@@ -1,4 +1,4 @@
-package cluster
+package broker
 
 import (
 	"strings"

@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/broker"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/items"
@@ -34,7 +35,7 @@ func sizeName(n int) string {
 }
 
 func BenchmarkRemoteEdge(b *testing.B) {
-	srv, err := StartServer(ServerOptions{})
+	srv, err := broker.StartServer(broker.ServerOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -142,12 +143,12 @@ func BenchmarkRawTCP(b *testing.B) {
 // edgePair is a remote edge of capacity 16 between two instances, each
 // with a connection of its own: the producer's transport and the
 // consumer's.
-func edgePair(tb testing.TB, srv *Server, run string) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
+func edgePair(tb testing.TB, srv *broker.Server, run string) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
 	return edgePairCap(tb, srv, run, 16)
 }
 
 // edgePairCap is edgePair with another capacity.
-func edgePairCap(tb testing.TB, srv *Server, run string, capacity int) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
+func edgePairCap(tb testing.TB, srv *broker.Server, run string, capacity int) (send, recv engine.Transport, js jetstream.JetStream, cleanup func()) {
 	tb.Helper()
 	l := &graph.Loader{Catalog: nodes.Default}
 	g, diags := l.Load("edge.hcl", []byte(`
@@ -169,15 +170,15 @@ edge "e" {
 		tb.Fatal(diags)
 	}
 	ctx := context.Background()
-	pc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	pc, err := broker.Connect(broker.ConnOptions{URL: srv.URL, Token: srv.Token})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+	cc, err := broker.Connect(broker.ConnOptions{URL: srv.URL, Token: srv.Token})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	job := &wire.Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: NewToken()}
+	job := &wire.Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: broker.NewToken()}
 	pjs, _ := wire.NewJS(pc)
 	cjs, _ := wire.NewJS(cc)
 	if err := wire.SetupRun(ctx, pjs, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
@@ -212,19 +213,19 @@ edge "e" {
 // and another consuming it through a pull consumer, acking every message
 // (as a consumer worker does).
 func BenchmarkJetStream(b *testing.B) {
-	srv, err := StartServer(ServerOptions{})
+	srv, err := broker.StartServer(broker.ServerOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
 	b.Run("64B", func(b *testing.B) {
 		ctx := context.Background()
-		pc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		pc, err := broker.Connect(broker.ConnOptions{URL: srv.URL, Token: srv.Token})
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer pc.Close()
-		cc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token})
+		cc, err := broker.Connect(broker.ConnOptions{URL: srv.URL, Token: srv.Token})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
 	if !l.job.Chained[e.Name] {
 		return nil
 	}
-	return &chainEdge{ei: edgeIndex(l.g, e)}
+	return &chainEdge{ei: wire.EdgeIndex(l.g, e)}
 }
 
 // Derive gives an item sent from the sender's delivery in hand a receipt
@@ -270,95 +270,4 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	}
 	ch.rec, ch.rev = rec, rev
 	return nil
-}
-
-// readChain reads the chain record of share inst (none: it recorded
-// nothing, or the read failed).
-func (c *Coordinator) readChain(inst string) (wire.ChainRecord, error) {
-	var rec wire.ChainRecord
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
-	if err != nil {
-		return rec, err
-	}
-	e, err := kv.Get(ctx, wire.KeyChain(inst))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return rec, nil
-	}
-	if err != nil {
-		return rec, err
-	}
-	return rec, json.Unmarshal(e.Value(), &rec)
-}
-
-// sealChain seals the chain record of lost share in (chainRecord.Sealed:
-// a share that is only slow writes no more of it, and acks nothing more),
-// and adds its resuming sources' last heads to those a restart counts
-// apart (Job.Recount).
-func (c *Coordinator) sealChain(in *instance) error {
-	if len(c.chained) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
-	if err != nil {
-		return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
-	}
-	key := wire.KeyChain(in.name)
-	for {
-		var rec wire.ChainRecord
-		e, err := kv.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rec.Sealed = true
-			b, _ := json.Marshal(&rec)
-			if _, err = kv.Create(ctx, key, b); errors.Is(err, jetstream.ErrKeyExists) {
-				continue // it wrote one meanwhile
-			}
-		case err == nil:
-			if err = json.Unmarshal(e.Value(), &rec); err != nil {
-				return fmt.Errorf("the chains' record of the share %s: %w", in.name, err)
-			}
-			rec.Sealed = true
-			b, _ := json.Marshal(&rec)
-			if _, err = kv.Update(ctx, key, b, e.Revision()); wire.IsWrongRevision(err) {
-				continue // it wrote meanwhile
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("sealing the chains' record of the share %s: %w", in.name, err)
-		}
-		c.mu.Lock()
-		c.recount.MergeSources(rec.Last)
-		c.mu.Unlock()
-		return nil
-	}
-}
-
-// readChains reads every share's chain record, for the figures of a run
-// that completed (mergedEdge): a lost share's part of a chained edge is
-// what it recorded settled, a live share counted apart what it did again
-// of a lost one's resuming sources, and a stream's head settled by more
-// than one share is taken off all but once (chainTwice).
-func (c *Coordinator) readChains() {
-	if len(c.chained) == 0 {
-		return
-	}
-	c.mu.Lock()
-	ins := c.sortedInstances()
-	c.mu.Unlock()
-	recs := map[string]wire.ChainRecord{}
-	for _, in := range ins {
-		rec, err := c.readChain(in.name)
-		if err != nil {
-			fmt.Fprintf(c.o.Log, "dflow: the chains' record of the share %s could not be read (%v): its figures are the engines'\n", in.name, err)
-			continue
-		}
-		recs[in.name] = rec
-	}
-	c.mu.Lock()
-	c.chainRecs, c.chainTwice = recs, wire.ChainTwice(recs)
-	c.mu.Unlock()
 }

@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"context"
@@ -206,7 +206,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 			if !tr.ended(ctx, s) {
 				return nil // the share is over: what it kept comes back to a restart
 			}
-			tr.returned(wire.KeySettled(stageIndex(l.g, s), r.Index()))
+			tr.returned(wire.KeySettled(wire.StageIndex(l.g, s), r.Index()))
 		}
 		return err
 	})

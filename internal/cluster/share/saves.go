@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/nats-io/nats.go"
 )
 
 // A group that sums in one worker's process (several replicas of a kind
@@ -239,80 +238,4 @@ func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
 		return &nodes.Restore{Step: r.Step}
 	}
 	return g.Group.Keep(ctx, st)
-}
-
-// localSaves is the coordinator's record of the local groups' saves, by
-// stage, from what their shares say.
-type localSaves struct {
-	mu    sync.Mutex
-	notes map[string]wire.SavesNote
-}
-
-func (c *Coordinator) savesNote(m *nats.Msg) {
-	var n wire.SavesNote
-	if json.Unmarshal(m.Data, &n) != nil {
-		return
-	}
-	stage := n.Stage
-	c.mu.Lock()
-	in := c.instances[n.Share]
-	counted := in != nil && !in.lost
-	c.mu.Unlock()
-	if counted { // a share counted lost speaks for a group that restarts
-		c.saves.mu.Lock()
-		if c.saves.notes == nil {
-			c.saves.notes = map[string]wire.SavesNote{}
-		}
-		// (a first note has no old one: its step stands, -1 included;
-		// taken from a zero note it read as a save of step 0, which a
-		// group lost before its first save then failed to restore)
-		if old, had := c.saves.notes[stage]; had && n.Step < 0 && old.Step >= 0 && old.Share != n.Share {
-			n.Step, n.Skip = old.Step, old.Skip // a restored group's, until its first save
-		}
-		if old, had := c.saves.notes[stage]; had && old.Final && old.Share != n.Share {
-			n = old // a final group's restart: final still
-		}
-		c.saves.notes[stage] = n
-		c.saves.mu.Unlock()
-	}
-	m.Respond(nil)
-}
-
-// restoreFor says how a local group lost whole restarts: from its last
-// save (or, final, dropping everything), or not at all (false: it saves
-// nothing).
-func (c *Coordinator) restoreFor(stage string) (*wire.Restore, bool) {
-	c.saves.mu.Lock()
-	defer c.saves.mu.Unlock()
-	n, ok := c.saves.notes[stage]
-	if !ok || !n.Saves {
-		return nil, false
-	}
-	return &wire.Restore{Step: n.Step, Skip: n.Skip, Final: n.Final}, true
-}
-
-// LastSave is the step of stage's last save that the coordinator holds:
-// what its group restores if it is lost whole (false: none yet, or the
-// stage's group saves nothing on the cluster). A save is the
-// coordinator's once a member has told it, after the checkpoint is
-// written: one lost in between is not, and the group restores the save
-// before it.
-func (c *Coordinator) LastSave(stage string) (step int, ok bool) {
-	c.mu.Lock()
-	h := c.groups[stage]
-	c.mu.Unlock()
-	if h != nil {
-		step := h.SaveStep()
-		return step, step >= 0
-	}
-	c.saves.mu.Lock()
-	defer c.saves.mu.Unlock()
-	n, had := c.saves.notes[stage]
-	return n.Step, had && n.Saves && n.Step >= 0
-}
-
-// whyNot says why a group summing on one worker, lost whole, cannot
-// restore.
-func (c *Coordinator) whyNot(stage string) string {
-	return "and it saves nothing to restore (a checkpoint, for a kind that writes one)"
 }

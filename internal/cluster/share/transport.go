@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"bytes"
@@ -152,7 +152,7 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	if !l.job.Remote[e.Name][qi] {
 		return nil
 	}
-	ei := edgeIndex(l.g, e)
+	ei := wire.EdgeIndex(l.g, e)
 	q := &jsQueue{l: l, edge: e, ei: ei, qi: qi, subject: wire.SubjQueue(l.job.Run, ei, qi),
 		producers: e.Queues[qi].Producers, seen: seenIDs{window: 4 * l.job.Timings.AckWait},
 		held: map[string]jetstream.Msg{}, following: map[string]bool{}, fetched: make(chan struct{})}
@@ -292,24 +292,6 @@ func (l *links) queueList() []*jsQueue {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]*jsQueue(nil), l.queues...)
-}
-
-func stageIndex(g *graph.Graph, s *graph.Stage) int {
-	for i, gs := range g.Stages {
-		if gs == s || gs.Name == s.Name {
-			return i
-		}
-	}
-	return -1
-}
-
-func edgeIndex(g *graph.Graph, e *graph.Edge) int {
-	for i, ge := range g.Edges {
-		if ge == e || ge.Name == e.Name {
-			return i
-		}
-	}
-	return -1
 }
 
 // jsQueue is one queue of an edge on JetStream, as one instance sees it.

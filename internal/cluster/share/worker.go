@@ -1,4 +1,4 @@
-package cluster
+package share
 
 import (
 	"context"
@@ -46,7 +46,7 @@ type WorkerOptions struct {
 	// files (the config fields their kinds declare paths): a job with a
 	// path outside them is refused, with words, before any of its
 	// replicas starts. nil: DefaultRoots.
-	Roots *Roots
+	Roots *control.Roots
 	// AfterSend, if set, is called after every item a restartable replica
 	// has sent, before the item it came from is committed: tests crash a
 	// worker there.
@@ -65,7 +65,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		o.Log = io.Discard
 	}
 	if o.Roots == nil {
-		r := DefaultRoots()
+		r := control.DefaultRoots()
 		o.Roots = &r
 	}
 	w := &worker{o: o, jobs: make(chan *nats.Msg, 4)}
@@ -139,18 +139,6 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		}
 	}
 }
-
-// Roots are the folders under which a worker lets a job's nodes read and
-// write files (control.Roots).
-type Roots = control.Roots
-
-// DefaultRoots are a worker's roots when it is given none: it writes under
-// the folder it runs in, and reads there and under the Go root.
-func DefaultRoots() Roots { return control.DefaultRoots() }
-
-// SpecFolders are the folders a spec's nodes write in and read from, as
-// their path fields name them (control.SpecFolders).
-func SpecFolders(g *graph.Graph) (write, read []string) { return control.SpecFolders(g) }
 
 type worker struct {
 	o    WorkerOptions
@@ -391,13 +379,4 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		}
 	}
 	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, rep.Status)
-}
-
-// Dismiss tells workers to leave (those started with --once for a local
-// cluster, when the run is over or could not start).
-func Dismiss(nc *nats.Conn, workers ...string) {
-	for _, w := range workers {
-		nc.Publish(wire.SubjExit(w), nil)
-	}
-	nc.Flush()
 }

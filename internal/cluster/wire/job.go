@@ -76,7 +76,7 @@ type Reply struct {
 	Err string `json:"err,omitempty"`
 }
 
-func SubjHello(name string) string           { return "dflow.Hello." + name }
+func SubjHello(name string) string           { return "dflow.hello." + name }
 func SubjRun(worker string) string           { return "dflow.w." + worker + ".run" }
 func SubjExit(worker string) string          { return "dflow.w." + worker + ".exit" }
 func SubjHB(run string) string               { return "dflow.r." + run + ".hb" }

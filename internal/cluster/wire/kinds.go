@@ -72,3 +72,24 @@ func Moves(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)
 	return ok && spec.Moves
 }
+
+// StageIndex is s's index in g's stages (-1: none), by pointer or name.
+func StageIndex(g *graph.Graph, s *graph.Stage) int {
+	for i, gs := range g.Stages {
+		if gs == s || gs.Name == s.Name {
+			return i
+		}
+	}
+	return -1
+}
+
+// EdgeIndex is e's index in g's edges (-1: none), by pointer or name:
+// the number in its stream's and subjects' names.
+func EdgeIndex(g *graph.Graph, e *graph.Edge) int {
+	for i, ge := range g.Edges {
+		if ge == e || ge.Name == e.Name {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,7 +1,10 @@
 package wire
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -117,3 +120,51 @@ type Restore struct {
 }
 
 func SubjSaves(run, stage string) string { return "dflow.r." + run + ".saves." + Token(stage) }
+
+// ReadChain reads share inst's chain record from the run's end bucket
+// (none: the share recorded nothing).
+func ReadChain(ctx context.Context, ends jetstream.KeyValue, inst string) (ChainRecord, error) {
+	var rec ChainRecord
+	e, err := ends.Get(ctx, KeyChain(inst))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, err
+	}
+	return rec, json.Unmarshal(e.Value(), &rec)
+}
+
+// SealChain seals share inst's chain record (ChainRecord.Sealed), made
+// sealed if it wrote none, and returns it as sealed. Every write of a
+// share expects the revision of its last (compare and set), so once the
+// seal is stored the share writes no more of it: a share counted lost
+// that was only slow fails its next record, and so acks nothing more.
+func SealChain(ctx context.Context, ends jetstream.KeyValue, inst string) (ChainRecord, error) {
+	key := KeyChain(inst)
+	for {
+		var rec ChainRecord
+		e, err := ends.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			rec.Sealed = true
+			b, _ := json.Marshal(&rec)
+			if _, err = ends.Create(ctx, key, b); errors.Is(err, jetstream.ErrKeyExists) {
+				continue // it wrote one meanwhile
+			}
+		case err == nil:
+			if err = json.Unmarshal(e.Value(), &rec); err != nil {
+				return rec, fmt.Errorf("the chains' record of the share %s: %w", inst, err)
+			}
+			rec.Sealed = true
+			b, _ := json.Marshal(&rec)
+			if _, err = ends.Update(ctx, key, b, e.Revision()); IsWrongRevision(err) {
+				continue // it wrote meanwhile
+			}
+		}
+		if err != nil {
+			return rec, fmt.Errorf("sealing the chains' record of the share %s: %w", inst, err)
+		}
+		return rec, nil
+	}
+}

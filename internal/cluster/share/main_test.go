@@ -1,0 +1,17 @@
+package share
+
+import (
+	"testing"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
+)
+
+// TestMain runs 4 tests at a time even on 2 cores (most wait on leases,
+// deadlock confirmations and slow steps more than they compute), and
+// fails the package's tests if a goroutine outlives them: every share's
+// background work, answerer, fetcher, data plane and every embedded
+// server must be gone once their test has cleaned up.
+func TestMain(m *testing.M) {
+	testutil.WaitingTests(4)
+	testutil.Main(m)
+}
