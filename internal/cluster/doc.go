@@ -8,16 +8,16 @@
 // What crosses hosts:
 //
 //   - an edge's queue whose producers and consumers do not all sit in one
-//     worker rides a JetStream work-queue stream (transport.go): shared is
-//     one stream and one durable consumer that every consumer replica's
-//     worker pulls from; round_robin and key_hash keep the engine's wiring,
-//     one stream per queue. The stream holds at most the edge's capacity
-//     (MaxMsgs, DiscardNew: a producer's Send waits for room), an item's
-//     bytes past 256 KiB stay with its producer's share, fetched over HTTP
-//     by the consumer's worker and released once acked (package
-//     dataplane), and
-//     every message carries an id (Nats-Msg-Id: JetStream drops a
-//     republished duplicate);
+//     worker rides a JetStream work-queue stream (package share): shared
+//     is one stream and one durable consumer that every consumer
+//     replica's worker pulls from; round_robin and key_hash keep the
+//     engine's wiring, one stream per queue. Producers publish within
+//     the edge's capacity (their credit: the room read from the stream
+//     and the grants their consumers say); an item's bytes past 256 KiB
+//     stay with its producer's share, fetched over HTTP by the consumer's
+//     worker and released once acked (package dataplane); every message
+//     carries an id (Nats-Msg-Id: JetStream drops a republished
+//     duplicate);
 //   - termination: the engine closes a queue's transport when the last
 //     local producer is done; the transport writes an end key per local
 //     producer replica into the run's key-value bucket, and a queue's Recv
@@ -28,44 +28,61 @@
 //     requests that the coordinator answers when every member still present
 //     has arrived; a member's leave is a request too (the uneven-ends rule).
 //
-// Control (proto.go): workers announce themselves every 250ms on
-// dflow.hello.NAME; the coordinator sends a job to dflow.w.NAME.run,
-// heartbeats on dflow.r.RUN.hb (a worker aborts its share when that stops),
-// asks for snapshots on dflow.r.RUN.snap.INSTANCE and gets each share's
-// report on dflow.r.RUN.done. docs/cluster.md is the user's side.
+// Control (package wire names the subjects): workers announce
+// themselves every 250ms on dflow.hello.NAME; the coordinator sends a job
+// to dflow.w.NAME.run, heartbeats on dflow.r.RUN.hb (a worker aborts its
+// share when that stops), asks for snapshots on dflow.r.RUN.snap.INSTANCE
+// and gets each share's report on dflow.r.RUN.done. docs/cluster.md is
+// the user's side, docs/design/cluster.md how it stays exact.
 //
 // How the packages fit. This package is what the rest of dflow uses (the
-// Coordinator, RunWorker, StartServer, Connect, their options, Roots), and
-// it holds what shares one share's state (links) or the Coordinator's:
+// Coordinator, and through aliases RunWorker, StartServer, Connect, their
+// options, Roots) and holds the coordinator: membership and leases
+// (membership.go), restarts of lost replicas and of groups lost whole,
+// the deadlock watch (deadlock.go), the merged snapshots and report
+// (figures.go) and the books that fail a run whose counts disagree
+// (books.go). Beside it, each with a doc.go listing its invariants, the
+// function that keeps each and the test that fails without it:
 //
-//   - the edge: a queue on JetStream, its room, grants and bound, its
-//     pipelined publishes and its pulls (transport.go, publish.go,
-//     pull.go), and settling, the receipts of what a restartable stage
-//     takes and the rule that acks them (ledger.go, resume.go, saves.go,
-//     held.go);
-//   - chains (chain.go): an edge between restartable stages whose queues
-//     each join one producer replica to one consumer on one worker stays
-//     in process (engine.Chain), its items' receipts derived from their
-//     senders', the input at a chain's head settled once what the chain
-//     sent on is stored, and the chain's figures recorded before its
-//     heads are acked;
-//   - the Coordinator (coordinator.go, membership.go, deadlock.go,
-//     figures.go, books.go) and the worker (worker.go).
-//
-// Beside it, each with a doc.go listing its invariants, the function that
-// keeps each and the test that fails without it:
-//
+//   - internal/cluster/share: a worker's share of a run, its queues on
+//     JetStream (the edge: room, grants, bound, publishes, pulls), the
+//     settling of what its replicas take, chains, local groups' saves;
+//   - internal/cluster/wire: what the coordinator and the shares agree on
+//     (the job, subjects, streams and buckets, records, rules on kinds);
 //   - internal/cluster/dataplane: a share's store of large items' bytes
-//     and its HTTP server; the edge gives it narrow interfaces (the queue
-//     a held item's message is on, the input it derives from);
+//     and its HTTP server;
 //   - internal/cluster/group: the collectives of a replica group across
-//     workers, the coordinator's Host and a share's Member, whose hooks
-//     into the share are funcs;
+//     workers, the coordinator's Host and a share's Member;
 //   - internal/cluster/control: placement, a worker's roots, the lease a
-//     waiting side judges.
+//     waiting side judges;
+//   - internal/cluster/broker: the NATS server and connections to it.
 //
-// A worker's share runs its background work (keep-alive, settling,
-// publish answers, pulls, fetches, releases, records, the coordinator's
-// lease watch) as one group, links.bg, whose cancellation (links.stopCtx,
-// by links.close) is its shutdown; close waits for the group.
+// The coordinator's invariants, each with the function that keeps it and
+// a test that fails without it:
+//
+//  1. A lost worker's replicas restart on live workers (never one counted
+//     gone), except those recorded finished; a chain restarts whole
+//     unless every member of it finished. recover, endedOn, leastLoaded;
+//     TestFinishedReplicaStays, TestFinishedChainStaysWhole,
+//     TestSettledAfterLastSnapshot, TestRestartPassesOverGoneWorker.
+//  2. A lost share's chain record is sealed before its replicas restart,
+//     so a share that was only slow acks nothing more. sealChain (by
+//     wire.SealChain); TestChainRecordSealed (package share).
+//  3. A group lost whole restarts from the last save the coordinator
+//     holds, its members told the step, and what a save holds is never
+//     trained again. restoreFor, LastSave, loseMember, evictable;
+//     TestLostWholeAsMemberFinished, TestLastMemberLostBeforeFinalSave,
+//     TestFirstNoteBeforeASave, TestEvictForRestore.
+//  4. The run's figures count an item done twice (its worker lost before
+//     it was settled) once. settleLost, mergedEdge, wire.ChainTwice;
+//     TestSettleLost, TestSettleLostTogether.
+//  5. A run whose books do not balance (an edge's produced, consumed and
+//     the sources' emitted disagree) fails, naming the edge and the
+//     counts; it never ends ok. checkBooks; TestBooks.
+//  6. A deadlock across workers is judged only on a stuck state unchanged
+//     and seen three times over the confirmation time, never on a slow
+//     worker. watchDeadlock, stuck; TestDeadlockAcrossWorkers,
+//     TestNoDeadlockWhileSlow.
+//  7. The coordinator's heartbeat, subscriptions and watches end with its
+//     Run. TestMain fails the package if a goroutine outlives its test.
 package cluster
