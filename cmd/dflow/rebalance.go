@@ -6,6 +6,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/sim"
+	"github.com/dflow-dev/dflow/report"
 )
 
 // rebalanced gives g the rebalance `--rebalance` (on) asks for, when the
@@ -50,4 +51,31 @@ func describeRebalance(g *graph.Graph) string {
 	}
 	return fmt.Sprintf("%s share %d replicas%s (now %s); looks every %v, moves for a gain of %.0f%% of the time left, a move costs %v, no move back within %v",
 		names, r.Replicas, where, strings.Join(now, "+"), r.Every, 100*r.MinGain, r.MoveCost, r.Hold)
+}
+
+// moveWords says one move: "moved 4 replicas drafter -> target: target
+// 100% busy, drafter 41%; predicted +80% over the 49.7s left (20.0 ->
+// 99.5 items/s)".
+func moveWords(m report.Move, d sim.Decision) string {
+	from := m.From
+	if from == "" {
+		from = "(spare)"
+	}
+	what := plural(m.Replicas, "replica")
+	return fmt.Sprintf("moved %s %s -> %s: %s; %s", what, from, m.To, m.Reason, d.Why)
+}
+
+// movesDiagnosis is the diagnosis of a run whose replicas moved: its
+// moves, in words.
+func movesDiagnosis(rep *report.Report) []string {
+	var out []string
+	for _, m := range rep.Moves {
+		from := m.From
+		if from == "" {
+			from = "(spare)"
+		}
+		out = append(out, fmt.Sprintf("at %.1fs the rebalance moved %s %s -> %s (%s), predicted %+.0f%% of the time left",
+			m.T, plural(m.Replicas, "replica"), from, m.To, m.Reason, 100*m.PredictedGain))
+	}
+	return out
 }

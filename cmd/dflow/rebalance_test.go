@@ -1,8 +1,11 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/dflow-dev/dflow/report"
 )
 
 // TestRunRebalanceFlag: --rebalance on a spec without a rebalance block
@@ -18,5 +21,35 @@ func TestRunRebalanceFlag(t *testing.T) {
 	code, _, stderr = dflow(t, "run", "../../specs/seed.hcl", "--rebalance", "--set", "edge.hs.policy=shared", "--interval", "0", "--var", "items=20")
 	if code != exitOK || !strings.Contains(stderr, "dflow: rebalance: target and drafter share 8 replicas (now 5+3); looks every 10s") {
 		t.Errorf("shared: code %d\n%s", code, stderr)
+	}
+}
+
+// TestSimRebalance: dflow sim --rebalance simulates the policy: from the
+// seed's worst split (1+7, hs shared) it moves drafters to the targets at
+// its first look and says so, and the report lists the move; on
+// specs/moving.hcl it moves targets to the drafters after the costs
+// change. --split and --rebalance together are a usage error.
+func TestSimRebalance(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.json")
+	code, _, stderr := dflow(t, "sim", "../../specs/seed.hcl", "--rebalance", "--set", "edge.hs.policy=shared", "--set", "stage.target.replicas=1",
+		"--set", "stage.drafter.replicas=7", "--var", "items=1000", "--interval", "0", "--report", out)
+	if code != exitOK || !strings.Contains(stderr, "moved 4 replicas drafter -> target: target 100% busy, drafter ") {
+		t.Fatalf("seed 1+7: code %d\n%s", code, stderr)
+	}
+	rep, err := report.Read(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Moves) != 1 || rep.Moves[0].From != "drafter" || rep.Moves[0].To != "target" || rep.Moves[0].Replicas != 4 ||
+		len(rep.Diagnosis) != 1 || !strings.Contains(rep.Diagnosis[0], "the rebalance moved 4 replicas drafter -> target") {
+		t.Errorf("report: moves %+v, diagnosis %q", rep.Moves, rep.Diagnosis)
+	}
+	code, _, stderr = dflow(t, "sim", "../../specs/moving.hcl", "--rebalance", "--interval", "0")
+	if code != exitOK || !strings.Contains(stderr, "target -> drafter") {
+		t.Errorf("moving.hcl: code %d\n%s", code, stderr)
+	}
+	if code, _, stderr := dflow(t, "sim", "../../specs/moving.hcl", "--rebalance", "--split", "target,drafter=8"); code != exitUsage ||
+		!strings.Contains(stderr, "give one of them") {
+		t.Errorf("--split with --rebalance: code %d\n%s", code, stderr)
 	}
 }

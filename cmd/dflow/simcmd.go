@@ -22,6 +22,7 @@ func cmdSim(e *env, args []string) int {
 	plotPath := fs.String("plot", "", "draw queue depth, busy and idle share over simulated time into `FILE`, a .png or .jpg (needs an --interval)")
 	seed := fs.Uint64("seed", 1, "the `SEED` of the random draws that do not come from a node's own seed")
 	split := fs.String("split", "", "simulate every split of N replicas between stages A and B, written `A,B=N` (target,drafter=8), and rank them by throughput")
+	rebalance := fs.Bool("rebalance", false, "simulate the rebalance policy: move replicas between the stages of the spec's rebalance block, or (without one) between the stages that carry the work, as a run would")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
@@ -48,12 +49,26 @@ func cmdSim(e *env, args []string) int {
 		opts.From = rep
 		sf.under(e, "sim", rep, *from, files[0])
 	}
+	if *split != "" && *rebalance {
+		return usageErr(e, "sim", "--split ranks the splits a run keeps, --rebalance simulates one that moves replicas; give one of them")
+	}
 	if *split != "" {
 		return e.split(&sf, files[0], *split, opts)
 	}
 	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
 		return code
+	}
+	if *rebalance {
+		if g, code = e.rebalanced("sim", g, true, opts); g == nil {
+			return code
+		}
+		opts.Rebalance = true
+		opts.Moved = func(at time.Duration, d sim.Decision) {
+			for _, m := range d.Transfers {
+				fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d))
+			}
+		}
 	}
 	status := &monitor.Status{W: e.stderr, Width: 250}
 	if *interval > 0 {
@@ -65,8 +80,14 @@ func cmdSim(e *env, args []string) int {
 	if rep.Started.IsZero() {
 		rep.Started = started.Round(0)
 	}
-	if err == nil {
-		rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, opts))
+	switch {
+	case err == nil && len(rep.Moves) > 0:
+		// The diagnosis reads a run of the spec's split; this one moved.
+		rep.Diagnosis = movesDiagnosis(rep)
+	case err == nil:
+		popts := opts
+		popts.Rebalance, popts.Moved = false, nil
+		rep.Diagnosis = monitor.Diagnose(g, rep, sim.Predictor(g, popts))
 	}
 	rep.Summarize(e.stdout) // the result on stdout, as run's
 	if werr := e.writeOutputs(rep, *reportPath, *plotPath); werr != nil {

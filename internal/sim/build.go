@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -29,10 +30,16 @@ func build(g *graph.Graph, opts Options) (*sim, error) {
 		byName[gs.Name] = st
 	}
 	s.scaleSources()
+	if opts.Rebalance && g.Rebalance != nil {
+		inner := opts
+		inner.Rebalance, inner.Moved, inner.Interval, inner.Observe = false, nil, 0, nil
+		s.rb = NewRebalancer(g, inner)
+	}
 	for _, ge := range g.Edges {
 		e := &sedge{g: ge}
 		for _, gq := range ge.Queues {
 			q := &squeue{e: e, cap: ge.Capacity, capBytes: ge.CapacityBytes,
+				producers: slices.Clone(gq.Producers), consumers: slices.Clone(gq.Consumers),
 				producersLeft: len(gq.Producers), live: make([]bool, len(gq.Producers))}
 			for i := range q.live {
 				q.live[i] = true
@@ -104,7 +111,9 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 	if st.source && st.total == 0 {
 		return nil, fmt.Errorf("stage %q (%s): a source must say how many items it emits to be simulated (node kind without a total, and no --from report)", gs.Name, gs.Node)
 	}
-	for i := 0; i < gs.Replicas; i++ {
+	// newProc makes replica i with its service model: those of the
+	// spec's replicas, and those a rebalance starts.
+	st.newProc = func(i int) (*proc, error) {
 		p := &proc{st: st, idx: i}
 		rng := rand.New(rand.NewPCG(s.opts.Seed, si<<20|uint64(i)))
 		switch fixed, isFixed := s.opts.fixed[gs.Name]; {
@@ -127,6 +136,13 @@ func (s *sim) buildStage(gs *graph.Stage, si uint64) (*sstage, error) {
 			p.next = func() time.Duration { return probeService }
 		default:
 			return nil, fmt.Errorf("stage %q: node kind %q has no simulation model; give the stage a sim { service_time = \"40ms\" } block, or simulate --from a report of a real run", gs.Name, gs.Node)
+		}
+		return p, nil
+	}
+	for i := 0; i < gs.Replicas; i++ {
+		p, err := st.newProc(i)
+		if err != nil {
+			return nil, err
 		}
 		st.procs = append(st.procs, p)
 	}
@@ -216,13 +232,13 @@ func (s *sim) snapshot() *report.Snapshot {
 	for _, e := range s.edges {
 		es := report.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
 			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
-		for i, q := range e.queues {
+		for _, q := range e.queues {
 			es.Produced += q.produced
 			es.Consumed += q.consumed
-			qs := report.QueueSnapshot{Depth: q.depth(), Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers}
+			qs := report.QueueSnapshot{Depth: q.depth(), Producers: q.producers, Consumers: q.consumers}
 			for j, live := range q.live {
 				if live {
-					qs.Open = append(qs.Open, e.g.Queues[i].Producers[j])
+					qs.Open = append(qs.Open, q.producers[j])
 				}
 			}
 			es.Queues = append(es.Queues, qs)
@@ -236,7 +252,7 @@ func (s *sim) snapshot() *report.Snapshot {
 func (s *sim) report() *report.Report {
 	rep := &report.Report{Spec: s.g.Filename, Status: report.OK, Simulated: true, WallSeconds: s.now.Seconds(),
 		Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
-		Series: append([]report.Sample{}, s.series...), Diagnosis: []string{}}
+		Series: append([]report.Sample{}, s.series...), Diagnosis: []string{}, Moves: s.moves}
 	if s.err != nil {
 		rep.Status, rep.Error = report.Failed, s.err.Error()
 	}
@@ -264,11 +280,11 @@ func (s *sim) report() *report.Report {
 	}
 	for _, e := range s.edges {
 		re := report.Edge{From: e.g.From.Stage.Name, To: e.g.To.Stage.Name, Policy: string(e.g.Policy), Capacity: e.g.Capacity, CapacityBytes: e.g.CapacityBytes}
-		for i, q := range e.queues {
+		for _, q := range e.queues {
 			q.account(s)
 			re.Produced += q.produced
 			re.Consumed += q.consumed
-			rq := report.Queue{Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers, MaxDepth: int64(q.maxDepth)}
+			rq := report.Queue{Producers: q.producers, Consumers: q.consumers, MaxDepth: int64(q.maxDepth)}
 			if s.now > 0 {
 				rq.MeanDepth = q.area / s.now.Seconds()
 			}

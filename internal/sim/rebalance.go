@@ -315,11 +315,11 @@ func pct(x float64) string { return fmt.Sprintf("%.0f%%", 100*x) }
 
 func signedPct(x float64) string { return fmt.Sprintf("%+.0f%%", 100*x) }
 
-// firstItems is how many items every replica of the rebalanced stages
-// has served when the first look comes, if that is before Every: a run
-// that starts at a bad split leaves it after a few items, not a tenth of
-// the run.
-const firstItems = 5
+// firstItems is how many items each rebalanced stage has served, over
+// its replicas, when the first look comes, if that is before Every: a
+// run that starts at a bad split leaves it after a few items, not a tenth
+// of the run.
+const firstItems = 8
 
 // Rebalancer applies the policy to a run: Due says when a look is due,
 // Look fits the service times from the snapshots since the last look and
@@ -357,8 +357,8 @@ func (rb *Rebalancer) Split() map[string]int { return maps.Clone(rb.split) }
 func (rb *Rebalancer) Moves() []report.Move { return slices.Clone(rb.moves) }
 
 // Due reports whether a look is due at snap: Every after the last look,
-// and the first as soon as every live replica of the rebalanced stages
-// has served firstItems items (or at Every, whichever comes first).
+// and the first as soon as each rebalanced stage has served firstItems
+// items over its replicas (or at Every, whichever comes first).
 func (rb *Rebalancer) Due(snap *report.Snapshot) bool {
 	every := rb.g.Rebalance.Every
 	if rb.looked {
@@ -372,10 +372,12 @@ func (rb *Rebalancer) Due(snap *report.Snapshot) bool {
 		if ss == nil {
 			return false
 		}
+		var n int64
 		for _, r := range ss.Replicas {
-			if !r.Done && r.ItemsIn < firstItems {
-				return false
-			}
+			n += r.ItemsIn
+		}
+		if n < firstItems {
+			return false
 		}
 	}
 	return true

@@ -162,8 +162,8 @@ func TestFit(t *testing.T) {
 	}
 }
 
-// TestRebalancerDue: the first look comes once every replica has served
-// a few items (or at every), the next every after the last.
+// TestRebalancerDue: the first look comes once each stage has served a
+// few items (or at every), the next every after the last.
 func TestRebalancerDue(t *testing.T) {
 	g := load(t, fmt.Sprintf(rebalanced, 1000, 1, "50ms", 2, "25ms", 8, `every = "10s"`))
 	rb := NewRebalancer(g, Options{Registry: registry()})
@@ -174,17 +174,17 @@ func TestRebalancerDue(t *testing.T) {
 			{Name: "drafter", Replicas: []report.ReplicaSnapshot{{ItemsIn: d0, Busy: time.Duration(d0) * ms(25)}, {ItemsIn: d1, Busy: time.Duration(d1) * ms(25)}}},
 		}}
 	}
-	if rb.Due(snap(ms(200), 5, 4, 5)) {
-		t.Error("due before every replica served 5 items")
+	if rb.Due(snap(ms(200), 8, 4, 3)) {
+		t.Error("due before the drafters served 8 items")
 	}
-	s := snap(ms(300), 6, 5, 5)
+	s := snap(ms(400), 8, 8, 0)
 	if !rb.Due(s) {
-		t.Fatal("not due once every replica served 5 items")
+		t.Fatal("not due once each stage served 8 items")
 	}
 	d := rb.Look(s)
 	// 1+2 of a budget of 8: the spare five start, four targets and a
 	// drafter.
-	if !d.Move || d.Split["target"] != 5 || len(d.Transfers) != 2 || d.Transfers[0] != (report.Move{T: 0.3, From: "", To: "target", Replicas: 4,
+	if !d.Move || d.Split["target"] != 5 || len(d.Transfers) != 2 || d.Transfers[0] != (report.Move{T: 0.4, From: "", To: "target", Replicas: 4,
 		Reason: "target 100% busy, drafter 100%", PredictedGain: d.Gain()}) || d.Transfers[1].To != "drafter" || d.Transfers[1].Replicas != 1 {
 		t.Errorf("first look: %+v", d)
 	}
@@ -192,10 +192,81 @@ func TestRebalancerDue(t *testing.T) {
 	if got := rb.Split(); got["target"] != 5 || got["drafter"] != 3 || len(rb.Moves()) != 2 {
 		t.Errorf("after the move: split %v, moves %v", got, rb.Moves())
 	}
-	if rb.Due(snap(ms(10200), 100, 50, 50)) || !rb.Due(snap(ms(10300), 100, 50, 50)) {
+	if rb.Due(snap(ms(10300), 100, 50, 50)) || !rb.Due(snap(ms(10400), 100, 50, 50)) {
 		t.Error("the next look is not every (10s) after the last")
 	}
-	if rb.Due(snap(ms(300), 0, 0, 0)); !NewRebalancer(g, Options{}).Due(snap(10*time.Second, 0, 0, 0)) {
+	if !NewRebalancer(g, Options{}).Due(snap(10*time.Second, 0, 0, 0)) {
 		t.Error("the first look does not come at every when replicas served nothing")
+	}
+}
+
+// TestRebalanceSim: simulating the policy from the worst split of the
+// seed's shape (1 target of 50ms, 7 drafters of 25ms stepping together,
+// 2000 items: 20s at the best split)
+// moves to the best early and carries at least 0.9x the best static
+// split's throughput and 1.5x the starting split's; every item is counted
+// once, the moves are in the report, and the replicas that left and
+// started are too.
+func TestRebalanceSim(t *testing.T) {
+	for _, cost := range []string{"0s", "1s"} {
+		src := fmt.Sprintf(rebalanced, 2000, 1, "lognormal(50ms, 0.1)", 7, "25ms", 8, `move_cost = "`+cost+`"`)
+		src = strings.Replace(src, "service_time = \"25ms\"", "service_time = \"25ms\"\n    sync = true", 1)
+		g := load(t, src)
+		live := simulate(t, g, Options{Rebalance: true})
+		static := simulate(t, g, Options{})
+		best := simulate(t, load(t, src, "stage.target.replicas=5", "stage.drafter.replicas=3"), Options{})
+		x, y := Throughput(g, live), Throughput(g, static)
+		z := Throughput(g, best)
+		t.Logf("move_cost %s: live %.1f items/s, best static %.1f, starting split %.1f; moves %+v", cost, x, z, y, live.Moves)
+		if x < 0.9*z || x < 1.5*y {
+			t.Errorf("move_cost %s: live %.1f items/s against the best static %.1f and the starting split's %.1f", cost, x, z, y)
+		}
+		if len(live.Moves) == 0 || live.Moves[0].From != "drafter" || live.Moves[0].To != "target" || live.Moves[0].T > 0.1*live.WallSeconds {
+			t.Errorf("move_cost %s: moves %+v in a run of %.2fs; want drafter -> target within its first tenth", cost, live.Moves, live.WallSeconds)
+		}
+		if n := live.Edges["done"].Consumed; n != 2000 {
+			t.Errorf("move_cost %s: the sink took %d items, want 2000", cost, n)
+		}
+		moved := 0
+		for _, m := range live.Moves {
+			moved += m.Replicas
+		}
+		if got := len(live.Stages["target"].Replicas); got != 1+moved {
+			t.Errorf("move_cost %s: %d target replicas in the report, want the 1 it started with and %d started", cost, got, moved)
+		}
+		if cost == "1s" {
+			// A started replica waits out the move's cost before its first item.
+			if r := live.Stages["target"].Replicas[1]; r.IdleSeconds < 1 {
+				t.Errorf("a target started with move_cost 1s was idle %.3fs", r.IdleSeconds)
+			}
+		}
+		if static.Moves != nil {
+			t.Errorf("a simulation without Rebalance moved: %+v", static.Moves)
+		}
+	}
+}
+
+// TestRebalanceSimMovingBottleneck: with costs that change halfway
+// (specs/moving.hcl's shape) the simulated policy beats every static
+// split of the same budget.
+func TestRebalanceSimMovingBottleneck(t *testing.T) {
+	src := fmt.Sprintf(rebalanced, 1000, 5, "lognormal(50ms, 0.1)", 3, "25ms", 8, "every = \"2s\"\n  hold = \"10s\"")
+	src = strings.Replace(src, "service_time = \"lognormal(50ms, 0.1)\"", "service_time = \"lognormal(50ms, 0.1)\"\n    changed_service_time = \"lognormal(20ms, 0.1)\"\n    change_after = 500", 1)
+	src = strings.Replace(src, "service_time = \"25ms\"", "service_time = \"25ms\"\n    changed_service_time = \"60ms\"\n    change_after = 500", 1)
+	g := load(t, src)
+	live := simulate(t, g, Options{Rebalance: true})
+	splits, err := Splits(g, "target", "drafter", 8, Options{Registry: registry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := Throughput(g, live)
+	t.Logf("live %.1f items/s, best static %d+%d %.1f; moves %+v", x, splits[0].A, splits[0].B, splits[0].Throughput, live.Moves)
+	if x <= splits[0].Throughput {
+		t.Errorf("live %.1f items/s does not beat the best static split (%d+%d, %.1f)", x, splits[0].A, splits[0].B, splits[0].Throughput)
+	}
+	for _, m := range live.Moves {
+		if m.From != "target" || m.To != "drafter" || m.T < 4 {
+			t.Errorf("move %+v: want targets to drafters after the change (about 5s in)", m)
+		}
 	}
 }

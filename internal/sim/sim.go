@@ -45,6 +45,9 @@ type Options struct {
 	// hand; a new one starts after the block's move_cost). The report's
 	// Moves list them.
 	Rebalance bool
+	// Moved, if set, is called with each decision the simulation acts
+	// on, once its moves are made (to say them as they happen).
+	Moved func(at time.Duration, d Decision)
 	// fixed, when set, gives stages a constant service time an item over
 	// their models (the rebalance policy's fitted ones).
 	fixed map[string]time.Duration
@@ -96,6 +99,9 @@ type proc struct {
 	cur       item
 	handoff   bool // cur was handed over by a producer while waiting
 	left      bool // left the sync group
+	retiring  bool // a rebalance moves it: it leaves once its item in hand is done
+	retired   bool // it left so
+	joining   bool // a rebalance started it: it joins its stage's group at its first step
 	remaining int64
 	items     int // items finished, for fail_after
 	next      func() time.Duration
@@ -129,6 +135,7 @@ type sstage struct {
 	source    bool
 	members   int
 	started   int64 // items its replicas started serving
+	newProc   func(i int) (*proc, error)
 	arrived   []*proc
 	metrics   map[string]float64
 }
@@ -146,21 +153,25 @@ type squeue struct {
 	capBytes      int64
 	bytes         int64
 	producersLeft int
-	live          []bool // per producer in the wiring: not yet finished
-	waiters       []*proc
-	blocked       []*proc
-	produced      int64
-	consumed      int64
-	area          float64 // depth x seconds
-	last          time.Duration
-	maxDepth      int
+	// producers and consumers are the wiring's, and the replicas a
+	// rebalance started since
+	producers, consumers []int
+	live                 []bool // per producer: not yet finished
+	waiters              []*proc
+	blocked              []*proc
+	produced             int64
+	consumed             int64
+	area                 float64 // depth x seconds
+	last                 time.Duration
+	maxDepth             int
 }
 
 type event struct {
 	at   time.Duration
 	seq  uint64
-	p    *proc // nil for a monitoring tick
+	p    *proc // nil for a monitoring tick or a look
 	tick bool
+	look bool // the rebalance policy's check
 }
 
 type eventHeap []event
@@ -198,6 +209,10 @@ type sim struct {
 	// scale is what the sources' totals were divided by (maxItems): 1,
 	// or more when they were scaled down.
 	scale float64
+	// rb is the rebalance policy (Options.Rebalance), moves the moves it
+	// made.
+	rb    *Rebalancer
+	moves []report.Move
 }
 
 // Run simulates g and returns its report ("simulated": true).
@@ -230,9 +245,23 @@ func (s *sim) schedule(at time.Duration, p *proc, tick bool) {
 	heap.Push(&s.events, event{at: at, seq: s.seq, p: p, tick: tick})
 }
 
+// onlyTicks reports whether every event left is a monitoring tick or a
+// look: no replica has anything left to do at any time.
+func (s *sim) onlyTicks() bool {
+	for _, ev := range s.events {
+		if ev.p != nil {
+			return false
+		}
+	}
+	return len(s.events) > 0
+}
+
 func (s *sim) run() {
 	if s.opts.Interval > 0 {
 		s.schedule(s.opts.Interval, nil, true)
+	}
+	if s.rb != nil {
+		s.scheduleLook()
 	}
 	for _, st := range s.stages {
 		for _, p := range st.procs {
@@ -248,12 +277,17 @@ func (s *sim) run() {
 		if len(s.events) == 0 || s.err != nil {
 			break
 		}
-		if len(s.events) == 1 && s.events[0].tick {
-			break // only the monitoring tick is left: the run is over
+		if s.onlyTicks() {
+			break // only the monitoring tick and the look are left: the run is over
 		}
 		ev := heap.Pop(&s.events).(event)
 		s.now = ev.at
 		s.Events++
+		if ev.look {
+			s.rebalanceLook()
+			s.scheduleLook()
+			continue
+		}
 		if ev.tick {
 			s.observe()
 			if len(s.events) > 0 || len(s.runnable) > 0 {
@@ -291,6 +325,11 @@ func (s *sim) step(p *proc) {
 	for {
 		switch p.phase {
 		case phaseStart:
+			if p.retiring || p.joining {
+				if !s.startOrLeave(p) {
+					return
+				}
+			}
 			if p.st.failAfter > 0 && p.items == p.st.failAfter {
 				s.err = fmt.Errorf("stage %q replica %d: injected failure after %d items (fail_after = %d), at %.3fs simulated",
 					p.st.g.Name, p.idx, p.items, p.st.failAfter, s.now.Seconds())
@@ -530,7 +569,7 @@ func (q *squeue) pop(s *sim) item {
 }
 
 func (q *squeue) producerDone(s *sim, replica int) {
-	for i, p := range q.e.g.Queues[q.index()].Producers {
+	for i, p := range q.producers {
 		if p == replica {
 			q.live[i] = false
 		}
