@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/nodes/synthetic"
@@ -32,36 +30,22 @@ func TestMain(m *testing.M) {
 	testutil.Main(m)
 }
 
-// testWorker is `dflow worker` for the synthetic kinds: it joins, runs
-// one job and leaves.
+// testWorker is `dflow worker` for the synthetic kinds, through the
+// public API (run.Worker): it joins, runs one job and leaves.
 func testWorker(args []string) int {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	join := fs.String("join", "", "")
-	name := fs.String("name", "", "")
-	fs.Bool("once", false, "")
-	for _, f := range []string{"plugins", "write", "read"} {
-		fs.Func(f, "", func(string) error { return nil })
+	o := run.WorkerOptions{Registry: nodes.NewRegistry()}
+	synthetic.Register(o.Registry)
+	fs.StringVar(&o.URL, "join", "", "")
+	fs.StringVar(&o.Name, "name", "", "")
+	fs.BoolVar(&o.Once, "once", false, "")
+	for f, dirs := range map[string]*[]string{"plugins": &o.PluginDirs, "write": &o.Write, "read": &o.Read} {
+		fs.Func(f, "", func(v string) error { *dirs = append(*dirs, v); return nil })
 	}
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: os.Getenv(run.TokenEnv), Name: "test worker " + *name})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "test worker:", err)
-		return 1
-	}
-	defer nc.Close()
-	reg := nodes.NewRegistry()
-	synthetic.Register(reg)
-	err = cluster.RunWorker(context.Background(), cluster.WorkerOptions{Name: *name, Conn: nc, Registry: reg, Once: true,
-		Load: func(job *cluster.Job) (*graph.Graph, error) {
-			g, diags := (&graph.Loader{Catalog: reg, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets}).Load(job.Filename, job.Src)
-			if diags.HasErrors() {
-				return nil, diags
-			}
-			return g, nil
-		}})
-	if err != nil {
+	if err := run.Worker(context.Background(), o); err != nil {
 		fmt.Fprintln(os.Stderr, "test worker:", err)
 		return 1
 	}

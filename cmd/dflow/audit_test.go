@@ -140,7 +140,7 @@ func TestAuditBytes(t *testing.T) {
 	for _, typ := range []string{"bytes", "blob"} {
 		t.Run(typ, func(t *testing.T) {
 			t.Parallel()
-			auditRun(t, typ, victim, after, false)
+			auditRun(t, typ, victim, after, false, "")
 		})
 	}
 }
@@ -156,12 +156,32 @@ func TestAuditBytes(t *testing.T) {
 func TestAuditChain(t *testing.T) {
 	t.Parallel()
 	victim, after := auditKill(t)
-	auditRun(t, "bytes", victim, after, true)
+	auditRun(t, "bytes", victim, after, true, "")
+}
+
+// TestAuditEmbeddedWorker: the audit with w2 an embedder's worker, not
+// dflow: examples/embed, a program of a module of its own, built here and
+// started as `embed worker --join URL ...` (run.Worker, with the
+// program's node kinds and dflow's synthetic ones, and the audit plugin
+// from its --plugins folder), beside two dflow workers. w2 is SIGKILLed
+// mid-run: its replicas restart on the dflow workers, the sink gets every
+// id once, and the report's counts are exact.
+func TestAuditEmbeddedWorker(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	bin, err := testutil.Built(filepath.Join(repoRoot, "examples", "embed"), ".", []string{"GOWORK=off", "GOFLAGS="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auditRun(t, "bytes", "w2", auditItems/5, false, bin)
 }
 
 // auditRun is one run of the audit: items of type typ, victim killed
-// once the sink has after ids.
-func auditRun(t *testing.T, typ, victim string, after int, chain bool) {
+// once the sink has after ids; w2, when not "", is the program w2 runs
+// as `PROGRAM worker ...` instead of dflow (an embedder's worker).
+func auditRun(t *testing.T, typ, victim string, after int, chain bool, w2 string) {
 	plugin, err := buildAudit()
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +197,14 @@ func auditRun(t *testing.T, typ, victim string, after int, chain bool) {
 		t.Fatal(err)
 	}
 	srv := startServer(t)
-	ws := workers(t, srv.URL, srv.Token, 3, "--plugins", filepath.Dir(plugin), "--write", dir)
+	bins := []string{installed(t), installed(t), installed(t)}
+	if w2 != "" {
+		bins[1] = w2
+	}
+	var ws []*proc
+	for i, bin := range bins {
+		ws = append(ws, workerOf(t, bin, srv.URL, srv.Token, fmt.Sprintf("w%d", i+1), "--plugins", filepath.Dir(plugin), "--write", dir))
+	}
 	kill := map[string]*proc{"w2": ws[1], "w3": ws[2]}[victim]
 	place := map[string][]string{"src": {"w1"}, "dst": {"w1"}, "a": {"w2", "w3"}, "b": {"w2", "w3"}}
 	killedAt := -1 // ids at the sink when the kill was sent
@@ -222,6 +249,9 @@ func auditRun(t *testing.T, typ, victim string, after int, chain bool) {
 		if got := rep.Edges[name].Carried; got != want {
 			t.Errorf("edge %s carried %q, want %q", name, got, want)
 		}
+	}
+	if w2 != "" && !strings.Contains(ws[1].output(), "dflow worker w2: run ") {
+		t.Errorf("w2, %s, did not start its share of the run:\n%s", w2, ws[1].output())
 	}
 	// The report's own counts, exact as well.
 	wantEdges(t, rep, auditItems)

@@ -314,11 +314,18 @@ func workers(t *testing.T, url, token string, n int, extra ...string) []*proc {
 func workersOf(t *testing.T, bin, url, token string, n int, extra ...string) []*proc {
 	var ps []*proc
 	for i := range n {
-		cmd := exec.Command(bin, append([]string{"worker", "--join", url, "--name", fmt.Sprintf("w%d", i+1)}, extra...)...)
-		cmd.Env = append(os.Environ(), "DFLOW_CLUSTER_TOKEN="+token) // DFLOW_AS_MAIN=1 from TestMain, for this binary
-		ps = append(ps, startProc(t, cmd))
+		ps = append(ps, workerOf(t, bin, url, token, fmt.Sprintf("w%d", i+1), extra...))
 	}
 	return ps
+}
+
+// workerOf starts the worker process `bin worker --join url --name name`:
+// bin is this test binary, a dflow (installed) or an embedder's program
+// whose worker takes dflow worker's flags.
+func workerOf(t *testing.T, bin, url, token, name string, extra ...string) *proc {
+	cmd := exec.Command(bin, append([]string{"worker", "--join", url, "--name", name}, extra...)...)
+	cmd.Env = append(os.Environ(), "DFLOW_CLUSTER_TOKEN="+token) // DFLOW_AS_MAIN=1 from TestMain, for this binary
+	return startProc(t, cmd)
 }
 
 // TestExternalServer: the seed over three workers on a nats-server process
@@ -580,6 +587,12 @@ func TestWorkerKilled(t *testing.T) {
 		})
 	}
 }
+
+// crashEnv is run.Worker's test hook: a worker started with it set to
+// STAGE:N kills itself (SIGKILL) right after the N-th item the replicas
+// of that restartable stage send there, before the item it came from is
+// committed.
+const crashEnv = "DFLOW_TEST_CRASH_AFTER_SENDS"
 
 // TestCrashAfterSend: the worst instant to lose a worker, made certain:
 // w2 runs the only target, which rotates over the three synchronized

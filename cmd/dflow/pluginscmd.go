@@ -7,7 +7,6 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/plugins/host"
@@ -30,36 +29,7 @@ func (e *env) closePlugins() {
 // loadPlugins is the loader's plugin hook: it starts every plugin a spec
 // declares or references and registers its kinds.
 func (e *env) loadPlugins(declared []*graph.Plugin, referenced []string) hcl.Diagnostics {
-	return e.loadPluginsFrom(host.Dirs(), declared, referenced)
-}
-
-// loadPluginsFrom is loadPlugins with the referenced plugins that no block
-// declares found in dirs.
-func (e *env) loadPluginsFrom(dirs []string, declared []*graph.Plugin, referenced []string) hcl.Diagnostics {
-	var diags hcl.Diagnostics
-	done := map[string]bool{}
-	for _, p := range declared {
-		done[p.Name] = true
-		if p.Path == "" {
-			continue
-		}
-		if _, err := e.host().Load(p.Name, p.Path, e.registry); err != nil {
-			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start",
-				Detail: err.Error(), Subject: p.DeclRange.Ptr(), Extra: graph.FailedPlugin(p.Name)})
-		}
-	}
-	for _, name := range referenced {
-		if done[name] {
-			continue
-		}
-		if path, ok := host.Find(name, dirs); ok {
-			if _, err := e.host().Load(name, path, e.registry); err != nil {
-				diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagError, Summary: "plugin failed to start", Detail: err.Error(),
-					Extra: graph.FailedPlugin(name)})
-			}
-		}
-	}
-	return diags
+	return e.host().LoaderHook(e.registry, host.Dirs())(declared, referenced)
 }
 
 func cmdPlugins(e *env, args []string) int {
@@ -119,19 +89,4 @@ func (e *env) portsUnknown(name string) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// workerPlugin is a worker's FindPlugin: the plugin a job's block names is
-// the executable dflow-plugin-NAME in the worker's own plugin folders,
-// whatever path the block gives.
-func workerPlugin(dirs []string) func(p *graph.Plugin) (string, error) {
-	return func(p *graph.Plugin) (string, error) {
-		if path, ok := host.Find(p.Name, dirs); ok {
-			return path, nil
-		}
-		return "", fmt.Errorf("this worker has no plugin %q: no executable %s%s in its plugin folders %s "+
-			"(a worker starts only plugins of its own folders, found by name, never the spec's path %q; "+
-			"put the plugin there, or start the worker with --plugins DIR)",
-			p.Name, host.Prefix, p.Name, strings.Join(dirs, ", "), p.Written)
-	}
 }

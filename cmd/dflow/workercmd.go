@@ -8,19 +8,11 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
-	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
-	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster"
-	"github.com/dflow-dev/dflow/plugins/host"
 	"github.com/dflow-dev/dflow/run"
-	"github.com/hashicorp/hcl/v2"
 )
 
 // The cluster side of the CLI: dflow worker, and dflow run's --cluster,
@@ -37,27 +29,23 @@ const (
 
 func cmdWorker(e *env, args []string) int {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	join := fs.String("join", "", "the cluster's server, `URL` such as nats://10.0.0.5:4222 (the one dflow run --serve or --local-cluster prints, or a nats-server of your own with JetStream)")
-	host, _ := os.Hostname()
-	name := fs.String("name", defaultWorkerName(host), "the worker's `NAME` in placements and reports: letters, digits, - and _")
-	tok := fs.String("token", "", "the cluster's `TOKEN` (default $"+tokenEnv+")")
-	creds := fs.String("creds", "", "a NATS credentials `FILE` (a user's JWT and seed), for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
-	ca := fs.String("tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
-	once := fs.Bool("once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
-	dataAddr := fs.String("data-addr", "", "where this worker's data plane listens, `HOST[:PORT]`: the other workers fetch large items' bytes there (default: this host's address on its route to the server, any free port)")
-	var pluginDirs, writeDirs, readDirs []string
-	fs.Func("plugins", "a `DIR` of plugins (executables dflow-plugin-NAME) this worker may start, before ./plugins and $DFLOW_PLUGIN_DIR; a job's plugin blocks are matched by name, never by their path (repeatable)", func(v string) error {
-		pluginDirs = append(pluginDirs, v)
-		return nil
-	})
-	fs.Func("write", "a `DIR` under which a job's nodes may write (and read) files: checkpoints, models (repeatable; default: the folder the worker runs in)", func(v string) error {
-		writeDirs = append(writeDirs, v)
-		return nil
-	})
-	fs.Func("read", "a `DIR` under which a job's nodes may read files, besides the --write folders, the folder the worker runs in and $GOROOT (repeatable)", func(v string) error {
-		readDirs = append(readDirs, v)
-		return nil
-	})
+	var o run.WorkerOptions
+	fs.StringVar(&o.URL, "join", "", "the cluster's server, `URL` such as nats://10.0.0.5:4222 (the one dflow run --serve or --local-cluster prints, or a nats-server of your own with JetStream)")
+	fs.StringVar(&o.Name, "name", "", "the worker's `NAME` in placements and reports: letters, digits, - and _ (default: this host's name and the process id, such as gpu1-4101)")
+	fs.StringVar(&o.Token, "token", "", "the cluster's `TOKEN` (default $"+tokenEnv+")")
+	fs.StringVar(&o.Creds, "creds", "", "a NATS credentials `FILE` (a user's JWT and seed), for a server of your own in operator mode, instead of a token (default $"+credsEnv+")")
+	fs.StringVar(&o.CA, "tls-ca", "", "for a tls:// URL, the PEM `FILE` of the CA that signed the server's certificate")
+	fs.BoolVar(&o.Once, "once", false, "leave after one run (dflow run --local-cluster starts its workers so)")
+	fs.StringVar(&o.DataAddr, "data-addr", "", "where this worker's data plane listens, `HOST[:PORT]`: the other workers fetch large items' bytes there (default: this host's address on its route to the server, any free port)")
+	folders := func(name, usage string, dirs *[]string) {
+		fs.Func(name, usage, func(v string) error {
+			*dirs = append(*dirs, v)
+			return nil
+		})
+	}
+	folders("plugins", "a `DIR` of plugins (executables dflow-plugin-NAME) this worker may start, before ./plugins and $DFLOW_PLUGIN_DIR; a job's plugin blocks are matched by name, never by their path (repeatable)", &o.PluginDirs)
+	folders("write", "a `DIR` under which a job's nodes may write (and read) files: checkpoints, models (repeatable; default: the folder the worker runs in)", &o.Write)
+	folders("read", "a `DIR` under which a job's nodes may read files, besides the --write folders, the folder the worker runs in and $GOROOT (repeatable)", &o.Read)
 	pos, code, ok := parse(e, fs, args, "--join URL [--name NAME] [--token TOKEN | --creds FILE] [--data-addr HOST[:PORT]] [--plugins DIR] [--write DIR] [--read DIR]")
 	if !ok {
 		return code
@@ -65,32 +53,26 @@ func cmdWorker(e *env, args []string) int {
 	if len(pos) != 0 {
 		return usageErr(e, "worker", "takes no arguments, got %q", pos)
 	}
-	if *join == "" {
+	if o.URL == "" {
 		return usageErr(e, "worker", "--join URL is required: the cluster's server")
 	}
-	if err := checkServerURL("--join", *join); err != nil {
+	if err := checkServerURL("--join", o.URL); err != nil {
 		return usageErr(e, "worker", "%v", err)
 	}
-	if *tok == "" && *creds == "" { // the environment only when no flag says
-		*creds = os.Getenv(credsEnv)
-		if *creds == "" {
-			*tok = os.Getenv(tokenEnv)
+	// A folder that is not there: a typo would otherwise refuse every job.
+	for _, f := range []struct {
+		flag string
+		dirs []string
+	}{{"--plugins", o.PluginDirs}, {"--write", o.Write}, {"--read", o.Read}} {
+		for _, d := range f.dirs {
+			if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+				return usageErr(e, "worker", "%s %s: not a folder", f.flag, d)
+			}
 		}
 	}
-	roots, dirs, err := workerRoots(pluginDirs, writeDirs, readDirs)
-	if err != nil {
-		return usageErr(e, "worker", "%v", err)
-	}
+	o.Registry, o.Log = e.registry, e.stderr
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var serverGone atomic.Bool
-	nc, err := cluster.Connect(cluster.ConnOptions{URL: *join, Token: *tok, Creds: *creds, CA: *ca, Name: "dflow worker " + *name,
-		OnClosed: func() { serverGone.Store(true); cancel() }, Log: e.stderr})
-	if err != nil {
-		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
-		return exitFailed
-	}
-	defer nc.Close()
 	if e.signals != nil {
 		local := os.Getenv(localWorkerEnv) == "1"
 		go func() {
@@ -108,105 +90,11 @@ func cmdWorker(e *env, args []string) int {
 			}
 		}()
 	}
-	err = cluster.RunWorker(ctx, cluster.WorkerOptions{Name: *name, Conn: nc, Registry: e.registry, Log: e.stderr, Once: *once, DataAddr: *dataAddr,
-		AfterSend: crashAfterSends(os.Getenv(crashEnv)),
-		Roots:     &roots,
-		Load: func(job *cluster.Job) (*graph.Graph, error) {
-			l := &graph.Loader{Catalog: e.registry, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets,
-				Plugins: func(declared []*graph.Plugin, referenced []string) hcl.Diagnostics {
-					return e.loadPluginsFrom(dirs, declared, referenced)
-				},
-				FindPlugin: workerPlugin(dirs)}
-			g, diags := l.Load(job.Filename, job.Src)
-			if diags.HasErrors() {
-				return nil, diags
-			}
-			return g, nil
-		}})
-	if err != nil {
-		fmt.Fprintf(e.stderr, "dflow worker: %v\n", err)
+	if err := run.Worker(ctx, o); err != nil {
+		fmt.Fprintf(e.stderr, "dflow %v\n", err) // "dflow worker NAME: ..."
 		return exitFailed
 	}
-	if serverGone.Load() && ctx.Err() != nil {
-		// The server went past reconnecting: an embedded one (--serve,
-		// --local-cluster) goes with its coordinator.
-		fmt.Fprintf(e.stderr, "dflow worker %s: the cluster's server at %s went away; leaving\n", *name, *join)
-		if !*once {
-			return exitFailed
-		}
-	}
 	return exitOK
-}
-
-// workerRoots are a worker's plugin folders (--plugins, then ./plugins
-// and $DFLOW_PLUGIN_DIR), made absolute, and the folders a job may write
-// (--write, else the working folder) and read (--read, the working folder
-// and $GOROOT, besides the write folders). A folder that is not there is
-// an error: a typo would otherwise refuse every job.
-func workerRoots(pluginDirs, writeDirs, readDirs []string) (cluster.Roots, []string, error) {
-	var dirs []string
-	for _, d := range append(slices.Clone(pluginDirs), host.Dirs()...) {
-		if a, err := filepath.Abs(d); err == nil {
-			d = a
-		}
-		if !slices.Contains(dirs, d) {
-			dirs = append(dirs, d)
-		}
-	}
-	for i, d := range pluginDirs {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return cluster.Roots{}, nil, fmt.Errorf("--plugins %s: not a folder", pluginDirs[i])
-		}
-	}
-	roots := cluster.DefaultRoots()
-	if len(writeDirs) > 0 {
-		roots.Read = append(roots.Read, roots.Write...) // the working folder stays readable
-		roots.Write = nil
-	}
-	for _, d := range writeDirs {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return cluster.Roots{}, nil, fmt.Errorf("--write %s: not a folder", d)
-		}
-		roots.Write = append(roots.Write, d)
-	}
-	for _, d := range readDirs {
-		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return cluster.Roots{}, nil, fmt.Errorf("--read %s: not a folder", d)
-		}
-		roots.Read = append(roots.Read, d)
-	}
-	return roots, dirs, nil
-}
-
-// crashEnv is a test hook: a worker started with it set to STAGE:N kills
-// itself (SIGKILL) right after the N-th item the replicas of that
-// restartable stage send there, before the item it came from is
-// committed (TestCrashAfterSend).
-const crashEnv = "DFLOW_TEST_CRASH_AFTER_SENDS"
-
-func crashAfterSends(v string) func(stage string) {
-	stage, count, _ := strings.Cut(v, ":")
-	n, err := strconv.ParseInt(count, 10, 64)
-	if err != nil || n <= 0 {
-		return nil
-	}
-	var sent atomic.Int64
-	return func(s string) {
-		if s == stage && sent.Add(1) == n {
-			if p, err := os.FindProcess(os.Getpid()); err == nil {
-				p.Kill() // SIGKILL: nothing after it runs
-			}
-		}
-	}
-}
-
-var nameChars = regexp.MustCompile(`[^A-Za-z0-9_-]`)
-
-func defaultWorkerName(host string) string {
-	if host == "" {
-		host = "worker"
-	}
-	return nameChars.ReplaceAllString(host, "-") + "-" + strconv.Itoa(os.Getpid())
 }
 
 // serverSchemes are the URL schemes of a NATS server, as nats.go takes

@@ -7,6 +7,12 @@
 //
 //	numbers --n (shared)--> square x3 --s--> sum
 //
+// With -local-cluster N it runs the same pipeline, loaded from HCL, on a
+// local cluster of N worker processes, each this program started as
+// `embed worker --join URL ...`: a worker with this program's own node
+// kinds (worker.go). `embed worker` also joins a cluster of one's own,
+// beside `dflow worker`s.
+//
 // It lives in a module of its own (see go.mod), so it can import only
 // dflow's public packages, as any user's program.
 package main
@@ -24,9 +30,23 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		if err := worker(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "embed:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	n := flag.Int("n", 1000, "square and sum the numbers 1..N")
+	local := flag.Int("local-cluster", 0, "run on a local cluster of `N` worker processes of this program")
 	flag.Parse()
-	if err := pipeline(*n, os.Stdout); err != nil {
+	var err error
+	if *local > 0 {
+		err = onCluster(*n, *local, os.Stdout)
+	} else {
+		err = pipeline(*n, os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "embed:", err)
 		os.Exit(1)
 	}
@@ -76,6 +96,9 @@ func register(reg *nodes.Registry) {
 			}), nil
 		},
 		Total: func(cfg *graph.Config) int64 { return int64(cfg.Int("count")) },
+		// the same numbers on every start: on a cluster, a replica lost
+		// with its worker resumes elsewhere
+		Resumes: true,
 	})
 	reg.Register(nodes.Spec{
 		Kind: graph.Kind{Name: "square", Doc: "squares each number",
@@ -98,6 +121,9 @@ func register(reg *nodes.Registry) {
 				}
 			}), nil
 		},
+		// one number out for each in, nothing kept between them: on a
+		// cluster, a replica lost with its worker restarts elsewhere
+		Stateless: true, OneForOne: true,
 	})
 	reg.Register(nodes.Spec{
 		Kind: graph.Kind{Name: "sum", Doc: "adds up what it receives, as the metric sum",
