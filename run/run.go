@@ -2,6 +2,7 @@ package run
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -34,6 +35,26 @@ type Options struct {
 	// Cluster, when set, runs the pipeline across hosts, on a cluster's
 	// workers (see Cluster); nil runs it in this process.
 	Cluster *Cluster
+	// Rebalance moves replicas between the stages of g's rebalance block
+	// while the run goes, as its policy decides (sim.Rebalancer), where
+	// they can move (Rebalancing); Moved, if set, is called with each
+	// decision once its moves are made. The report lists them (Moves).
+	Rebalance bool
+	Moved     func(at time.Duration, d sim.Decision)
+}
+
+// Rebalancing says why a run of g with opts would keep its split though
+// it asks to rebalance, or returns nil when its replicas can move: in one
+// process, between stages whose kinds keep no state and do not step
+// together (engine.Movable).
+func Rebalancing(g *graph.Graph, opts Options) error {
+	if g.Rebalance == nil {
+		return fmt.Errorf("the spec has no rebalance block")
+	}
+	if opts.Cluster != nil {
+		return fmt.Errorf("replicas do not move during a run across hosts yet")
+	}
+	return engine.Movable(g, opts.Registry)
 }
 
 // Pipeline is a graph made ready to run, in this process or on a
@@ -45,6 +66,7 @@ type Pipeline struct {
 	coord *cluster.Coordinator // on a cluster
 	stop  func()               // what a cluster run started
 	err   error                // the construction's, returned by Run
+	moves *[]report.Move       // a rebalance's moves (Options.Rebalance)
 }
 
 // New builds the nodes and queues of g (NewContext with a background
@@ -71,9 +93,59 @@ func NewContext(ctx context.Context, g *graph.Graph, opts Options) (*Pipeline, e
 		}
 		return p, p.err
 	}
-	p.local, p.err = engine.New(g, engine.Options{Registry: opts.Registry, Drain: opts.Drain, Grace: opts.Grace,
-		Interval: opts.Interval, Observe: opts.Observe})
+	eopts := engine.Options{Registry: opts.Registry, Drain: opts.Drain, Grace: opts.Grace,
+		Interval: opts.Interval, Observe: opts.Observe}
+	if opts.Rebalance && Rebalancing(g, opts) == nil {
+		eopts.Rebalance, p.moves = policy(g, opts)
+	}
+	p.local, p.err = engine.New(g, eopts)
 	return p, p.err
+}
+
+// policy is the rebalance policy of a run in this process: the
+// simulator's Rebalancer, asked at every sampling tick, and the moves it
+// made.
+func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, *[]report.Move) {
+	rb := sim.NewRebalancer(g, sim.Options{Registry: opts.Registry})
+	moves := &[]report.Move{}
+	return func(snap *report.Snapshot) ([]report.Move, func(bool)) {
+		if !rb.Due(snap) {
+			return nil, nil
+		}
+		d := rb.Look(snap)
+		if !d.Move {
+			return nil, nil
+		}
+		return d.Transfers, func(made bool) {
+			if made {
+				rb.Moved(d)
+				*moves = append(*moves, d.Transfers...)
+				if opts.Moved != nil {
+					opts.Moved(snap.Elapsed, d)
+				}
+			}
+		}
+	}, moves
+}
+
+// MovesDiagnosis is the diagnosis of a run whose replicas moved (a
+// rebalance): its moves, in words. The usual reading of a run's
+// bottleneck is of the split the spec gives.
+func MovesDiagnosis(rep *report.Report) []string {
+	var out []string
+	for _, m := range rep.Moves {
+		from := m.From
+		if from == "" {
+			from = "(spare)"
+		}
+		n := fmt.Sprintf("%d replicas", m.Replicas)
+		if m.Replicas == 1 {
+			n = "1 replica"
+		}
+		out = append(out, fmt.Sprintf("at %.1fs the rebalance moved %s %s -> %s (%s), predicted %+.0f%% of the time left",
+			m.T, n, from, m.To, m.Reason, 100*m.PredictedGain))
+	}
+	return out
 }
 
 // Run executes the pipeline once (see the package comment). The report
@@ -93,6 +165,11 @@ func (p *Pipeline) Run(ctx context.Context) (*report.Report, error) {
 		rep, err = p.coord.Run(ctx)
 	} else {
 		rep, err = p.local.Execute(ctx)
+	}
+	if p.moves != nil && len(*p.moves) > 0 {
+		rep.Moves = *p.moves
+		rep.Diagnosis = MovesDiagnosis(rep)
+		return rep, err
 	}
 	rep.Diagnosis = Diagnose(p.g, rep, p.reg)
 	return rep, err

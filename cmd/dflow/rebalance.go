@@ -64,18 +64,3 @@ func moveWords(m report.Move, d sim.Decision) string {
 	what := plural(m.Replicas, "replica")
 	return fmt.Sprintf("moved %s %s -> %s: %s; %s", what, from, m.To, m.Reason, d.Why)
 }
-
-// movesDiagnosis is the diagnosis of a run whose replicas moved: its
-// moves, in words.
-func movesDiagnosis(rep *report.Report) []string {
-	var out []string
-	for _, m := range rep.Moves {
-		from := m.From
-		if from == "" {
-			from = "(spare)"
-		}
-		out = append(out, fmt.Sprintf("at %.1fs the rebalance moved %s %s -> %s (%s), predicted %+.0f%% of the time left",
-			m.T, plural(m.Replicas, "replica"), from, m.To, m.Reason, 100*m.PredictedGain))
-	}
-	return out
-}

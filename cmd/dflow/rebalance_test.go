@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,8 +20,77 @@ func TestRunRebalanceFlag(t *testing.T) {
 		t.Errorf("round_robin: code %d\n%s", code, stderr)
 	}
 	code, _, stderr = dflow(t, "run", "../../specs/seed.hcl", "--rebalance", "--set", "edge.hs.policy=shared", "--interval", "0", "--var", "items=20")
-	if code != exitOK || !strings.Contains(stderr, "dflow: rebalance: target and drafter share 8 replicas (now 5+3); looks every 10s") {
+	if code != exitOK || !strings.Contains(stderr, "dflow: rebalance: target and drafter share 8 replicas (now 5+3); looks every 10s") ||
+		!strings.Contains(stderr, `dflow: rebalance: this run keeps its split: stage "drafter": its replicas step together`) {
 		t.Errorf("shared: code %d\n%s", code, stderr)
+	}
+}
+
+// TestRunRebalanceLive: a run with a rebalance block moves replicas while
+// it goes: from 1 target and 7 drafters (stateless here) it moves four
+// drafters to the targets at its first look, says so, lists the move in
+// the report, and every item is counted once (the run ends ok only if
+// its books balance).
+func TestRunRebalanceLive(t *testing.T) {
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "live.hcl")
+	src := `stage "reader" {
+  node = "synthetic_source"
+  config {
+    count = 300
+  }
+}
+stage "target" {
+  node = "synthetic_work"
+  config {
+    service_time = "50ms"
+  }
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = 7
+  config {
+    service_time = "25ms"
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from = reader.out
+  to   = target.in
+}
+edge "hs" {
+  from = target.out
+  to   = drafter.in
+}
+edge "trained" {
+  from = drafter.out
+  to   = done.in
+}
+rebalance {
+  stages = ["target", "drafter"]
+}
+`
+	if err := os.WriteFile(spec, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "r.json")
+	code, stdout, stderr := dflow(t, "run", spec, "--interval", "0", "--report", out)
+	if code != exitOK || !strings.Contains(stderr, "moved 4 replicas drafter -> target: target 100% busy") {
+		t.Fatalf("code %d\n%s\n%s", code, stdout, stderr)
+	}
+	rep, err := report.Read(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Status != report.OK || len(rep.Moves) != 1 || rep.Moves[0].Replicas != 4 || rep.Edges["trained"].Consumed != 300 ||
+		len(rep.Stages["target"].Replicas) != 5 || len(rep.Stages["drafter"].Replicas) != 7 {
+		t.Errorf("report: status %s, moves %+v, %d items at the sink, %d targets, %d drafters",
+			rep.Status, rep.Moves, rep.Edges["trained"].Consumed, len(rep.Stages["target"].Replicas), len(rep.Stages["drafter"].Replicas))
+	}
+	if len(rep.Diagnosis) != 1 || !strings.Contains(rep.Diagnosis[0], "the rebalance moved 4 replicas drafter -> target") {
+		t.Errorf("diagnosis %q", rep.Diagnosis)
 	}
 }
 

@@ -60,9 +60,6 @@ func cmdRun(e *env, args []string) int {
 	if g, code = e.rebalanced("run", g, *rebalance, sim.Options{Registry: e.registry}); g == nil {
 		return code
 	}
-	if g.Rebalance != nil {
-		fmt.Fprintln(e.stderr, "dflow: rebalance: this dflow does not move replicas during a run yet: the run keeps its split (dflow sim --rebalance simulates the moves)")
-	}
 
 	ctx, abort := context.WithCancel(context.Background())
 	defer abort()
@@ -88,6 +85,18 @@ func cmdRun(e *env, args []string) int {
 	}
 	if cf.on() { // across hosts (workercmd.go)
 		opts.Cluster = cf.cluster(e, &sf)
+	}
+	if g.Rebalance != nil {
+		if why := run.Rebalancing(g, opts); why != nil {
+			fmt.Fprintf(e.stderr, "dflow: rebalance: this run keeps its split: %v (dflow sim --rebalance simulates the moves)\n", why)
+		} else {
+			opts.Rebalance = true
+			opts.Moved = func(at time.Duration, d sim.Decision) {
+				for _, m := range d.Transfers {
+					fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d))
+				}
+			}
+		}
 	}
 	p, err := run.NewContext(ctx, g, opts)
 	waiting.Store(false)

@@ -10,6 +10,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/monitor"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
 )
 
 func cmdSim(e *env, args []string) int {
@@ -83,7 +84,7 @@ func cmdSim(e *env, args []string) int {
 	switch {
 	case err == nil && len(rep.Moves) > 0:
 		// The diagnosis reads a run of the spec's split; this one moved.
-		rep.Diagnosis = movesDiagnosis(rep)
+		rep.Diagnosis = run.MovesDiagnosis(rep)
 	case err == nil:
 		popts := opts
 		popts.Rebalance, popts.Moved = false, nil

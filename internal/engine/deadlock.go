@@ -416,7 +416,7 @@ func (q *queue) liveProducers() []*replica {
 func (q *queue) liveConsumers() []*replica {
 	to := q.edge.run.stage(q.edge.g.To.Stage.Name)
 	var out []*replica
-	for _, c := range q.edge.g.Queues[q.index].Consumers {
+	for _, c := range q.consumerIdx {
 		if rep := to.replicas[c]; rep.ended.Load() == 0 {
 			out = append(out, rep)
 		}

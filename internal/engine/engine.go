@@ -54,6 +54,11 @@ type Options struct {
 	// the node to run (a cluster's worker follows what a restartable
 	// stage's replicas take and send this way).
 	Wrap func(s *graph.Stage, n nodes.Node) nodes.Node
+	// Rebalance, when set for a graph with a rebalance block, is its
+	// policy: the engine moves replicas between the block's stages as it
+	// says, while the run goes (rebalance.go; Movable says which runs
+	// can).
+	Rebalance RebalanceFor
 }
 
 // Run is one execution of a graph.
@@ -78,6 +83,8 @@ type run struct {
 	mu       sync.Mutex
 	firstErr error
 	cancel   context.CancelFunc
+	// moves makes a rebalance's moves (Options.Rebalance), nil without
+	moves *mover
 }
 
 type stage struct {
@@ -253,6 +260,9 @@ func (r *run) build() error {
 		}
 		r.edges = append(r.edges, e)
 	}
+	if err := r.parkSlots(); err != nil {
+		return err
+	}
 	r.place()
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
@@ -279,30 +289,20 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	r.start = time.Now()
 	r.startNs.Store(r.start.UnixNano())
 	var wg sync.WaitGroup
+	if r.moves != nil {
+		r.moves.wg, r.moves.ctx = &wg, ctx
+	}
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			if rep.away {
-				rep.markAway(r.start) // runs in another engine
+			if rep.away || rep.parked.Load() {
+				rep.markAway(r.start) // runs in another engine, or not yet (rebalance.go)
 				continue
 			}
 			parent := ctx
 			if rep.isSource() {
 				parent = srcCtx
 			}
-			// A context of its own per replica: a replica blocked on a queue
-			// selects on its own Done channel, not on one that every
-			// replica of the run contends for.
-			rctx, rcancel := context.WithCancel(parent)
-			rep.ctx, rep.done, rep.coarse, rep.stop = rctx, rctx.Done(), &r.coarse, &r.stop
-			if rep.isSource() {
-				rep.stop = &r.srcStop
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer rcancel()
-				r.finish(rep, r.call(rctx, rep))
-			}()
+			r.launch(rep, parent, &wg, nil)
 		}
 	}
 	finished := make(chan struct{})
@@ -346,6 +346,29 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			return r.result(parent)
 		}
 	}
+}
+
+// launch runs a replica in a goroutine of its own, under parent; ready,
+// if set, is called once the replica is set up, before it runs.
+func (r *run) launch(rep *replica, parent context.Context, wg *sync.WaitGroup, ready func()) {
+	// A context of its own per replica: a replica blocked on a queue
+	// selects on its own Done channel, not on one that every replica of
+	// the run contends for.
+	rctx, rcancel := context.WithCancel(parent)
+	rep.ctx, rep.done, rep.coarse, rep.stop = rctx, rctx.Done(), &r.coarse, &r.stop
+	if rep.isSource() {
+		rep.stop = &r.srcStop
+	}
+	if ready != nil {
+		ready()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer rcancel()
+		r.finish(rep, r.call(rctx, rep))
+		r.succeed(rep) // the replica that takes over its device after a move, if any
+	}()
 }
 
 // call runs one replica's node, turning a panic into an error.
@@ -494,6 +517,9 @@ func (r *run) sample() (stop func()) {
 				}
 			}
 			r.checkDeadlock(now)
+			if r.moves != nil {
+				r.rebalance(time.Now())
+			}
 			if r.opts.Interval > 0 {
 				if now := time.Now(); !now.Before(next) {
 					prev = r.observe(now, prev, true)

@@ -39,6 +39,9 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total}
 		ss.Metrics, ss.Counters = st.merged()
 		for _, rp := range st.replicas {
+			if rp.parked.Load() {
+				continue // a rebalance's spare, not started (rebalance.go)
+			}
 			ss.Replicas = append(ss.Replicas, rp.snapshot(start))
 		}
 		s.Stages = append(s.Stages, ss)
@@ -88,6 +91,9 @@ func (rp *replica) read(start time.Time) times {
 	var t times
 	if ns := rp.ended.Load(); ns != 0 {
 		end, t.done = time.Unix(0, ns), true
+	}
+	if b := rp.begun.Load(); b != nil {
+		start = *b // started by a rebalance, after the run (rebalance.go)
 	}
 	if !start.IsZero() {
 		t.life = end.Sub(start)

@@ -35,6 +35,9 @@ type queue struct {
 	// read by monitoring to say who holds the queue open.
 	producers []int
 	live      []atomic.Bool
+	// consumerIdx are the consumer replicas, the graph's and a
+	// rebalance's parked ones
+	consumerIdx []int
 
 	// capacity_bytes accounting; room is signalled when bytes are freed.
 	capBytes int64
@@ -62,14 +65,15 @@ type queue struct {
 
 func newQueue(e *edge, q graph.Queue, capacity int, capBytes int64) *queue {
 	qu := &queue{
-		edge:      e,
-		index:     q.Index,
-		ch:        make(chan any, capacity),
-		gone:      make(chan struct{}),
-		producers: q.Producers,
-		live:      make([]atomic.Bool, len(q.Producers)),
-		capBytes:  capBytes,
-		room:      make(chan struct{}, 1),
+		edge:        e,
+		index:       q.Index,
+		ch:          make(chan any, capacity),
+		gone:        make(chan struct{}),
+		producers:   append([]int(nil), q.Producers...),
+		consumerIdx: append([]int(nil), q.Consumers...),
+		live:        make([]atomic.Bool, len(q.Producers)),
+		capBytes:    capBytes,
+		room:        make(chan struct{}, 1),
 	}
 	qu.goneCtx, qu.goneDone = context.WithCancel(context.Background())
 	qu.producersLeft.Store(int32(len(q.Producers)))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"reflect"
 	"sync/atomic"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -58,7 +59,16 @@ type replica struct {
 	// transports and chains' queues with none in hand (a source)
 	hand     atomic.Pointer[inHand]
 	sentBare atomic.Int64
-	_        linePad
+	// A rebalance's moves (rebalance.go): parked, a spare replica not
+	// started yet; begun, when it started; retiring, it leaves at its
+	// next Recv, and a replica of the stage successor starts after it;
+	// reserved (under the mover's lock), a parked replica chosen to start.
+	parked    atomic.Bool
+	retiring  atomic.Bool
+	reserved  bool
+	begun     atomic.Pointer[time.Time]
+	successor atomic.Pointer[stage]
+	_         linePad
 }
 
 func (r *replica) Stage() string  { return r.stage.g.Name }
@@ -190,9 +200,10 @@ func (r *replica) flush() {
 type input struct {
 	_ linePad
 	// what the fast path reads, on one cache line
-	r     *replica
-	one   *inQueue // the only queue, when the port has one
-	clock portClock
+	r      *replica
+	one    *inQueue // the only queue, when the port has one
+	clock  portClock
+	retire atomic.Bool // a rebalance moves the replica: its next Recv ends its input
 
 	all   []*inQueue           // every queue feeding this port for this replica
 	live  []*inQueue           // those not yet ended
@@ -223,6 +234,10 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 	}
 	if in.r.delivers && in.r.hand.Load() != nil {
 		in.r.Hand(nil) // the replica has done with its delivery in hand
+	}
+	if in.retire.Load() {
+		in.flush()
+		return nil, io.EOF // it leaves for a rebalance, its item in hand done (rebalance.go)
 	}
 	if iq := in.one; iq != nil {
 		// The port's only queue, written out in full for the common cases

@@ -30,6 +30,9 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		st := report.Stage{Node: s.g.Node}
 		st.Metrics, _ = s.merged()
 		for _, rp := range s.replicas {
+			if rp.parked.Load() {
+				continue // a rebalance's spare, never started (rebalance.go)
+			}
 			st.Replicas = append(st.Replicas, rp.figures(r.start))
 		}
 		rep.Stages[s.g.Name] = st

@@ -1,0 +1,175 @@
+package engine
+
+import (
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/dflow-dev/dflow/report"
+)
+
+// movingSpec: a source of count items, then stages a (3 replicas of 1ms)
+// and b (1 replica of 3ms) of the stateless synthetic_work, sharing a
+// budget of 4 replicas, then a sink that records every item.
+const movingSpec = `
+stage "src" {
+  node = "t"
+  config {
+    role  = "source"
+    count = %COUNT%
+  }
+}
+stage "a" {
+  node     = "synthetic_work"
+  replicas = 3
+  config {
+    service_time = "1ms"
+  }
+}
+stage "b" {
+  node = "synthetic_work"
+  config {
+    service_time = "3ms"
+  }
+}
+stage "sink" {
+  node = "t"
+  config {
+    role = "sink"
+  }
+}
+edge "in" {
+  from = src.out
+  to   = a.in
+}
+edge "mid" {
+  from = a.out
+  to   = b.in
+}
+edge "done" {
+  from = b.out
+  to   = sink.in
+}
+rebalance {
+  stages = ["a", "b"]
+}
+`
+
+// TestRebalanceMove: a move made while the run goes takes two replicas of
+// a, which finish their item in hand and leave, and starts two of b on
+// their devices: every item reaches the sink exactly once, the books
+// balance, and the report lists the replicas that left and those that
+// started, each with its own items.
+func TestRebalanceMove(t *testing.T) {
+	h := newHarness(t)
+	g := h.load(strings.Replace(movingSpec, "%COUNT%", "600", 1))
+	var mu sync.Mutex
+	var made []bool
+	asked := false
+	policy := func(s *report.Snapshot) ([]report.Move, func(bool)) {
+		mu.Lock()
+		defer mu.Unlock()
+		if asked || s.Stages[1].Replicas[0].ItemsIn < 20 {
+			return nil, nil
+		}
+		asked = true
+		return []report.Move{{From: "a", To: "b", Replicas: 2}}, func(ok bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			made = append(made, ok)
+		}
+	}
+	rep, err := h.run(g, Options{Rebalance: policy})
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("run: %v (%s)", err, rep.Status)
+	}
+	h.deliveredOnce("sink", 600)
+	checkBalanced(t, rep)
+	if len(made) != 1 || !made[0] {
+		t.Fatalf("moves made: %v, want one made", made)
+	}
+	a, b := rep.Stages["a"].Replicas, rep.Stages["b"].Replicas
+	if len(a) != 3 || len(b) != 3 {
+		t.Fatalf("report: %d replicas of a and %d of b, want 3 (two left) and 3 (two started)", len(a), len(b))
+	}
+	var inA, inB int64
+	for _, r := range a {
+		inA += r.ItemsIn
+	}
+	for i, r := range b {
+		inB += r.ItemsIn
+		if r.Index != i || r.ItemsIn == 0 || r.Device != "cpu" {
+			t.Errorf("b replica %d: %+v; want items taken on the device it took over", i, r)
+		}
+	}
+	if inA != 600 || inB != 600 {
+		t.Errorf("items in: a %d, b %d; want 600 each", inA, inB)
+	}
+	life := func(r report.Replica) float64 { return r.BusySeconds + r.IdleSeconds + r.BlockedSeconds }
+	if life(a[2]) >= life(a[0]) || life(a[1]) >= life(a[0]) || life(b[1]) >= life(b[0]) {
+		t.Errorf("lifetimes: a %.3f %.3f %.3f, b %.3f %.3f %.3f; want a[1], a[2] to leave early and b[1] to start late",
+			life(a[0]), life(a[1]), life(a[2]), life(b[0]), life(b[1]), life(b[2]))
+	}
+}
+
+// TestRebalanceMovesBackAndForth: moves every tick, one way then the
+// other, until the parked replicas run out: every item still reaches the
+// sink exactly once, and a move the engine cannot make (the last replica
+// of a stage, more parked replicas than there are) is refused.
+func TestRebalanceMovesBackAndForth(t *testing.T) {
+	h := newHarness(t)
+	g := h.load(strings.Replace(movingSpec, "%COUNT%", "1500", 1))
+	var mu sync.Mutex
+	made, refused, n := 0, 0, 0
+	policy := func(s *report.Snapshot) ([]report.Move, func(bool)) {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		m := report.Move{From: "a", To: "b", Replicas: 1}
+		switch {
+		case n%2 == 0:
+			m = report.Move{From: "b", To: "a", Replicas: 1}
+		case n == 5:
+			m.Replicas = 3 // a keeps one: it has at most 3 to give, never all
+		}
+		return []report.Move{m}, func(ok bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				made++
+			} else {
+				refused++
+			}
+		}
+	}
+	rep, err := h.run(g, Options{Rebalance: policy})
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("run: %v (%s)", err, rep.Status)
+	}
+	h.deliveredOnce("sink", 1500)
+	checkBalanced(t, rep)
+	if made < 4 || refused == 0 {
+		t.Errorf("%d moves made, %d refused; want several made, and some refused", made, refused)
+	}
+	t.Logf("%d moves made, %d refused; a has %d replicas in the report, b %d", made, refused, len(rep.Stages["a"].Replicas), len(rep.Stages["b"].Replicas))
+}
+
+// TestRebalanceMovable: a stage that keeps state, or whose replicas step
+// together, does not move during a run: New says which and why.
+func TestRebalanceMovable(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(movingSpec, "%COUNT%", "10", 1)
+	g := h.load(strings.Replace(src, `service_time = "3ms"`, "service_time = \"3ms\"\n    sync = true", 1))
+	if _, err := New(g, Options{Registry: h.reg, Rebalance: func(*report.Snapshot) ([]report.Move, func(bool)) { return nil, nil }}); err == nil ||
+		!strings.Contains(err.Error(), `rebalance: stage "b": its replicas step together`) {
+		t.Errorf("a group: %v", err)
+	}
+	if err := Movable(h.load(src), h.reg); err != nil {
+		t.Errorf("stateless stages: %v", err)
+	}
+	// Without a policy nothing is parked: the run is as it was.
+	rep, err := h.run(h.load(src), Options{})
+	if err != nil || len(rep.Stages["b"].Replicas) != 1 {
+		t.Errorf("no policy: %v, %d replicas of b", err, len(rep.Stages["b"].Replicas))
+	}
+}
