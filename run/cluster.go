@@ -68,10 +68,11 @@ type Cluster struct {
 	// the arguments of `dflow worker` (worker --join URL --name localN
 	// --once, and the folders the spec's plugins and path fields need);
 	// the default is this program's own executable, which is right for
-	// the dflow command. Another Go program names the dflow executable:
-	// []string{"dflow"} (found on $PATH) or a path. The workers run the
-	// kinds that dflow has (the built-in ones and plugins), not kinds a
-	// program registered in its own registry.
+	// the dflow command and for a program that answers those arguments
+	// with Worker (its workers then have its own kinds). Another Go
+	// program names the dflow executable: []string{"dflow"} (found on
+	// $PATH) or a path; those workers have dflow's kinds (the built-in
+	// ones and plugins).
 	WorkerCommand []string
 	// Log gets the cluster's lines: where the local cluster's server
 	// listens and its workers' pids, the local workers' own output, the

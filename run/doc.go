@@ -17,7 +17,9 @@
 // coordinates, the workers of a NATS JetStream cluster run the replicas
 // (Cluster says which: a server of one's own, local worker processes, or
 // an embedded server for other hosts), and the snapshots and report are
-// theirs merged. Close stops what such a run started.
+// theirs merged. Close stops what such a run started. Worker makes this
+// program one of a cluster's workers, as `dflow worker` is, with the node
+// kinds of its own registry.
 //
 // Invariants: a Pipeline runs once. Snapshot may be called from any
 // goroutine while Run runs, and costs the run nothing it would notice.

@@ -64,7 +64,9 @@ func worker(args []string) error {
 	dirs("plugins", "a `DIR` of plugins this worker may start (repeatable)", &o.PluginDirs)
 	dirs("write", "a `DIR` the jobs' nodes may write under (repeatable)", &o.Write)
 	dirs("read", "a `DIR` the jobs' nodes may read under (repeatable)", &o.Read)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return nil
+	} else if err != nil {
 		return err
 	}
 	if o.URL == "" {
