@@ -104,15 +104,33 @@ func NewContext(ctx context.Context, g *graph.Graph, opts Options) (*Pipeline, e
 
 // policy is the rebalance policy of a run in this process: the
 // simulator's Rebalancer, asked at every sampling tick, and the moves it
-// made.
+// made. A look's simulations run beside the engine's sampler, not in it:
+// the tick after they end makes the moves.
 func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, *[]report.Move) {
 	rb := sim.NewRebalancer(g, sim.Options{Registry: opts.Registry})
 	moves := &[]report.Move{}
+	type looked struct {
+		d    sim.Decision
+		snap *report.Snapshot
+	}
+	var pending chan looked // a look in progress
 	return func(snap *report.Snapshot) ([]report.Move, func(bool)) {
-		if !rb.Due(snap) {
+		if pending == nil {
+			if !rb.Due(snap) {
+				return nil, nil
+			}
+			pending = make(chan looked, 1)
+			go func(c chan<- looked) { c <- looked{rb.Look(snap), snap} }(pending)
 			return nil, nil
 		}
-		d := rb.Look(snap)
+		var l looked
+		select {
+		case l = <-pending:
+			pending = nil
+		default:
+			return nil, nil
+		}
+		d, snap := l.d, l.snap
 		if !d.Move {
 			return nil, nil
 		}
