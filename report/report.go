@@ -60,6 +60,12 @@ type Move struct {
 	// PredictedGain is the share of the time left the move was predicted
 	// to save, its cost taken off.
 	PredictedGain float64 `json:"predicted_gain"`
+	// MeasuredGain is the same share as the run measured it: 1 less the
+	// rate in the interval before the move over the rate in the interval
+	// after it (to the next look, or the end), a rate being the items
+	// through the rebalanced stages a second (the fewest any took in);
+	// absent when either interval had none.
+	MeasuredGain *float64 `json:"measured_gain,omitempty"`
 }
 
 // Overrides are the --var, --var-file and --set flags of a run, in the

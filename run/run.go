@@ -66,7 +66,9 @@ type Pipeline struct {
 	coord *cluster.Coordinator // on a cluster
 	stop  func()               // what a cluster run started
 	err   error                // the construction's, returned by Run
-	moves *[]report.Move       // a rebalance's moves (Options.Rebalance)
+	// moves returns a rebalance's moves once the run is over, their
+	// gains measured (Options.Rebalance); nil without one
+	moves func(end *report.Snapshot) []report.Move
 }
 
 // New builds the nodes and queues of g (NewContext with a background
@@ -106,15 +108,15 @@ func NewContext(ctx context.Context, g *graph.Graph, opts Options) (*Pipeline, e
 // simulator's Rebalancer, asked at every sampling tick, and the moves it
 // made. A look's simulations run beside the engine's sampler, not in it:
 // the tick after they end makes the moves.
-func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, *[]report.Move) {
+func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, func(*report.Snapshot) []report.Move) {
 	rb := sim.NewRebalancer(g, sim.Options{Registry: opts.Registry})
-	moves := &[]report.Move{}
+	made := 0
 	type looked struct {
 		d    sim.Decision
 		snap *report.Snapshot
 	}
 	var pending chan looked // a look in progress
-	return func(snap *report.Snapshot) ([]report.Move, func(bool)) {
+	ask := func(snap *report.Snapshot) ([]report.Move, func(bool)) {
 		if pending == nil {
 			if !rb.Due(snap) {
 				return nil, nil
@@ -134,16 +136,28 @@ func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, *[]report.Move) 
 		if !d.Move {
 			return nil, nil
 		}
-		return d.Transfers, func(made bool) {
-			if made {
+		return d.Transfers, func(ok bool) {
+			if ok {
 				rb.Moved(d)
-				*moves = append(*moves, d.Transfers...)
+				made++
 				if opts.Moved != nil {
 					opts.Moved(snap.Elapsed, d)
 				}
 			}
 		}
-	}, moves
+	}
+	moves := func(end *report.Snapshot) []report.Move {
+		// The engine has stopped asking: a look still in progress ends
+		// unheeded.
+		if pending != nil {
+			<-pending
+		}
+		if made == 0 {
+			return nil
+		}
+		return rb.Finish(end)
+	}
+	return ask, moves
 }
 
 // MovesDiagnosis is the diagnosis of a run whose replicas moved (a
@@ -160,8 +174,12 @@ func MovesDiagnosis(rep *report.Report) []string {
 		if m.Replicas == 1 {
 			n = "1 replica"
 		}
-		out = append(out, fmt.Sprintf("at %.1fs the rebalance moved %s %s -> %s (%s), predicted %+.0f%% of the time left",
-			m.T, n, from, m.To, m.Reason, 100*m.PredictedGain))
+		measured := ""
+		if m.MeasuredGain != nil {
+			measured = fmt.Sprintf(", measured %+.0f%%", 100**m.MeasuredGain)
+		}
+		out = append(out, fmt.Sprintf("at %.1fs the rebalance moved %s %s -> %s (%s), predicted %+.0f%% of the time left%s",
+			m.T, n, from, m.To, m.Reason, 100*m.PredictedGain, measured))
 	}
 	return out
 }
@@ -184,10 +202,11 @@ func (p *Pipeline) Run(ctx context.Context) (*report.Report, error) {
 	} else {
 		rep, err = p.local.Execute(ctx)
 	}
-	if p.moves != nil && len(*p.moves) > 0 {
-		rep.Moves = *p.moves
-		rep.Diagnosis = MovesDiagnosis(rep)
-		return rep, err
+	if p.moves != nil {
+		if rep.Moves = p.moves(p.local.Snapshot()); len(rep.Moves) > 0 {
+			rep.Diagnosis = MovesDiagnosis(rep)
+			return rep, err
+		}
 	}
 	rep.Diagnosis = Diagnose(p.g, rep, p.reg)
 	return rep, err

@@ -89,8 +89,14 @@ rebalance {
 		t.Errorf("report: status %s, moves %+v, %d items at the sink, %d targets, %d drafters",
 			rep.Status, rep.Moves, rep.Edges["trained"].Consumed, len(rep.Stages["target"].Replicas), len(rep.Stages["drafter"].Replicas))
 	}
-	if len(rep.Diagnosis) != 1 || !strings.Contains(rep.Diagnosis[0], "the rebalance moved 4 replicas drafter -> target") {
+	if len(rep.Diagnosis) != 1 || !strings.Contains(rep.Diagnosis[0], "the rebalance moved 4 replicas drafter -> target") ||
+		!strings.Contains(rep.Diagnosis[0], ", measured +") {
 		t.Errorf("diagnosis %q", rep.Diagnosis)
+	}
+	// 20 items/s before the move, up to 100 after: a load that stretches
+	// the sleeps lowers both.
+	if g := rep.Moves[0].MeasuredGain; g == nil || *g < 0.3 {
+		t.Errorf("measured gain %v, want well above 0", g)
 	}
 }
 

@@ -338,6 +338,76 @@ type Rebalancer struct {
 	looked bool
 	last   time.Duration // the last look
 	moves  []report.Move
+	// at is the sources' progress at the last look, before at the one
+	// before; open, the moves of the last look whose gain is measured
+	// at the next (or at Finish)
+	at, before progress
+	open       *measure
+}
+
+// progress is how many items had gone through the rebalanced stages
+// (the fewest any of them took in) at a time: their rate is the run's,
+// and unlike the sources' it does not count the queues filling.
+type progress struct {
+	t    time.Duration
+	done int64
+}
+
+// measure is a move's gain being measured: its moves (rb.moves[first:
+// first+n]) and the sources' rate before it.
+type measure struct {
+	first, n int
+	rate     float64
+	from     progress
+}
+
+func rate(a, b progress) float64 {
+	if b.t <= a.t {
+		return 0
+	}
+	return float64(b.done-a.done) / (b.t - a.t).Seconds()
+}
+
+// through is the fewest items any rebalanced stage has taken in.
+func (rb *Rebalancer) through(snap *report.Snapshot) int64 {
+	least := int64(-1)
+	for _, s := range rb.g.Rebalance.Stages {
+		var n int64
+		if ss := stageOf(snap, s); ss != nil {
+			for _, r := range ss.Replicas {
+				n += r.ItemsIn
+			}
+		}
+		if least < 0 || n < least {
+			least = n
+		}
+	}
+	return max(least, 0)
+}
+
+// measureTo closes the open measurement at now: the moves' measured gain
+// is 1 less the rate before them over the rate since.
+func (rb *Rebalancer) measureTo(now progress) {
+	m := rb.open
+	if m == nil {
+		return
+	}
+	rb.open = nil
+	after := rate(m.from, now)
+	if m.rate <= 0 || after <= 0 {
+		return
+	}
+	g := 1 - m.rate/after
+	for i := m.first; i < m.first+m.n && i < len(rb.moves); i++ {
+		rb.moves[i].MeasuredGain = &g
+	}
+}
+
+// Finish measures the gain of the last moves up to snap, the run's end,
+// and returns every move made.
+func (rb *Rebalancer) Finish(snap *report.Snapshot) []report.Move {
+	rb.measureTo(progress{snap.Elapsed, rb.through(snap)})
+	return rb.Moves()
 }
 
 // NewRebalancer starts the policy for g (with a Rebalance) at its
@@ -388,6 +458,9 @@ func (rb *Rebalancer) Due(snap *report.Snapshot) bool {
 // decision's transfers and calls Moved.
 func (rb *Rebalancer) Look(snap *report.Snapshot) Decision {
 	rb.looked, rb.last = true, snap.Elapsed
+	now := progress{snap.Elapsed, rb.through(snap)}
+	rb.measureTo(now)
+	rb.before, rb.at = rb.at, now
 	look := Look{Elapsed: snap.Elapsed, Split: maps.Clone(rb.split), Service: map[string]time.Duration{}, Moves: rb.moves}
 	for _, s := range rb.g.Rebalance.Stages {
 		ss := stageOf(snap, s)
@@ -429,8 +502,11 @@ func (rb *Rebalancer) Look(snap *report.Snapshot) Decision {
 	return d
 }
 
-// Moved records that the decision's transfers were made.
+// Moved records that the decision's transfers were made, at the last
+// look: their gain is measured from the interval before that look to the
+// one after it.
 func (rb *Rebalancer) Moved(d Decision) {
+	rb.open = &measure{first: len(rb.moves), n: len(d.Transfers), rate: rate(rb.before, rb.at), from: rb.at}
 	rb.split = maps.Clone(d.Split)
 	rb.moves = append(rb.moves, d.Transfers...)
 }

@@ -222,7 +222,12 @@ func TestRebalanceSim(t *testing.T) {
 			t.Errorf("move_cost %s: live %.1f items/s against the best static %.1f and the starting split's %.1f", cost, x, z, y)
 		}
 		if len(live.Moves) == 0 || live.Moves[0].From != "drafter" || live.Moves[0].To != "target" || live.Moves[0].T > 0.1*live.WallSeconds {
-			t.Errorf("move_cost %s: moves %+v in a run of %.2fs; want drafter -> target within its first tenth", cost, live.Moves, live.WallSeconds)
+			t.Fatalf("move_cost %s: moves %+v in a run of %.2fs; want drafter -> target within its first tenth", cost, live.Moves, live.WallSeconds)
+		}
+		// 20 items/s before the move, about 100 after: the time left
+		// shrank by about 0.8, as predicted.
+		if g := live.Moves[0].MeasuredGain; g == nil || *g < 0.7 || *g > 0.85 {
+			t.Errorf("move_cost %s: measured gain %v, want about 0.8", cost, deref(g))
 		}
 		if n := live.Edges["done"].Consumed; n != 2000 {
 			t.Errorf("move_cost %s: the sink took %d items, want 2000", cost, n)
@@ -269,4 +274,11 @@ func TestRebalanceSimMovingBottleneck(t *testing.T) {
 			t.Errorf("move %+v: want targets to drafters after the change (about 5s in)", m)
 		}
 	}
+}
+
+func deref(g *float64) any {
+	if g == nil {
+		return nil
+	}
+	return *g
 }

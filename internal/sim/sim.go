@@ -300,6 +300,9 @@ func (s *sim) run() {
 	if s.err == nil {
 		s.checkFinished()
 	}
+	if s.rb != nil && len(s.moves) > 0 {
+		s.moves = s.rb.Finish(s.snapshot())
+	}
 	if s.opts.Interval > 0 && (s.prev == nil || s.now-s.prev.Elapsed >= s.opts.Interval/2) {
 		s.series = append(s.series, s.snapshot().Sample(s.prev))
 	}
