@@ -29,8 +29,11 @@ import (
 // takes them.
 //
 // Only stages whose kind keeps nothing between items (nodes.Spec
-// Stateless) and does not step its replicas together move; a run on a
-// cluster does not move (Movable says why). A move from the budget's
+// Stateless) move; a run on a cluster does not (Movable says why). Such
+// a kind's replicas may step together (synthetic_work's sync): the one
+// that leaves leaves the group after its last step, and the others go on
+// without it; the one that starts joins the group, and the next step
+// waits for it too. A move from the budget's
 // spare replicas (a split that starts below the budget) is not made: a
 // run moves replicas, it does not add them.
 
@@ -65,10 +68,10 @@ func Movable(g *graph.Graph, reg *nodes.Registry) error {
 		switch {
 		case !ok:
 			return fmt.Errorf("stage %q: node kind %q is not known", name, s.Node)
+		case !spec.Stateless && steps(spec, s.Config):
+			return fmt.Errorf("stage %q: its replicas step together and keep state (node kind %s), and a member that joins a group does not take its state over during a run yet", name, s.Node)
 		case !spec.Stateless:
 			return fmt.Errorf("stage %q: its replicas keep state between items (node kind %s), and only a stateless kind's replicas move during a run yet", name, s.Node)
-		case steps(spec, s.Config):
-			return fmt.Errorf("stage %q: its replicas step together (a group), and a group's members do not move during a run yet", name)
 		}
 	}
 	return nil

@@ -112,6 +112,47 @@ func TestRebalanceMove(t *testing.T) {
 	}
 }
 
+// TestRebalanceMoveGroup: the replicas of a stateless kind that step
+// together move too: the one that leaves leaves the group after its last
+// step, the one that starts joins it, and no step hangs; every item
+// reaches the sink exactly once.
+func TestRebalanceMoveGroup(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(movingSpec, "%COUNT%", "600", 1)
+	g := h.load(strings.Replace(strings.Replace(src, `service_time = "3ms"`, "service_time = \"3ms\"\n    sync = true", 1),
+		`service_time = "1ms"`, "service_time = \"1ms\"\n    sync = true", 1))
+	var mu sync.Mutex
+	n, made := 0, 0
+	policy := func(s *report.Snapshot) ([]report.Move, func(bool)) {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		if n%5 != 0 {
+			return nil, nil
+		}
+		m := report.Move{From: "a", To: "b", Replicas: 1}
+		if n%10 == 0 {
+			m = report.Move{From: "b", To: "a", Replicas: 1}
+		}
+		return []report.Move{m}, func(ok bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				made++
+			}
+		}
+	}
+	rep, err := h.run(g, Options{Rebalance: policy})
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("run: %v (%s)", err, rep.Status)
+	}
+	h.deliveredOnce("sink", 600)
+	checkBalanced(t, rep)
+	if made < 2 {
+		t.Errorf("%d moves made, want several", made)
+	}
+}
+
 // TestRebalanceMovesBackAndForth: moves every tick, one way then the
 // other, until the parked replicas run out: every item still reaches the
 // sink exactly once, and a move the engine cannot make (the last replica
@@ -154,15 +195,15 @@ func TestRebalanceMovesBackAndForth(t *testing.T) {
 	t.Logf("%d moves made, %d refused; a has %d replicas in the report, b %d", made, refused, len(rep.Stages["a"].Replicas), len(rep.Stages["b"].Replicas))
 }
 
-// TestRebalanceMovable: a stage that keeps state, or whose replicas step
-// together, does not move during a run: New says which and why.
+// TestRebalanceMovable: a stage whose kind keeps state does not move
+// during a run: New says which and why.
 func TestRebalanceMovable(t *testing.T) {
 	h := newHarness(t)
 	src := strings.Replace(movingSpec, "%COUNT%", "10", 1)
-	g := h.load(strings.Replace(src, `service_time = "3ms"`, "service_time = \"3ms\"\n    sync = true", 1))
+	g := h.load(strings.Replace(src, "stage \"b\" {\n  node = \"synthetic_work\"\n  config {\n    service_time = \"3ms\"\n  }", "stage \"b\" {\n  node = \"t\"", 1))
 	if _, err := New(g, Options{Registry: h.reg, Rebalance: func(*report.Snapshot) ([]report.Move, func(bool)) { return nil, nil }}); err == nil ||
-		!strings.Contains(err.Error(), `rebalance: stage "b": its replicas step together`) {
-		t.Errorf("a group: %v", err)
+		!strings.Contains(err.Error(), `rebalance: stage "b": its replicas keep state between items (node kind t)`) {
+		t.Errorf("a kind that keeps state: %v", err)
 	}
 	if err := Movable(h.load(src), h.reg); err != nil {
 		t.Errorf("stateless stages: %v", err)
