@@ -210,6 +210,14 @@ func (g *Graph) WithRebalance(r Rebalance) (*Graph, hcl.Diagnostics) {
 	return b.g, b.diags
 }
 
+// WithoutRebalance returns a copy of g with no rebalance: its stages keep
+// the split the spec gives (`--rebalance=false`).
+func (g *Graph) WithoutRebalance() *Graph {
+	c := g.clone()
+	c.Rebalance = nil
+	return c
+}
+
 // Movable lists the stages of g whose replicas can move (those a
 // rebalance may name): not sources, every edge into and out of them
 // shared, on the kind of device most of them share. why says, for each

@@ -93,6 +93,9 @@ func TestRebalanceBlock(t *testing.T) {
 	if g, _ := loadSeed(t, "", "", ""); g.Rebalance != nil || g.Rebalanced("target") {
 		t.Error("a spec without the block has a rebalance")
 	}
+	if w := g.WithoutRebalance(); w.Rebalance != nil || g.Rebalance == nil || w.Stage("target").Replicas != 5 {
+		t.Errorf("WithoutRebalance: %+v, the original's %+v", w.Rebalance, g.Rebalance)
+	}
 }
 
 // TestRebalanceDeviceKinds: the stages of a rebalance run on one kind of
@@ -160,5 +163,18 @@ func TestWithRebalance(t *testing.T) {
 	_, diags = g.WithRebalance(graph.Rebalance{Stages: []string{"target", "drafter"}, Replicas: 1})
 	if !diags.HasErrors() || !strings.Contains(diags[0].Detail, "rebalance: A budget of 1 replica cannot give each of the 2 stages one") {
 		t.Errorf("budget of 1: %v", diags)
+	}
+}
+
+// TestWithKeepsLease: a copy made by With or WithoutRebalance keeps the
+// pipeline block's lease (a run across hosts reads it from the graph).
+func TestWithKeepsLease(t *testing.T) {
+	g, out := loadSeed(t, "", "", "pipeline \"p\" {\n  lease = \"30s\"\n}")
+	if g == nil {
+		t.Fatal(out)
+	}
+	v, diags := g.With(graph.SetReplicas("target", 4))
+	if diags.HasErrors() || v.Lease != 30*time.Second || g.WithoutRebalance().Lease != 30*time.Second {
+		t.Errorf("lease after With: %v %v", v.Lease, diags)
 	}
 }

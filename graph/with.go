@@ -109,6 +109,7 @@ func (g *Graph) clone() *Graph {
 		Filename:    g.Filename,
 		Name:        g.Name,
 		Description: g.Description,
+		Lease:       g.Lease,
 		Plugins:     slices.Clone(g.Plugins),
 		Rebalance:   g.Rebalance,
 		stages:      make(map[string]*Stage, len(g.Stages)),

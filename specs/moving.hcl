@@ -6,8 +6,10 @@
 # 8 replicas is best throughout. The rebalance block moves replicas
 # between the two stages as the bottleneck moves:
 #
-#   dflow sim specs/moving.hcl --rebalance
+#   dflow run specs/moving.hcl
+#   dflow sim specs/moving.hcl                      # the same, simulated
 #   dflow sim specs/moving.hcl --split target,drafter=8
+#   dflow run specs/moving.hcl --rebalance=false    # the split as written
 
 pipeline "moving" {
   description = "a bottleneck that moves halfway: targets first, drafters after"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"strings"
 
@@ -9,12 +10,28 @@ import (
 	"github.com/dflow-dev/dflow/report"
 )
 
+// rebalanceFlag is --rebalance as given: asked for (on), turned off
+// (--rebalance=false: off), or not given (the spec's block decides).
+func rebalanceFlag(fs *flag.FlagSet, value bool) (on, off bool) {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "rebalance" })
+	return value, given && !value
+}
+
 // rebalanced gives g the rebalance `--rebalance` (on) asks for, when the
 // spec has no rebalance block: over the stages that carry the work and
 // whose replicas can move (sim.RebalanceStages), with the block's
-// defaults. A spec's own block wins. It says on stderr which stages share
-// which budget; nil and an exit code when no two stages can.
-func (e *env) rebalanced(cmd string, g *graph.Graph, on bool, opts sim.Options) (*graph.Graph, int) {
+// defaults. A spec's own block wins, unless --rebalance=false (off) takes
+// it away. It says on stderr which stages share which budget; nil and an
+// exit code when no two stages can.
+func (e *env) rebalanced(cmd string, g *graph.Graph, on, off bool, opts sim.Options) (*graph.Graph, int) {
+	if off {
+		if g.Rebalance != nil {
+			fmt.Fprintf(e.stderr, "dflow: rebalance: off (--rebalance=false): the stages keep the split the spec gives\n")
+			g = g.WithoutRebalance()
+		}
+		return g, exitOK
+	}
 	if on && g.Rebalance == nil {
 		stages, err := sim.RebalanceStages(g, opts)
 		if err != nil {

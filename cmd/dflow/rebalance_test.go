@@ -120,9 +120,20 @@ func TestSimRebalance(t *testing.T) {
 		len(rep.Diagnosis) != 1 || !strings.Contains(rep.Diagnosis[0], "the rebalance moved 4 replicas drafter -> target") {
 		t.Errorf("report: moves %+v, diagnosis %q", rep.Moves, rep.Diagnosis)
 	}
-	code, _, stderr = dflow(t, "sim", "../../specs/moving.hcl", "--rebalance", "--interval", "0")
+	// A spec's rebalance block is simulated without the flag, and
+	// --rebalance=false keeps the spec's split.
+	code, _, stderr = dflow(t, "sim", "../../specs/moving.hcl", "--interval", "0")
 	if code != exitOK || !strings.Contains(stderr, "target -> drafter") {
 		t.Errorf("moving.hcl: code %d\n%s", code, stderr)
+	}
+	code, stdout, stderr := dflow(t, "sim", "../../specs/moving.hcl", "--interval", "0", "--rebalance=false")
+	if code != exitOK || strings.Contains(stderr, "moved") || !strings.Contains(stderr, "dflow: rebalance: off (--rebalance=false)") ||
+		!strings.Contains(stdout, "simulation ok: 15.04s") {
+		t.Errorf("moving.hcl --rebalance=false: code %d\n%s%s", code, stdout, stderr)
+	}
+	code, _, stderr = dflow(t, "run", "../../specs/moving.hcl", "--interval", "0", "--rebalance=false", "--var", "items=40")
+	if code != exitOK || strings.Contains(stderr, "moved") || !strings.Contains(stderr, "dflow: rebalance: off (--rebalance=false)") {
+		t.Errorf("run moving.hcl --rebalance=false: code %d\n%s", code, stderr)
 	}
 	if code, _, stderr := dflow(t, "sim", "../../specs/moving.hcl", "--rebalance", "--split", "target,drafter=8"); code != exitUsage ||
 		!strings.Contains(stderr, "give one of them") {

@@ -30,7 +30,7 @@ func cmdRun(e *env, args []string) int {
 	uiAddr := fs.String("ui", "", "serve a live page of the run at http://`HOST:PORT`/: the graph, queues, replicas, node metrics, diagnosis (:8080 binds to loopback only)")
 	uiLinger := fs.Duration("ui-linger", 5*time.Second, "with --ui, keep the page up this `DURATION` after the run ends (Ctrl-C closes it sooner)")
 	plotPath := fs.String("plot", "", "at the end, draw queue depth, busy and idle share over time into `FILE`, a .png or .jpg (needs an --interval)")
-	rebalance := fs.Bool("rebalance", false, "move replicas between the stages that carry the work while the run goes, as a rebalance block with its defaults does (for a spec without one)")
+	rebalance := fs.Bool("rebalance", false, "move replicas between the stages that carry the work while the run goes, as a rebalance block with its defaults does (for a spec without one); --rebalance=false keeps the split of a spec with one")
 	var cf clusterFlags
 	cf.register(fs)
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
@@ -57,7 +57,8 @@ func cmdRun(e *env, args []string) int {
 	if g == nil {
 		return code
 	}
-	if g, code = e.rebalanced("run", g, *rebalance, sim.Options{Registry: e.registry}); g == nil {
+	on, off := rebalanceFlag(fs, *rebalance)
+	if g, code = e.rebalanced("run", g, on, off, sim.Options{Registry: e.registry}); g == nil {
 		return code
 	}
 

@@ -23,7 +23,7 @@ func cmdSim(e *env, args []string) int {
 	plotPath := fs.String("plot", "", "draw queue depth, busy and idle share over simulated time into `FILE`, a .png or .jpg (needs an --interval)")
 	seed := fs.Uint64("seed", 1, "the `SEED` of the random draws that do not come from a node's own seed")
 	split := fs.String("split", "", "simulate every split of N replicas between stages A and B, written `A,B=N` (target,drafter=8), and rank them by throughput")
-	rebalance := fs.Bool("rebalance", false, "simulate the rebalance policy: move replicas between the stages of the spec's rebalance block, or (without one) between the stages that carry the work, as a run would")
+	rebalance := fs.Bool("rebalance", false, "simulate the rebalance policy for a spec without a rebalance block, between the stages that carry the work, as a run with --rebalance would (a spec's block is simulated without it; --rebalance=false keeps the spec's split)")
 	files, code, ok := parse(e, fs, args, "SPEC [flags]")
 	if !ok {
 		return code
@@ -60,11 +60,12 @@ func cmdSim(e *env, args []string) int {
 	if g == nil {
 		return code
 	}
-	if *rebalance {
-		if g, code = e.rebalanced("sim", g, true, opts); g == nil {
+	on, off := rebalanceFlag(fs, *rebalance)
+	if on || off || g.Rebalance != nil {
+		if g, code = e.rebalanced("sim", g, on, off, opts); g == nil {
 			return code
 		}
-		opts.Rebalance = true
+		opts.Rebalance = g.Rebalance != nil
 		opts.Moved = func(at time.Duration, d sim.Decision) {
 			for _, m := range d.Transfers {
 				fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d))
