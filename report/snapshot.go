@@ -141,7 +141,9 @@ func (s *Snapshot) share(prev *Snapshot, stage int, of func(ReplicaSnapshot) tim
 	}
 	for i, r := range st.Replicas {
 		d := of(r)
-		if prev != nil && stage < len(prev.Stages) {
+		// A replica that started since prev (a rebalance's) counts from
+		// its start.
+		if prev != nil && stage < len(prev.Stages) && i < len(prev.Stages[stage].Replicas) {
 			d -= of(prev.Stages[stage].Replicas[i])
 		}
 		out[i] = min(max(float64(d)/float64(span), 0), 1)

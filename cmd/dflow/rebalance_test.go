@@ -76,7 +76,7 @@ rebalance {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "r.json")
-	code, stdout, stderr := dflow(t, "run", spec, "--interval", "0", "--report", out)
+	code, stdout, stderr := dflow(t, "run", spec, "--interval", "200ms", "--report", out, "--plot", filepath.Join(dir, "p.png"))
 	if code != exitOK || !strings.Contains(stderr, "moved 4 replicas drafter -> target: target 100% busy") {
 		t.Fatalf("code %d\n%s\n%s", code, stdout, stderr)
 	}

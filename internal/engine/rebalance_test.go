@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/report"
 )
@@ -79,12 +80,17 @@ func TestRebalanceMove(t *testing.T) {
 			made = append(made, ok)
 		}
 	}
-	rep, err := h.run(g, Options{Rebalance: policy})
+	// With a series: its points take the replicas that started as they
+	// come.
+	rep, err := h.run(g, Options{Rebalance: policy, Interval: 20 * time.Millisecond, Observe: func(*report.Snapshot) {}})
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("run: %v (%s)", err, rep.Status)
 	}
 	h.deliveredOnce("sink", 600)
 	checkBalanced(t, rep)
+	if last := rep.Series[len(rep.Series)-1]; len(last.Utilization["b"]) != 3 {
+		t.Errorf("the series' last point has %d utilizations of b, want 3", len(last.Utilization["b"]))
+	}
 	if len(made) != 1 || !made[0] {
 		t.Fatalf("moves made: %v, want one made", made)
 	}

@@ -212,7 +212,7 @@ func TestRebalanceSim(t *testing.T) {
 		src := fmt.Sprintf(rebalanced, 2000, 1, "lognormal(50ms, 0.1)", 7, "25ms", 8, `move_cost = "`+cost+`"`)
 		src = strings.Replace(src, "service_time = \"25ms\"", "service_time = \"25ms\"\n    sync = true", 1)
 		g := load(t, src)
-		live := simulate(t, g, Options{Rebalance: true})
+		live := simulate(t, g, Options{Rebalance: true, Interval: time.Second}) // a series too
 		static := simulate(t, g, Options{})
 		best := simulate(t, load(t, src, "stage.target.replicas=5", "stage.drafter.replicas=3"), Options{})
 		x, y := Throughput(g, live), Throughput(g, static)
