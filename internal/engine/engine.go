@@ -290,6 +290,9 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	r.startNs.Store(r.start.UnixNano())
 	var wg sync.WaitGroup
 	if r.moves != nil {
+		// The mover's count: held while a move may start a replica, let
+		// go once every replica has returned (settle, rebalance.go).
+		wg.Add(1)
 		r.moves.wg, r.moves.ctx = &wg, ctx
 	}
 	for _, s := range r.stages {
@@ -368,6 +371,7 @@ func (r *run) launch(rep *replica, parent context.Context, wg *sync.WaitGroup, r
 		defer rcancel()
 		r.finish(rep, r.call(rctx, rep))
 		r.succeed(rep) // the replica that takes over its device after a move, if any
+		r.settle()     // the last to return lets the mover's count go
 	}()
 }
 

@@ -28,6 +28,13 @@ import (
 // lost or doubled: the items stay on the shared queues, whichever replica
 // takes them.
 //
+// A move from the budget's spare replicas (a split that starts below the
+// budget, From "") starts a parked replica at once, on the budget's
+// device that the fewest replicas use (or the stage's own). The mover
+// holds the run's wait group while a move may still start a replica, and
+// lets it go once every replica has returned: a replica never starts
+// after the run has ended.
+//
 // Only stages whose kind keeps nothing between items (nodes.Spec
 // Stateless) move; a run on a cluster does not (Movable says why). Such
 // a kind's replicas may step together (synthetic_work's sync): the one
@@ -48,9 +55,11 @@ type mover struct {
 	policy RebalanceFor
 	mu     sync.Mutex // orders moves with replicas' starts
 	// wg and ctx are execute's: a started replica is one more of the
-	// run's goroutines, under the run's context
-	wg  *sync.WaitGroup
-	ctx context.Context
+	// run's goroutines, under the run's context. The mover holds one
+	// count of wg until released: every replica has returned (settle).
+	wg       *sync.WaitGroup
+	ctx      context.Context
+	released bool
 }
 
 // Movable says why the replicas of g's rebalance block cannot move during
@@ -196,34 +205,53 @@ func (r *run) rebalance(now time.Time) {
 }
 
 // move marks the leaving replicas and the parked ones that start after
-// them, for every move or none.
+// them, and starts those that take the budget's spare replicas, for every
+// move or none.
 func (r *run) move(moves []report.Move) bool {
 	m := r.moves
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	type pair struct{ leave, start *replica }
+	if m.released {
+		return false
+	}
+	type pair struct{ leave, start *replica } // leave nil: a spare replica
 	var pairs []pair
 	taken := map[*replica]bool{}
 	for _, mv := range moves {
-		from, to := r.stage(mv.From), r.stage(mv.To)
-		if from == nil || to == nil || mv.Replicas < 1 || !r.g.Rebalanced(mv.From) || !r.g.Rebalanced(mv.To) {
-			return false // a spare replica's start, or not a rebalanced stage
+		to := r.stage(mv.To)
+		if to == nil || mv.Replicas < 1 || !r.g.Rebalanced(mv.To) || (mv.From != "" && !r.g.Rebalanced(mv.From)) {
+			return false
 		}
 		if to.ended() {
 			return false
 		}
 		for range mv.Replicas {
-			leave := from.leaver(taken)
+			var leave *replica
+			if mv.From != "" {
+				if leave = r.stage(mv.From).leaver(taken); leave == nil {
+					return false
+				}
+				taken[leave] = true
+			}
 			start := to.parked(taken)
-			if leave == nil || start == nil {
+			if start == nil {
 				return false
 			}
-			taken[leave], taken[start] = true, true
+			taken[start] = true
 			pairs = append(pairs, pair{leave, start})
 		}
 	}
 	for _, p := range pairs {
 		p.start.reserved = true
+	}
+	for _, p := range pairs {
+		if p.leave == nil {
+			// The reserved replica of lowest index, as succeed starts
+			// them: the started ones keep contiguous indices.
+			next := p.start.stage.firstReserved()
+			r.startParked(next, r.spareDevice(next))
+			continue
+		}
 		p.leave.successor.Store(p.start.stage)
 		p.leave.retiring.Store(true)
 		for _, in := range p.leave.inputs {
@@ -231,6 +259,31 @@ func (r *run) move(moves []report.Move) bool {
 		}
 	}
 	return true
+}
+
+// spareDevice is where a replica of the budget's spare starts: the
+// budget's device that the fewest running replicas of the rebalanced
+// stages use, or the stage's own without a devices list.
+func (r *run) spareDevice(rep *replica) string {
+	devs := r.g.Rebalance.Devices
+	if len(devs) == 0 {
+		return rep.stage.g.Device(rep.index)
+	}
+	use := map[string]int{}
+	for _, name := range r.g.Rebalance.Stages {
+		for _, o := range r.stage(name).replicas {
+			if o.running() {
+				use[o.device]++
+			}
+		}
+	}
+	best := devs[0]
+	for _, d := range devs {
+		if use[d] < use[best] {
+			best = d
+		}
+	}
+	return best
 }
 
 // leaver is the stage's running replica of highest index that is not
@@ -294,16 +347,26 @@ func (r *run) succeed(rep *replica) {
 	// The reserved replica of lowest index starts first, whichever
 	// leaver returns first: the stage's started replicas keep contiguous
 	// indices, as the snapshots list them.
-	var next *replica
-	for _, c := range to.replicas {
+	if next := to.firstReserved(); next != nil {
+		r.startParked(next, rep.device)
+	}
+}
+
+// firstReserved is the stage's parked replica of lowest index chosen to
+// start, or nil.
+func (s *stage) firstReserved() *replica {
+	for _, c := range s.replicas {
 		if c.parked.Load() && c.reserved {
-			next = c
-			break
+			return c
 		}
 	}
-	if next == nil {
-		return
-	}
+	return nil
+}
+
+// startParked starts a parked replica on device, counted first on its
+// queues, unless they have ended. The caller holds the mover's lock.
+func (r *run) startParked(next *replica, device string) {
+	m := r.moves
 	// Count it on its queues while they are open: a queue none of
 	// whose producers is left has closed, and none of whose consumers is
 	// left has gone.
@@ -347,7 +410,7 @@ func (r *run) succeed(rep *replica) {
 			}
 		}
 	}
-	next.device = rep.device
+	next.device = device
 	now := time.Now()
 	next.begun.Store(&now)
 	next.stage.group.join(next.index)
@@ -356,6 +419,29 @@ func (r *run) succeed(rep *replica) {
 		next.ended.Store(0)
 		next.parked.Store(false)
 	})
+}
+
+// settle lets the run's wait group go once every replica has returned:
+// no move can start one after that.
+func (r *run) settle() {
+	m := r.moves
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.released {
+		return
+	}
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			if rep.running() {
+				return
+			}
+		}
+	}
+	m.released = true
+	m.wg.Done()
 }
 
 // addIfAny adds one to n unless it is 0.

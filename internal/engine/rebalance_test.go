@@ -118,6 +118,40 @@ func TestRebalanceMove(t *testing.T) {
 	}
 }
 
+// TestRebalanceSpare: a budget larger than the split the stages start
+// with: a move from the spare (From "") starts replicas at once, without
+// one leaving.
+func TestRebalanceSpare(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(strings.Replace(movingSpec, "%COUNT%", "600", 1), `stages = ["a", "b"]`, "stages   = [\"a\", \"b\"]\n  replicas = 6", 1)
+	g := h.load(src)
+	var mu sync.Mutex
+	asked, made := false, false
+	policy := func(s *report.Snapshot) ([]report.Move, func(bool)) {
+		mu.Lock()
+		defer mu.Unlock()
+		if asked || s.Stages[2].Replicas[0].ItemsIn < 10 {
+			return nil, nil
+		}
+		asked = true
+		return []report.Move{{From: "", To: "b", Replicas: 2}}, func(ok bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			made = ok
+		}
+	}
+	rep, err := h.run(g, Options{Rebalance: policy})
+	if err != nil || rep.Status != report.OK {
+		t.Fatalf("run: %v (%s)", err, rep.Status)
+	}
+	h.deliveredOnce("sink", 600)
+	checkBalanced(t, rep)
+	a, b := rep.Stages["a"].Replicas, rep.Stages["b"].Replicas
+	if !made || len(a) != 3 || len(b) != 3 || b[1].ItemsIn == 0 || b[2].ItemsIn == 0 {
+		t.Errorf("made %v; %d replicas of a, b %+v", made, len(a), b)
+	}
+}
+
 // TestRebalanceMoveGroup: the replicas of a stateless kind that step
 // together move too: the one that leaves leaves the group after its last
 // step, the one that starts joins it, and no step hangs; every item
