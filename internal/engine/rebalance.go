@@ -40,9 +40,7 @@ import (
 // a kind's replicas may step together (synthetic_work's sync): the one
 // that leaves leaves the group after its last step, and the others go on
 // without it; the one that starts joins the group, and the next step
-// waits for it too. A move from the budget's
-// spare replicas (a split that starts below the budget) is not made: a
-// run moves replicas, it does not add them.
+// waits for it too.
 
 // RebalanceFor is the policy of a run's rebalance: called at every
 // sampling tick with a fresh snapshot, it returns the moves to make now
