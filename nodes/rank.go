@@ -1,6 +1,9 @@
 package nodes
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // RankPlace is where a replica of a group stage runs as a distributed
 // rank sees it (torchrun's environment: MASTER_ADDR, MASTER_PORT,
@@ -18,6 +21,13 @@ type RankPlace struct {
 	// replica's host, by local rank ("cpu", "cuda:N" in dflow's
 	// numbering); nil: only the replica's own is known.
 	LocalDevices []string
+	// PeerLoss, for a group that restarts whole (Spec.Whole), is how long
+	// a rank whose process failed waits for the runtime to stop the group
+	// and start it again before its failure fails the run: a rank whose
+	// peer's host was lost fails at once (its collective's connection
+	// closed), while the runtime counts that host lost only after its
+	// lease. 0: it fails the run at once.
+	PeerLoss time.Duration
 }
 
 // RankPlacer says where replica r runs as a distributed rank sees it.

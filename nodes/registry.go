@@ -65,6 +65,14 @@ type Spec struct {
 	// A lost member of a group with no member left fails the run, as does
 	// a lost replica of a kind that keeps state without Moves.
 	Moves bool
+	// Whole says that a kind that moves (Moves) and whose group saves
+	// (Group.Saves) cannot go on without any of its members: a member
+	// lost with its worker loses the group whole (a torch process group
+	// cannot shrink), so on a cluster the other members are stopped too,
+	// and every member restarts and restores the group's last save (Keep
+	// returns *Restore), the inputs after it coming back. A plugin's
+	// group kind that says it restores (Kind.restores) is Whole.
+	Whole bool
 	// OneForOne says that a replica sends exactly one item on each of its
 	// output ports for every item it takes, whatever its config (a map
 	// over its input): a run's books then carry through the stage (what

@@ -81,6 +81,7 @@ type Coordinator struct {
 	paused    control.Pauses           // the coordinator's own (seen by the heartbeat), not counted as workers' silence
 	saves     localSaves               // what groups summing on one worker saved
 	restores  map[string]*wire.Restore // for the restarts of such groups lost whole
+	attempts  map[string]int           // the times each group was lost whole (Job.Attempt)
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares
@@ -608,6 +609,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	c.mu.Unlock()
 	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)
+	job.Attempt = maps.Clone(c.attempts)
 	c.mu.Unlock()
 	b, err := json.Marshal(&job)
 	if err != nil {

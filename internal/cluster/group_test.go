@@ -167,3 +167,73 @@ func connector(t *testing.T) func() *nats.Conn {
 		return nc
 	}
 }
+
+// TestLoseWhole: a group that cannot go on without a member (Spec.Whole,
+// a plugin's group kind that restores: a torch process group cannot
+// shrink) loses every member with one: the shares that run the others
+// are counted lost too (they restart), and the group restores its last
+// save, each member told its step. A share that cannot restart whole (it
+// also runs a replica that keeps state and cannot move) fails the run,
+// naming the stage, the member and the share. Without Whole the members
+// left go on, as any group's do.
+func TestLoseWhole(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	ports := func(*graph.Config) []graph.PortSpec { return nil }
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "ranks", Ports: ports}, Sync: nodes.Always, Moves: true, Whole: true})
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "worker", Ports: ports}, Stateless: true})
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "keeper", Ports: ports}})
+	setup := func(kind, beside string) (*Coordinator, *group.Host, map[string]*instance) {
+		in := []*graph.Port{{Name: "in"}}
+		train := &graph.Stage{Name: "train", Node: kind, Replicas: 3, Inputs: in}
+		side := &graph.Stage{Name: "side", Node: beside, Replicas: 1, Inputs: in}
+		h := group.NewHost("train", 3, 1<<20, true)
+		h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
+			LastRound: []uint32{3, 3, 3}, Share: []string{"w1", "w2", "w3"}})
+		ins := map[string]*instance{}
+		for _, w := range []string{"w1", "w2", "w3"} {
+			ins[w] = &instance{name: w, worker: w}
+		}
+		var log syncLog
+		c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()},
+			g:      &graph.Graph{Stages: []*graph.Stage{train, side}},
+			place:  map[string][]string{"train": {"w1", "w2", "w3"}, "side": {"w2"}},
+			groups: map[string]*group.Host{"train": h}, instances: ins}
+		return c, h, ins
+	}
+
+	c, h, ins := setup("ranks", "worker")
+	ins["w1"].lost = true
+	if err := c.loseMember(ins["w1"], c.g.Stages[0], 0); err != nil {
+		t.Fatalf("a member of a whole group lost: %v", err)
+	}
+	if !ins["w2"].lost || !ins["w3"].lost || len(c.evicted) != 2 {
+		t.Errorf("the other members' shares: w2 lost %v, w3 lost %v, %d evicted; want both counted lost, to restart", ins["w2"].lost, ins["w3"].lost, len(c.evicted))
+	}
+	for i := range 3 {
+		if !h.Restoring(i) {
+			t.Errorf("member %d does not restore the group's last save", i)
+		}
+	}
+	if got := c.o.Log.(*syncLog).String(); !strings.Contains(got, `stage "train" lost member 0 with worker w1, and its group cannot go on without it: the share w2, on worker w2, restarts too`) {
+		t.Errorf("the log says %q, want the restart of w2 said", got)
+	}
+
+	c, _, ins = setup("ranks", "keeper")
+	ins["w1"].lost = true
+	err := c.loseMember(ins["w1"], c.g.Stages[0], 0)
+	if err == nil || !strings.Contains(err.Error(), `stage "train" (ranks) lost member 0 with worker w1, and its group cannot go on without it`) ||
+		!strings.Contains(err.Error(), `stage "side" replica 0 (keeper)`) {
+		t.Errorf("a member beside a replica that cannot move: %v", err)
+	}
+
+	c, h, ins = setup("mover", "worker")
+	ins["w1"].lost = true
+	if err := c.loseMember(ins["w1"], c.g.Stages[0], 0); err != nil {
+		t.Fatalf("a member of a group that goes on: %v", err)
+	}
+	if ins["w2"].lost || ins["w3"].lost || h.Restoring(1) {
+		t.Error("a group that is not whole stopped its other members")
+	}
+}

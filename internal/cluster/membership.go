@@ -452,7 +452,24 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		return nil
 	}
-	if h.Lose(i, in.name) == 0 && h.Keeps() && h.AnyDue() {
+	restoring := h.Restoring(i) // its group is lost whole already
+	present := h.Lose(i, in.name)
+	if present > 0 && wire.Whole(c.o.Registry, s) && in.evict != s.Name && !restoring {
+		// its members cannot go on without it: the others stop too, and
+		// every member restarts from the group's last save
+		if err := c.loseWhole(in, s, i, h); err != nil {
+			return err
+		}
+		present = 0
+	}
+	if !restoring && h.Restoring(i) {
+		// a new attempt of the group: its ranks meet at its new rank 0
+		if c.attempts == nil {
+			c.attempts = map[string]int{}
+		}
+		c.attempts[s.Name]++
+	}
+	if present == 0 && h.Keeps() && h.AnyDue() {
 		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
 	}
@@ -468,7 +485,8 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	// fails here, for the restore, not for a worker lost (it is not).
 	ev := h.Evictions()
 	for _, x := range ev {
-		if err := c.evictable(s, x, ev); err != nil {
+		needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.Member, x.Share)
+		if err := c.evictable(s, x, ev, needs); err != nil {
 			return err
 		}
 	}
@@ -483,14 +501,48 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	return nil
 }
 
+// loseWhole counts lost, for stage s whose group cannot go on without a
+// member (Spec.Whole: a torch process group cannot shrink), every share
+// that runs another member of it, now that member i was lost with share
+// in: they restart with it, and the group restores its last save (or,
+// having saved nothing yet, starts afresh, its inputs coming back). Each
+// such share must be able to restart whole (evictable). c.mu held.
+func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Host) error {
+	var ev []group.Eviction
+	for j, share := range c.place[s.Name] {
+		if share != in.name {
+			ev = append(ev, group.Eviction{Member: j, Share: share})
+		}
+	}
+	for _, x := range ev {
+		needs := fmt.Sprintf("stage %q (%s) lost member %d with worker %s, and its group cannot go on without it: its members restart together, member %d among them, on the share %s",
+			s.Name, s.Node, i, in.worker, x.Member, x.Share)
+		if err := c.evictable(s, x, ev, needs); err != nil {
+			return err
+		}
+	}
+	for _, x := range ev {
+		h.Lose(x.Member, x.Share)
+	}
+	for _, x := range ev {
+		if e := c.instances[x.Share]; e != nil && !e.lost {
+			e.lost, e.evict = true, s.Name
+			c.markRan(e)
+			c.evicted = append(c.evicted, e)
+			fmt.Fprintf(c.o.Log, "dflow: stage %q lost member %d with worker %s, and its group cannot go on without it: the share %s, on worker %s, restarts too\n",
+				s.Name, i, in.worker, x.Share, e.worker)
+		}
+	}
+	return nil
+}
+
 // evictable checks that the share of x, a member of s's group that had
 // finished, can be counted lost for the group's restore (ev, all the
 // members it needs back), so that x restarts: it is counted lost already,
 // or it has not ended and everything else it runs can restart elsewhere
 // or has finished. c.mu held.
-func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Eviction) error {
+func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Eviction, needs string) error {
 	e := c.instances[x.Share]
-	needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.Member, x.Share)
 	const fails = "the run fails (a checkpointing node resumes from its last checkpoint on the next run)"
 	switch {
 	case e == nil:

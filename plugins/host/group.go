@@ -189,3 +189,36 @@ func (c *collectives) do(ctx context.Context, m *proto.Collective) {
 		_ = c.send(&proto.Message{Msg: &proto.Message_CollectiveResult{CollectiveResult: res}})
 	})
 }
+
+// restoreStep is what a member of a kind that restores (Kind.restores)
+// starts with, its Start's restore_step: its group saves (Group.Saves:
+// on a cluster, its inputs are settled only once a save holds them), and
+// Keep says whether this start is a restart of the group lost whole,
+// which restores the save Keep names (nil: a first start). A plugin's
+// state never moves from one member to another (pluginState): its group
+// restarts whole.
+func restoreStep(ctx context.Context, r nodes.Replica) (*int64, error) {
+	g := r.Group()
+	if err := g.Saves(ctx); err != nil {
+		return nil, err
+	}
+	err := g.Keep(ctx, pluginState{})
+	var re *nodes.Restore
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.As(err, &re):
+		step := int64(re.Step)
+		return &step, nil
+	}
+	return nil, err
+}
+
+// pluginState is a plugin group member's state as the group sees it
+// (nodes.State): none it can move, for the plugin keeps its own.
+type pluginState struct{}
+
+var errStateStays = errors.New("a plugin's group does not hand its state from one member to another: its group restarts whole from its last save")
+
+func (pluginState) MarshalBinary() ([]byte, error) { return nil, errStateStays }
+func (pluginState) UnmarshalBinary([]byte) error   { return errStateStays }

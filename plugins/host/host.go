@@ -83,6 +83,16 @@ func (h *Host) SetStderr(w io.Writer) {
 	h.Stderr = w
 }
 
+// log is where plugin stderr is forwarded now (nil: nowhere).
+func (h *Host) log() io.Writer {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.Stderr == nil {
+		return io.Discard
+	}
+	return h.Stderr
+}
+
 // Close kills every plugin process still running, and removes the
 // folder of their sockets.
 func (h *Host) Close() {
@@ -286,6 +296,9 @@ type KindInfo struct {
 	// version 2): each a rank with torchrun's environment, its stage a
 	// replica group.
 	Group bool
+	// Restores: the group saves and restores its state, so that on a
+	// cluster it restarts whole after a lost member (Kind.restores).
+	Restores bool
 }
 
 // Load starts plugin name at path, asks it for its node kinds and
@@ -323,7 +336,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 				name, path, k.Name, p.version)
 		}
 		rk := &remoteKind{host: h, catalog: p, plugin: name, path: path, kind: k.Name, fields: fields, batches: desc.Batches, portCredit: desc.PortCredit, outputCredit: desc.OutputCredit, sharedMemory: desc.SharedMemory, times: desc.Times,
-			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, group: k.Group, ports: map[string]*proto.CheckResponse{}}
+			waiting: desc.Waiting && desc.PortCredit && desc.OutputCredit, group: k.Group, restores: k.Group && k.Restores, ports: map[string]*proto.CheckResponse{}}
 		full := name + "/" + k.Name
 		spec := nodes.Spec{
 			Kind: graph.Kind{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor, Check: rk.check},
@@ -332,8 +345,12 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if k.Group {
 			spec.Sync = nodes.Always // a step a collective, as a built-in group kind's
 		}
+		if rk.restores {
+			// its group restarts whole from its last save (group.go)
+			spec.Moves, spec.Whole = true, true
+		}
 		reg.Register(spec)
-		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields)), Group: k.Group})
+		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields)), Group: k.Group, Restores: rk.restores})
 	}
 	return infos, nil
 }
@@ -360,8 +377,11 @@ type remoteKind struct {
 	// credit per input and output port, which the argument rests on
 	waiting bool
 	group   bool // the kind's replicas step together (group.go)
-	mu      sync.Mutex
-	ports   map[string]*proto.CheckResponse // by config JSON
+	// restores: the group saves and restores its state, and restarts
+	// whole (group.go)
+	restores bool
+	mu       sync.Mutex
+	ports    map[string]*proto.CheckResponse // by config JSON
 }
 
 // checkConfig asks the catalog process about a config, once per config.

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
@@ -32,7 +33,17 @@ type remoteNode struct {
 func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	k := n.k
 	var env []string
+	var restore *int64
+	var peerLoss time.Duration
 	device := r.Device()
+	if k.restores {
+		// A member of a group that restores: told its group's last save
+		// where it is a restart of the group lost whole (group.go).
+		var err error
+		if restore, err = restoreStep(ctx, r); err != nil {
+			return fmt.Errorf("plugin %s (%s): rank %d of %d: %w", k.plugin, k.path, r.Index(), r.Replicas(), err)
+		}
+	}
 	if k.group {
 		// A rank: the environment torchrun gives one, its device bound
 		// before the process starts (group.go).
@@ -41,15 +52,30 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 			return fmt.Errorf("plugin %s (%s): %w", k.plugin, k.path, err)
 		}
 		env, device = rankEnv(r, place)
+		peerLoss = place.PeerLoss
 	}
 	p, err := k.host.start(k.path, fmt.Sprintf("[%s/%d] ", r.Stage(), r.Index()), env...)
 	if err != nil {
 		return err
 	}
-	err = n.stream(ctx, r, p, device)
+	err = n.stream(ctx, r, p, device, restore)
 	// Kill waits for the process and for its stderr to be copied, so the
 	// message below has the plugin's last words.
 	k.host.kill(p.client)
+	if err != nil && ctx.Err() == nil && peerLoss > 0 {
+		// A rank of a group that restarts whole fails at once when a
+		// peer's host is lost (its collective's connection closed); the
+		// runtime counts that host lost within its lease, and then stops
+		// this rank too and starts the group again: its failure is the
+		// run's only if that does not come.
+		fmt.Fprintf(k.host.log(), "[%s/%d] rank %d of %d failed (%v); waiting up to %v for its group to restart, in case a peer's host was lost\n",
+			r.Stage(), r.Index(), r.Index(), r.Replicas(), err, peerLoss)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(peerLoss):
+		}
+	}
 	if err != nil && ctx.Err() == nil {
 		who := fmt.Sprintf("plugin %s (%s)", k.plugin, k.path)
 		if k.group {
@@ -65,7 +91,7 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 
 // stream pumps one replica: inputs to the plugin as it grants credit,
 // outputs and metrics back, until the plugin says Done.
-func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, device string) error {
+func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, device string, restore *int64) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rst, err := p.node.Run(sctx)
@@ -82,7 +108,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 	}
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
 		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: device, Batches: true,
-		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting, Group: n.k.group}
+		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting, Group: n.k.group, RestoreStep: restore}
 	start.Times = ownClockOf(r, n.k.times).begin() // the plugin's figures for the replica's (times.go)
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}

@@ -299,7 +299,15 @@ type Kind struct {
 	// own started with the environment torchrun gives a rank (RANK,
 	// WORLD_SIZE, MASTER_ADDR, ...; docs/plugins.md), and its Start says
 	// group, so that it may send Collective messages.
-	Group         bool `protobuf:"varint,4,opt,name=group,proto3" json:"group,omitempty"`
+	Group bool `protobuf:"varint,4,opt,name=group,proto3" json:"group,omitempty"`
+	// restores (a group kind): the group saves its state (SAVES, SAVED)
+	// and restores a save, so that on a cluster a member lost with its
+	// worker loses the group whole (a torch process group cannot shrink):
+	// every member is stopped and started again, with a fresh MASTER_PORT,
+	// its Start's restore_step the step of the group's last save, and the
+	// inputs after that save come back. Without it, such a loss fails the
+	// run.
+	Restores      bool `protobuf:"varint,5,opt,name=restores,proto3" json:"restores,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +366,13 @@ func (x *Kind) GetConfig() []*Field {
 func (x *Kind) GetGroup() bool {
 	if x != nil {
 		return x.Group
+	}
+	return false
+}
+
+func (x *Kind) GetRestores() bool {
+	if x != nil {
+		return x.Restores
 	}
 	return false
 }
@@ -968,7 +983,13 @@ type Start struct {
 	// group (protocol version 2): the replica is a member of its stage's
 	// replica group (its kind said Kind.group), and dflow takes Collective
 	// messages from it.
-	Group         bool `protobuf:"varint,12,opt,name=group,proto3" json:"group,omitempty"`
+	Group bool `protobuf:"varint,12,opt,name=group,proto3" json:"group,omitempty"`
+	// restore_step (a kind that said Kind.restores): set on a member
+	// started again after its group was lost whole: restore the group's
+	// save of this step (SAVED named it) and train again on what comes
+	// after it; -1: the group had saved nothing yet, start afresh. Unset
+	// on a first start.
+	RestoreStep   *int64 `protobuf:"varint,13,opt,name=restore_step,json=restoreStep,proto3,oneof" json:"restore_step,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1085,6 +1106,13 @@ func (x *Start) GetGroup() bool {
 		return x.Group
 	}
 	return false
+}
+
+func (x *Start) GetRestoreStep() int64 {
+	if x != nil && x.RestoreStep != nil {
+		return *x.RestoreStep
+	}
+	return 0
 }
 
 // Collective, from a group member's plugin (Start.group), takes part in
@@ -2071,12 +2099,13 @@ const file_dflow_proto_rawDesc = "" +
 	"\routput_credit\x18\x04 \x01(\bR\foutputCredit\x12#\n" +
 	"\rshared_memory\x18\x05 \x01(\bR\fsharedMemory\x12\x18\n" +
 	"\awaiting\x18\x06 \x01(\bR\awaiting\x12\x14\n" +
-	"\x05times\x18\a \x01(\bR\x05times\"r\n" +
+	"\x05times\x18\a \x01(\bR\x05times\"\x8e\x01\n" +
 	"\x04Kind\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03doc\x18\x02 \x01(\tR\x03doc\x12.\n" +
 	"\x06config\x18\x03 \x03(\v2\x16.dflow.plugin.v1.FieldR\x06config\x12\x14\n" +
-	"\x05group\x18\x04 \x01(\bR\x05group\"\x94\x01\n" +
+	"\x05group\x18\x04 \x01(\bR\x05group\x12\x1a\n" +
+	"\brestores\x18\x05 \x01(\bR\brestores\"\x94\x01\n" +
 	"\x05Field\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -2118,7 +2147,7 @@ const file_dflow_proto_rawDesc = "" +
 	"collective\x18\f \x01(\v2\x1b.dflow.plugin.v1.CollectiveH\x00R\n" +
 	"collective\x12P\n" +
 	"\x11collective_result\x18\r \x01(\v2!.dflow.plugin.v1.CollectiveResultH\x00R\x10collectiveResultB\x05\n" +
-	"\x03msg\"\xd3\x02\n" +
+	"\x03msg\"\x8c\x03\n" +
 	"\x05Start\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\tR\n" +
@@ -2133,7 +2162,9 @@ const file_dflow_proto_rawDesc = "" +
 	"\awaiting\x18\n" +
 	" \x01(\bR\awaiting\x12\x14\n" +
 	"\x05times\x18\v \x01(\bR\x05times\x12\x14\n" +
-	"\x05group\x18\f \x01(\bR\x05group\"w\n" +
+	"\x05group\x18\f \x01(\bR\x05group\x12&\n" +
+	"\frestore_step\x18\r \x01(\x03H\x00R\vrestoreStep\x88\x01\x01B\x0f\n" +
+	"\r_restore_step\"w\n" +
 	"\n" +
 	"Collective\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
@@ -2312,6 +2343,7 @@ func file_dflow_proto_init() {
 		(*Message_Collective)(nil),
 		(*Message_CollectiveResult)(nil),
 	}
+	file_dflow_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

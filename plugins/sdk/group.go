@@ -118,9 +118,24 @@ func (m *member) Finish(ctx context.Context) (bool, error) {
 	return r.Last, nil
 }
 
-var errKeep = errors.New("sdk: a plugin's group does not move state between members (Group.Keep); save and restore it yourself")
+var errKeep = errors.New("sdk: a plugin's group does not move state between members (Group.Keep); save and restore it yourself, with a kind that restores (nodes.Spec.Moves)")
 
-func (m *member) Keep(context.Context, nodes.State) error { return errKeep }
+// Keep moves no state between members: a plugin keeps its own. For a
+// kind that restores (Spec.Moves: Kind.restores), it says whether this
+// start is a restart of the group lost whole: a *nodes.Restore naming the
+// step of the group's last save to restore (Step < 0: none yet, start
+// afresh), or nil on a first start. Any other kind's member gets an
+// error.
+func (m *member) Keep(context.Context, nodes.State) error {
+	start := m.s.start
+	switch {
+	case !m.s.restores:
+		return errKeep
+	case start.RestoreStep != nil:
+		return &nodes.Restore{Step: int(*start.RestoreStep)}
+	}
+	return nil
+}
 
 func (m *member) Saves(ctx context.Context) error {
 	_, err := m.call(ctx, &proto.Collective{Op: proto.CollectiveOp_COLLECTIVE_SAVES})

@@ -141,6 +141,11 @@ type input struct {
 	ended atomic.Bool // end of input received (set before ch is closed)
 	w     wire.Window
 	cur   *wire.Held // the region of the item by reference the node last received here
+	// asked: credit goes one item at a time, as the node asks for one (a
+	// kind that restores: the item dflow holds in hand is then the one the
+	// node trains in its group's step, which settles it at that step's
+	// save)
+	asked bool
 }
 
 // inItem is an item received for the node, with its payload's size, and
@@ -167,6 +172,14 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 		return in.took(it, ok)
 	default:
 	}
+	if in.asked && !in.ended.Load() {
+		// credit for the one item the node asks for (a kind that
+		// restores: session.restores)
+		in.w.Lend()
+		if err := in.s.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: 1, Port: in.port}}}); err != nil {
+			return nil, err
+		}
+	}
 	defer in.s.block(func() bool { return len(in.ch) == 0 && !in.ended.Load() })()
 	defer in.s.times.wait(waitIdle)()
 	select {
@@ -184,8 +197,13 @@ func (in *input) took(it inItem, ok bool) (any, error) {
 		return nil, io.EOF
 	}
 	// The item is taken: credit for one more, which the sender grants
-	// (several in one message when items come fast).
-	in.w.Taken(it.size)
+	// (several in one message when items come fast), or, asked for one
+	// at a time, the next Recv asks.
+	if in.asked {
+		in.w.TakenAsked(it.size)
+	} else {
+		in.w.Taken(it.size)
+	}
 	in.cur = it.held
 	if it.held != nil {
 		in.s.pools.In.Give(it.held)

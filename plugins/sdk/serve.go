@@ -111,8 +111,10 @@ func (s *server) Describe(context.Context, *proto.DescribeRequest) (*proto.Descr
 	for _, name := range s.order {
 		sp := s.specs[name]
 		// A kind with Sync steps together: a group kind (protocol
-		// version 2), whatever its config says.
-		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: wire.FieldsToProto(sp.Config), Group: sp.Sync != nil})
+		// version 2), whatever its config says; with Moves as well, its
+		// group saves and restores its state (Kind.restores).
+		resp.Kinds = append(resp.Kinds, &proto.Kind{Name: name, Doc: sp.Doc, Config: wire.FieldsToProto(sp.Config),
+			Group: sp.Sync != nil, Restores: sp.Sync != nil && sp.Moves})
 	}
 	return resp, nil
 }
@@ -180,6 +182,12 @@ func (s *server) Run(stream proto.Node_RunServer) error {
 		return stream.Send(&proto.Message{Msg: &proto.Message_Done{Done: &proto.Done{Error: err.Error()}}})
 	}
 	ss := newSession(stream, start, ports, s.opts)
+	if sp.Sync != nil && sp.Moves {
+		ss.restores = true
+		for _, in := range ss.inputs {
+			in.asked, in.w.Items = true, 1
+		}
+	}
 	if s.onSession != nil {
 		s.onSession(ss)
 	}

@@ -268,3 +268,72 @@ func TestBatchesAndCredit(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoresAsksOneAtATime: a member of a kind that restores (Sync and
+// Moves: Kind.restores) grants input credit for one item only as its node
+// asks for one, never ahead, so that the item dflow holds in hand is the
+// one the node trains in its group's step; its Keep names the save to
+// restore where its Start says restore_step, and is nil on a first start.
+func TestRestoresAsksOneAtATime(t *testing.T) {
+	t.Parallel()
+	took := make(chan int, 4)
+	asked := make(chan struct{})
+	kept := make(chan error, 1)
+	spec := nodes.Spec{
+		Kind: graph.Kind{Name: "ranks", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		}},
+		Sync: nodes.Always, Moves: true,
+		New: func(*graph.Config) (nodes.Node, error) {
+			return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+				kept <- r.Group().Keep(ctx, nil)
+				<-asked
+				for {
+					it, err := r.In("in").Recv(ctx)
+					if err == io.EOF {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					took <- int(it.([]byte)[0])
+				}
+			}), nil
+		},
+	}
+	for _, c := range []struct{ restore *int64 }{{nil}, {ptr(int64(4))}} {
+		st := &fakeStream{in: make(chan *proto.Message, 4)}
+		st.in <- &proto.Message{Msg: &proto.Message_Start{Start: &proto.Start{Kind: "ranks", ConfigJson: "{}", Batches: true, Group: true, RestoreStep: c.restore}}}
+		done := make(chan error, 1)
+		go func() { done <- newServer(Options{}, spec).Run(st) }()
+		err := <-kept
+		var re *nodes.Restore
+		switch {
+		case c.restore == nil && err != nil:
+			t.Errorf("a first start: Keep says %v, want nil", err)
+		case c.restore != nil && (!errors.As(err, &re) || re.Step != 4):
+			t.Errorf("a restart told step 4: Keep says %v, want a *nodes.Restore of step 4", err)
+		}
+		if n := st.credit(); n != 0 {
+			t.Errorf("credit %d before the node asked, want none", n)
+		}
+		close(asked)
+		testutil.Eventually(t, 10*time.Second, func() bool { return st.credit() == 1 }, "the node's ask granted no credit")
+		st.in <- &proto.Message{Msg: &proto.Message_Batch{Batch: &proto.Batch{Items: []*proto.Item{{Port: "in", Type: "bytes", Payload: []byte{7}}}}}}
+		if got := <-took; got != 7 {
+			t.Errorf("took %d, want 7", got)
+		}
+		testutil.Eventually(t, 10*time.Second, func() bool { return st.credit() == 2 }, "the second ask granted no credit")
+		st.in <- &proto.Message{Msg: &proto.Message_Eof{Eof: &proto.Eof{Port: "in"}}}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if n := st.credit(); n != 2 {
+			t.Errorf("credit %d granted over the run, want 2: one an ask", n)
+		}
+		close(st.in)
+		asked = make(chan struct{})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

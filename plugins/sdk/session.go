@@ -44,6 +44,9 @@ type session struct {
 	outputs map[string]*output
 	times   times
 	group   *member // the replica's group (Start.group), nil when it has none
+	// restores: the kind's group saves and restores its state
+	// (Kind.restores), so its member's Keep says a restart's restore
+	restores bool
 
 	sender
 	receiver
@@ -110,6 +113,9 @@ func (s *session) run(node nodes.Node) error {
 	// The first window of input credit, before the node can wait for an
 	// item (and the plugin say Waiting): on the stream ahead of it.
 	for name, in := range s.inputs {
+		if in.asked {
+			continue // credit as the node asks (input.asked)
+		}
 		n := in.w.Open(firstCredit)
 		if err := s.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: n, Port: name}}}); err != nil {
 			return err

@@ -53,6 +53,11 @@ func (l *links) ranked(s *graph.Stage, n nodes.Node) nodes.Node {
 func (l *links) rankPlace(ctx context.Context, s *graph.Stage, r nodes.Replica) (nodes.RankPlace, error) {
 	place := l.job.Place[s.Name]
 	var p nodes.RankPlace
+	if l.whole != nil && l.whole(s) {
+		// a peer's worker lost, the coordinator counts it so within its
+		// lease, and then stops this share too
+		p.PeerLoss = 2*l.job.Timings.Lease + l.job.Timings.AckWait
+	}
 	for i, in := range place {
 		if in == l.instance {
 			if i == r.Index() {
@@ -62,7 +67,7 @@ func (l *links) rankPlace(ctx context.Context, s *graph.Stage, r nodes.Replica) 
 			p.LocalDevices = append(p.LocalDevices, s.Device(i))
 		}
 	}
-	key := keyRank0(s, place[0])
+	key := keyRank0(s, l.job.Attempt[s.Name], place[0])
 	if place[0] == l.instance {
 		l.pmu.Lock()
 		if l.rank0s == nil {
@@ -131,7 +136,13 @@ func (l *links) listen(ctx context.Context, key string) (addr string, port int, 
 }
 
 // keyRank0 is where the share that runs rank 0 of group stage s (the
-// instance inst) records where it listens.
-func keyRank0(s *graph.Stage, inst string) string {
+// instance inst) records where it listens, in the group's attempt
+// (Job.Attempt).
+func keyRank0(s *graph.Stage, attempt int, inst string) string {
+	if attempt > 0 {
+		// a group lost whole and started again: a member sent its job
+		// before rank 0's share was placed meets it all the same
+		return "rank0." + wire.Token(s.Name) + ".a" + strconv.Itoa(attempt)
+	}
 	return "rank0." + wire.Token(s.Name) + "." + wire.Token(inst)
 }

@@ -60,6 +60,9 @@ type links struct {
 	// syncs says whether a stage's replicas step together: a node that
 	// starts them as distributed ranks learns where each runs (ranks.go)
 	syncs func(*graph.Stage) bool
+	// whole says whether a stage's group restarts whole after a member's
+	// loss (Spec.Whole): its ranks wait for that (ranks.go)
+	whole func(*graph.Stage) bool
 	// summing says whether a stage is a group of a kind that moves whose
 	// members sum in this process (localGroup); locals their records
 	summing   func(*graph.Stage) bool

@@ -209,6 +209,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		spec, ok := w.o.Registry.Spec(s.Node)
 		return ok && spec.Sync != nil && spec.Sync(s.Config)
 	}
+	l.whole = func(s *graph.Stage) bool { return wire.Whole(w.o.Registry, s) }
 	l.summing = func(s *graph.Stage) bool {
 		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name])
 	}
@@ -378,5 +379,11 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 			break
 		}
 	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, rep.Status)
+	why := "" // the worker's own log says why, too
+	if d.Err != "" {
+		why = ": " + d.Err
+	} else if rep.Status == report.Failed && rep.Error != "" {
+		why = ": " + rep.Error
+	}
+	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s%s\n", w.o.Name, job.Run, share, rep.Status, why)
 }

@@ -51,6 +51,12 @@ type Job struct {
 	// Restore, by stage, restarts a group lost whole that summed on one
 	// worker from its last save (saves.go).
 	Restore map[string]*Restore `json:"restore,omitempty"`
+	// Attempt, by stage, counts the times a group that starts distributed
+	// ranks was lost whole and started again: its ranks meet at the rank 0
+	// of their attempt (the share that runs rank 0 records where it
+	// listens under the attempt), never at an earlier attempt's, whatever
+	// placement a member's job was sent with.
+	Attempt map[string]int `json:"attempt,omitempty"`
 }
 
 // Hello is a worker's announcement.

@@ -67,6 +67,13 @@ func Chainable(reg *nodes.Registry, s *graph.Stage) bool {
 	return ok && Restartable(reg, s) && !spec.Moves && (spec.Sync == nil || !spec.Sync(s.Config))
 }
 
+// Whole reports whether a stage's group cannot go on without any of its
+// members (Spec.Whole): a member lost loses the group whole.
+func Whole(reg *nodes.Registry, s *graph.Stage) bool {
+	spec, ok := reg.Spec(s.Node)
+	return ok && spec.Whole
+}
+
 // Moves reports whether a stage's state moves to a restart (Spec.Moves).
 func Moves(reg *nodes.Registry, s *graph.Stage) bool {
 	spec, ok := reg.Spec(s.Node)

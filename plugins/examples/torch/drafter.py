@@ -28,6 +28,7 @@ import json
 import math
 import os
 import secrets
+import sys
 import struct
 import time
 
@@ -247,6 +248,7 @@ class DrafterTrain(Node):
     doc = ("Trains dflow's DFlash-style block drafter in PyTorch on a target's hidden states; its replicas are "
            "the ranks of one DDP job (gloo on the CPU, NCCL on CUDA devices), and its checkpoints are the Go drafter_train's.")
     group = True
+    restores = True  # lost with a worker, the group restarts whole from its last checkpoint
     config = [
         Field("target", "string", default="models/target.safetensors", path="read",
               doc="the target model whose embedding and head the drafter reuses (frozen)"),
@@ -312,7 +314,8 @@ class DrafterTrain(Node):
         if cfg["threads"]:
             torch.set_num_threads(int(cfg["threads"]))
         path = cfg["checkpoint"]
-        if path and os.path.exists(path) and not cfg["overwrite"]:
+        restoring = r.restore_step is not None  # a restart of the group lost whole (Node.restores)
+        if path and os.path.exists(path) and not cfg["overwrite"] and not restoring:
             raise RuntimeError("drafter_train: %s already exists; refusing to overwrite it. Set overwrite = true to replace it "
                                "(--set stage.%s.config.overwrite=true), or write elsewhere with checkpoint = \"FILE\"."
                                % (path, r.stage))
@@ -338,6 +341,32 @@ class DrafterTrain(Node):
         target_abs, target_hash = os.path.abspath(cfg["target"]), sha256(cfg["target"])
 
         step = batches = 0
+        if restoring and r.restore_step >= 0:
+            # the group's last save, which SAVED named: the weights, the
+            # optimizer's moments and count, the step and the batches it
+            # had trained; what came after it comes back
+            if not path or not os.path.exists(path):
+                raise RuntimeError("drafter_train: told to restore the save of step %d, but the checkpoint %r is not there"
+                                   % (r.restore_step, path))
+            saved, _ = tgt.load(path)
+            meta = tgt.read_metadata(path)
+            if int(meta.get("step", -1)) != r.restore_step:
+                raise RuntimeError("drafter_train: told to restore the save of step %d, but %s holds step %s (written since by another run?)"
+                                   % (r.restore_step, path, meta.get("step")))
+            with torch.no_grad():
+                for i, (name, sh) in enumerate(drafter.names):
+                    drafter.tensor(i).copy_(saved[name].view(sh).to(device))
+                opt.m.copy_(saved["opt.m"].view(-1).to(device))
+                opt.v.copy_(saved["opt.v"].view(-1).to(device))
+            opt.t = int(meta["opt.t"])
+            step, batches = int(meta["step"]), int(meta["batches"])
+            run[0] = {"run_id": meta.get("run_id", run[0]["run_id"]), "run_started": meta.get("run_started", run[0]["run_started"])}
+            if rank == 0:
+                print("drafter_train: restored the group's save of step %d (%d batches) from %s" % (step, batches, path),
+                      file=sys.stderr, flush=True)
+        elif restoring:
+            if rank == 0:
+                print("drafter_train: the group restarts afresh: it had saved nothing yet", file=sys.stderr, flush=True)
 
         def save():
             flat = drafter.flat.detach().cpu().numpy()

@@ -44,6 +44,13 @@ def read_header(path):
     return header, json.loads(meta["config"]), 8 + n
 
 
+def read_metadata(path):
+    """The safetensors metadata of path (strings by key)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
 def load(path):
     header, config, start = read_header(path)
     with open(path, "rb") as f:

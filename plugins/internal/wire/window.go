@@ -51,6 +51,15 @@ func (w *Window) Taken(size int64) {
 	w.owed.Add(1)
 }
 
+// Lend counts one item of credit granted on demand (a port whose node
+// asks for its items one at a time: Asked), beside what Open and Grant
+// lend.
+func (w *Window) Lend() { w.lent.Add(1) }
+
+// TakenAsked records an item of size payload bytes handed on from a port
+// whose credit goes on demand: nothing is owed (the next ask lends it).
+func (w *Window) TakenAsked(size int64) { w.held.Add(-max(size, 1)) }
+
 // Owed is the credit taken and not yet granted again.
 func (w *Window) Owed() int32 { return w.owed.Load() }
 

@@ -31,12 +31,16 @@ class Node:
     version 2): its replicas step together, each a process of its own
     started with the environment torchrun gives a rank (RANK, WORLD_SIZE,
     MASTER_ADDR, ...), with the group's collectives on the replica
-    (barrier, all_reduce, steps, finish, saves, saved)."""
+    (barrier, all_reduce, steps, finish, saves, saved). restores = True
+    (a group kind) says its group saves its state and restores a save:
+    on a cluster, a member lost with its worker restarts the group whole,
+    every member told the save to restore (Replica.restore_step)."""
 
     name = ""
     doc = ""
     config = []
     group = False
+    restores = False
 
     def ports(self, config):
         raise NotImplementedError

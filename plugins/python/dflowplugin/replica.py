@@ -21,8 +21,19 @@ class Replica(Group):
         self.stage, self.index, self.replicas = start.stage, start.replica, start.replicas
         self.device, self.config = start.device, config
         self._group_init(getattr(start, "group", False))
+        # restore_step: a member of a kind that restores (Node.restores),
+        # started again after its group was lost whole: restore the
+        # group's save of this step and train on what comes after it
+        # (-1: nothing was saved yet, start afresh); None on a first start
+        has = getattr(start, "HasField", None)
+        self.restore_step = start.restore_step if has is not None and has("restore_step") else None
         self._out = out
         self._inputs = {}
+        # _on_demand (a kind that restores): credit for one item at a time,
+        # granted only as the node asks for one, so that the item dflow
+        # holds in hand is the one the node trains in the group's step
+        # (its inputs are settled by the save of that step)
+        self._on_demand = False
         self._credit = {}  # output port: dflow's credit (Start.output_credit)
         self._lock = threading.Lock()
         self._pools = None  # shared memory, when dflow offered it and it mapped
@@ -61,6 +72,8 @@ class Replica(Group):
         try:
             item = q.get_nowait()
         except queue.Empty:
+            if self._on_demand:
+                self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
             with self._watch.blocked(q.empty), self._times.wait(_IDLE):
                 item = q.get()
         for off in drop:  # the previous items' regions go back to dflow
@@ -75,8 +88,10 @@ class Replica(Group):
             with self._pools.lock:
                 self._pools.given.add(off)
             held.append(off)
-        # The item is taken: credit for one more on this port.
-        self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
+        # The item is taken: credit for one more on this port (on demand:
+        # at the next ask).
+        if not self._on_demand:
+            self._put(pb.Message(credit=pb.Credit(n=1, port=port)))
         return item
 
     def _drop(self, off):

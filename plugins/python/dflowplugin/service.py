@@ -42,7 +42,8 @@ class _Service:
                                    shared_memory=shm._enabled(), waiting=not self.concurrent,
                                    times=times._enabled())
         for k in self.kinds.values():
-            kind = resp.kinds.add(name=k.name, doc=k.doc, group=bool(k.group) and _VERSION >= 2)
+            group = bool(k.group) and _VERSION >= 2
+            kind = resp.kinds.add(name=k.name, doc=k.doc, group=group, restores=group and bool(getattr(k, "restores", False)))
             for f in k.config:
                 kind.config.add(name=f.name, type=f.type, required=f.required, doc=f.doc,
                                 default_json="" if f.default is None else json.dumps(f.default),
@@ -81,6 +82,11 @@ class _Service:
         # input edges, and one that held credit for many would take items
         # the others are waiting for (its steps full while theirs are empty).
         window = GROUP_WINDOW if start.group else INPUT_WINDOW
+        # A member of a kind that restores asks for its items one at a time
+        # as it trains them (Replica._on_demand).
+        r._on_demand = bool(start.group and getattr(kind, "restores", False))
+        if r._on_demand:
+            window = 1
         for p in ports:
             if not p.output:
                 # Unbounded: credit bounds it (deliver checks), and the end
@@ -103,7 +109,8 @@ class _Service:
         # Credit per port (port_credit): dflow feeds each input as its
         # credit allows, so a node may read its inputs in any order.
         for name in r._inputs:
-            out.put(pb.Message(credit=pb.Credit(n=window, port=name)))
+            if not r._on_demand:
+                out.put(pb.Message(credit=pb.Credit(n=window, port=name)))
 
         failure = []
 

@@ -41,6 +41,39 @@ class TestRecv(unittest.TestCase):
         self.assertFalse(r.group)
 
 
+class TestOnDemand(unittest.TestCase):
+    """A member of a kind that restores asks for its items one at a time,
+    as it takes each (so that the item dflow holds in hand is the one it
+    trains in the group's step): credit goes only when the node asks and
+    nothing waits, never ahead."""
+
+    def test_credit_only_when_asked(self):
+        r = replica()
+        r._on_demand = True
+        q = r._inputs["in"] = queue.Queue()
+        got = []
+        t = threading.Thread(target=lambda: got.append(r._take("in", [], [])))
+        t.start()
+        m = r._out.get(timeout=10)  # asked: credit for one
+        self.assertEqual((m.credit.port, m.credit.n), ("in", 1))
+        q.put((Blob(0, 7, b""), None))
+        t.join(10)
+        self.assertEqual([b.seq for b in got], [7])
+        self.assertEqual(said(r), [])  # taken: no credit ahead
+        q.put((Blob(0, 8, b""), None))  # one already there (sent before)
+        self.assertEqual(r._take("in", [], []).seq, 8)
+        self.assertEqual(said(r), [])  # none asked: nothing waited
+
+    def test_restore_step(self):
+        from dflowplugin import dflow_pb2 as pb
+        first = Replica(pb.Start(stage="s", replica=0, replicas=2, group=True), {}, queue.Queue())
+        self.assertIsNone(first.restore_step)
+        again = Replica(pb.Start(stage="s", replica=0, replicas=2, group=True, restore_step=4), {}, queue.Queue())
+        self.assertEqual(again.restore_step, 4)
+        afresh = Replica(pb.Start(stage="s", replica=0, replicas=2, group=True, restore_step=-1), {}, queue.Queue())
+        self.assertEqual(afresh.restore_step, -1)
+
+
 class TestSend(unittest.TestCase):
     def test_small_item_one_message(self):
         r = replica()
