@@ -40,7 +40,27 @@ type Options struct {
 	// they can move (Rebalancing); Moved, if set, is called with each
 	// decision once its moves are made. The report lists them (Moves).
 	Rebalance bool
-	Moved     func(at time.Duration, d sim.Decision)
+	Moved     func(at time.Duration, d Decision)
+}
+
+// Decision is one of the rebalance policy's decisions to move, as a run
+// made it (Options.Moved).
+type Decision struct {
+	// Moves are the moves made, one per pair of stages, largest first.
+	Moves []report.Move
+	// Rate and NewRate are the predicted items per second (at the
+	// sources) before the moves and after them.
+	Rate, NewRate float64
+	// TimeLeft is the predicted time left before the moves, and Saved the
+	// time they save over it, their cost taken off.
+	TimeLeft, Saved time.Duration
+	// Why says in words why it moved.
+	Why string
+}
+
+// decision is d as Options.Moved takes it.
+func decision(d sim.Decision) Decision {
+	return Decision{Moves: d.Transfers, Rate: d.Rate, NewRate: d.NewRate, TimeLeft: d.TimeLeft, Saved: d.Saved, Why: d.Why}
 }
 
 // Rebalancing says why a run of g with opts would keep its split though
@@ -141,7 +161,7 @@ func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, func(*report.Sna
 				rb.Moved(d)
 				made++
 				if opts.Moved != nil {
-					opts.Moved(snap.Elapsed, d)
+					opts.Moved(snap.Elapsed, decision(d))
 				}
 			}
 		}

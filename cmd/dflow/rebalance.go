@@ -73,11 +73,11 @@ func describeRebalance(g *graph.Graph) string {
 // moveWords says one move: "moved 4 replicas drafter -> target: target
 // 100% busy, drafter 41%; predicted +80% over the 49.7s left (20.0 ->
 // 99.5 items/s)".
-func moveWords(m report.Move, d sim.Decision) string {
+func moveWords(m report.Move, why string) string {
 	from := m.From
 	if from == "" {
 		from = "(spare)"
 	}
 	what := plural(m.Replicas, "replica")
-	return fmt.Sprintf("moved %s %s -> %s: %s; %s", what, from, m.To, m.Reason, d.Why)
+	return fmt.Sprintf("moved %s %s -> %s: %s; %s", what, from, m.To, m.Reason, why)
 }

@@ -92,9 +92,9 @@ func cmdRun(e *env, args []string) int {
 			fmt.Fprintf(e.stderr, "dflow: rebalance: this run keeps its split: %v (dflow sim --rebalance simulates the moves)\n", why)
 		} else {
 			opts.Rebalance = true
-			opts.Moved = func(at time.Duration, d sim.Decision) {
-				for _, m := range d.Transfers {
-					fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d))
+			opts.Moved = func(at time.Duration, d run.Decision) {
+				for _, m := range d.Moves {
+					fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d.Why))
 				}
 			}
 		}

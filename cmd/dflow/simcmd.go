@@ -68,7 +68,7 @@ func cmdSim(e *env, args []string) int {
 		opts.Rebalance = g.Rebalance != nil
 		opts.Moved = func(at time.Duration, d sim.Decision) {
 			for _, m := range d.Transfers {
-				fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d))
+				fmt.Fprintf(e.stderr, "dflow: at %.1fs %s\n", at.Seconds(), moveWords(m, d.Why))
 			}
 		}
 	}
