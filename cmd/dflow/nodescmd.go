@@ -29,9 +29,12 @@ type kindDoc struct {
 	Doc    string `json:"doc"`
 	// Group: a plugin's group kind, whose replicas step together (each a
 	// rank, its stage a replica group).
-	Group  bool       `json:"group,omitempty"`
-	Ports  []portDoc  `json:"ports"`
-	Config []fieldDoc `json:"config"`
+	Group bool `json:"group,omitempty"`
+	// Restores: a group kind that saves and restores its state, so that
+	// on a cluster it restarts whole after a lost worker.
+	Restores bool       `json:"restores,omitempty"`
+	Ports    []portDoc  `json:"ports"`
+	Config   []fieldDoc `json:"config"`
 	// Metrics are the node metrics the kind declares, with how the
 	// stage's figure merges its replicas' (graph.Merge).
 	Metrics []metricDoc `json:"metrics,omitempty"`
@@ -86,7 +89,7 @@ func describeKind(k *graph.Kind) kindDoc {
 // pluginKindDoc builds the description of a kind a plugin reported.
 func pluginKindDoc(plugin, path string, k host.KindInfo) kindDoc {
 	d := newKindDoc(k.Name, k.Doc, k.Config, k.Ports)
-	d.Plugin, d.Path, d.Group = plugin, path, k.Group
+	d.Plugin, d.Path, d.Group, d.Restores = plugin, path, k.Group, k.Restores
 	return d
 }
 
@@ -150,6 +153,9 @@ func writeKind(w io.Writer, k kindDoc, indent string, withSource bool) {
 	}
 	if k.Group {
 		fmt.Fprintf(w, "%sgroup kind: its replicas step together, each a rank with torchrun's environment\n", in)
+	}
+	if k.Restores {
+		fmt.Fprintf(w, "%srestores: on a cluster, a lost worker restarts the group whole from its last save\n", in)
 	}
 	for _, p := range k.Ports {
 		line := fmt.Sprintf("%s%-3s %s %s", in, p.Direction, p.Name, p.portType())

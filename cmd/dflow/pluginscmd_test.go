@@ -28,7 +28,8 @@ func python(t *testing.T, modules string) {
 
 // TestPluginsTorchPorts: `dflow plugins plugins/examples/torch`, as the
 // example's README types it, lists the kinds' ports with their config,
-// and marks drafter_train, not target_forward, a group kind.
+// and marks drafter_train, not target_forward, a group kind that
+// restores.
 func TestPluginsTorchPorts(t *testing.T) {
 	python(t, "grpc, google.protobuf, numpy, torch")
 	code, stdout, stderr := dflow(t, "plugins", "../../plugins/examples/torch")
@@ -37,7 +38,8 @@ func TestPluginsTorchPorts(t *testing.T) {
 		"  node torch/target_forward\n",
 		"    in  in tokens: token batches\n    out hidden hidden_states: hidden states\n    config model string (required)",
 		"  node torch/drafter_train\n",
-		group + "    in  hidden hidden_states: hidden states from target_forward (Go or PyTorch)\n",
+		group + "    restores: on a cluster, a lost worker restarts the group whole from its last save\n" +
+			"    in  hidden hidden_states: hidden states from target_forward (Go or PyTorch)\n",
 	} {
 		if code != exitOK || !strings.Contains(stdout, want) {
 			t.Errorf("code %d, want %q in\n%s%s", code, want, stdout, stderr)
