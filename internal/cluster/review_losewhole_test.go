@@ -1,0 +1,50 @@
+package cluster
+
+import (
+	"testing"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// TestReviewLoseWholeTwoOnLostWorker: a group that restarts whole (Whole,
+// a torch process group) of 4 members on two workers, two each (two GPUs
+// a host). The worker holding members 0 and 1 is lost: recover calls
+// loseMember for each of its members in turn, as it does here. The group
+// restores its last save, every member restarts; the run does not fail.
+func TestReviewLoseWholeTwoOnLostWorker(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	ports := func(*graph.Config) []graph.PortSpec { return nil }
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "ranks", Ports: ports}, Sync: nodes.Always, Moves: true, Whole: true})
+	in := []*graph.Port{{Name: "in"}}
+	train := &graph.Stage{Name: "train", Node: "ranks", Replicas: 4, Inputs: in}
+	h := group.NewHost("train", 4, 1<<20, true)
+	h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
+		LastRound: []uint32{3, 3, 3, 3}, Share: []string{"w1", "w1", "w2", "w2"}})
+	ins := map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}}
+	var log syncLog
+	c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()},
+		g:      &graph.Graph{Stages: []*graph.Stage{train}},
+		place:  map[string][]string{"train": {"w1", "w1", "w2", "w2"}},
+		groups: map[string]*group.Host{"train": h}, instances: ins}
+	ins["w1"].lost = true
+	for i := range 2 { // recover's loop over the lost share's replicas
+		if err := c.loseMember(ins["w1"], train, i); err != nil {
+			t.Fatalf("member %d, lost with worker w1 beside member %d: %v", i, 1-i, err)
+		}
+	}
+	if !ins["w2"].lost {
+		t.Error("the share w2, running members 2 and 3, was not counted lost: the group does not restart whole")
+	}
+	for i := range 4 {
+		if !h.Restoring(i) {
+			t.Errorf("member %d does not restore the group's last save", i)
+		}
+	}
+	if c.attempts["train"] != 1 {
+		t.Errorf("the group's attempt is %d, want 1", c.attempts["train"])
+	}
+}
