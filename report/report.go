@@ -163,6 +163,10 @@ type Sample struct {
 	// received, or emitted by a source (a stage with no inputs). Two
 	// successive samples give the stage's throughput in items/s.
 	Items map[string]int64 `json:"items,omitempty"`
+	// Replicas is the size of each stage of a rebalance that moves
+	// replicas (StageSnapshot.Size): its replicas at the point, less
+	// those moved away.
+	Replicas map[string]int `json:"replicas,omitempty"`
 }
 
 // Write saves the report as indented JSON, with no HTML escapes (a

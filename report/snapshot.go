@@ -17,6 +17,9 @@ type Snapshot struct {
 	// Draining is true once a drain has begun: sources are stopped, so
 	// progress no longer advances and an ETA would only climb.
 	Draining bool
+	// Moves are the moves of a rebalance made so far, in time order
+	// (their gains not measured yet); none without one.
+	Moves []Move `json:",omitempty"`
 }
 
 // StageSnapshot is one stage's state.
@@ -30,6 +33,9 @@ type StageSnapshot struct {
 	// Counters names the metrics that are counters (published with
 	// Metrics().Add, summed over replicas); the others are gauges.
 	Counters map[string]bool
+	// Rebalanced: the stage is one of a rebalance's that moves replicas
+	// during the run, so its size (Size) may change.
+	Rebalanced bool `json:",omitempty"`
 }
 
 // ReplicaSnapshot is one replica's cumulative figures, a wait in progress
@@ -40,6 +46,9 @@ type ReplicaSnapshot struct {
 	ItemsIn, ItemsOut   int64
 	Busy, Idle, Blocked time.Duration
 	Done                bool
+	// Left: a rebalance moved the replica to another stage; it leaves
+	// after the item in hand (Done once it has).
+	Left bool `json:",omitempty"`
 	// Worker is the cluster worker the replica runs on ("a>b" once it
 	// has restarted on b); empty in one process.
 	Worker string `json:",omitempty"`
@@ -160,6 +169,14 @@ func (s *Snapshot) Sample(prev *Snapshot) Sample {
 		Idle:        map[string][]float64{},
 		Items:       map[string]int64{},
 	}
+	for _, st := range s.Stages {
+		if st.Rebalanced {
+			if p.Replicas == nil {
+				p.Replicas = map[string]int{}
+			}
+			p.Replicas[st.Name] = st.Size()
+		}
+	}
 	for _, e := range s.Edges {
 		depths := make([]int, len(e.Queues))
 		for i, q := range e.Queues {
@@ -190,6 +207,19 @@ func (st *StageSnapshot) Items() int64 {
 			n += r.ItemsOut
 		} else {
 			n += r.ItemsIn
+		}
+	}
+	return n
+}
+
+// Size is the stage's replicas as of the snapshot: those started, less
+// those a rebalance moved to another stage. A replica whose input has
+// ended still counts: the size is the split, not the work in progress.
+func (st *StageSnapshot) Size() int {
+	n := 0
+	for _, r := range st.Replicas {
+		if !r.Left {
+			n++
 		}
 	}
 	return n

@@ -26,7 +26,7 @@ import (
 // figure wants to move (mark.advance).
 
 func (r *run) snapshot(now time.Time) *report.Snapshot {
-	s := &report.Snapshot{Time: now, Draining: r.isDraining()}
+	s := &report.Snapshot{Time: now, Draining: r.isDraining(), Moves: r.moves.madeSoFar()}
 	if r.startNs.Load() == 0 {
 		return s
 	}
@@ -38,11 +38,14 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 	for _, st := range r.stages {
 		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: len(st.g.Inputs) == 0, Total: st.total}
 		ss.Metrics, ss.Counters = st.merged()
+		ss.Rebalanced = r.moves != nil && r.g.Rebalanced(st.g.Name)
 		for _, rp := range st.replicas {
 			if rp.parked.Load() {
 				continue // a rebalance's spare, not started (rebalance.go)
 			}
-			ss.Replicas = append(ss.Replicas, rp.snapshot(start))
+			rs := rp.snapshot(start)
+			rs.Left = rp.retiring.Load()
+			ss.Replicas = append(ss.Replicas, rs)
 		}
 		s.Stages = append(s.Stages, ss)
 	}

@@ -58,6 +58,18 @@ type mover struct {
 	wg       *sync.WaitGroup
 	ctx      context.Context
 	released bool
+	// made are the moves made so far, for the snapshots (under mu)
+	made []report.Move
+}
+
+// madeSoFar returns the moves made so far (nil without a rebalance).
+func (m *mover) madeSoFar() []report.Move {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]report.Move(nil), m.made...)
 }
 
 // Movable says why the replicas of g's rebalance block cannot move during
@@ -242,6 +254,7 @@ func (r *run) move(moves []report.Move) bool {
 	for _, p := range pairs {
 		p.start.reserved = true
 	}
+	m.made = append(m.made, moves...)
 	for _, p := range pairs {
 		if p.leave == nil {
 			// The reserved replica of lowest index, as succeed starts

@@ -82,7 +82,8 @@ func TestRebalanceMove(t *testing.T) {
 	}
 	// With a series: its points take the replicas that started as they
 	// come.
-	rep, err := h.run(g, Options{Rebalance: policy, Interval: 20 * time.Millisecond, Observe: func(*report.Snapshot) {}})
+	var lastSnap *report.Snapshot
+	rep, err := h.run(g, Options{Rebalance: policy, Interval: 20 * time.Millisecond, Observe: func(s *report.Snapshot) { lastSnap = s }})
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("run: %v (%s)", err, rep.Status)
 	}
@@ -90,6 +91,15 @@ func TestRebalanceMove(t *testing.T) {
 	checkBalanced(t, rep)
 	if last := rep.Series[len(rep.Series)-1]; len(last.Utilization["b"]) != 3 {
 		t.Errorf("the series' last point has %d utilizations of b, want 3", len(last.Utilization["b"]))
+	}
+	// The series gives the stages' sizes (the split), and the snapshots
+	// the moves made so far.
+	first, last := rep.Series[0].Replicas, rep.Series[len(rep.Series)-1].Replicas
+	if first["a"] != 3 || first["b"] != 1 || last["a"] != 1 || last["b"] != 3 || len(first) != 2 {
+		t.Errorf("sizes: first point %v, last %v; want a 3, b 1 then a 1, b 3 (the sink's not given)", first, last)
+	}
+	if lastSnap == nil || len(lastSnap.Moves) != 1 || lastSnap.Moves[0].From != "a" || lastSnap.Moves[0].Replicas != 2 {
+		t.Errorf("the last snapshot's moves: %+v, want the one made", lastSnap)
 	}
 	if len(made) != 1 || !made[0] {
 		t.Fatalf("moves made: %v, want one made", made)

@@ -542,3 +542,49 @@ func TestDiagnoseDeadlock(t *testing.T) {
 		t.Errorf("a plain failure: %q", got)
 	}
 }
+
+// TestRebalanceMetrics: each stage's size (its replicas less those moved
+// away) is a gauge, and the replicas a rebalance moved a counter per pair
+// of stages, the budget's spare named "(spare)".
+func TestRebalanceMetrics(t *testing.T) {
+	snap := &report.Snapshot{
+		Stages: []report.StageSnapshot{
+			{Name: "target", Rebalanced: true, Replicas: []report.ReplicaSnapshot{{}, {}, {}, {}}},
+			{Name: "drafter", Rebalanced: true, Replicas: []report.ReplicaSnapshot{{}, {}, {Left: true}, {Left: true, Done: true}}},
+			{Name: "done", Replicas: []report.ReplicaSnapshot{{}}},
+		},
+		Moves: []report.Move{
+			{T: 1, From: "drafter", To: "target", Replicas: 2},
+			{T: 2, From: "", To: "target", Replicas: 1},
+			{T: 3, From: "drafter", To: "target", Replicas: 1},
+		},
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(func() *report.Snapshot { return snap }))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, mf := range mfs {
+		if n := mf.GetName(); n == "dflow_stage_replicas" || n == "dflow_rebalance_moved_replicas_total" {
+			for _, m := range mf.GetMetric() {
+				var labels []string
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				got = append(got, fmt.Sprintf("%s{%s} %s %g", n, strings.Join(labels, ","), mf.GetType(), m.GetGauge().GetValue()+m.GetCounter().GetValue()))
+			}
+		}
+	}
+	want := []string{
+		"dflow_rebalance_moved_replicas_total{from=(spare),to=target} COUNTER 1",
+		"dflow_rebalance_moved_replicas_total{from=drafter,to=target} COUNTER 3",
+		"dflow_stage_replicas{stage=done} GAUGE 1",
+		"dflow_stage_replicas{stage=drafter} GAUGE 2",
+		"dflow_stage_replicas{stage=target} GAUGE 4",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

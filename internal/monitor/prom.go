@@ -41,6 +41,8 @@ var (
 	descBlocked  = prometheus.NewDesc("dflow_replica_blocked_seconds_total", "Seconds the replica spent waiting for room downstream or for its siblings.", stageReplica, nil)
 	descDone     = prometheus.NewDesc("dflow_replica_done", "1 once the replica has returned.", stageReplica, nil)
 	stageLabel   = []string{"stage"}
+	descReplicas = prometheus.NewDesc("dflow_stage_replicas", "Replicas the stage has: those started, less those a rebalance moved to another stage.", stageLabel, nil)
+	descMoved    = prometheus.NewDesc("dflow_rebalance_moved_replicas_total", "Replicas a rebalance moved from one stage to another (from \"(spare)\": the budget's replicas no stage had).", []string{"from", "to"}, nil)
 )
 
 // Describe implements prometheus.Collector. The node metrics' families
@@ -48,7 +50,7 @@ var (
 // registry accepts them as it accepts an unchecked collector's.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descElapsed, descDepth, descCapacity, descOpen, descProduced, descConsumed,
-		descIn, descOut, descBusy, descIdle, descBlocked, descDone} {
+		descIn, descOut, descBusy, descIdle, descBlocked, descDone, descReplicas, descMoved} {
 		ch <- d
 	}
 }
@@ -69,6 +71,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, st := range s.Stages {
+		ch <- prometheus.MustNewConstMetric(descReplicas, gauge, float64(st.Size()), st.Name)
 		for i, r := range st.Replicas {
 			ri := strconv.Itoa(i)
 			ch <- prometheus.MustNewConstMetric(descIn, counter, float64(r.ItemsIn), st.Name, ri)
@@ -83,7 +86,29 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descDone, gauge, done, st.Name, ri)
 		}
 	}
+	c.collectMoves(ch, s)
 	c.collectNodeMetrics(ch, s)
+}
+
+// collectMoves exports the replicas a rebalance moved so far, per pair of
+// stages, in the order the pairs first moved.
+func (c *Collector) collectMoves(ch chan<- prometheus.Metric, s *report.Snapshot) {
+	type pair struct{ from, to string }
+	var order []pair
+	moved := map[pair]int{}
+	for _, m := range s.Moves {
+		p := pair{m.From, m.To}
+		if p.from == "" {
+			p.from = "(spare)"
+		}
+		if _, ok := moved[p]; !ok {
+			order = append(order, p)
+		}
+		moved[p] += m.Replicas
+	}
+	for _, p := range order {
+		ch <- prometheus.MustNewConstMetric(descMoved, prometheus.CounterValue, float64(moved[p]), p.from, p.to)
+	}
 }
 
 // collectNodeMetrics exports each node metric as a family of its own:

@@ -217,15 +217,19 @@ func (s *sim) observe() {
 // the status line, series and Prometheus code serve both.
 func (s *sim) snapshot() *report.Snapshot {
 	snap := &report.Snapshot{Elapsed: s.now}
+	if s.rb != nil {
+		snap.Moves = append([]report.Move(nil), s.moves...)
+	}
 	for _, st := range s.stages {
-		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: st.source, Total: st.total, Metrics: st.metrics}
+		ss := report.StageSnapshot{Name: st.g.Name, Node: st.g.Node, Source: st.source, Total: st.total, Metrics: st.metrics,
+			Rebalanced: s.rb != nil && s.g.Rebalanced(st.g.Name)}
 		for _, p := range st.procs {
 			acc := p.acc
 			if p.state != done {
 				acc[p.state] += s.now - p.since
 			}
 			ss.Replicas = append(ss.Replicas, report.ReplicaSnapshot{ItemsIn: p.in, ItemsOut: p.out,
-				Busy: acc[busy], Idle: acc[idle], Blocked: acc[blocked], Done: p.state == done})
+				Busy: acc[busy], Idle: acc[idle], Blocked: acc[blocked], Done: p.state == done, Left: p.retiring || p.retired})
 		}
 		snap.Stages = append(snap.Stages, ss)
 	}

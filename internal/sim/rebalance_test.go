@@ -248,6 +248,14 @@ func TestRebalanceSim(t *testing.T) {
 		if static.Moves != nil {
 			t.Errorf("a simulation without Rebalance moved: %+v", static.Moves)
 		}
+		// The series gives the split at each point: the budget's 8
+		// throughout (the first point comes after the move), 1 + moved
+		// targets at the end.
+		for _, p := range live.Series {
+			if n := p.Replicas; n["target"]+n["drafter"] != 8 || n["target"] != 1+moved {
+				t.Errorf("move_cost %s: sizes %v at %.1fs; want target %d of 8", cost, n, p.T, 1+moved)
+			}
+		}
 	}
 }
 

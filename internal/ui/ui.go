@@ -96,6 +96,12 @@ type Frame struct {
 	MeanQueues map[string][]float64 `json:"mean_queues,omitempty"` // edge -> mean depth per queue (summary)
 	MaxQueues  map[string][]int64   `json:"max_queues,omitempty"`  // edge -> max depth per queue (summary)
 	Error      string               `json:"error,omitempty"`       // the report's error (summary of a failed run)
+	// Replicas is the size of each stage of a rebalance that moves
+	// replicas (report.StageSnapshot.Size), and Moves the moves made
+	// since the previous frame (in the summary, those after the last
+	// sample); both absent without a rebalance.
+	Replicas map[string]int `json:"replicas,omitempty"`
+	Moves    []report.Move  `json:"moves,omitempty"`
 }
 
 // StageFrame is each replica's figures in a frame.
@@ -309,6 +315,15 @@ func (r *Run) Finish(rep *report.Report) {
 	}
 	r.mu.Unlock()
 	f := finalFrame(rep, last)
+	seen := 0
+	r.mu.Lock()
+	for _, fr := range r.frames {
+		seen += len(fr.Moves)
+	}
+	r.mu.Unlock()
+	if len(rep.Moves) > seen {
+		f.Moves = rep.Moves[seen:] // made after the last sample
+	}
 	r.add(f, true)
 }
 
@@ -327,7 +342,20 @@ func frameOf(s, prev *report.Snapshot) Frame {
 	}
 	var emitted, total int64
 	known := true
+	seen := 0
+	if prev != nil {
+		seen = len(prev.Moves)
+	}
+	if len(s.Moves) > seen {
+		f.Moves = s.Moves[seen:]
+	}
 	for i, st := range s.Stages {
+		if st.Rebalanced {
+			if f.Replicas == nil {
+				f.Replicas = map[string]int{}
+			}
+			f.Replicas[st.Name] = st.Size()
+		}
 		sf := StageFrame{Busy: s.Utilization(prev, i), Idle: s.IdleShare(prev, i), Blocked: s.BlockedShare(prev, i)}
 		span := s.Elapsed
 		if prev != nil {
@@ -379,9 +407,10 @@ func frameOf(s, prev *report.Snapshot) Frame {
 // whole-run figures (each replica's busy, idle and blocked seconds as
 // shares of its lifetime, each queue's mean and max depth, each stage's
 // items over the wall time), its status, error and diagnosis, and the
-// node metrics as the report has them. Only the progress comes from last.
+// node metrics as the report has them. Only the progress and a
+// rebalance's sizes (the split at the end) come from last.
 func finalFrame(rep *report.Report, last Frame) Frame {
-	f := Frame{T: rep.WallSeconds, Status: rep.Status, Error: rep.Error, Diagnose: rep.Diagnosis,
+	f := Frame{T: rep.WallSeconds, Status: rep.Status, Error: rep.Error, Diagnose: rep.Diagnosis, Replicas: last.Replicas,
 		Progress: last.Progress, ETA: -1, Summary: true, Queues: map[string][]int{},
 		Items: map[string][2]int64{}, Stages: map[string]StageFrame{}, Rate: map[string]float64{},
 		MeanQueues: map[string][]float64{}, MaxQueues: map[string][]int64{}}
@@ -485,9 +514,14 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 	}
 	r := newRun(gr)
 	var last Frame
+	moves := rep.Moves // each to the first sample at or after it
 	for i, p := range rep.Series {
 		f := Frame{T: p.T, Status: "running", Progress: -1, ETA: -1, Queues: p.Queues, Stages: map[string]StageFrame{}, Metrics: p.Metrics,
-			Rate: map[string]float64{}}
+			Rate: map[string]float64{}, Replicas: p.Replicas}
+		for len(moves) > 0 && moves[0].T <= p.T {
+			f.Moves = append(f.Moves, moves[0])
+			moves = moves[1:]
+		}
 		if i > 0 && p.T > rep.Series[i-1].T {
 			for name, n := range p.Items {
 				if n0, ok := rep.Series[i-1].Items[name]; ok {
@@ -513,7 +547,9 @@ func Saved(rep *report.Report, g *graph.Graph, title string) *Run {
 		r.push(f)
 		last = f
 	}
-	r.push(finalFrame(rep, last))
+	f := finalFrame(rep, last)
+	f.Moves = moves
+	r.push(f)
 	r.ended = true
 	return r
 }

@@ -67,7 +67,7 @@ function panel(g, index, root, init) {
 
   const L = layout(g), BOX_W = L.BOX_W;
   const svg = el("svg:svg", { class: "graph", viewBox: `0 0 ${L.width} ${L.height}` }, div);
-  const view = { reps: {}, queues: {}, edgeLabels: {}, rates: {} };
+  const view = { reps: {}, queues: {}, edgeLabels: {}, rates: {}, nodes: {} };
   // edges first, under the boxes
   const incoming = {};
   for (const e of g.edges) {
@@ -99,7 +99,7 @@ function panel(g, index, root, init) {
     const gs = el("svg:g", { transform: `translate(${p.x},${p.y})`, "data-stage": s.name, class: s.sink ? "sink" : "" }, svg);
     el("svg:rect", { class: "stage-box", width: BOX_W, height: p.h, rx: 5 }, gs);
     el("svg:text", { class: "stage-name", x: 8, y: 15 }, gs, s.name);
-    el("svg:text", { class: "node", x: 8, y: 28 }, gs, `${s.node} ×${s.replicas}`);
+    view.nodes[s.name] = el("svg:text", { class: "node", x: 8, y: 28, "data-node": s.name }, gs, `${s.node} ×${s.replicas}`);
     const rate = el("svg:text", { class: "rate", x: BOX_W - 8, y: 15, "text-anchor": "end", "data-rate": s.name }, gs);
     view.rates[s.name] = rate;
     for (let i = 0; i < s.replicas; i++) {
@@ -122,8 +122,10 @@ function panel(g, index, root, init) {
     charts.push(chart(chartsDiv, `stage/${s.name}/rate`, `${s.name} · throughput`, "items/s", null, (v) => v.toFixed(1) + "/s",
       () => [{ name: s.name, pts: series((f) => (f.rate || {})[s.name]) }], { zero: 0.05 }));
     const band = s.replicas > BAND_OVER;
+    // every replica that ran: a rebalance starts some after the run
+    const ran = () => Math.max(s.replicas, ...frames.map((f) => (((f.stages || {})[s.name] || {}).busy || []).length));
     charts.push(chart(chartsDiv, `stage/${s.name}/busy`, `${s.name} · busy share ${band ? `of ${s.replicas} replicas` : "per replica"}`, "% of time busy", 100, (v) => Math.round(v) + "%",
-      () => Array.from({ length: s.replicas }, (_, i) => ({ name: `${i}`, pts: series((f) => { const sf = (f.stages || {})[s.name]; return sf && sf.busy[i] !== undefined ? 100 * sf.busy[i] : undefined; }) })),
+      () => Array.from({ length: ran() }, (_, i) => ({ name: `${i}`, pts: series((f) => { const sf = (f.stages || {})[s.name]; return sf && sf.busy[i] !== undefined ? 100 * sf.busy[i] : undefined; }) })),
       { band, zero: 0.5 }));
     for (const e of g.edges.filter((e) => e.from === s.name || (!e.from && s === L.order[L.order.length - 1])))
       charts.push(chart(chartsDiv, `edge/${e.name}/depth`, `${e.name} · queue depth (${e.policy})`, "items queued", e.capacity, (v) => `${v}/${e.capacity}`,
@@ -155,6 +157,21 @@ function panel(g, index, root, init) {
     return pts;
   }
   const sparks = {};
+  // a rebalance's moves so far, in time order, each drawn as a marker on
+  // every chart
+  const moves = () => frames.flatMap((f) => f.moves || []);
+  // sizes: the replicas of each stage of a rebalance over the run, as
+  // steps, in a chart of its own ahead of the others; made with the first
+  // frame that gives them (none without a rebalance)
+  let sizes = null;
+  function sizesChart() {
+    if (sizes || !frames.some((f) => f.replicas)) return;
+    const names = g.stages.map((s) => s.name).filter((n) => frames.some((f) => (f.replicas || {})[n] !== undefined));
+    sizes = chart(chartsDiv, "rebalance/replicas", "replicas per stage (rebalance)", "replicas", null, (v) => `${v}`,
+      () => names.map((n) => ({ name: n, pts: steps(series((f) => (f.replicas || {})[n])) })), { zero: 0 });
+    chartsDiv.prepend(sizes.box);
+    charts.unshift(sizes);
+  }
 
   function draw(f) {
     if (!f) return;
@@ -177,6 +194,11 @@ function panel(g, index, root, init) {
     }
     const starvedNow = new Set(); // "stage/i" of each replica marked starved
     for (const s of g.stages) {
+      const n = (f.replicas || {})[s.name];
+      if (n !== undefined) {
+        const first = frames.find((fr) => (fr.replicas || {})[s.name] !== undefined).replicas[s.name];
+        view.nodes[s.name].textContent = `${s.node} ×${n}` + (n !== first ? ` (×${first} at the start)` : "");
+      }
       const rate = (f.rate || {})[s.name];
       view.rates[s.name].textContent = rate === undefined ? "" : fmtRate(rate) + (f.summary ? " (run)" : "");
       const sf = (f.stages || {})[s.name];
@@ -243,7 +265,8 @@ function panel(g, index, root, init) {
     }
     const zeroMetrics = drawMetrics(f);
     const tEnd = frames.length ? frames[frames.length - 1].t : f.t;
-    const zero = charts.filter((c) => !c.draw(tEnd, f.t)).map((c) => c.title).concat(zeroMetrics);
+    const ms = moves();
+    const zero = charts.filter((c) => !c.draw(tEnd, f.t, ms)).map((c) => c.title).concat(zeroMetrics);
     zeroNote.hidden = !zero.length;
     zeroNote.textContent = zero.length ? `zero throughout so far, not drawn until they move: ${zero.join("; ")}` : "";
     diag.replaceChildren();
@@ -294,6 +317,7 @@ function panel(g, index, root, init) {
 
   function take(fr) {
     frames.push(fr);
+    sizesChart();
     if (fr.error) {
       error.hidden = false;
       error.textContent = `run ${fr.status}: ${fr.error}`;
@@ -331,6 +355,25 @@ function ticks(hi) {
   }
 }
 
+// steps turns [t, value] points into a step line: each value holds until
+// the next point's time
+function steps(pts) {
+  const out = [];
+  pts.forEach((p, i) => {
+    if (i > 0 && p[1] !== pts[i - 1][1]) out.push([p[0], pts[i - 1][1]]);
+    out.push(p);
+  });
+  return out;
+}
+
+// moveText says a rebalance's move in words, as the run's diagnosis does
+function moveText(m) {
+  const n = m.replicas === 1 ? "1 replica" : `${m.replicas} replicas`;
+  const measured = m.measured_gain !== undefined && m.measured_gain !== null ? `, measured ${signed(m.measured_gain)}` : "";
+  return `at ${fmtSecs(m.t)} the rebalance moved ${n} ${m.from || "(spare)"} -> ${m.to} (${m.reason}), predicted ${signed(m.predicted_gain)} of the time left${measured}`;
+}
+const signed = (x) => (x >= 0 ? "+" : "") + Math.round(100 * x) + "%";
+
 // quantile q of sorted values v, linear between ranks
 function quantile(v, q) {
   const pos = q * (v.length - 1), lo = Math.floor(pos), hi = Math.ceil(pos);
@@ -350,8 +393,9 @@ function spread(ss) {
 
 // chart is one time series panel: time in seconds along x, the unit
 // along y from 0 (to fixed when given, else to the data's top), a line
-// per series, the capacity (opts.cap) as a dashed line, and the replay
-// position as a vertical marker with each series' value there. With
+// per series, the capacity (opts.cap) as a dashed line, the replay
+// position as a vertical marker with each series' value there, and each
+// move of a rebalance (draw's moves) as a violet rule titled in words. With
 // opts.band (many replicas) it draws their spread instead of a line
 // each: the range from the lowest to the highest as a light band, the
 // middle half (quartiles) darker, the median as a line, and the least
@@ -371,7 +415,8 @@ function chart(parent, key, title, unit, fixed, fmt, data, opts) {
   el("svg:text", { class: "axis-label", transform: `translate(10,${MT + (H - MT - MB) / 2}) rotate(-90)`, "text-anchor": "middle" }, svg, unit);
   return {
     title,
-    draw(tEnd, tAt) {
+    box,
+    draw(tEnd, tAt, moves) {
       const ss = data();
       if (!ss.some((s) => s.pts.some((p) => Math.abs(p[1]) > zero))) {
         box.hidden = true;
@@ -436,6 +481,12 @@ function chart(parent, key, title, unit, fixed, fmt, data, opts) {
           item("", `background:${c}`, `${s.name}${a !== undefined ? " " + fmt(a) : ""}`);
         });
       }
+      (moves || []).forEach((m, k) => {
+        const mg = el("svg:g", { class: "move", "data-move": k }, plot);
+        el("svg:line", { x1: X(m.t), x2: X(m.t), y1: MT, y2: H - MB }, mg);
+        el("svg:line", { class: "move-hit", x1: X(m.t), x2: X(m.t), y1: MT, y2: H - MB }, mg);
+        el("svg:title", {}, mg, moveText(m));
+      });
       el("svg:line", { class: "marker", x1: X(tAt), x2: X(tAt), y1: MT, y2: H - MB, "data-t": tAt }, plot);
       return true;
     },
