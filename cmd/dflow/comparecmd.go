@@ -15,40 +15,56 @@ import (
 	"github.com/dflow-dev/dflow/run"
 )
 
-// comparison is what `dflow compare --json` prints.
+// comparison is what `dflow compare --json` prints: an edge's policies
+// (Edge), or a static split beside a rebalance (Rebalance, its stages).
 type comparison struct {
 	Spec      string          `json:"spec"`
-	Edge      string          `json:"edge"`
+	Edge      string          `json:"edge,omitempty"`
+	Rebalance []string        `json:"rebalance,omitempty"`
 	Simulated bool            `json:"simulated"`
 	Rows      []comparisonRow `json:"rows"`
 }
 
 type comparisonRow struct {
-	Policy      string    `json:"policy"`
-	Status      string    `json:"status"`
-	Throughput  float64   `json:"throughput"` // items the sources emitted per second
-	WallSeconds float64   `json:"wall_seconds"`
-	Speedup     float64   `json:"speedup"` // against the first policy's wall time
-	Utilization []float64 `json:"utilization"`
-	MeanDepth   []float64 `json:"mean_depth"`
+	Policy string `json:"policy,omitempty"`
+	// Variant (--rebalance) is "static" (the spec's split), "best static"
+	// (the simulator's best split of the budget) or "rebalance"; Split is
+	// the split it starts at, the rebalanced stages' replicas joined by
+	// "+", and EndSplit (a rebalance's) the split it ended at after Moves.
+	Variant     string        `json:"variant,omitempty"`
+	Split       string        `json:"split,omitempty"`
+	EndSplit    string        `json:"end_split,omitempty"`
+	Moves       []report.Move `json:"moves,omitempty"`
+	Status      string        `json:"status"`
+	Throughput  float64       `json:"throughput"` // items the sources emitted per second
+	WallSeconds float64       `json:"wall_seconds"`
+	Speedup     float64       `json:"speedup"` // against the first row's wall time
+	Utilization []float64     `json:"utilization,omitempty"`
+	MeanDepth   []float64     `json:"mean_depth,omitempty"`
 }
 
 func cmdCompare(e *env, args []string) int {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	var sf specFlags
 	sf.register(fs)
-	edgeName := fs.String("edge", "", "the edge whose policy to vary, by its `NAME` in the spec (required)")
+	edgeName := fs.String("edge", "", "the edge whose policy to vary, by its `NAME` in the spec (this or --rebalance)")
+	rebalance := fs.Bool("rebalance", false, "compare the spec's static split, the simulator's best static split of the budget (two stages) and the split a rebalance moves while the run goes, over the spec's rebalance block or, without one, the stages that carry the work (this or --edge)")
 	policies := fs.String("policies", "round_robin,shared", "the `POLICIES` to compare, separated by commas, of "+strings.Join(graph.PolicyNames(), ", ")+"; the first is the baseline the speedups are against")
 	simulate := fs.Bool("sim", false, "simulate each policy in virtual time instead of running it")
 	from := fs.String("from", "", "with --sim: take service times from `REPORT`, the report of a real run, and the overrides it ran with (those given here win)")
 	asJSON := fs.Bool("json", false, "print the table as JSON on stdout")
 	plotPath := fs.String("plot", "", "draw the throughput per policy as labelled bars into `FILE`, a .png or .jpg")
-	files, code, ok := parse(e, fs, args, "SPEC --edge NAME [--policies a,b] [--sim] [flags]")
+	files, code, ok := parse(e, fs, args, "SPEC (--edge NAME [--policies a,b] | --rebalance) [--sim] [flags]")
 	if !ok {
 		return code
 	}
-	if len(files) != 1 || *edgeName == "" {
-		return usageErr(e, "compare", "want one spec and --edge NAME")
+	policiesGiven := false
+	fs.Visit(func(f *flag.Flag) { policiesGiven = policiesGiven || f.Name == "policies" })
+	switch {
+	case *rebalance && (*edgeName != "" || policiesGiven):
+		return usageErr(e, "compare", "--edge and --policies compare an edge's policies, --rebalance a static split with one that moves; give one of them")
+	case len(files) != 1 || *edgeName == "" && !*rebalance:
+		return usageErr(e, "compare", "want one spec and --edge NAME or --rebalance")
 	}
 	pols := strings.Split(*policies, ",")
 	for _, pol := range pols {
@@ -73,6 +89,20 @@ func cmdCompare(e *env, args []string) int {
 	g, code := e.loadSpec(&sf, files[0])
 	if g == nil {
 		return code
+	}
+	if *rebalance {
+		cmp, code := e.compareRebalance(g, files[0], *simulate, measured)
+		if code != exitOK {
+			return code
+		}
+		if *asJSON {
+			enc := json.NewEncoder(e.stdout)
+			enc.SetIndent("", "  ")
+			enc.Encode(cmp)
+		} else {
+			printRebalanceComparison(e, cmp)
+		}
+		return e.plotComparison(cmp, *plotPath)
 	}
 	if g.Edge(*edgeName) == nil {
 		var names []string
@@ -112,17 +142,34 @@ func cmdCompare(e *env, args []string) int {
 	} else {
 		printComparison(e, cmp, consumer)
 	}
-	if *plotPath != "" {
-		bars := make([]monitor.Bar, len(cmp.Rows))
-		for i, r := range cmp.Rows {
-			bars[i] = monitor.Bar{Label: r.Policy, Value: r.Throughput, Note: fmt.Sprintf("%.2fs, %.2fx", r.WallSeconds, r.Speedup)}
+	return e.plotComparison(cmp, *plotPath)
+}
+
+// plotComparison draws the table's throughputs as labelled bars into
+// path, if given.
+func (e *env) plotComparison(cmp comparison, path string) int {
+	if path == "" {
+		return exitOK
+	}
+	kind := map[bool]string{true: "simulated", false: "measured"}[cmp.Simulated]
+	bars := make([]monitor.Bar, len(cmp.Rows))
+	for i, r := range cmp.Rows {
+		label := r.Policy
+		if r.Variant != "" {
+			label = r.Variant + " " + r.Split
 		}
-		title := fmt.Sprintf("%s: throughput per policy of edge %s (%s)", cmp.Spec, cmp.Edge, map[bool]string{true: "simulated", false: "measured"}[cmp.Simulated])
-		xLabel := fmt.Sprintf("policy of edge %s (wall time, speedup against %s)", cmp.Edge, cmp.Rows[0].Policy)
-		if err := monitor.BarChart(bars, title, xLabel, *plotPath); err != nil {
-			fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
-			return exitFailed
-		}
+		bars[i] = monitor.Bar{Label: label, Value: r.Throughput, Note: fmt.Sprintf("%.2fs, %.2fx", r.WallSeconds, r.Speedup)}
+	}
+	title := fmt.Sprintf("%s: throughput per policy of edge %s (%s)", cmp.Spec, cmp.Edge, kind)
+	xLabel := fmt.Sprintf("policy of edge %s (wall time, speedup against %s)", cmp.Edge, cmp.Rows[0].Policy)
+	if cmp.Edge == "" {
+		stages := strings.Join(cmp.Rebalance, "+")
+		title = fmt.Sprintf("%s: throughput, static split and rebalance of %s (%s)", cmp.Spec, stages, kind)
+		xLabel = fmt.Sprintf("split of %s (wall time, speedup against the static split)", stages)
+	}
+	if err := monitor.BarChart(bars, title, xLabel, path); err != nil {
+		fmt.Fprintf(e.stderr, "dflow compare: %v\n", err)
+		return exitFailed
 	}
 	return exitOK
 }
