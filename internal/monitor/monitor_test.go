@@ -545,7 +545,8 @@ func TestDiagnoseDeadlock(t *testing.T) {
 
 // TestRebalanceMetrics: each stage's size (its replicas less those moved
 // away) is a gauge, and the replicas a rebalance moved a counter per pair
-// of stages, the budget's spare named "(spare)".
+// of stages, the budget's spare named "(spare)"; the status line gives a
+// rebalanced stage's size.
 func TestRebalanceMetrics(t *testing.T) {
 	snap := &report.Snapshot{
 		Stages: []report.StageSnapshot{
@@ -586,5 +587,10 @@ func TestRebalanceMetrics(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// The status line gives a rebalanced stage's size after its name.
+	parts := strings.Join((&Status{}).Parts(snap), " | ")
+	if !strings.Contains(parts, "| target×4 busy=") || !strings.Contains(parts, "| drafter×2 busy=") || !strings.Contains(parts, "| done busy=") {
+		t.Errorf("status line %q: want target×4, drafter×2 and done without a size", parts)
 	}
 }

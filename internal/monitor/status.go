@@ -128,6 +128,9 @@ func awaiting(e report.EdgeSnapshot) string {
 func (st *Status) stage(s *report.Snapshot, i int, stg report.StageSnapshot) string {
 	var b strings.Builder
 	b.WriteString(stg.Name)
+	if stg.Rebalanced {
+		fmt.Fprintf(&b, "×%d", stg.Size()) // a rebalance's split as it stands
+	}
 	if !stg.Source {
 		util := s.Utilization(st.prev, i)
 		b.WriteString(" busy=[")
