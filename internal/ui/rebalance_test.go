@@ -6,13 +6,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
 )
 
 // movedReport simulates specs/moving.hcl (a bottleneck that moves
-// halfway) with its rebalance block acting, with a series.
-func movedReport(t *testing.T) *report.Report {
+// halfway) with its rebalance block acting, with a series, and returns
+// its report and the spec's graph.
+func movedReport(t *testing.T) (*report.Report, *graph.Graph) {
 	t.Helper()
 	g := loadSpec(t, "../../specs/moving.hcl")
 	rep, err := sim.Run(g, sim.Options{Registry: registry(), Rebalance: true, Interval: time.Second})
@@ -22,7 +24,7 @@ func movedReport(t *testing.T) *report.Report {
 	if len(rep.Moves) < 2 || len(rep.Series) < 5 {
 		t.Fatalf("%d moves, %d samples: want a run that moves twice or more", len(rep.Moves), len(rep.Series))
 	}
-	return rep
+	return rep, g
 }
 
 // TestFramesCarryMoves: a frame gives the sizes of a rebalance's stages
@@ -46,7 +48,7 @@ func TestFramesCarryMoves(t *testing.T) {
 		t.Errorf("frames: %v %v, then %v %v; want a's size 3 then 1 (the sink's not given), each move once", f1.Replicas, f1.Moves, f2.Replicas, f2.Moves)
 	}
 
-	rep := movedReport(t)
+	rep, _ := movedReport(t)
 	r := Saved(rep, nil, "moving")
 	n := 0
 	for i, f := range r.frames {
@@ -69,10 +71,11 @@ func TestFramesCarryMoves(t *testing.T) {
 // on every chart, titled with the move in words, the stages' sizes over
 // the run as a chart of their own ahead of the others (a step line per
 // stage of the rebalance), and each stage's size as the replay shows it
-// in its box.
+// in its box, which gains a row for each replica a move started (the
+// spec's graph has the split it starts with).
 func TestPageRebalance(t *testing.T) {
-	rep := movedReport(t)
-	ctx, done := serveSaved(t, 1400, Saved(rep, nil, "moving"))
+	rep, g := movedReport(t)
+	ctx, done := serveSaved(t, 1400, Saved(rep, g, "moving"))
 	defer done()
 
 	type info struct {
@@ -83,6 +86,8 @@ func TestPageRebalance(t *testing.T) {
 		Markers []int
 		Title   string
 		Node    string
+		Rows    int
+		Gauges  int
 	}
 	got := eval[info](t, ctx, `(() => {
 		const sizes = document.querySelector('[data-chart="rebalance/replicas"]');
@@ -96,6 +101,8 @@ func TestPageRebalance(t *testing.T) {
 			Markers: charts.map((c) => c.querySelectorAll('g.move').length),
 			Title: charts[0].querySelector('g.move title').textContent,
 			Node: document.querySelector('[data-node="target"]').textContent,
+			Rows: document.querySelectorAll('[data-stage="drafter"] [data-replica]').length,
+			Gauges: document.querySelectorAll('[data-queue-gauge^="hs/"]').length,
 		};
 	})()`)
 	if got.First != "rebalance/replicas" || got.Lines != 2 {
@@ -126,5 +133,8 @@ func TestPageRebalance(t *testing.T) {
 	}
 	if want := fmt.Sprintf("×%d (×5 at the start)", last["target"]); last["target"] == 5 || !strings.HasSuffix(got.Node, want) {
 		t.Errorf("target's box says %q, want %q", got.Node, want)
+	}
+	if ran := len(rep.Stages["drafter"].Replicas); ran <= 3 || got.Rows != ran || got.Gauges != 1 {
+		t.Errorf("drafter's box has %d rows and hs %d queue gauges; want a row for each of the %d drafters that ran, and hs's one queue", got.Rows, got.Gauges, ran)
 	}
 }

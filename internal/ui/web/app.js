@@ -65,54 +65,85 @@ function panel(g, index, root, init) {
   const slider = el("input", { type: "range", min: 0, max: 0, value: 0, "aria-label": "replay: pick a frame of the run" }, replay);
   const showing = el("span", { class: "showing" }, replay);
 
-  const L = layout(g), BOX_W = L.BOX_W;
-  const svg = el("svg:svg", { class: "graph", viewBox: `0 0 ${L.width} ${L.height}` }, div);
   const view = { reps: {}, queues: {}, edgeLabels: {}, rates: {}, nodes: {} };
-  // edges first, under the boxes
-  const incoming = {};
-  for (const e of g.edges) {
-    const a = L.pos[e.from], b = L.pos[e.to];
-    if (!a || !b) continue;
-    const k = (incoming[e.to] = (incoming[e.to] || 0) + 1) - 1;
-    const x1 = a.x + BOX_W, y1 = a.y + a.h / 2, x2 = b.x, y2 = b.y + b.h / 2;
-    const mx = (x1 + x2) / 2;
-    el("svg:path", { class: "edge", d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }, svg);
-    // the queues: one gauge per queue, beside the consumers it feeds
-    const qx = x2 - GAP + 10;
-    const label = el("svg:text", { class: "edge-label", x: qx, y: b.y + 12 + k * 12, "data-edge": e.name }, svg);
-    view.edgeLabels[e.name] = label;
-    e.queues.forEach((q, i) => {
-      const rows = q.consumers.map((c) => b.y + HEAD + c * ROW);
-      const y = q.consumers.length === 1 ? rows[0] : (rows[0] + rows[rows.length - 1]) / 2;
-      const gq = el("svg:g", { transform: `translate(${qx},${y})` }, svg);
-      const qb = el("svg:rect", { class: "q-bg", x: 0, y: 1, width: QW, height: ROW - 6, "data-queue-gauge": `${e.name}/${i}` }, gq);
-      const qf = el("svg:rect", { class: "q-fill", x: 0, y: 1, width: 0, height: ROW - 6 }, gq);
-      const qt = el("svg:text", { x: QW + 5, y: ROW - 7, "data-queue": `${e.name}/${i}` }, gq, `0/${e.capacity}`);
-      const wiring = `producers ${q.producers.join(",")} -> consumers ${q.consumers.join(",")}`;
-      const qtip = el("svg:title", {}, gq, `edge ${e.name} queue ${i}: ${wiring}`);
-      view.queues[`${e.name}/${i}`] = { bg: qb, fill: qf, text: qt, tip: qtip, cap: e.capacity, e, i, wiring, to: e.to, consumers: q.consumers };
-    });
-  }
-  for (const s of g.stages) {
-    const p = L.pos[s.name];
-    // a sink's idle share is how it spends its time: drawn in a quiet colour
-    const gs = el("svg:g", { transform: `translate(${p.x},${p.y})`, "data-stage": s.name, class: s.sink ? "sink" : "" }, svg);
-    el("svg:rect", { class: "stage-box", width: BOX_W, height: p.h, rx: 5 }, gs);
-    el("svg:text", { class: "stage-name", x: 8, y: 15 }, gs, s.name);
-    view.nodes[s.name] = el("svg:text", { class: "node", x: 8, y: 28, "data-node": s.name }, gs, `${s.node} ×${s.replicas}`);
-    const rate = el("svg:text", { class: "rate", x: BOX_W - 8, y: 15, "text-anchor": "end", "data-rate": s.name }, gs);
-    view.rates[s.name] = rate;
-    for (let i = 0; i < s.replicas; i++) {
-      const gr = el("svg:g", { class: "rep", transform: `translate(8,${HEAD + i * ROW})`, "data-replica": `${s.name}/${i}` }, gs);
-      el("svg:text", { class: "rep-index", x: 0, y: ROW - 8 }, gr, `${i}`);
-      el("svg:rect", { class: "rep-bg", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
-      const seg = ["busy", "idle", "blocked"].map((c) => el("svg:rect", { class: `seg-${c}`, height: ROW - 5, width: 0 }, gr));
-      el("svg:rect", { class: "rep-frame", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
-      const t = el("svg:text", { class: "rep-text", x: BAR_X + BAR + 6, y: ROW - 8 }, gr, "");
-      const w = s.workers ? el("svg:text", { class: "worker", x: BOX_W - 16, y: ROW - 8, "text-anchor": "end", "data-worker": `${s.name}/${i}` }, gr, s.workers[i] || "") : null;
-      const tip = el("svg:title", {}, gr);
-      view.reps[`${s.name}/${i}`] = { g: gr, seg, text: t, tip, worker: w };
+  let L, svg;
+  // graph draws the pipeline's graph, or draws it again in place when a
+  // stage has gained rows (grow)
+  function graph() {
+    L = layout(g);
+    const BOX_W = L.BOX_W, old = svg;
+    svg = el("svg:svg", { class: "graph", viewBox: `0 0 ${L.width} ${L.height}` });
+    if (old) old.replaceWith(svg);
+    else div.appendChild(svg);
+    for (const k of Object.keys(view)) view[k] = {};
+    // edges first, under the boxes
+    const incoming = {};
+    for (const e of g.edges) {
+      const a = L.pos[e.from], b = L.pos[e.to];
+      if (!a || !b) continue;
+      const k = (incoming[e.to] = (incoming[e.to] || 0) + 1) - 1;
+      const x1 = a.x + BOX_W, y1 = a.y + a.h / 2, x2 = b.x, y2 = b.y + b.h / 2;
+      const mx = (x1 + x2) / 2;
+      el("svg:path", { class: "edge", d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }, svg);
+      // the queues: one gauge per queue, beside the consumers it feeds
+      const qx = x2 - GAP + 10;
+      const label = el("svg:text", { class: "edge-label", x: qx, y: b.y + 12 + k * 12, "data-edge": e.name }, svg);
+      view.edgeLabels[e.name] = label;
+      e.queues.forEach((q, i) => {
+        const rows = q.consumers.map((c) => b.y + HEAD + c * ROW);
+        const y = q.consumers.length === 1 ? rows[0] : (rows[0] + rows[rows.length - 1]) / 2;
+        const gq = el("svg:g", { transform: `translate(${qx},${y})` }, svg);
+        const qb = el("svg:rect", { class: "q-bg", x: 0, y: 1, width: QW, height: ROW - 6, "data-queue-gauge": `${e.name}/${i}` }, gq);
+        const qf = el("svg:rect", { class: "q-fill", x: 0, y: 1, width: 0, height: ROW - 6 }, gq);
+        const qt = el("svg:text", { x: QW + 5, y: ROW - 7, "data-queue": `${e.name}/${i}` }, gq, `0/${e.capacity}`);
+        const wiring = `producers ${q.producers.join(",")} -> consumers ${q.consumers.join(",")}`;
+        const qtip = el("svg:title", {}, gq, `edge ${e.name} queue ${i}: ${wiring}`);
+        view.queues[`${e.name}/${i}`] = { bg: qb, fill: qf, text: qt, tip: qtip, cap: e.capacity, e, i, wiring, to: e.to, consumers: q.consumers };
+      });
     }
+    for (const s of g.stages) {
+      const p = L.pos[s.name];
+      // a sink's idle share is how it spends its time: drawn in a quiet colour
+      const gs = el("svg:g", { transform: `translate(${p.x},${p.y})`, "data-stage": s.name, class: s.sink ? "sink" : "" }, svg);
+      el("svg:rect", { class: "stage-box", width: BOX_W, height: p.h, rx: 5 }, gs);
+      el("svg:text", { class: "stage-name", x: 8, y: 15 }, gs, s.name);
+      view.nodes[s.name] = el("svg:text", { class: "node", x: 8, y: 28, "data-node": s.name }, gs, `${s.node} ×${s.replicas}`);
+      const rate = el("svg:text", { class: "rate", x: BOX_W - 8, y: 15, "text-anchor": "end", "data-rate": s.name }, gs);
+      view.rates[s.name] = rate;
+      for (let i = 0; i < s.replicas; i++) {
+        const gr = el("svg:g", { class: "rep", transform: `translate(8,${HEAD + i * ROW})`, "data-replica": `${s.name}/${i}` }, gs);
+        el("svg:text", { class: "rep-index", x: 0, y: ROW - 8 }, gr, `${i}`);
+        el("svg:rect", { class: "rep-bg", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
+        const seg = ["busy", "idle", "blocked"].map((c) => el("svg:rect", { class: `seg-${c}`, height: ROW - 5, width: 0 }, gr));
+        el("svg:rect", { class: "rep-frame", x: BAR_X, width: BAR, height: ROW - 5 }, gr);
+        const t = el("svg:text", { class: "rep-text", x: BAR_X + BAR + 6, y: ROW - 8 }, gr, "");
+        const w = s.workers ? el("svg:text", { class: "worker", x: BOX_W - 16, y: ROW - 8, "text-anchor": "end", "data-worker": `${s.name}/${i}` }, gr, s.workers[i] || "") : null;
+        const tip = el("svg:title", {}, gr);
+        view.reps[`${s.name}/${i}`] = { g: gr, seg, text: t, tip, worker: w };
+      }
+    }
+  }
+  graph();
+  // grow gives a stage a row for each replica a frame has beyond those it
+  // was drawn with (a rebalance starts some during the run), wired to its
+  // shared edges' one queue, and draws the graph again
+  function grow(fr) {
+    let grown = false;
+    const upTo = (n) => Array.from({ length: n }, (_, i) => i);
+    for (const s of g.stages) {
+      const n = ((((fr.stages || {})[s.name]) || {}).busy || []).length;
+      if (n <= s.replicas) continue;
+      s.replicas = n;
+      grown = true;
+      for (const e of g.edges) {
+        if (e.queues.length !== 1) continue;
+        if (e.to === s.name) e.queues[0].consumers = upTo(n);
+        if (e.from === s.name) e.queues[0].producers = upTo(n);
+      }
+    }
+    if (!grown) return;
+    graph();
+    if (!follow) draw(frames[+slider.value]); // following, the next draw comes at once
   }
   el("h3", {}, div, "over the run");
   const chartsDiv = el("div", { class: "charts" }, div);
@@ -317,6 +348,7 @@ function panel(g, index, root, init) {
 
   function take(fr) {
     frames.push(fr);
+    grow(fr);
     sizesChart();
     if (fr.error) {
       error.hidden = false;
