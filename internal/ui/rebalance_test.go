@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/sim"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/dflow-dev/dflow/run"
 )
 
 // movedReport simulates specs/moving.hcl (a bottleneck that moves
@@ -136,5 +138,57 @@ func TestPageRebalance(t *testing.T) {
 	}
 	if ran := len(rep.Stages["drafter"].Replicas); ran <= 3 || got.Rows != ran || got.Gauges != 1 {
 		t.Errorf("drafter's box has %d rows and hs %d queue gauges; want a row for each of the %d drafters that ran, and hs's one queue", got.Rows, got.Gauges, ran)
+	}
+}
+
+// TestLiveRebalance: a live run that moves replicas (the seed's shape from
+// 1 target and 7 drafters, every edge shared, its rebalance acting) gives
+// the page each move once, in the frame after it is made or in the last,
+// and the stages' sizes: 1 and 7 at first, never more than the budget's
+// 8 (fewer while the replicas that leave finish their item in hand, their
+// successors not started yet), more targets and 8 in all at the end.
+func TestLiveRebalance(t *testing.T) {
+	g := loadSpec(t, "../../specs/seed.hcl", "edge.hs.policy=shared", "stage.target.replicas=1", "stage.drafter.replicas=7",
+		"stage.reader.config.count=300", "stage.target.config.service_time=10ms", "stage.drafter.config.service_time=5ms")
+	g, diags := g.WithRebalance(graph.Rebalance{Stages: []string{"target", "drafter"}, FromFlag: true})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := run.New(g, run.Options{Registry: registry(), Rebalance: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := Live(g, "seed", p.Snapshot, 10*time.Millisecond)
+	rep, err := p.Run(context.Background())
+	if err != nil || rep.Status != report.OK || len(rep.Moves) == 0 {
+		t.Fatalf("run: %v, status %s, moves %+v", err, rep.Status, rep.Moves)
+	}
+	live.Finish(rep)
+	frames, ended, _ := live.since(0)
+	if !ended {
+		t.Fatal("the run has not ended on the page")
+	}
+	moved := 0
+	var sizes []map[string]int
+	for _, f := range frames {
+		moved += len(f.Moves)
+		if !f.Summary && f.Replicas != nil {
+			sizes = append(sizes, f.Replicas)
+		}
+	}
+	if moved != len(rep.Moves) {
+		t.Errorf("%d moves on the page, %d in the report", moved, len(rep.Moves))
+	}
+	if len(sizes) < 2 {
+		t.Fatalf("%d frames with sizes", len(sizes))
+	}
+	first, last := sizes[0], sizes[len(sizes)-1]
+	if first["target"] != 1 || first["drafter"] != 7 || last["target"] <= 1 || last["target"]+last["drafter"] != 8 {
+		t.Errorf("sizes %v at first, %v at the end; want 1+7, then more targets, 8 in all", first, last)
+	}
+	for _, n := range sizes {
+		if s := n["target"] + n["drafter"]; s > 8 || n["target"] < 1 || n["drafter"] < 1 {
+			t.Errorf("sizes %v: want one replica a stage or more, 8 at most", n)
+		}
 	}
 }
