@@ -77,11 +77,12 @@ type Coordinator struct {
 	workers   []string
 	place     map[string][]string // stage -> instance per replica
 	instances map[string]*instance
-	seen      map[string]time.Time     // worker -> last hello
-	paused    control.Pauses           // the coordinator's own (seen by the heartbeat), not counted as workers' silence
-	saves     localSaves               // what groups summing on one worker saved
-	restores  map[string]*wire.Restore // for the restarts of such groups lost whole
-	attempts  map[string]int           // the times each group was lost whole (Job.Attempt)
+	seen      map[string]time.Time       // worker -> last hello
+	paused    control.Pauses             // the coordinator's own (seen by the heartbeat), not counted as workers' silence
+	saves     localSaves                 // what groups summing on one worker saved
+	restores  map[string]*wire.Restore   // for the restarts of such groups lost whole
+	attempts  map[string]int             // the times each group was lost whole (Job.Attempt)
+	lostWhole map[string]map[string]bool // the shares counted in each group's last whole loss
 	restarts  int
 	snapAt    time.Time
 	lostList  atomic.Pointer[[]byte] // lostShares

@@ -452,23 +452,10 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		return nil
 	}
-	restoring := h.Restoring(i) // its group is lost whole already
+	if wire.Whole(c.o.Registry, s) {
+		return c.loseWhole(in, s, i, h)
+	}
 	present := h.Lose(i, in.name)
-	if present > 0 && wire.Whole(c.o.Registry, s) && in.evict != s.Name && !restoring {
-		// its members cannot go on without it: the others stop too, and
-		// every member restarts from the group's last save
-		if err := c.loseWhole(in, s, i, h); err != nil {
-			return err
-		}
-		present = 0
-	}
-	if !restoring && h.Restoring(i) {
-		// a new attempt of the group: its ranks meet at its new rank 0
-		if c.attempts == nil {
-			c.attempts = map[string]int{}
-		}
-		c.attempts[s.Name]++
-	}
 	if present == 0 && h.Keeps() && h.AnyDue() {
 		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
 			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
@@ -501,13 +488,21 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	return nil
 }
 
-// loseWhole counts lost, for stage s whose group cannot go on without a
-// member (Spec.Whole: a torch process group cannot shrink), every share
-// that runs another member of it, now that member i was lost with share
-// in: they restart with it, and the group restores its last save (or,
-// having saved nothing yet, starts afresh, its inputs coming back). Each
-// such share must be able to restart whole (evictable). c.mu held.
+// loseWhole loses member i of stage s with share in, for a group that
+// cannot go on without any member (Spec.Whole: a torch process group
+// cannot shrink): every share that runs another member is counted lost
+// too (they restart), and the group restores its last save whole (or,
+// having saved nothing yet, starts afresh, its inputs coming back), in a
+// new attempt, whose ranks meet at its new rank 0 (Job.Attempt). A share
+// counted in this attempt's loss already (the lost one's other members,
+// those stopped for it) changes nothing more; a restart lost during the
+// restore begins another attempt. Each share it stops must be able to
+// restart whole (evictable). c.mu held.
 func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Host) error {
+	h.Lose(i, in.name)
+	if c.lostWhole[s.Name][in.name] {
+		return nil
+	}
 	var ev []group.Eviction
 	for j, share := range c.place[s.Name] {
 		if share != in.name {
@@ -524,7 +519,15 @@ func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Ho
 	for _, x := range ev {
 		h.Lose(x.Member, x.Share)
 	}
+	restorable := h.RestoreWhole()
+	h.Evictions() // the finished members it restores are on the shares stopped above
+	if !restorable {
+		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d is a member of a group that cannot go on without it, and no member of it is left to take its state from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
+			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
+	}
+	counted := map[string]bool{in.name: true}
 	for _, x := range ev {
+		counted[x.Share] = true
 		if e := c.instances[x.Share]; e != nil && !e.lost {
 			e.lost, e.evict = true, s.Name
 			c.markRan(e)
@@ -533,6 +536,15 @@ func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Ho
 				s.Name, i, in.worker, x.Share, e.worker)
 		}
 	}
+	if c.lostWhole == nil {
+		c.lostWhole = map[string]map[string]bool{}
+	}
+	if c.attempts == nil {
+		c.attempts = map[string]int{}
+	}
+	c.lostWhole[s.Name] = counted
+	c.attempts[s.Name]++
+	fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.SaveSaid())
 	return nil
 }
 

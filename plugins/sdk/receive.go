@@ -172,9 +172,10 @@ func (in *input) Recv(ctx context.Context) (any, error) {
 		return in.took(it, ok)
 	default:
 	}
-	if in.asked && !in.ended.Load() {
+	if in.asked && !in.ended.Load() && in.w.Lent() == 0 {
 		// credit for the one item the node asks for (a kind that
-		// restores: session.restores)
+		// restores: session.restores), unless an earlier ask's is still
+		// out (its Recv ended before the item came)
 		in.w.Lend()
 		if err := in.s.send(&proto.Message{Msg: &proto.Message_Credit{Credit: &proto.Credit{N: 1, Port: in.port}}}); err != nil {
 			return nil, err

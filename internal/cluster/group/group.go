@@ -439,7 +439,13 @@ func (h *Host) answerJoinLocked(replica int, m *nats.Msg) {
 		h.restore[replica] = false
 		ans[1] = 2
 		binary.LittleEndian.PutUint32(ans[2:], uint32(int32(h.saveStep)))
-		skip = slices.DeleteFunc(slices.Clone(skip), func(t TrainedItem) bool { return t.Round > h.durable })
+		// Every member's items: on a shared queue an item one member
+		// trained comes back to whichever restart takes it.
+		skip = nil
+		for _, items := range h.trained {
+			skip = append(skip, items...)
+		}
+		skip = slices.DeleteFunc(skip, func(t TrainedItem) bool { return t.Round > h.durable })
 	case st != nil:
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
@@ -624,6 +630,30 @@ func (h *Host) restoreLocked() {
 	}
 }
 
+// RestoreWhole restores the group's last save whole, for a group that
+// cannot go on without any of its members (nodes.Spec.Whole): every
+// member still present, or joined since a restore began, is counted out
+// (the coordinator stops its share), and every member restores. False:
+// the group cannot restore (it saves nothing, or its final save is
+// written).
+func (h *Host) RestoreWhole() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.restorable() {
+		return false
+	}
+	for i := range h.due {
+		if !h.restore[i] && !h.left[i] {
+			h.left[i] = true
+			h.members--
+			h.due[i] = true
+			h.dropLocked(i)
+		}
+	}
+	h.restoreLocked()
+	return true
+}
+
 // evictions returns, once, the finished members a restore needs back,
 // with the shares to count lost for them.
 func (h *Host) Evictions() []Eviction {
@@ -714,18 +744,22 @@ func (h *Host) completeLocked() {
 // trainedLocked records the item member r had in hand in the round just
 // completed: an item in hand over several rounds is the last's.
 func (h *Host) trainedLocked(r int) {
-	id := h.held[r]
-	if id == "" {
+	held := h.held[r]
+	if held == "" {
 		return
 	}
 	items := h.trained[r]
-	switch {
-	case len(items) > 0 && items[len(items)-1].ID == id:
-		items[len(items)-1].Round = h.round
-	case !h.saves:
-		items = append(items[:0], TrainedItem{h.round, id}) // settled before its next round
-	default:
-		items = append(items, TrainedItem{h.round, id})
+	if !h.saves {
+		items = items[:0] // settled before its next round
+	}
+	// the ids the member took since its last step, comma separated (a
+	// step of k items)
+	for id := range strings.SplitSeq(held, ",") {
+		if len(items) > 0 && items[len(items)-1].ID == id {
+			items[len(items)-1].Round = h.round
+		} else {
+			items = append(items, TrainedItem{h.round, id})
+		}
 	}
 	h.trained[r] = items
 }

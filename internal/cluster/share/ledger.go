@@ -231,6 +231,10 @@ type tracked struct {
 
 	mu  sync.Mutex
 	cur *taken // the delivery in hand (nil: none); a dropped one until the next receive
+	// took are the ids of what the replica took since its group's last
+	// step (several where a step takes k items): the group's host names
+	// them all trained in the next, for a restart to drop
+	took []string
 	// skip are the items a restart drops if they come back: the group's
 	// state it took holds what they trained (its group names them), each
 	// with the round it was trained in where no save holds that yet (0:
@@ -356,6 +360,9 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 			if t := find(i); t != nil {
 				t.mu.Lock()
 				defer t.mu.Unlock()
+				if len(t.took) > 0 {
+					return strings.Join(t.took, ",")
+				}
 				if t.cur != nil {
 					return t.cur.ident()
 				}
@@ -375,7 +382,7 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 		},
 		Hold: func(i int) { with(i, func(t *tracked) { t.hold = true }) },
 		Stepped: func(i int, round uint32) {
-			with(i, func(t *tracked) { t.round, t.last = round, round })
+			with(i, func(t *tracked) { t.round, t.last, t.took = round, round, nil })
 		},
 		Durable: func(i int, round uint32) {
 			if t := find(i); t != nil {
@@ -537,6 +544,9 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			if t.skip != nil {
 				round, drop = t.skip[rec.ident()]
 			}
+		}
+		if rec != nil && !drop {
+			t.took = append(t.took, rec.ident())
 		}
 		if drop {
 			// Trained on before the state the restart took was: in it

@@ -53,9 +53,10 @@ func (l *links) ranked(s *graph.Stage, n nodes.Node) nodes.Node {
 func (l *links) rankPlace(ctx context.Context, s *graph.Stage, r nodes.Replica) (nodes.RankPlace, error) {
 	place := l.job.Place[s.Name]
 	var p nodes.RankPlace
-	if l.whole != nil && l.whole(s) {
+	if l.whole != nil && l.whole(s) && wire.Spread(place) {
 		// a peer's worker lost, the coordinator counts it so within its
-		// lease, and then stops this share too
+		// lease, and then stops this share too (a group on one worker is
+		// lost with it, and a rank's failure there is a failure)
 		p.PeerLoss = 2*l.job.Timings.Lease + l.job.Timings.AckWait
 	}
 	for i, in := range place {

@@ -224,12 +224,20 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 // group was lost whole), or records st as the in-process group does.
 func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
 	if r, ok := g.lg.l.job.Restore[g.lg.stage.Name]; ok && r != nil {
-		if i := g.t.Index(); i < len(r.Skip) && len(r.Skip[i]) > 0 {
-			g.t.mu.Lock()
-			g.t.skip = map[string]uint32{} // in the save restored: settled when they come
-			for _, id := range r.Skip[i] {
-				g.t.skip[id] = 0
+		// Every member's: on a shared queue an item one member trained
+		// comes back to whichever restart takes it.
+		var skip map[string]uint32
+		for _, ids := range r.Skip {
+			for _, id := range ids {
+				if skip == nil {
+					skip = map[string]uint32{}
+				}
+				skip[id] = 0 // in the save restored: settled when it comes
 			}
+		}
+		if skip != nil {
+			g.t.mu.Lock()
+			g.t.skip = skip
 			g.t.mu.Unlock()
 		}
 		if r.Final {

@@ -56,6 +56,9 @@ func (w *Window) Taken(size int64) {
 // lend.
 func (w *Window) Lend() { w.lent.Add(1) }
 
+// Lent is the credit granted and not yet used by the sender.
+func (w *Window) Lent() int32 { return w.lent.Load() }
+
 // TakenAsked records an item of size payload bytes handed on from a port
 // whose credit goes on demand: nothing is owed (the next ask lends it).
 func (w *Window) TakenAsked(size int64) { w.held.Add(-max(size, 1)) }
