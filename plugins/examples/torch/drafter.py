@@ -341,6 +341,11 @@ class DrafterTrain(Node):
         target_abs, target_hash = os.path.abspath(cfg["target"]), sha256(cfg["target"])
 
         step = batches = 0
+        if path and not restoring and rank == 0:
+            try:
+                os.remove(path + ".prev")  # an earlier run's: not a save of this one
+            except FileNotFoundError:
+                pass
         if restoring and r.restore_step >= 0:
             # the group's last save, which SAVED named: the weights, the
             # optimizer's moments and count, the step and the batches it
@@ -348,11 +353,16 @@ class DrafterTrain(Node):
             if not path or not os.path.exists(path):
                 raise RuntimeError("drafter_train: told to restore the save of step %d, but the checkpoint %r is not there"
                                    % (r.restore_step, path))
-            saved, _ = tgt.load(path)
-            meta = tgt.read_metadata(path)
-            if int(meta.get("step", -1)) != r.restore_step:
-                raise RuntimeError("drafter_train: told to restore the save of step %d, but %s holds step %s (written since by another run?)"
-                                   % (r.restore_step, path, meta.get("step")))
+            # the save dflow holds is the checkpoint's, or, where the group
+            # was lost between writing a newer one and saying it, the one
+            # before (kept beside it as PATH.prev)
+            found = [f for f in (path, path + ".prev")
+                     if os.path.exists(f) and int(tgt.read_metadata(f).get("step", -1)) == r.restore_step]
+            if not found:
+                raise RuntimeError("drafter_train: told to restore the save of step %d, but neither %s nor %s.prev holds it "
+                                   "(written since by another run?)" % (r.restore_step, path, path))
+            saved, _ = tgt.load(found[0])
+            meta = tgt.read_metadata(found[0])
             with torch.no_grad():
                 for i, (name, sh) in enumerate(drafter.names):
                     drafter.tensor(i).copy_(saved[name].view(sh).to(device))
@@ -376,6 +386,10 @@ class DrafterTrain(Node):
             meta = dict(run[0], config=config_json(dc), format=FORMAT, step=str(step), batches=str(batches),
                         target=target_abs, target_sha256=target_hash)
             meta["opt.t"] = str(opt.t)
+            if os.path.exists(path) and r.group and getattr(self, "restores", False):
+                # the save before stays until dflow holds this one (saved):
+                # lost in between, the group restores that one
+                os.replace(path, path + ".prev")
             write_safetensors(path, ts, meta)
 
         every = cfg["checkpoint_every"]
