@@ -263,6 +263,43 @@ func (r devReplica) Index() int     { return r.index }
 func (r devReplica) Replicas() int  { return 3 }
 func (r devReplica) Device() string { return r.device }
 
+// TestRestoringGroupPlugin: a group kind that restores (the Go SDK's
+// Sync and Moves) registers as moving state that its group restores
+// whole (Spec.Moves, Spec.Whole), and in one process runs as any group
+// kind, its members asking for their items one at a time: the host
+// refuses credit ahead, and 7 items over 3 ranks, k a step, end on every
+// rank after the same step, each item once. (On a cluster it restarts
+// whole: cmd/dflow's TestTorchDrafterLost.)
+func TestRestoringGroupPlugin(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.h.Load("tg", wrapper(t, f.dir, "tg", "group-restores"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := f.reg.Spec("tg/lockstep")
+	if !spec.Moves || !spec.Whole {
+		t.Fatalf("tg/lockstep registered with Moves %v, Whole %v; want both", spec.Moves, spec.Whole)
+	}
+	for _, k := range []int{1, 2} {
+		t.Run(fmt.Sprintf("k=%d", k), func(t *testing.T) {
+			reps, err := runLockstep(t, f, 7, 3, "", fmt.Sprintf("stage.t.config.k=%d", k))
+			if err != nil {
+				t.Fatalf("%v\n%s", err, f.stderr.String())
+			}
+			items := 0
+			for i, rep := range reps {
+				items += rep.Items
+				if rep.Steps != reps[0].Steps || rep.Totals != 7 {
+					t.Errorf("rank %d: %d steps (rank 0 %d), totals %d; want lockstep over 7 items", i, rep.Steps, reps[0].Steps, rep.Totals)
+				}
+			}
+			if items != 7 {
+				t.Errorf("the ranks took %d items, want 7", items)
+			}
+		})
+	}
+}
+
 // TestRankDevices: a rank's device is bound by CUDA_VISIBLE_DEVICES
 // before its process starts (a dflow built without CUDA refuses cuda
 // devices in a spec, so rankEnv is tested alone).

@@ -51,6 +51,10 @@ func TestMain(m *testing.M) {
 		time.Sleep(time.Hour)
 	case "group":
 		sdk.Serve(lockstepKind)
+	case "group-restores":
+		restoring := lockstepKind
+		restoring.Moves = true // a kind that restores (Kind.restores)
+		sdk.Serve(restoring)
 	case "group-v1":
 		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: wire.Handshake, Plugins: wire.PluginMap(oldGroup{}), GRPCServer: plugin.DefaultGRPCServer})
 	case "rogue":

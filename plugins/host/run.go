@@ -350,6 +350,13 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			if !ok {
 				return fmt.Errorf("the plugin granted credit on %q, which is not an input port", port)
 			}
+			if n.k.restores && (v.Credit.N != 1 || c.Available() > 0) {
+				// its items settle at the save of the step that holds
+				// them: an item sent ahead would count as trained a step
+				// early (plugin-protocol.md, "A kind that restores")
+				return fmt.Errorf("the plugin granted credit for %d items on %q with %d not yet used; a member of a kind that restores asks for one item at a time, as it takes it for a step",
+					v.Credit.N, port, c.Available())
+			}
 			c.Grant(v.Credit.N)
 		case *proto.Message_Metric:
 			if v.Metric.Counter {
