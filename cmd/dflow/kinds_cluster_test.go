@@ -47,7 +47,7 @@ func TestKindsAcrossWorkers(t *testing.T) {
 	// (the tree's own text changes while people work in it).
 	corpus := filepath.Join(t.TempDir(), "corpus.txt")
 	var text []byte
-	for _, f := range []string{"internal/engine/engine.go", "internal/engine/deadlock.go", "internal/cluster/transport.go", "internal/nn/model.go", "README.md"} {
+	for _, f := range []string{"internal/engine/engine.go", "internal/engine/deadlock.go", "internal/cluster/share/transport.go", "internal/nn/model.go", "README.md"} {
 		b, err := os.ReadFile(filepath.Join("../..", f))
 		if err != nil {
 			t.Fatal(err)
