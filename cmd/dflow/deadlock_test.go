@@ -57,6 +57,6 @@ func TestSeedDeadlock(t *testing.T) {
 		sent += r.ItemsOut
 	}
 	if e := rep.Edges["tokens"]; e.Produced != sent || sent == 0 || sent >= 300 {
-		t.Errorf("tokens produced %d, the reader sent %d of 300", e.Produced, sent)
+		t.Errorf("tokens produced %d, the reader sent %d of 300\nstderr:\n%s", e.Produced, sent, stderr)
 	}
 }
