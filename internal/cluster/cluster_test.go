@@ -493,9 +493,9 @@ func TestFinishedChainStaysWhole(t *testing.T) {
 // ends, but before a snapshot showed them done (snapshots come once a
 // second). Their consumer may have ended on those ends: run again, a
 // replica could take an item another lost replica held on a shared input
-// and send it after that end (TestWorkerKilled's "two a second apart",
-// about 1 run in 10 under load: 'stage "drafter" returned with 1 items of
-// stage "target" unread'). They stay finished, and w2's last snapshot now
+// and send it after that end (TestWorkerKilled's "two a second apart"
+// met it under load: 'stage "drafter" returned with 1 items of stage
+// "target" unread'). They stay finished, and w2's last snapshot now
 // has them done, for the deadlock watch and the report. No worker is
 // live here: a restart would fail the recover.
 func TestSettledAfterLastSnapshot(t *testing.T) {

@@ -213,7 +213,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 // publishes. A consumer that takes fast had dozens of acked messages the
 // stream still stored and counted delivered (so out of the room): the
 // room read said a capacity free while the store stood at its bound, and
-// the next publish was refused (BenchmarkRemoteEdge's 64B, most runs).
+// the next publish was refused (BenchmarkRemoteEdge's 64B items meet it).
 //
 // The credit the consumers grant is kept within it too: bounded is what
 // may be published before the store is read again.
