@@ -193,7 +193,7 @@ func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
 		return l.resume(s, n) // a source that resumes
 	}
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-		tr := &tracked{clocked: clocked{r}, l: l}
+		tr := &tracked{clocked: clocked{r}, l: l, steps: l.syncs != nil && l.syncs(s)}
 		if l.summing != nil && l.summing(s) {
 			tr.local = l.localGroupFor(s)
 		}
@@ -232,9 +232,11 @@ type tracked struct {
 	mu  sync.Mutex
 	cur *taken // the delivery in hand (nil: none); a dropped one until the next receive
 	// took are the ids of what the replica took since its group's last
-	// step (several where a step takes k items): the group's host names
-	// them all trained in the next, for a restart to drop
-	took []string
+	// step (several where a step takes k items), where its stage steps
+	// together (steps): the group's host names them all trained in the
+	// next, for a restart to drop
+	took  []string
+	steps bool
 	// skip are the items a restart drops if they come back: the group's
 	// state it took holds what they trained (its group names them), each
 	// with the round it was trained in where no save holds that yet (0:
@@ -545,7 +547,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 				round, drop = t.skip[rec.ident()]
 			}
 		}
-		if rec != nil && !drop {
+		if rec != nil && !drop && t.steps {
 			t.took = append(t.took, rec.ident())
 		}
 		if drop {
