@@ -1047,7 +1047,10 @@ func (q *jsQueue) Close() {
 	if err := q.flush(); err != nil {
 		return // the share fails (answered): no end is written ahead of an item
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// Within the share's run: aborted (counted lost, the run over), it
+	// records no end, and stops trying at once rather than outlive the
+	// engine's grace.
+	ctx, cancel := context.WithTimeout(q.l.runCtx(), 10*time.Second)
 	defer cancel()
 	for _, p := range q.local {
 		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
@@ -1056,12 +1059,15 @@ func (q *jsQueue) Close() {
 				break
 			}
 			if ctx.Err() != nil {
-				if q.l.fatal != nil {
+				if q.l.fatal != nil && !q.l.aborting() {
 					q.l.fatal(fmt.Errorf("%s: the end of producer replica %d could not be recorded on worker %s: %v", q.name(), p, q.l.worker, err))
 				}
 				return
 			}
-			time.Sleep(wait)
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
 		}
 	}
 	q.closed.Store(true)
