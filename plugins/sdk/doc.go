@@ -45,5 +45,5 @@
 //     with torchrun's environment, and its Group()'s collectives are
 //     Collective messages that dflow runs in the stage's group
 //     (group.go); Steps gives a member its input in lockstep with the
-//     others (docs/plugins.md, "Group kinds").
+//     others (docs/groups.md).
 package sdk
