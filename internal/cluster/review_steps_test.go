@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/items"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
@@ -125,7 +124,7 @@ func TestReviewLostWholeKItemsAStep(t *testing.T) {
 				}})
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			c, kill, log := tallyRunPolicy(ctx, t, reg, n, []string{"w2", "w3"}, tc.policy)
+			c, kill, log := tallyRun(ctx, t, reg, n, []string{"w2", "w3"}, tc.policy)
 			go func() {
 				select {
 				case <-saved:
@@ -149,72 +148,4 @@ func TestReviewLostWholeKItemsAStep(t *testing.T) {
 			checkFinal(t, store, log)
 		})
 	}
-}
-
-// tallyRunPolicy is tallyRun with the edge's policy: "shared" is the one
-// specs/dflash-torch.hcl gives its drafter ranks (one queue, every rank a
-// consumer of it).
-func tallyRunPolicy(ctx context.Context, t *testing.T, reg *nodes.Registry, n int, pin []string, policy string) (*Coordinator, map[string]func(), *syncLog) {
-	t.Helper()
-	srv, err := StartServer(ServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	kill := map[string]func(){}
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	for i := range 3 {
-		name := fmt.Sprintf("w%d", i+1)
-		nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		t.Cleanup(cancel)
-		kill[name] = func() { nc.Close(); cancel() }
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer nc.Close()
-			RunWorker(ctx, WorkerOptions{Name: name, Conn: nc, Registry: reg, Load: loader(reg)})
-		}()
-	}
-	src := fmt.Sprintf(`
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = %d
-  }
-}
-stage "tally" {
-  node     = "tally"
-  replicas = 3
-}
-edge "e" {
-  from     = src.out
-  to       = tally.in
-  policy   = %q
-  capacity = 64
-}
-`, n, policy)
-	job := wire.Job{Filename: "tally.hcl", Src: []byte(src)}
-	g, err := loader(reg)(&job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := Connect(ConnOptions{URL: srv.URL, Token: srv.Token, Name: "coordinator"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	log := &syncLog{}
-	c, err := NewCoordinator(ctx, CoordOptions{Conn: nc, Graph: g, Job: job, Workers: 3, Registry: reg,
-		Interval: 200 * time.Millisecond, Log: log,
-		Pin:     map[string][]string{"src": {"w3"}, "tally": pin},
-		Timings: wire.Timings{Lease: 3 * time.Second, AckWait: 2 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c, kill, log
 }

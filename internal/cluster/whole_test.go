@@ -219,7 +219,7 @@ func TestLostWholeAsMemberFinished(t *testing.T) {
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			c, kill, log := tallyRun(ctx, t, reg, n, tc.pin)
+			c, kill, log := tallyRun(ctx, t, reg, n, tc.pin, "round_robin")
 			go func() {
 				select {
 				case <-left:
@@ -290,8 +290,9 @@ func checkFinal(t *testing.T, store *tallyStore, log *syncLog) {
 // tallyRun starts a server and three workers, w1 to w3 (kill closes a
 // worker's connection and cancels it, as a killed process), and a
 // coordinator for n items from a source on w3 to three tally replicas,
-// pinned as pin says.
-func tallyRun(ctx context.Context, t *testing.T, reg *nodes.Registry, n int, pin []string) (*Coordinator, map[string]func(), *syncLog) {
+// pinned as pin says, over an edge of policy ("shared": one queue, every
+// replica a consumer of it, as specs/dflash-torch.hcl feeds its ranks).
+func tallyRun(ctx context.Context, t *testing.T, reg *nodes.Registry, n int, pin []string, policy string) (*Coordinator, map[string]func(), *syncLog) {
 	t.Helper()
 	srv, err := StartServer(ServerOptions{})
 	if err != nil {
@@ -331,10 +332,10 @@ stage "tally" {
 edge "e" {
   from     = src.out
   to       = tally.in
-  policy   = "round_robin"
+  policy   = %q
   capacity = 64
 }
-`, n)
+`, n, policy)
 	job := wire.Job{Filename: "tally.hcl", Src: []byte(src)}
 	g, err := loader(reg)(&job)
 	if err != nil {
@@ -409,7 +410,7 @@ func TestLastMemberLostBeforeFinalSave(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, kill, log := tallyRun(ctx, t, reg, n, []string{"w1", "w1", "w2"})
+	c, kill, log := tallyRun(ctx, t, reg, n, []string{"w1", "w1", "w2"}, "round_robin")
 	go func() {
 		select {
 		case <-lastLeft:
