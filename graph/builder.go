@@ -117,6 +117,13 @@ func Placement(workers ...string) StageOption {
 	})
 }
 
+// Restarts sets how many times the stage's group may restart whole in one
+// process when a rank's process dies, as `restarts = n` does: a group kind
+// that restores (Kind.Restores).
+func Restarts(n int) StageOption {
+	return stageOption(func(d *stageDraft) { d.restarts = cty.NumberIntVal(int64(n)) })
+}
+
 // Devices lists where the stage's replicas run ("cpu", "cuda:N"); replica
 // i uses devices[i % len(devices)]. The default is "cpu".
 func Devices(devices ...string) StageOption {
@@ -239,6 +246,8 @@ type stageDraft struct {
 	placement      []string
 	placementGiven bool
 	placementRange hcl.Range
+	restarts       cty.Value // a number; cty.NilVal when not given
+	restartsRange  hcl.Range
 	config         []configItem // Builder.Stage's ConfigAttr options, in order
 	configBody     hcl.Body     // the spec's config block, or nil
 	sim            *Sim
@@ -316,6 +325,14 @@ func (b *Builder) stageAttrs(s *Stage, d *stageDraft) {
 			b.errorf(d.replicasRange, "invalid replicas", "%s", named(d.replicasRange, who, fmt.Sprintf("replicas %v.", err)))
 		} else {
 			s.Replicas = n
+		}
+	}
+	if d.restarts != cty.NilVal {
+		s.RestartsRange = d.restartsRange
+		if n, err := checkRestarts(d.restarts); err != nil {
+			b.errorf(d.restartsRange, "invalid restarts", "%s: restarts %v.", who, err)
+		} else {
+			s.Restarts = n
 		}
 	}
 	if d.devicesGiven {

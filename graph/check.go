@@ -63,7 +63,34 @@ func (b *Builder) check() {
 		}
 	}
 	b.checkUnconnected()
+	b.checkRestarts()
 	b.checkRebalance()
+}
+
+// checkRestarts checks that a stage with restarts is a group kind that
+// restores, whose items go nowhere downstream: a restart trains again on
+// the items since the group's last save, and what it sent on them would
+// be sent twice.
+func (b *Builder) checkRestarts() {
+	for _, s := range b.g.Stages {
+		if s.Restarts == 0 || s.Kind == nil {
+			continue
+		}
+		r := orRange(s.RestartsRange, s.NameRange)
+		if !s.Kind.Restores {
+			b.errorf(r, "restarts on a kind that does not restore", "stage %q: restarts = %d needs a group kind that restores (a plugin kind with restores = True, or Sync and Moves in Go): "+
+				"its ranks start again from the group's last save. Kind %q does not; remove restarts.", s.Name, s.Restarts, s.Node)
+			continue
+		}
+		for _, p := range s.Outputs {
+			if len(p.Edges) > 0 {
+				b.errorf(r, "restarts on a stage with output edges", "stage %q: restarts = %d, but its output %q feeds edge %q: a restart trains again on the items since the group's last save, "+
+					"and what it sent on them would be sent twice. Restarts are for a stage whose outputs go nowhere (a trainer that writes its checkpoint); remove restarts or the edge.",
+					s.Name, s.Restarts, p.Name, p.Edges[0].Name)
+				break
+			}
+		}
+	}
 }
 
 // findPlugins returns the declared plugins whose executables are there,

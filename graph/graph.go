@@ -65,16 +65,23 @@ type Stage struct {
 	// i on Placement[i%len(Placement)], in a run across hosts (`dflow run
 	// --cluster`); empty spreads them evenly. A local run ignores it.
 	Placement []string
-	Config    *Config
-	Sim       *Sim // nil when the stage has no sim block
-	Kind      *Kind
-	Inputs    []*Port
-	Outputs   []*Port
+	// Restarts is how many times the stage's group may restart whole in
+	// one process (`dflow run`) when a rank's process dies: a group kind
+	// that restores (Kind.Restores), its ranks all stopped and started
+	// again from the group's last save, the items since coming back
+	// (docs/groups.md). 0, the default: a dead rank fails the run.
+	Restarts int
+	Config   *Config
+	Sim      *Sim // nil when the stage has no sim block
+	Kind     *Kind
+	Inputs   []*Port
+	Outputs  []*Port
 
 	DeclRange     hcl.Range // the block header
 	NameRange     hcl.Range
 	NodeRange     hcl.Range
 	ReplicasRange hcl.Range
+	RestartsRange hcl.Range // zero when the spec does not set restarts
 
 	order int // declaration index, for a stable reading order
 }

@@ -190,6 +190,10 @@ type Kind struct {
 	// Check, if set, validates a decoded config beyond its types. Errors
 	// of type *FieldError are reported at that attribute.
 	Check func(cfg *Config) []error
+	// Restores says that the kind's replicas are a group that saves its
+	// state and restarts whole from its last save (a plugin's group kind
+	// that says it restores): a stage of it may set restarts.
+	Restores bool
 	// Metrics declares the node metrics the kind publishes and how each
 	// is merged over the stage's replicas; one it does not declare is
 	// merged by MergeLast (a gauge) or MergeSum (a counter).

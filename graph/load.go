@@ -289,6 +289,7 @@ var stageSchema = &hcl.BodySchema{
 		{Name: "replicas"},
 		{Name: "devices"},
 		{Name: "placement"},
+		{Name: "restarts"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "config"}, {Type: "sim"}},
 }
@@ -322,6 +323,12 @@ func (d *decoder) decodeStage(b *hcl.Block) {
 			for _, e := range v.AsValueSlice() {
 				s.devices = append(s.devices, e.AsString())
 			}
+		}
+	}
+	if a, ok := content.Attributes["restarts"]; ok {
+		s.restartsRange = a.Expr.Range()
+		if v, ok := d.value(a, cty.Number, "a whole number"); ok {
+			s.restarts = v
 		}
 	}
 	if a, ok := content.Attributes["placement"]; ok {
@@ -526,6 +533,24 @@ func checkCount(v cty.Value, name string) (int, error) {
 		return 0, fmt.Errorf("must be at least 1; got %d", n)
 	case n > countLimits[name]:
 		return 0, fmt.Errorf("must be at most %d; got %d", countLimits[name], n)
+	}
+	return n, nil
+}
+
+// MaxRestarts bounds a stage's restarts.
+const MaxRestarts = 100
+
+// checkRestarts checks a stage's restarts: a whole number from 0 to
+// MaxRestarts.
+func checkRestarts(v cty.Value) (int, error) {
+	n, err := wholeNumber(v)
+	switch {
+	case err != nil:
+		return 0, err
+	case n < 0:
+		return 0, fmt.Errorf("must be at least 0; got %d", n)
+	case n > MaxRestarts:
+		return 0, fmt.Errorf("must be at most %d; got %d", MaxRestarts, n)
 	}
 	return n, nil
 }

@@ -77,6 +77,17 @@ func (d *decoder) setStage(s *Stage, attr []string, raw string) error {
 		n, err := setCount(raw, "replicas")
 		s.Replicas = n
 		return err
+	case len(attr) == 1 && attr[0] == "restarts":
+		v, err := ParseValue(raw, cty.Number)
+		if err != nil {
+			return err
+		}
+		n, err := checkRestarts(v)
+		if err != nil {
+			return fmt.Errorf("restarts %v", err)
+		}
+		s.Restarts = n
+		return nil
 	case len(attr) == 2 && attr[0] == "config":
 		if d.pendingConfig[s] == nil {
 			d.pendingConfig[s] = map[string]string{}
@@ -84,7 +95,7 @@ func (d *decoder) setStage(s *Stage, attr []string, raw string) error {
 		d.pendingConfig[s][attr[1]] = raw
 		return nil
 	}
-	return fmt.Errorf("stages have no settable attribute %q; use replicas or config.KEY", strings.Join(attr, "."))
+	return fmt.Errorf("stages have no settable attribute %q; use replicas, restarts or config.KEY", strings.Join(attr, "."))
 }
 
 // lookupEdge is the named edge, or an error naming it with the closest
