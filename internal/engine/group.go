@@ -173,11 +173,27 @@ func (m *member) Leave() { m.g.leave(m.r.index) }
 // Finish implements nodes.Group.Finish.
 func (m *member) Finish(context.Context) (bool, error) { return m.g.leave(m.r.index), nil }
 
-// Keep implements nodes.Group.Keep: in one process no member restarts, so
-// there is nothing to take over and nothing to record.
+// RejoinAll brings every member back into the group, with no round in
+// progress: a plugin group kind's restart whole in one process
+// (plugins/host), once every member has stopped (none is in a
+// collective, nor will be until it has started again). A round some
+// members had arrived in is dropped with them.
+func (m *member) RejoinAll() {
+	g := m.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.round = nil
+	clear(g.left)
+	g.members = len(g.left)
+}
+
+// Keep implements nodes.Group.Keep: in one process no member restarts by
+// itself, so there is nothing to take over and nothing to record (a
+// plugin's group restarts whole, told its save by plugins/host).
 func (m *member) Keep(context.Context, nodes.State) error { return nil }
 
-// Saves and Saved implement nodes.Group's: in one process no group is
-// lost whole, so no input waits for a save.
+// Saves and Saved implement nodes.Group's: in one process no input
+// waits for a save (a plugin's group that restarts whole keeps what its
+// members took until a save holds it: plugins/host).
 func (m *member) Saves(context.Context) error      { return nil }
 func (m *member) Saved(context.Context, int) error { return nil }

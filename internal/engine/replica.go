@@ -86,6 +86,11 @@ func (r *replica) Devices() []string {
 	}
 	return d
 }
+
+// Restarts is the stage's restarts: how many times a plugin group kind's
+// ranks may restart whole in this process (plugins/host).
+func (r *replica) Restarts() int { return r.stage.g.Restarts }
+
 func (r *replica) Group() nodes.Group {
 	if r.stage.remote != nil {
 		return &remoteMember{g: r.stage.remote, r: r}
