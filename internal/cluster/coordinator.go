@@ -17,6 +17,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
+	"github.com/dflow-dev/dflow/internal/cluster/deadlock"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
@@ -98,7 +99,7 @@ type Coordinator struct {
 	groups map[string]*group.Host
 	// deadlock is the detector's state; lastLoss when a worker was last
 	// counted lost (the detector waits for its restart)
-	deadlock deadlockWatch
+	deadlock deadlock.Watch
 	lastLoss time.Time
 	// dataKey opens the workers' data planes for this run (Job.DataKey)
 	dataKey string
@@ -496,16 +497,43 @@ func (l *runLoop) tick() {
 }
 
 // judge looks for a deadlock across the workers in the snapshots just
-// taken (deadlock.go): the run then fails as in process, or, when a drain
-// cannot complete, ends aborted.
+// taken (package deadlock): the run then fails as in process, or, when a
+// drain cannot complete, ends aborted.
 func (l *runLoop) judge() {
 	if l.err != nil || !l.abortedAt.IsZero() {
 		return
 	}
-	if d := l.c.watchDeadlock(l.ctx, l.status == report.Interrupted); d != nil {
+	c := l.c
+	c.mu.Lock()
+	v := c.deadlockView()
+	c.mu.Unlock()
+	if d := c.deadlock.Judge(l.ctx, v, l.status == report.Interrupted); d != nil {
 		l.drainStuck = d.Draining
 		l.fail(d)
 	}
+}
+
+// deadlockView is what the deadlock watch reads of the run (c.mu held):
+// every replica's latest figures from the share that runs it, or ran it.
+func (c *Coordinator) deadlockView() *deadlock.View {
+	v := &deadlock.View{Graph: c.g, Timings: c.o.Timings, LastLoss: c.lastLoss,
+		Replicas: map[deadlock.Replica]deadlock.Seen{}, Groups: map[string]deadlock.Group{},
+		Queued: func(ctx context.Context, ei, q int) (int, error) { return wire.QueueWaiting(ctx, c.js, c.run, ei, q) }}
+	for _, s := range c.g.Stages {
+		for i := range s.Replicas {
+			in := c.instances[c.place[s.Name][i]]
+			if in == nil {
+				continue
+			}
+			if ss := in.last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
+				v.Replicas[deadlock.Replica{Stage: s.Name, I: i}] = deadlock.Seen{ReplicaSnapshot: ss.Replicas[i], Worker: in.worker, Lost: in.lost}
+			}
+		}
+	}
+	for stage, h := range c.groups {
+		v.Groups[stage] = h
+	}
+	return v
 }
 
 // unread fails a run whose shares have all ended while a remote queue's

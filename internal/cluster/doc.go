@@ -39,11 +39,13 @@
 // Coordinator, and through aliases RunWorker, StartServer, Connect, their
 // options, Roots) and holds the coordinator: membership and leases
 // (membership.go), restarts of lost replicas and of groups lost whole,
-// the deadlock watch (deadlock.go), the merged snapshots and report
-// (figures.go) and the books that fail a run whose counts disagree
-// (books.go). Beside it, each with a doc.go listing its invariants, the
-// function that keeps each and the test that fails without it:
+// the merged snapshots and report (figures.go) and the books that fail a
+// run whose counts disagree (books.go). Beside it, each with a doc.go
+// listing its invariants, the function that keeps each and the test that
+// fails without it:
 //
+//   - internal/cluster/deadlock: the deadlock watch across workers, over
+//     a view of what the coordinator knows at each look;
 //   - internal/cluster/share: a worker's share of a run, its queues on
 //     JetStream (the edge: room, grants, bound, publishes, pulls), the
 //     settling of what its replicas take, chains, local groups' saves;
@@ -79,10 +81,12 @@
 //  5. A run whose books do not balance (an edge's produced, consumed and
 //     the sources' emitted disagree) fails, naming the edge and the
 //     counts; it never ends ok. checkBooks; TestBooks.
-//  6. A deadlock across workers is judged only on a stuck state unchanged
-//     and seen three times over the confirmation time, never on a slow
-//     worker. watchDeadlock, stuck; TestDeadlockAcrossWorkers,
-//     TestNoDeadlockWhileSlow.
+//  6. A deadlock across workers is judged (package deadlock) on every
+//     replica's latest figures from the share that runs it, or ran it,
+//     and on the groups the coordinator hosts, and only while the run
+//     has neither failed nor been aborted; a drain that cannot complete
+//     ends aborted. runLoop.judge, deadlockView;
+//     TestDeadlockAcrossWorkers, TestDeadlockStopsDrainAcrossWorkers.
 //  7. The coordinator's heartbeat, subscriptions and watches end with its
 //     Run. TestMain fails the package if a goroutine outlives its test.
 package cluster

@@ -1,4 +1,4 @@
-package cluster
+package deadlock
 
 import (
 	"context"
@@ -13,74 +13,93 @@ import (
 	"github.com/dflow-dev/dflow/report"
 )
 
-// Deadlocks across workers.
-//
-// No worker's engine sees a whole run across hosts: what a queue on a
-// stream holds, and who has arrived at a group the coordinator hosts, are
-// elsewhere. So each engine's detector leaves those waits alone, and its
-// snapshots say what each replica waits on (report.Wait); the coordinator
-// judges the whole run by the engine's rule. The run is deadlocked when
-// every replica still running is in a wait that cannot end, each waiting
-// for replicas that are stuck too:
-//   - an input on queues that are all empty (a stream holding no message,
-//     delivered or not, nothing at hand on the consumer's worker) with
-//     producers still running;
-//   - room on a queue that is full (its stream holds its capacity) with
-//     consumers still running;
-//   - a group step its member has arrived at (the coordinator holds its
-//     request) that members still present have not;
-//
-// and nothing moved (no item produced or consumed anywhere, no group step,
-// no replica ended, no stream's count changed) over the confirmation
-// window, on at least three looks a second or more apart. A share with no
-// snapshot yet, a worker lost lately (restartQuiet), and a replica
-// working or in a wait its engine can see end all count as able to move.
+// looks is how many judgements a stuck state across workers takes,
+// unchanged, besides holding for Timings.DeadlockConfirm, before the run
+// fails.
+const looks = 3
 
-// deadlockLooks is how many judgements a stuck state across workers
-// takes, unchanged, besides holding for Timings.DeadlockConfirm, before
-// the run fails.
-const deadlockLooks = 3
+// Group is what the watch reads of a replica group across workers that
+// the coordinator hosts (*group.Host).
+type Group interface {
+	// WaitingFor says, of the step in progress, whether member i has
+	// arrived (in) and which members still present it waits for (on),
+	// with how many of how many have arrived.
+	WaitingFor(i int) (on []int, arrived, members int, in bool)
+	// Round is the step in progress: it moves while the group does.
+	Round() uint32
+}
 
-// deadlockWatch is the coordinator's detector state.
-type deadlockWatch struct {
+// Replica names one replica of a run.
+type Replica struct {
+	Stage string
+	I     int
+}
+
+// Seen is a replica as its share's latest snapshot has it, and the
+// worker that runs it.
+type Seen struct {
+	report.ReplicaSnapshot
+	Worker string
+	// Lost: its share is counted lost (a replica of it not done may still
+	// be moving, or restarting elsewhere)
+	Lost bool
+}
+
+// View is what the coordinator knows of the run at one look. The
+// coordinator builds it under its own lock; Judge reads it after, and
+// keeps nothing of it.
+type View struct {
+	Graph   *graph.Graph
+	Timings wire.Timings
+	// LastLoss is when a worker was last counted lost (zero: never):
+	// the watch waits for its replicas' restart.
+	LastLoss time.Time
+	// Replicas are every replica's latest figures, from the share that
+	// runs it (or ran it, if that share was lost). One missing: its share
+	// has said nothing of it yet.
+	Replicas map[Replica]Seen
+	// Groups are the groups across workers the coordinator hosts, by
+	// stage.
+	Groups map[string]Group
+	// Queued is how many messages queue q of the ei-th edge's stream
+	// holds, delivered or not (wire.QueueWaiting).
+	Queued func(ctx context.Context, ei, q int) (int, error)
+}
+
+// Watch is the coordinator's deadlock watch: its state from one look to
+// the next. The zero Watch is ready; one goroutine uses it.
+type Watch struct {
 	since time.Time
 	mark  int64
 	looks int
 }
 
-// watchDeadlock judges the run from the shares' latest snapshots: a
-// *engine.Deadlock once the same stuck state has held for the window.
-func (c *Coordinator) watchDeadlock(ctx context.Context, draining bool) *engine.Deadlock {
-	waits, mark, ok := c.stuck(ctx)
-	d := &c.deadlock
+// Judge judges the run at one look: a *engine.Deadlock once the same
+// stuck state has been seen on three looks and has held for the
+// confirmation time (v.Timings.DeadlockConfirm), nil until then, or as
+// soon as anything moves.
+func (w *Watch) Judge(ctx context.Context, v *View, draining bool) *engine.Deadlock {
+	waits, mark, ok := stuck(ctx, v)
 	if !ok {
-		*d = deadlockWatch{}
+		*w = Watch{}
 		return nil
 	}
-	if d.looks == 0 || mark != d.mark {
-		*d = deadlockWatch{since: time.Now(), mark: mark, looks: 1}
+	if w.looks == 0 || mark != w.mark {
+		*w = Watch{since: time.Now(), mark: mark, looks: 1}
 		return nil
 	}
-	if d.looks++; d.looks < deadlockLooks || time.Since(d.since) < c.o.Timings.DeadlockConfirm {
+	if w.looks++; w.looks < looks || time.Since(w.since) < v.Timings.DeadlockConfirm {
 		return nil
 	}
 	return engine.NewDeadlock(waits, draining)
 }
 
-// replicaRef is one replica of the run.
-type replicaRef struct {
-	stage string
-	i     int
-}
-
-// look is one judgement of the run: every replica's latest figures and
-// worker, and the streams' counts as read for it.
+// look is one judgement of the run: the view, and the streams' counts as
+// read for it.
 type look struct {
-	c      *Coordinator
-	ctx    context.Context
-	view   map[replicaRef]report.ReplicaSnapshot
-	worker map[replicaRef]string
-	msgs   map[string]int
+	v    *View
+	ctx  context.Context
+	msgs map[string]int
 }
 
 // judged is one wait that cannot end: in words, the edges it is on (and
@@ -88,22 +107,22 @@ type look struct {
 type judged struct {
 	what        string
 	edges, full []*graph.Edge
-	on          []replicaRef
+	on          []Replica
 }
 
 // stuck reads every replica's wait; ok is false as soon as one may move.
 // mark adds up what moves when anything does.
-func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark int64, ok bool) {
-	view, worker, mark, ok := c.waitView()
+func stuck(ctx context.Context, v *View) (waits []engine.StuckWait, mark int64, ok bool) {
+	mark, ok = settled(v)
 	if !ok {
 		return nil, 0, false
 	}
-	lk := &look{c: c, ctx: ctx, view: view, worker: worker, msgs: map[string]int{}}
-	index := map[replicaRef]int{}
-	var order []replicaRef
-	for _, s := range c.g.Stages {
+	lk := &look{v: v, ctx: ctx, msgs: map[string]int{}}
+	index := map[Replica]int{}
+	var order []Replica
+	for _, s := range v.Graph.Stages {
 		for i := range s.Replicas {
-			if r := (replicaRef{s.Name, i}); !view[r].Done {
+			if r := (Replica{s.Name, i}); !v.Replicas[r].Done {
 				index[r] = len(order)
 				order = append(order, r)
 			}
@@ -132,15 +151,43 @@ func (c *Coordinator) stuck(ctx context.Context) (waits []engine.StuckWait, mark
 	return waits, mark, true
 }
 
+// settled says whether every replica's figures are at hand and none can
+// be moving unseen: not while a lost worker's replicas may still restart
+// and what it held be redelivered (restartQuiet), nor while a share has
+// said nothing of a replica, nor where a lost share's replica had not
+// finished. mark adds up every replica's items in and out, those done
+// and the hosted groups' steps.
+func settled(v *View) (mark int64, ok bool) {
+	if !v.LastLoss.IsZero() && time.Since(v.LastLoss) < restartQuiet(v.Timings) {
+		return 0, false
+	}
+	for _, s := range v.Graph.Stages {
+		for i := range s.Replicas {
+			r, had := v.Replicas[Replica{s.Name, i}]
+			if !had || r.Lost && !r.Done {
+				return 0, false
+			}
+			mark += r.ItemsIn + r.ItemsOut
+			if r.Done {
+				mark++
+			}
+		}
+	}
+	for _, h := range v.Groups {
+		mark += int64(h.Round())
+	}
+	return mark, true
+}
+
 // replica judges replica r's waits (several for a quiescent node, all of
 // which must be stuck): its wait as the deadlock names it, and the
 // replicas that could end it.
-func (lk *look) replica(r replicaRef) (sw engine.StuckWait, on []replicaRef, ok bool) {
-	rs := lk.view[r]
+func (lk *look) replica(r Replica) (sw engine.StuckWait, on []Replica, ok bool) {
+	rs := lk.v.Replicas[r]
 	if len(rs.Waits) == 0 {
 		return sw, nil, false // working, or in a wait that may end
 	}
-	sw.Name = fmt.Sprintf("%s[%d] on %s", r.stage, r.i, lk.worker[r])
+	sw.Name = fmt.Sprintf("%s[%d] on %s", r.Stage, r.I, rs.Worker)
 	var whats []string
 	for _, w := range rs.Waits {
 		j, ok := lk.wait(r, w)
@@ -160,7 +207,7 @@ func (lk *look) replica(r replicaRef) (sw engine.StuckWait, on []replicaRef, ok 
 }
 
 // wait judges one wait of replica r; ok is false when it may end.
-func (lk *look) wait(r replicaRef, w report.Wait) (judged, bool) {
+func (lk *look) wait(r Replica, w report.Wait) (judged, bool) {
 	switch w.Kind {
 	case "recv":
 		return lk.recv(w)
@@ -177,7 +224,7 @@ func (lk *look) wait(r replicaRef, w report.Wait) (judged, bool) {
 func (lk *look) recv(w report.Wait) (j judged, ok bool) {
 	var names []string
 	for _, ref := range w.Queues {
-		e := lk.c.g.Edge(ref.Edge)
+		e := lk.v.Graph.Edge(ref.Edge)
 		if e == nil || ref.Queue >= len(e.Queues) {
 			return j, false
 		}
@@ -210,7 +257,7 @@ func (lk *look) send(w report.Wait) (j judged, ok bool) {
 		return j, false
 	}
 	ref := w.Queues[0]
-	e := lk.c.g.Edge(ref.Edge)
+	e := lk.v.Graph.Edge(ref.Edge)
 	if e == nil || ref.Queue >= len(e.Queues) {
 		return j, false
 	}
@@ -238,28 +285,28 @@ func (lk *look) send(w report.Wait) (j judged, ok bool) {
 // group: the replica has arrived at its group's step (an in-process
 // group as its engine saw it, or the coordinator's host of a group across
 // workers) and members still present have not.
-func (lk *look) group(r replicaRef, w report.Wait) (j judged, ok bool) {
+func (lk *look) group(r Replica, w report.Wait) (j judged, ok bool) {
 	arrived, members := 0, 0
 	if w.For != nil {
-		j.on = lk.live(r.stage, w.For)
+		j.on = lk.live(r.Stage, w.For)
 	} else {
-		h := lk.c.groups[r.stage]
+		h := lk.v.Groups[r.Stage]
 		if h == nil {
 			return j, false
 		}
-		on, arr, mem, in := h.WaitingFor(r.i)
+		on, arr, mem, in := h.WaitingFor(r.I)
 		if !in {
 			return j, false // not arrived, or released
 		}
 		for _, i := range on {
-			j.on = append(j.on, replicaRef{r.stage, i})
+			j.on = append(j.on, Replica{r.Stage, i})
 		}
 		arrived, members = arr, mem
 	}
 	if len(j.on) == 0 {
 		return j, false
 	}
-	j.what = fmt.Sprintf("waits at stage %s's group step for %s", r.stage, refNames(j.on))
+	j.what = fmt.Sprintf("waits at stage %s's group step for %s", r.Stage, refNames(j.on))
 	if members > 0 {
 		j.what += fmt.Sprintf(" (%d of %d there)", arrived, members)
 	}
@@ -267,10 +314,10 @@ func (lk *look) group(r replicaRef, w report.Wait) (j judged, ok bool) {
 }
 
 // live are the replicas of stage at idx that have not ended.
-func (lk *look) live(stage string, idx []int) []replicaRef {
-	var out []replicaRef
+func (lk *look) live(stage string, idx []int) []Replica {
+	var out []Replica
 	for _, i := range idx {
-		if o := (replicaRef{stage, i}); !lk.view[o].Done {
+		if o := (Replica{stage, i}); !lk.v.Replicas[o].Done {
 			out = append(out, o)
 		}
 	}
@@ -286,47 +333,12 @@ func (lk *look) streamMsgs(e *graph.Edge, q int) (int, bool) {
 	}
 	ctx, cancel := context.WithTimeout(lk.ctx, time.Second)
 	defer cancel()
-	n, err := wire.QueueWaiting(ctx, lk.c.js, lk.c.run, wire.EdgeIndex(lk.c.g, e), q)
+	n, err := lk.v.Queued(ctx, wire.EdgeIndex(lk.v.Graph, e), q)
 	if err != nil {
 		return 0, false
 	}
 	lk.msgs[key] = n
 	return lk.msgs[key], true
-}
-
-// waitView is every replica's latest figures, from the share that runs it
-// (or ran it, if that share was lost once it had finished), and the
-// worker it runs on; ok is false while any share has said nothing yet or
-// a lost worker's replicas may still be moving.
-func (c *Coordinator) waitView() (view map[replicaRef]report.ReplicaSnapshot, worker map[replicaRef]string, mark int64, ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.lastLoss.IsZero() && time.Since(c.lastLoss) < c.restartQuiet() {
-		return nil, nil, 0, false
-	}
-	view, worker = map[replicaRef]report.ReplicaSnapshot{}, map[replicaRef]string{}
-	for _, s := range c.g.Stages {
-		for i := range s.Replicas {
-			in := c.instances[c.place[s.Name][i]]
-			if in == nil {
-				return nil, nil, 0, false
-			}
-			ss := in.last.Stage(s.Name)
-			if ss == nil || i >= len(ss.Replicas) || (in.lost && !ss.Replicas[i].Done) {
-				return nil, nil, 0, false
-			}
-			r := replicaRef{s.Name, i}
-			view[r], worker[r] = ss.Replicas[i], in.worker
-			mark += ss.Replicas[i].ItemsIn + ss.Replicas[i].ItemsOut
-			if ss.Replicas[i].Done {
-				mark++
-			}
-		}
-	}
-	for _, h := range c.groups {
-		mark += int64(h.Round())
-	}
-	return view, worker, mark, true
 }
 
 // queueName is a queue as the status line shows it.
@@ -337,16 +349,16 @@ func queueName(e *graph.Edge, q int) string {
 	return fmt.Sprintf("%s[%d]", e.Name, q)
 }
 
-func refNames(rs []replicaRef) string {
+func refNames(rs []Replica) string {
 	names := make([]string, len(rs))
 	for i, r := range rs {
-		names[i] = fmt.Sprintf("%s[%d]", r.stage, r.i)
+		names[i] = fmt.Sprintf("%s[%d]", r.Stage, r.I)
 	}
 	return strings.Join(names, ", ")
 }
 
 // restartQuiet is how long, after a worker is lost, its replicas' restart
 // and the redelivery of what it held may take.
-func (c *Coordinator) restartQuiet() time.Duration {
-	return 2*c.o.Timings.AckWait + 2*c.o.Timings.Lease
+func restartQuiet(t wire.Timings) time.Duration {
+	return 2*t.AckWait + 2*t.Lease
 }
