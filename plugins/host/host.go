@@ -348,6 +348,7 @@ func (h *Host) Load(name, path string, reg *nodes.Registry) ([]KindInfo, error) 
 		if rk.restores {
 			// its group restarts whole from its last save (group.go)
 			spec.Moves, spec.Whole = true, true
+			spec.Restores = true // a stage of it may set restarts (restart.go)
 		}
 		reg.Register(spec)
 		infos = append(infos, KindInfo{Name: full, Doc: k.Doc, Config: fields, Ports: rk.portsFor(defaults(fields)), Group: k.Group, Restores: rk.restores})

@@ -55,6 +55,8 @@ func TestMain(m *testing.M) {
 		restoring := lockstepKind
 		restoring.Moves = true // a kind that restores (Kind.restores)
 		sdk.Serve(restoring)
+	case "trainer":
+		sdk.Serve(trainerKind)
 	case "group-v1":
 		plugin.Serve(&plugin.ServeConfig{HandshakeConfig: wire.Handshake, Plugins: wire.PluginMap(oldGroup{}), GRPCServer: plugin.DefaultGRPCServer})
 	case "rogue":

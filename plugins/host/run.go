@@ -28,10 +28,16 @@ type remoteNode struct {
 	mu     sync.Mutex
 	quiet  map[int]*quiet // the running replicas' (with k.waiting), by index
 	master int            // a group kind's MASTER_PORT for this run of the stage (group.go), once chosen
+	// restarts: the stage's restarts in this process, for a group kind
+	// that restores (restart.go); made by its first member to start
+	restarts *restarter
 }
 
 func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	k := n.k
+	if rs := n.restarterFor(ctx, r); rs != nil {
+		return n.runRestarting(ctx, r, rs)
+	}
 	var env []string
 	var restore *int64
 	var peerLoss time.Duration
@@ -58,7 +64,7 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 	if err != nil {
 		return err
 	}
-	err = n.stream(ctx, r, p, device, restore)
+	err = n.stream(ctx, r, p, device, restore, nil)
 	// Kill waits for the process and for its stderr to be copied, so the
 	// message below has the plugin's last words.
 	k.host.kill(p.client)
@@ -91,7 +97,10 @@ func (n *remoteNode) Run(ctx context.Context, r nodes.Replica) error {
 
 // stream pumps one replica: inputs to the plugin as it grants credit,
 // outputs and metrics back, until the plugin says Done.
-func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, device string, restore *int64) error {
+//
+// att is the member's attempt in a group that restarts whole in this
+// process (restart.go), nil elsewhere.
+func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, device string, restore *int64, att *attempt) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rst, err := p.node.Run(sctx)
@@ -142,7 +151,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, sh, q, coll, inputs, inTypes, func(it *proto.Item) error {
+		return n.pump(sctx, cancel, r, st, locked, sh, q, coll, att, inputs, inTypes, func(it *proto.Item) error {
 			return n.deliver(ctx, r, sh, outputs, it)
 		})
 	}
@@ -155,7 +164,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 		n.watch(r.Index(), q)
 		defer n.watch(r.Index(), nil)
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, coll, inputs, inTypes, outs.put))
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, coll, att, inputs, inTypes, outs.put))
 }
 
 // sendFailed says whether a Send's error is dflow's side's. A Send that
@@ -270,7 +279,7 @@ func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, sh *shared, q *quiet, coll *collectives, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
+	locked func(func() error) error, sh *shared, q *quiet, coll *collectives, att *attempt, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*wire.Credit{"": wire.NewCredit()}
@@ -285,7 +294,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 	var feedFailed atomic.Pointer[error] // an input that failed the replica
 	go func() {
 		defer close(fed)
-		err := n.feed(sctx, r, st, locked, sh, q, inputs, inTypes, credits)
+		err := n.feed(sctx, r, st, locked, sh, q, att, inputs, inTypes, credits)
 		if sendFailed(err) && !errors.Is(err, context.Canceled) && sctx.Err() == nil {
 			feedFailed.Store(&err)
 			cancel() // the stream, which the reader below then sees end
@@ -310,9 +319,9 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 				return *ferr
 			}
 			if errors.Is(err, io.EOF) {
-				return errors.New("the plugin closed the stream without saying it was done")
+				return &processDied{errors.New("the plugin closed the stream without saying it was done")}
 			}
-			return fmt.Errorf("the plugin process failed: %v", err)
+			return &processDied{fmt.Errorf("the plugin process failed: %v", err)}
 		}
 		if err := chunked(m); err != nil {
 			return err
@@ -370,6 +379,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			if coll == nil {
 				return errors.New("the plugin sent a Collective, but its kind is not a group kind (Kind.group)")
 			}
+			att.collective(r.Index(), v.Collective.Op, v.Collective.Step)
 			coll.do(sctx, v.Collective)
 		case *proto.Message_Times:
 			if err := ownClockOf(r, n.k.times).take(v.Times); err != nil {
@@ -595,14 +605,14 @@ func (n *remoteNode) ports(r nodes.Replica) (inputs []string, inTypes, outputs m
 // end-of-input per port: with credit per port, each port from a goroutine
 // of its own, so that a node may read its inputs in any order; with one
 // pool of credit (an older plugin), the ports one after the other.
-func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credits map[string]*wire.Credit) error {
+func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, att *attempt, ports []string, types map[string]string, credits map[string]*wire.Credit) error {
 	if !n.k.portCredit {
-		return n.feedPorts(ctx, r, st, locked, sh, q, ports, types, credits[""])
+		return n.feedPorts(ctx, r, st, locked, sh, q, att, ports, types, credits[""])
 	}
 	errs := make([]error, len(ports))
 	var wg sync.WaitGroup
 	for i, port := range ports {
-		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, sh, q, []string{port}, types, credits[port]) })
+		wg.Go(func() { errs[i] = n.feedPorts(ctx, r, st, locked, sh, q, att, []string{port}, types, credits[port]) })
 	}
 	wg.Wait()
 	for _, err := range errs { // the cause, not the cancellations it led to
@@ -621,13 +631,13 @@ func (n *remoteNode) feed(ctx context.Context, r nodes.Replica, st proto.Node_Ru
 // From the moment a Recv returns until what it returned is on the stream,
 // the feeder counts in q.feeding: it holds something the plugin has not
 // seen, so the replica is not quiescent (quiet.go).
-func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, ports []string, types map[string]string, credit *wire.Credit) error {
+func (n *remoteNode) feedPorts(ctx context.Context, r nodes.Replica, st proto.Node_RunClient, locked func(func() error) error, sh *shared, q *quiet, att *attempt, ports []string, types map[string]string, credit *wire.Credit) error {
 	var have int32
 	out := wire.Batcher{Send: st.Send, Batches: n.k.batches}
 	waiting, stop := context.WithCancel(ctx)
 	stop() // Recv(waiting) takes an item only if one is there
 	for _, port := range ports {
-		in := r.In(port)
+		in := att.input(r, port) // r.In(port), or what a group that restarts whole keeps (restart.go)
 		for eof := false; !eof; {
 			for have == 0 {
 				if have = credit.TakeAll(); have > 0 {

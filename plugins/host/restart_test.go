@@ -1,0 +1,327 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/dflow-dev/dflow/nodes/synthetic"
+	"github.com/dflow-dev/dflow/plugins/sdk"
+	"github.com/zclconf/go-cty/cty"
+)
+
+// trainerCheckpoint is trainerKind's save: how many times the group has
+// trained each item (by seq), as of a step.
+type trainerCheckpoint struct {
+	Step    int
+	Trained []float32
+}
+
+// trainerKind is a group kind that restores (Sync and Moves) and trains
+// "a model" that counts how many times the group has trained each item:
+// each step all-reduces a vector with a 1 at each of the member's items'
+// seqs. Rank 0 saves every `every` steps (out/ckpt-STEP.json, then
+// Saved); each member, told to restore, loads the save of that step. The
+// group's last member writes out/final.json. Each member appends its
+// start to out/starts-RANK ("restore=STEP port=MASTER_PORT"). On its
+// first start (on every start with pause_always), rank 1 at step
+// pause_at writes its pid to out/paused-1 and waits to be killed.
+var trainerKind = nodes.Spec{
+	Kind: graph.Kind{
+		Name: "trainer",
+		Config: []graph.Field{
+			{Name: "out", Type: graph.String, Required: true},
+			{Name: "items", Type: graph.Int, Required: true},
+			{Name: "k", Type: graph.Int, Default: cty.NumberIntVal(1)},
+			{Name: "every", Type: graph.Int, Default: cty.NumberIntVal(3)},
+			{Name: "pause_at", Type: graph.Int, Default: cty.NumberIntVal(-1)},
+			{Name: "pause_always", Type: graph.Bool, Default: cty.False},
+		},
+		Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
+		},
+	},
+	Sync:  nodes.Always,
+	Moves: true, // a kind that restores
+	New: func(cfg *graph.Config) (nodes.Node, error) {
+		out, items, k, every := cfg.String("out"), int(cfg.Int("items")), int(cfg.Int("k")), int(cfg.Int("every"))
+		pauseAt, always := int(cfg.Int("pause_at")), cfg.Bool("pause_always")
+		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
+			g := r.Group()
+			if err := g.Saves(ctx); err != nil {
+				return err
+			}
+			ck := trainerCheckpoint{Step: -1, Trained: make([]float32, items)}
+			restore := "none"
+			var re *nodes.Restore
+			switch err := g.Keep(ctx, nil); {
+			case errors.As(err, &re):
+				restore = fmt.Sprint(re.Step)
+				if re.Step >= 0 {
+					b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("ckpt-%d.json", re.Step)))
+					if err != nil {
+						return err
+					}
+					if err := json.Unmarshal(b, &ck); err != nil {
+						return err
+					}
+				}
+			case err != nil:
+				return err
+			}
+			f, err := os.OpenFile(filepath.Join(out, fmt.Sprintf("starts-%d", r.Index())), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(f, "restore=%s port=%s\n", restore, os.Getenv("MASTER_PORT"))
+			f.Close()
+			for st, err := range sdk.Steps(ctx, r, "in", k) {
+				if err != nil {
+					return err
+				}
+				if r.Index() == 1 && st.Index == pauseAt && (restore == "none" || always) {
+					fmt.Fprintf(sdk.Stderr, "trainer: rank 1 waits to be killed at step %d\n", st.Index)
+					tmp := filepath.Join(out, "paused-1.tmp")
+					if err := os.WriteFile(tmp, []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+						return err
+					}
+					if err := os.Rename(tmp, filepath.Join(out, "paused-1")); err != nil {
+						return err
+					}
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				grad := make([]float32, items)
+				for _, it := range st.Items {
+					grad[it.(*synthetic.Blob).Seq]++
+				}
+				if _, err := g.AllReduceSum(ctx, grad); err != nil {
+					return err
+				}
+				for i, v := range grad {
+					ck.Trained[i] += v
+				}
+				ck.Step = st.Index + 1 // the steps since the first start
+				if re != nil && re.Step >= 0 {
+					ck.Step += re.Step
+				}
+				if r.Index() == 0 && (ck.Step)%every == 0 {
+					b, _ := json.Marshal(ck)
+					if err := os.WriteFile(filepath.Join(out, fmt.Sprintf("ckpt-%d.json", ck.Step)), b, 0o644); err != nil {
+						return err
+					}
+					if err := g.Saved(ctx, ck.Step); err != nil {
+						return err
+					}
+				}
+			}
+			last, err := g.Finish(ctx)
+			if err != nil || !last {
+				return err
+			}
+			b, _ := json.Marshal(ck)
+			return os.WriteFile(filepath.Join(out, "final.json"), b, 0o644)
+		}), nil
+	},
+}
+
+const trainerSpec = `
+stage "src" {
+  node = "synthetic_source"
+  config {
+    count      = %d
+    size_bytes = 8
+  }
+}
+stage "t" {
+  node     = "tg/trainer"
+  replicas = 3
+  %s
+  config {
+    out      = %q
+    items    = %d
+    pause_at = 4
+  }
+}
+edge "a" {
+  from = src.out
+  to   = t.in
+}`
+
+// runTrainer runs items through trainerKind's three ranks, killing rank
+// 1's process (SIGKILL) each time it says it waits to be killed, kills
+// times at most, and returns the run's error and the kills done.
+func runTrainer(t *testing.T, f *fixture, items int, restarts string, kills int, sets ...string) (out string, killed int, err error) {
+	t.Helper()
+	out = t.TempDir()
+	l := &graph.Loader{Catalog: f.reg, Sets: sets}
+	g, diags := l.Load("p.hcl", []byte(fmt.Sprintf(trainerSpec, items, restarts, out, items)))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := engine.Run(ctx, g, engine.Options{Registry: f.reg})
+		done <- err
+	}()
+	paused := filepath.Join(out, "paused-1")
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return out, killed, err
+		case <-tick.C:
+		}
+		b, err := os.ReadFile(paused)
+		if err != nil || killed == kills {
+			continue
+		}
+		pid, err := strconv.Atoi(string(b))
+		if err != nil {
+			t.Fatalf("paused-1: %q", b)
+		}
+		os.Remove(paused)
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill rank 1 (%d): %v", pid, err)
+		}
+		killed++
+	}
+}
+
+// rankStarts reads a rank's starts file: one line a start.
+func rankStarts(t *testing.T, out string, rank int) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("starts-%d", rank)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// TestGroupRestartsWhole: under one process, a group kind that restores
+// (the Go SDK's Sync and Moves) whose stage allows restarts, its rank 1
+// SIGKILLed after the group's save of step 3: every rank starts again
+// with a fresh MASTER_PORT, told to restore step 3, the items after that
+// save come back to the ranks that took them, once, and the run ends ok
+// with every item trained exactly once in the final save; the restart is
+// said. With k = 2 too (items taken two a step), and killed before the
+// first save (restore -1: every item comes back).
+func TestGroupRestartsWhole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.h.Load("tg", wrapper(t, f.dir, "tg", "trainer"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := f.reg.Spec("tg/trainer")
+	if !spec.Restores {
+		t.Fatal("tg/trainer is not registered as restoring (graph.Kind.Restores)")
+	}
+	for _, tc := range []struct {
+		name    string
+		sets    []string
+		restore string // what the restarts are told
+		said    string // how the restart is said
+	}{
+		{"k=1", nil, "3", "restoring its save of step 3; what each rank took since comes back to it"},
+		{"k=2", []string{"stage.t.config.k=2"}, "3", "restoring its save of step 3"},
+		{"before the first save", []string{"stage.t.config.every=100"}, "-1", "from scratch, as the group had saved nothing yet; everything each rank took comes back to it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stderr := &syncBuf{}
+			f.h.SetStderr(stderr)
+			const items = 40
+			out, killed, err := runTrainer(t, f, items, "restarts = 2", 1, tc.sets...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, f.stderr.String())
+			}
+			if killed != 1 {
+				t.Fatalf("rank 1 was killed %d times, want 1", killed)
+			}
+			b, err := os.ReadFile(filepath.Join(out, "final.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ck trainerCheckpoint
+			if err := json.Unmarshal(b, &ck); err != nil {
+				t.Fatal(err)
+			}
+			for seq, n := range ck.Trained {
+				if n != 1 {
+					t.Errorf("item %d trained %v times in the final save, want once", seq, n)
+				}
+			}
+			for rank := range 3 {
+				s := rankStarts(t, out, rank)
+				if len(s) != 2 || !strings.HasPrefix(s[0], "restore=none ") || !strings.HasPrefix(s[1], "restore="+tc.restore+" ") {
+					t.Errorf("rank %d's starts %q: want a first start, then a restart told to restore %s", rank, s, tc.restore)
+				}
+				if rank > 0 && !slices.Equal(s, rankStarts(t, out, 0)) {
+					t.Errorf("rank %d's starts %q, rank 0's %q: every rank gets rank 0's port", rank, s, rankStarts(t, out, 0))
+				}
+				if len(s) == 2 && strings.Fields(s[0])[1] == strings.Fields(s[1])[1] {
+					t.Errorf("rank %d restarted with the same MASTER_PORT: %q", rank, s)
+				}
+			}
+			for line := range strings.Lines(stderr.String()) {
+				if strings.HasPrefix(line, "dflow: ") {
+					t.Log(strings.TrimSpace(line))
+				}
+			}
+			for _, want := range []string{`dflow: stage "t": the process of rank 1 of 3 died (the plugin process failed: `,
+				"its group cannot go on without it, and restarts whole (restart 1 of 2): every rank starts again, " + tc.said} {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr does not say %q:\n%s", want, stderr.String())
+				}
+			}
+		})
+	}
+}
+
+// TestGroupRestartsUsedUp: a rank whose process dies with no restarts
+// allowed, or with its restarts used up, fails the run, naming the stage,
+// the rank, the restarts used and its last stderr lines.
+func TestGroupRestartsUsedUp(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.h.Load("tg", wrapper(t, f.dir, "tg", "trainer"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("no restarts", func(t *testing.T) {
+		_, killed, err := runTrainer(t, f, 40, "", 1)
+		if err == nil || killed != 1 {
+			t.Fatalf("killed %d, err %v", killed, err)
+		}
+		for _, want := range []string{`stage "t" replica 1: plugin tg (`, "): rank 1 of 3: the plugin process failed", "trainer: rank 1 waits to be killed at step 4"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error lacks %q: %v", want, err)
+			}
+		}
+	})
+	t.Run("used up", func(t *testing.T) {
+		_, killed, err := runTrainer(t, f, 40, "restarts = 1", 2, "stage.t.config.pause_always=true")
+		if err == nil || killed != 2 {
+			t.Fatalf("killed %d, err %v", killed, err)
+		}
+		for _, want := range []string{`stage "t" replica 1: plugin tg (`, "): rank 1 of 3: the plugin process failed",
+			"; its group restarted once, all that restarts = 1 allows; last stderr lines:", "trainer: rank 1 waits to be killed at step 4"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error lacks %q: %v", want, err)
+			}
+		}
+	})
+}
