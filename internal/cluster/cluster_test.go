@@ -541,38 +541,6 @@ func TestSettledAfterLastSnapshot(t *testing.T) {
 	}
 }
 
-// TestSettleLost: a lost share's replicas of a restartable stage are
-// counted so that the stage adds up to what its edges' streams say: an
-// item the lost share took and had not settled was done again by the
-// share that took over (counted twice by the shares' own figures), and one
-// it settled after its last snapshot is in no snapshot. The difference
-// goes to the lost share's part, never below nothing.
-func TestSettleLost(t *testing.T) {
-	t.Parallel()
-	g := clustertest.Chain(t, 2)
-	c := &Coordinator{g: g}
-	edges := map[string]report.Edge{"a": {Produced: 20, Consumed: 20}, "b": {Produced: 20, Consumed: 20}}
-	for _, tc := range []struct {
-		name         string
-		live, lost   [2]int64 // replica 0 was lost once and restarted; replica 1 never was
-		want0, want1 int64
-	}{
-		{"done twice", [2]int64{6, 8}, [2]int64{10, 0}, 12, 8},     // 4 of the lost share's 10 were done again
-		{"settled late", [2]int64{6, 8}, [2]int64{3, 0}, 12, 8},    // 3 of its 6 settled after its last snapshot
-		{"all done again", [2]int64{12, 8}, [2]int64{5, 0}, 12, 8}, // none of its 5 settled: nothing left to it
-	} {
-		reps := []report.Replica{
-			{ItemsIn: tc.live[0] + tc.lost[0], ItemsOut: tc.live[0] + tc.lost[0]},
-			{ItemsIn: tc.live[1] + tc.lost[1], ItemsOut: tc.live[1] + tc.lost[1]},
-		}
-		c.settleLost(g.Stage("work"), reps, tc.lost[:], tc.lost[:], edges)
-		if reps[0].ItemsIn != tc.want0 || reps[1].ItemsIn != tc.want1 || reps[0].ItemsOut != tc.want0 || reps[1].ItemsOut != tc.want1 {
-			t.Errorf("%s: replicas took %d and %d, sent %d and %d; want %d and %d each way",
-				tc.name, reps[0].ItemsIn, reps[1].ItemsIn, reps[0].ItemsOut, reps[1].ItemsOut, tc.want0, tc.want1)
-		}
-	}
-}
-
 // TestLargeItemsNobodyReads: a consumer that returns before reading all
 // its input, across workers, with the items' bytes on the producer's data
 // plane: the run ends (it fails, saying a consumer must read its input to

@@ -18,6 +18,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/deadlock"
+	"github.com/dflow-dev/dflow/internal/cluster/figures"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
@@ -67,12 +68,8 @@ type Coordinator struct {
 	// their items settled through the inputs at the chains' heads
 	chained map[string]bool
 	// recount are the resuming sources' heads lost shares recorded last
-	// (Job.Recount); chainRecs every share's chain record, read as a run
-	// that completed ends, and chainTwice what heads settled twice
-	// derived, by edge (chainTwice) (c.mu)
-	recount    wire.ChainHeads
-	chainRecs  map[string]wire.ChainRecord
-	chainTwice map[string]int64
+	// (Job.Recount) (c.mu)
+	recount wire.ChainHeads
 
 	mu        sync.Mutex
 	workers   []string
@@ -89,9 +86,8 @@ type Coordinator struct {
 	lostList  atomic.Pointer[[]byte] // lostShares
 	snap      *report.Snapshot
 	series    []report.Sample
-	// endDepth is each remote queue's depth once every share is done
-	// (unread), by edge and queue index
-	endDepth map[[2]int]int
+	// end is what the streams and records said once every share was done
+	end figures.End
 	// evicted are shares counted lost though heard from, to restart at
 	// the next check (a group's restore needs a member they ran back)
 	evicted []*instance
@@ -266,12 +262,11 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 		c.series = append(c.series, s.Sample(l.prev))
 		c.mu.Unlock()
 	}
-	rep := c.merged(l.status, l.err)
+	rep, err := c.merged(l.status, l.err)
 	if l.drainStuck {
 		rep.Status = report.Aborted // as in process: a drain that cannot complete
 	}
-	l.err = c.checkBooks(rep, l.err)
-	return rep, l.err
+	return rep, err
 }
 
 // listen subscribes to what the run's workers say (groups,
@@ -537,51 +532,14 @@ func (c *Coordinator) deadlockView() *deadlock.View {
 }
 
 // unread fails a run whose shares have all ended while a remote queue's
-// stream still holds items never delivered to any consumer: their
-// consumers returned before reading their input to the end, as a local
-// run fails (no one engine sees it: each worker's consumers ended with
-// producers elsewhere), and so do items delivered to a worker and never
-// acked: its consumers returned while a fetch was bringing them (a worker
-// whose consumers returned with items in its inbox fails itself). Every
-// share has flushed its acks before its report, so the server has read
-// them; it applies them on its own time, which is waited for (2s).
+// stream still holds items (figures.Streams.Unread); what it read is the
+// queues' depth in the run's last snapshot.
 func (c *Coordinator) unread(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for ei, e := range c.g.Edges {
-		for qi := range e.Queues {
-			if !c.remote[e.Name][qi] {
-				continue
-			}
-			cons, err := c.js.Consumer(ctx, wire.StreamEdge(c.run, ei), wire.ConsumerQueue(qi))
-			if err != nil {
-				continue
-			}
-			left := 0
-			for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				info, err := cons.Info(ctx)
-				if err != nil {
-					break
-				}
-				left = int(info.NumPending) + info.NumAckPending
-				if left == 0 || info.NumPending > 0 || time.Now().After(deadline) {
-					break
-				}
-			}
-			c.mu.Lock()
-			if c.endDepth == nil {
-				c.endDepth = map[[2]int]int{}
-			}
-			c.endDepth[[2]int{ei, qi}] = left // the run's last snapshot shows it
-			c.snap = nil
-			c.mu.Unlock()
-			if left > 0 {
-				return fmt.Errorf("edge %q queue %d: stage %q returned with %d items of stage %q unread; a consumer must read its input to the end",
-					e.Name, qi, e.To.Stage.Name, left, e.From.Stage.Name)
-			}
-		}
-	}
-	return nil
+	depth, err := c.streams().Unread(ctx)
+	c.mu.Lock()
+	c.end.Depth, c.snap = depth, nil
+	c.mu.Unlock()
+	return err
 }
 
 // lostShares is the heartbeat's payload: the shares counted lost, one

@@ -39,11 +39,13 @@
 // Coordinator, and through aliases RunWorker, StartServer, Connect, their
 // options, Roots) and holds the coordinator: membership and leases
 // (membership.go), restarts of lost replicas and of groups lost whole,
-// the merged snapshots and report (figures.go) and the books that fail a
-// run whose counts disagree (books.go). Beside it, each with a doc.go
-// listing its invariants, the function that keeps each and the test that
-// fails without it:
+// the gathering of the shares' snapshots and reports (gather.go). Beside
+// it, each with a doc.go listing its invariants, the function that keeps
+// each and the test that fails without it:
 //
+//   - internal/cluster/figures: the run's figures merged from the
+//     shares' and the streams', and their books, over a view of what the
+//     coordinator knows (figures.Run);
 //   - internal/cluster/deadlock: the deadlock watch across workers, over
 //     a view of what the coordinator knows at each look;
 //   - internal/cluster/share: a worker's share of a run, its queues on
@@ -75,12 +77,16 @@
 //     trained again. restoreFor, LastSave, loseMember, evictable;
 //     TestLostWholeAsMemberFinished, TestLastMemberLostBeforeFinalSave,
 //     TestFirstNoteBeforeASave, TestEvictForRestore.
-//  4. The run's figures count an item done twice (its worker lost before
-//     it was settled) once. settleLost, mergedEdge, wire.ChainTwice;
-//     TestSettleLost, TestSettleLostTogether.
-//  5. A run whose books do not balance (an edge's produced, consumed and
-//     the sources' emitted disagree) fails, naming the edge and the
-//     counts; it never ends ok. checkBooks; TestBooks.
+//  4. A run that completed or drained is counted by its streams and its
+//     chain records, read once every share is done, and ends with the
+//     report figures.Report gives, its books checked: one that does not
+//     balance fails, it never ends ok. A run cut short is counted by what
+//     its engines saw. merged; TestBooks (package figures), and in
+//     cmd/dflow TestAuditChain.
+//  5. A run whose shares have all ended while a remote queue's stream
+//     still holds items fails: a consumer must read its input to the
+//     end. Run, unread (figures.Streams.Unread);
+//     TestLargeItemsNobodyReads.
 //  6. A deadlock across workers is judged (package deadlock) on every
 //     replica's latest figures from the share that runs it, or ran it,
 //     and on the groups the coordinator hosts, and only while the run

@@ -11,18 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// readChain reads the chain record of share inst (none: it recorded
-// nothing, or the read failed).
-func (c *Coordinator) readChain(inst string) (wire.ChainRecord, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
-	if err != nil {
-		return wire.ChainRecord{}, err
-	}
-	return wire.ReadChain(ctx, kv, inst)
-}
-
 // sealChain seals the chain record of lost share in (wire.SealChain: a
 // share that is only slow writes no more of it, and acks nothing more),
 // and adds its resuming sources' last heads to those a restart counts
@@ -45,32 +33,6 @@ func (c *Coordinator) sealChain(in *instance) error {
 	c.recount.MergeSources(rec.Last)
 	c.mu.Unlock()
 	return nil
-}
-
-// readChains reads every share's chain record, for the figures of a run
-// that completed (mergedEdge): a lost share's part of a chained edge is
-// what it recorded settled, a live share counted apart what it did again
-// of a lost one's resuming sources, and a stream's head settled by more
-// than one share is taken off all but once (chainTwice).
-func (c *Coordinator) readChains() {
-	if len(c.chained) == 0 {
-		return
-	}
-	c.mu.Lock()
-	ins := c.sortedInstances()
-	c.mu.Unlock()
-	recs := map[string]wire.ChainRecord{}
-	for _, in := range ins {
-		rec, err := c.readChain(in.name)
-		if err != nil {
-			fmt.Fprintf(c.o.Log, "dflow: the chains' record of the share %s could not be read (%v): its figures are the engines'\n", in.name, err)
-			continue
-		}
-		recs[in.name] = rec
-	}
-	c.mu.Lock()
-	c.chainRecs, c.chainTwice = recs, wire.ChainTwice(recs)
-	c.mu.Unlock()
 }
 
 // localSaves is the coordinator's record of the local groups' saves, by

@@ -1,4 +1,4 @@
-package cluster
+package figures
 
 // The books of a run across hosts: the merged report's counts, checked as
 // in one process (engine.CheckBooks) before a run ends ok. Where each
@@ -8,7 +8,7 @@ package cluster
 //   - An edge whose queues all ride a stream, in a run that completed:
 //     produced is what the stream stored (every item once: a duplicate
 //     sent again after a loss is dropped by its id), consumed what of that
-//     is no longer in it (acked). Once every share is done, unread fails
+//     is no longer in it (acked). Once every share is done, Unread fails
 //     the run where a stream still holds an item, so in a run that would
 //     end ok these two are one figure, the broker's, equal by
 //     construction.
@@ -43,11 +43,11 @@ import (
 // checkBooks fails rep, the merged report of a run that would end ok,
 // where its books do not balance (engine.CheckBooks); it returns the run's
 // error: err, or the books'.
-func (c *Coordinator) checkBooks(rep *report.Report, err error) error {
+func checkBooks(r *Run, rep *report.Report, err error) error {
 	if err != nil || rep.Status != report.OK {
 		return err
 	}
-	if err := engine.CheckBooksThrough(c.g, rep, c.sourceTotals(), c.oneForOne()); err != nil {
+	if err := engine.CheckBooksThrough(r.Graph, rep, sourceTotals(r), oneForOne(r)); err != nil {
 		rep.Status, rep.Error = report.Failed, err.Error()
 		return err
 	}
@@ -58,10 +58,10 @@ func (c *Coordinator) checkBooks(rep *report.Report, err error) error {
 // they take (nodes.Spec.OneForOne): the books carry through them, their
 // in edges' figures (a stream's, where one carries the edge) against their
 // out edges'.
-func (c *Coordinator) oneForOne() map[string]bool {
+func oneForOne(r *Run) map[string]bool {
 	out := map[string]bool{}
-	for _, s := range c.g.Stages {
-		if spec, ok := c.o.Registry.Spec(s.Node); ok && spec.OneForOne {
+	for _, s := range r.Graph.Stages {
+		if spec, ok := r.Registry.Spec(s.Node); ok && spec.OneForOne {
 			out[s.Name] = true
 		}
 	}
@@ -70,15 +70,13 @@ func (c *Coordinator) oneForOne() map[string]bool {
 
 // sourceTotals is how many items each source emits in all, by stage,
 // where its kind says, as the shares' snapshots have it.
-func (c *Coordinator) sourceTotals() map[string]int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func sourceTotals(r *Run) map[string]int64 {
 	out := map[string]int64{}
-	for _, in := range c.instances {
-		if in.last == nil {
+	for _, in := range r.Shares {
+		if in.Last == nil {
 			continue
 		}
-		for _, st := range in.last.Stages {
+		for _, st := range in.Last.Stages {
 			if st.Source && st.Total > 0 {
 				out[st.Name] = st.Total
 			}

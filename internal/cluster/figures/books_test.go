@@ -1,4 +1,4 @@
-package cluster
+package figures
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
@@ -34,7 +35,7 @@ type booksShare struct {
 // sends on edge b to sink.
 func TestBooks(t *testing.T) {
 	t.Parallel()
-	g, err := loader(nodes.Default)(&wire.Job{Filename: "books.hcl", Src: []byte(`
+	g, err := clustertest.Loader(nodes.Default)(&wire.Job{Filename: "books.hcl", Src: []byte(`
 stage "src" {
   node = "synthetic_source"
   config {
@@ -66,14 +67,14 @@ edge "b" {
 			aIn: 3000 + in1, bOut: 3000 + out1, bIn: 3000 + out1}
 	}
 	sinkTook := func(sh booksShare, n int64) booksShare { sh.sinkIn, sh.bIn = n, n; return sh }
-	stream := func(a, b int64) map[string]streamTotal {
-		return map[string]streamTotal{"a": {stored: a}, "b": {stored: b}}
+	stream := func(a, b int64) map[string]Stream {
+		return map[string]Stream{"a": {Stored: a}, "b": {Stored: b}}
 	}
 	for _, tc := range []struct {
 		name    string
 		shares  []booksShare
-		streams map[string]streamTotal // nil: edges in process, counted by the engines
-		want    []string               // the unbalanced lines; none: ok
+		streams map[string]Stream // nil: edges in process, counted by the engines
+		want    []string          // the unbalanced lines; none: ok
 	}{
 		{"balanced in process", []booksShare{w1, w2(3000, 3000)}, nil, nil},
 		{"balanced on streams", []booksShare{w1, w2(3000, 3000)}, stream(6000, 6000), nil},
@@ -109,9 +110,9 @@ edge "b" {
 			stream(6000, 6000),
 			[]string{`edge "b": 6000 produced, stage "work" sent 6050`, `edge "a": 6000 consumed, stage "work" took 6050`}},
 	} {
-		c := booksCoordinator(g, tc.shares)
-		rep := c.mergedBy("", nil, tc.streams)
-		err := c.checkBooks(rep, nil)
+		r := booksRun(g, tc.shares)
+		r.End.Streams = tc.streams
+		rep, err := Report(r, "", nil)
 		if len(tc.want) == 0 {
 			if err != nil || rep.Status != report.OK {
 				t.Errorf("%s: status %s, err %v, want ok", tc.name, rep.Status, err)
@@ -128,20 +129,19 @@ edge "b" {
 		}
 	}
 	// a run that failed, or was cut short, is not judged by its books
-	c := booksCoordinator(g, []booksShare{w1, w2(2994, 2994)})
-	rep := c.mergedBy(report.Aborted, nil, nil)
-	if err := c.checkBooks(rep, nil); err != nil || rep.Status != report.Aborted {
+	rep, err := Report(booksRun(g, []booksShare{w1, w2(2994, 2994)}), report.Aborted, nil)
+	if err != nil || rep.Status != report.Aborted {
 		t.Errorf("aborted: status %s, err %v", rep.Status, err)
 	}
 }
 
-// booksCoordinator is a coordinator of g's run that has every share's
-// last figures: src on w1, work and sink on w2 (work's replicas restarted
-// there from a lost share where one is given).
-func booksCoordinator(g *graph.Graph, shares []booksShare) *Coordinator {
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, instances: map[string]*instance{},
-		place:  map[string][]string{"src": {"w1"}, "work": {"w2", "w2"}, "sink": {"w2"}},
-		remote: map[string][]bool{"a": {true}, "b": {true}}}
+// booksRun is g's run as the coordinator knows it with every share's last
+// figures: src on w1, work and sink on w2 (work's replicas restarted there
+// from a lost share where one is given).
+func booksRun(g *graph.Graph, shares []booksShare) *Run {
+	r := &Run{Registry: nodes.Default, Graph: g,
+		Place:  map[string][]string{"src": {"w1"}, "work": {"w2", "w2"}, "sink": {"w2"}},
+		Remote: map[string][]bool{"a": {true}, "b": {true}}}
 	for _, sh := range shares {
 		reps := func(n []int64, in bool) []report.Replica {
 			var out []report.Replica
@@ -168,13 +168,13 @@ func booksCoordinator(g *graph.Graph, shares []booksShare) *Coordinator {
 			{Name: "work", Replicas: []report.ReplicaSnapshot{{ItemsIn: sh.workIn[0], ItemsOut: sh.workOut[0]}, {ItemsIn: sh.workIn[1], ItemsOut: sh.workOut[1]}}},
 			{Name: "sink", Replicas: []report.ReplicaSnapshot{{ItemsIn: sh.sinkIn}}},
 		}, Edges: []report.EdgeSnapshot{{Name: "a", Produced: sh.aOut, Consumed: sh.aIn}, {Name: "b", Produced: sh.bOut, Consumed: sh.bIn}}}
-		in := &instance{name: sh.name, worker: sh.name, last: snap}
+		in := &Share{Name: sh.name, Worker: sh.name, Last: snap}
 		if sh.lost {
-			in.lost, in.ran = true, map[string][]int{"work": sh.ranWorkIndex}
+			in.Lost, in.Ran = true, map[string][]int{"work": sh.ranWorkIndex}
 		} else {
-			in.done, in.rep = true, rep
+			in.Report = rep
 		}
-		c.instances[sh.name] = in
+		r.Shares = append(r.Shares, in) // by name, as given
 	}
-	return c
+	return r
 }

@@ -1,91 +1,104 @@
-package cluster
-
-// The coordinator's figures: the shares' snapshots and reports merged
-// into the run's; a lost share's counts as its last snapshot had them, and,
-// once the run is over, as the streams say (streamTotals, settleLost).
+package figures
 
 import (
-	"context"
-	"encoding/json"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
-// Snapshot is the cluster's live snapshot: every instance's, merged.
-func (c *Coordinator) Snapshot() *report.Snapshot {
-	c.mu.Lock()
-	if c.snap != nil && time.Since(c.snapAt) < 100*time.Millisecond {
-		s := c.snap
-		c.mu.Unlock()
-		return s
-	}
-	var ask []*instance
-	for _, in := range c.instances {
-		if !in.done && !in.lost {
-			ask = append(ask, in)
-		}
-	}
-	run := c.run
-	c.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, in := range ask {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m, err := c.o.Conn.Request(wire.SubjSnap(run, in.name), nil, time.Second)
-			if err != nil {
-				return
-			}
-			s := &report.Snapshot{}
-			if json.Unmarshal(m.Data, s) == nil {
-				c.mu.Lock()
-				in.last, in.lastAt = s, time.Now()
-				c.mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	s := c.merge(time.Now())
-	c.mu.Lock()
-	c.snap, c.snapAt = s, time.Now()
-	c.mu.Unlock()
-	return s
+// Share is one share of a run, a worker's or a restart's, as the
+// coordinator knows it.
+type Share struct {
+	Name, Worker string
+	Lost         bool
+	// Report is its report, once it is done (nil: none).
+	Report *report.Report
+	// Last is its latest snapshot (nil: none yet), LastAt when the
+	// coordinator had it (its clock).
+	Last   *report.Snapshot
+	LastAt time.Time
+	// Ran lists, once it is lost, the replicas it ran: stage -> indices.
+	Ran map[string][]int
 }
 
-// merge builds one snapshot from the instances' latest: a lost one's
-// counts are those of its last snapshot (lostReplica, lostEdge).
-func (c *Coordinator) merge(now time.Time) *report.Snapshot {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// Run is what the figures read of a run: what the coordinator knows,
+// which it builds, and the figures read, under its lock. The figures keep
+// nothing of it.
+type Run struct {
+	Graph    *graph.Graph
+	Registry *nodes.Registry
+	// Place is where each replica runs: stage -> share per replica.
+	Place map[string][]string
+	// Remote says which queues ride a stream, Chained which edges are
+	// chains' (control.Place).
+	Remote  map[string][]bool
+	Chained map[string]bool
+	// Start is when the run started (zero: not yet).
+	Start time.Time
+	// Shares are the run's shares, by name.
+	Shares []*Share
+	Series []report.Sample
+	// End is what was read of the streams and records as the run ended.
+	End End
+}
+
+// End is what the coordinator read of the run's streams and records once
+// every share was done.
+type End struct {
+	// Depth is each remote queue's depth then (unread), by edge and queue
+	// index (Unread).
+	Depth map[[2]int]int
+	// Streams are the edges' streams' totals, read once a run completed
+	// or drained (nil: not read; the run was cut short). ReadEnd.
+	Streams map[string]Stream
+	// Chains are every share's chain record, Twice what heads settled
+	// twice derived, by edge (wire.ChainTwice). ReadEnd.
+	Chains map[string]wire.ChainRecord
+	Twice  map[string]int64
+}
+
+// share is the share named (nil: none).
+func (r *Run) share(name string) *Share {
+	for _, sh := range r.Shares {
+		if sh.Name == name {
+			return sh
+		}
+	}
+	return nil
+}
+
+// Snapshot is the run's snapshot at now, merged from the shares' latest:
+// a lost one's counts are those of its last snapshot (lostReplica,
+// lostEdge).
+func Snapshot(r *Run, now time.Time) *report.Snapshot {
 	out := &report.Snapshot{Time: now}
-	if !c.start.IsZero() {
-		out.Elapsed = now.Sub(c.start)
+	if !r.Start.IsZero() {
+		out.Elapsed = now.Sub(r.Start)
 	}
 	var tmpl *report.Snapshot
 	var snaps []*report.Snapshot // the shares not lost
 	byName := map[string]*report.Snapshot{}
 	at := map[string]time.Time{}
-	var lost []*instance
-	for _, in := range c.sortedInstances() {
-		if in.lost {
+	var lost []*Share
+	for _, in := range r.Shares {
+		if in.Lost {
 			lost = append(lost, in)
 		}
-		if in.last == nil {
+		if in.Last == nil {
 			continue
 		}
 		if tmpl == nil {
-			tmpl = in.last
+			tmpl = in.Last
 		}
-		if !in.lost {
-			snaps = append(snaps, in.last)
-			byName[in.name], at[in.name] = in.last, in.lastAt
+		if !in.Lost {
+			snaps = append(snaps, in.Last)
+			byName[in.Name], at[in.Name] = in.Last, in.LastAt
 		}
 	}
 	if tmpl == nil {
@@ -93,10 +106,10 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	}
 	v := shareView{snaps: snaps, byName: byName, at: at, lost: lost}
 	for si, st := range tmpl.Stages {
-		out.Stages = append(out.Stages, c.mergeStage(v, si, st))
+		out.Stages = append(out.Stages, mergeStage(r, v, si, st))
 	}
 	for ei, e := range tmpl.Edges {
-		out.Edges = append(out.Edges, c.mergeEdge(v, ei, e))
+		out.Edges = append(out.Edges, mergeEdge(r, v, ei, e))
 	}
 	for _, s := range snaps {
 		out.Draining = out.Draining || s.Draining
@@ -104,30 +117,30 @@ func (c *Coordinator) merge(now time.Time) *report.Snapshot {
 	return out
 }
 
-// shareView is what merge reads of the shares: the latest snapshots of
+// shareView is what Snapshot reads of the shares: the latest snapshots of
 // those not lost (by name too, with when the coordinator had each), and
 // the lost ones.
 type shareView struct {
 	snaps  []*report.Snapshot
 	byName map[string]*report.Snapshot
 	at     map[string]time.Time
-	lost   []*instance
+	lost   []*Share
 }
 
-// mergeStage merges stage si of the shares' snapshots (c.mu held): each
-// replica's figures from the share that runs it, plus what lost shares
-// did, and the stage's node metrics.
-func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) report.StageSnapshot {
+// mergeStage merges stage si of the shares' snapshots: each replica's
+// figures from the share that runs it, plus what lost shares did, and the
+// stage's node metrics.
+func mergeStage(run *Run, v shareView, si int, st report.StageSnapshot) report.StageSnapshot {
 	byName, lost := v.byName, v.lost
-	gs := c.g.Stage(st.Name)
+	gs := run.Graph.Stage(st.Name)
 	ms := report.StageSnapshot{Name: st.Name, Node: st.Node, Source: st.Source, Total: st.Total}
 	var repMetrics []map[string]report.Metric
 	if gs != nil {
-		ms.Metrics, ms.Counters, repMetrics = c.stageMetrics(gs)
+		ms.Metrics, ms.Counters, repMetrics = stageMetrics(run, gs)
 	}
 	for i := range st.Replicas {
 		r := st.Replicas[i]
-		if s := byName[c.place[st.Name][i]]; s != nil && si < len(s.Stages) && i < len(s.Stages[si].Replicas) {
+		if s := byName[run.Place[st.Name][i]]; s != nil && si < len(s.Stages) && i < len(s.Stages[si].Replicas) {
 			r = s.Stages[si].Replicas[i]
 		} else {
 			r.ItemsIn, r.ItemsOut = 0, 0
@@ -135,15 +148,15 @@ func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) r
 		if i < len(repMetrics) {
 			r.Metrics = repMetrics[i]
 		}
-		if in := c.instances[c.place[st.Name][i]]; in != nil {
-			r.Worker = in.worker
+		if in := run.share(run.Place[st.Name][i]); in != nil {
+			r.Worker = in.Worker
 		}
 		for _, in := range lost {
 			if gs != nil {
-				if lr, ok := c.lostReplica(in, gs, i); ok {
+				if lr, ok := lostReplica(in, gs, i); ok {
 					r = r.Plus(lr)
-					if in.name != c.place[st.Name][i] {
-						r.Worker = in.worker + ">" + r.Worker
+					if in.Name != run.Place[st.Name][i] {
+						r.Worker = in.Worker + ">" + r.Worker
 					}
 				}
 			}
@@ -153,12 +166,12 @@ func (c *Coordinator) mergeStage(v shareView, si int, st report.StageSnapshot) r
 	return ms
 }
 
-// mergeEdge merges edge ei of the shares' snapshots (c.mu held): the
+// mergeEdge merges edge ei of the shares' snapshots: the
 // counts added up, a lost share's as it last said, each queue's depth as
 // the share that runs one of its ends and said last read it (the largest
 // any share read where none of those has said), or, once every share is
 // done, a remote queue's as its stream has it then.
-func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) report.EdgeSnapshot {
+func mergeEdge(r *Run, v shareView, ei int, e report.EdgeSnapshot) report.EdgeSnapshot {
 	snaps, lost := v.snaps, v.lost
 	me := e.Empty()
 	for _, s := range snaps {
@@ -166,14 +179,14 @@ func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) repo
 			me = me.Plus(s.Edges[ei])
 		}
 	}
-	if ge := c.g.Edge(e.Name); ge != nil {
+	if ge := r.Graph.Edge(e.Name); ge != nil {
 		for _, in := range lost {
-			p, n := c.lostEdge(in, ge)
+			p, n := lostEdge(in, ge)
 			me.Produced += p
 			me.Consumed += n
 		}
 		for qi := range me.Queues {
-			if d, ok := c.latestDepth(v, ge, ei, qi); ok {
+			if d, ok := latestDepth(r, v, ge, ei, qi); ok {
 				me.Queues[qi].Depth = d
 			}
 		}
@@ -183,26 +196,26 @@ func (c *Coordinator) mergeEdge(v shareView, ei int, e report.EdgeSnapshot) repo
 
 // latestDepth is queue qi of edge e (the ei-th) as the latest snapshot
 // (by the coordinator's clock) of a share that runs one of its producers
-// or consumers read it (c.mu held). A share done has said its last, as it ended: a producer's share
-// done early read the queue full, and its consumers' shares, later,
-// empty; the largest reading kept the first, and the run's last status
-// line showed queues full at its end.
-func (c *Coordinator) latestDepth(v shareView, e *graph.Edge, ei, qi int) (int, bool) {
+// or consumers read it. A share done has said its last, as it ended: a
+// producer's share done early read the queue full, and its consumers'
+// shares, later, empty; the largest reading kept the first, and the run's
+// last status line showed queues full at its end.
+func latestDepth(r *Run, v shareView, e *graph.Edge, ei, qi int) (int, bool) {
 	if qi >= len(e.Queues) {
 		return 0, false
 	}
-	if d, ok := c.endDepth[[2]int{ei, qi}]; ok {
+	if d, ok := r.End.Depth[[2]int{ei, qi}]; ok {
 		return d, true // every share done: as the stream has it
 	}
 	at := map[string]bool{}
 	for _, p := range e.Queues[qi].Producers {
-		if p < len(c.place[e.From.Stage.Name]) {
-			at[c.place[e.From.Stage.Name][p]] = true
+		if p < len(r.Place[e.From.Stage.Name]) {
+			at[r.Place[e.From.Stage.Name][p]] = true
 		}
 	}
-	for _, r := range e.Queues[qi].Consumers {
-		if r < len(c.place[e.To.Stage.Name]) {
-			at[c.place[e.To.Stage.Name][r]] = true
+	for _, c := range e.Queues[qi].Consumers {
+		if c < len(r.Place[e.To.Stage.Name]) {
+			at[r.Place[e.To.Stage.Name][c]] = true
 		}
 	}
 	var last *report.Snapshot
@@ -223,16 +236,16 @@ func (c *Coordinator) latestDepth(v shareView, e *graph.Edge, ei, qi int) (int, 
 }
 
 // stageMetrics merges stage s's node metrics from every share's latest
-// snapshot (c.mu held): each replica's as the shares that ran it saw
-// them (a lost share, then the one that took over), then over the
-// replicas by each metric's rule, as one process merges them.
-func (c *Coordinator) stageMetrics(s *graph.Stage) (values map[string]float64, counters map[string]bool, replicas []map[string]report.Metric) {
-	kind, _ := c.o.Registry.Kind(s.Node)
+// snapshot: each replica's as the shares that ran it saw them (a lost
+// share, then the one that took over), then over the replicas by each
+// metric's rule, as one process merges them.
+func stageMetrics(r *Run, s *graph.Stage) (values map[string]float64, counters map[string]bool, replicas []map[string]report.Metric) {
+	kind, _ := r.Registry.Kind(s.Node)
 	replicas = make([]map[string]report.Metric, s.Replicas)
 	for i := range replicas {
 		var seen []map[string]report.Metric
-		for _, in := range c.sortedInstances() {
-			if ss := in.last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
+		for _, in := range r.Shares {
+			if ss := in.Last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
 				seen = append(seen, ss.Replicas[i].Metrics) // none where it did not run
 			}
 		}
@@ -244,11 +257,11 @@ func (c *Coordinator) stageMetrics(s *graph.Stage) (values map[string]float64, c
 
 // lostReplica is what replica i of s did in the lost share in, as its
 // last snapshot had it; ok is false when in did not run the replica.
-func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (r report.ReplicaSnapshot, ok bool) {
-	if !slices.Contains(in.ran[s.Name], i) {
+func lostReplica(in *Share, s *graph.Stage, i int) (r report.ReplicaSnapshot, ok bool) {
+	if !slices.Contains(in.Ran[s.Name], i) {
 		return r, false
 	}
-	if ss := in.last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
+	if ss := in.Last.Stage(s.Name); ss != nil && i < len(ss.Replicas) {
 		r = ss.Replicas[i]
 	}
 	return r, true
@@ -256,11 +269,11 @@ func (c *Coordinator) lostReplica(in *instance, s *graph.Stage, i int) (r report
 
 // lostEdge is what the lost share in produced and consumed on e, as its
 // last snapshot had it.
-func (c *Coordinator) lostEdge(in *instance, e *graph.Edge) (produced, consumed int64) {
-	if in.last == nil {
+func lostEdge(in *Share, e *graph.Edge) (produced, consumed int64) {
+	if in.Last == nil {
 		return 0, 0
 	}
-	for _, es := range in.last.Edges {
+	for _, es := range in.Last.Edges {
 		if es.Name == e.Name {
 			return es.Produced, es.Consumed
 		}
@@ -268,56 +281,43 @@ func (c *Coordinator) lostEdge(in *instance, e *graph.Edge) (produced, consumed 
 	return 0, 0
 }
 
-func (c *Coordinator) sortedInstances() []*instance {
-	var out []*instance
-	for _, in := range c.instances {
-		out = append(out, in)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
-	return out
+// Report is the run's report, merged from the shares' reports, and the
+// run's error: err, or, where the report of a run that would end ok does
+// not balance, its books' (checkBooks; the report then says failed). A
+// run that completed (or drained) counts by the streams where they know
+// (r.End.Streams): an item done twice (its worker lost before it was
+// settled) is counted once. A run cut short counts what the engines saw.
+func Report(r *Run, status string, err error) (*report.Report, error) {
+	rep := merged(r, status, err)
+	return rep, checkBooks(r, rep, err)
 }
 
-// merged builds the run's report from the instances' reports.
-func (c *Coordinator) merged(status string, err error) *report.Report {
-	// A run that completed (or drained) counts by the streams where they
-	// know: an item done twice (its worker lost before it was settled) is
-	// counted once. A run cut short counts what the engines saw.
-	var totals map[string]streamTotal
-	if err == nil && status != report.Aborted {
-		totals = c.streamTotals()
-		c.readChains()
-	}
-	return c.mergedBy(status, err, totals)
-}
-
-// mergedBy is merged with the streams' figures read (totals: nil for a
-// run cut short).
-func (c *Coordinator) mergedBy(status string, err error, totals map[string]streamTotal) *report.Report {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// merged is the run's report, its books not checked.
+func merged(r *Run, status string, err error) *report.Report {
+	totals := r.End.Streams
 	now := time.Now()
-	rep := &report.Report{Spec: c.g.Filename, Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
-		Series: c.series, Diagnosis: []string{}, Started: c.start.Round(0), WallSeconds: now.Sub(c.start).Seconds()}
+	rep := &report.Report{Spec: r.Graph.Filename, Stages: map[string]report.Stage{}, Edges: map[string]report.Edge{},
+		Series: r.Series, Diagnosis: []string{}, Started: r.Start.Round(0), WallSeconds: now.Sub(r.Start).Seconds()}
 	if rep.Series == nil {
 		rep.Series = []report.Sample{}
 	}
 	var reps []*report.Report
 	byName := map[string]*report.Report{}
 	worst := report.OK
-	for _, in := range c.sortedInstances() {
-		if in.rep != nil {
-			reps = append(reps, in.rep)
-			byName[in.name] = in.rep
-			worst = report.Worst(worst, in.rep.Status)
+	for _, in := range r.Shares {
+		if in.Report != nil {
+			reps = append(reps, in.Report)
+			byName[in.Name] = in.Report
+			worst = report.Worst(worst, in.Report.Status)
 		}
 	}
-	for _, e := range c.g.Edges {
-		rep.Edges[e.Name] = c.mergedEdge(e, reps, totals)
+	for _, e := range r.Graph.Edges {
+		rep.Edges[e.Name] = mergedEdge(r, e, reps)
 	}
-	for _, s := range c.g.Stages {
-		rep.Stages[s.Name] = c.mergedStage(s, byName, totals != nil, rep.Edges)
+	for _, s := range r.Graph.Stages {
+		rep.Stages[s.Name] = mergedStage(r, s, byName, totals != nil, rep.Edges)
 	}
-	rep.SetOrder(c.g.Names())
+	rep.SetOrder(r.Graph.Names())
 	switch {
 	case err != nil:
 		rep.Status = report.Failed
@@ -334,44 +334,44 @@ func (c *Coordinator) mergedBy(status string, err error, totals map[string]strea
 	return rep
 }
 
-// mergedStage is stage s of the final report (c.mu held): each replica
+// mergedStage is stage s of the final report: each replica
 // from the report of the share that runs it last, with what lost shares
 // did before (named by its worker, "a>b" after a restart), and the node
 // metrics merged. Over, a restartable stage's lost replicas are settled
 // against its edges (settleLost).
-func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Report, over bool, edges map[string]report.Edge) report.Stage {
+func mergedStage(run *Run, s *graph.Stage, byName map[string]*report.Report, over bool, edges map[string]report.Edge) report.Stage {
 	st := report.Stage{Node: s.Node}
-	st.Metrics, _, _ = c.stageMetrics(s)
+	st.Metrics, _, _ = stageMetrics(run, s)
 	lostIn, lostOut := make([]int64, s.Replicas), make([]int64, s.Replicas)
 	anyLost := false
 	for i := range s.Replicas {
-		inst := c.place[s.Name][i]
+		inst := run.Place[s.Name][i]
 		r := report.Replica{Index: i, Device: s.Device(i)}
 		if own := byName[inst]; own != nil && i < len(own.Stages[s.Name].Replicas) {
 			r = own.Stages[s.Name].Replicas[i]
 		}
 		r.Worker = inst
-		if in := c.instances[inst]; in != nil {
-			r.Worker = in.worker
+		if in := run.share(inst); in != nil {
+			r.Worker = in.Worker
 		}
-		for _, in := range c.sortedInstances() {
-			if !in.lost {
+		for _, in := range run.Shares {
+			if !in.Lost {
 				continue
 			}
-			if lr, ok := c.lostReplica(in, s, i); ok {
+			if lr, ok := lostReplica(in, s, i); ok {
 				r = r.Plus(lr)
 				lostIn[i] += lr.ItemsIn
 				lostOut[i] += lr.ItemsOut
 				anyLost = true
-				if in.name != inst {
-					r.Worker = in.worker + ">" + r.Worker
+				if in.Name != inst {
+					r.Worker = in.Worker + ">" + r.Worker
 				}
 			}
 		}
 		st.Replicas = append(st.Replicas, r)
 	}
-	if over && anyLost && c.restartable(s) {
-		c.settleLost(s, st.Replicas, lostIn, lostOut, edges)
+	if over && anyLost && wire.Restartable(run.Registry, s) {
+		settleLost(run.Graph, s, st.Replicas, lostIn, lostOut, edges)
 	}
 	return st
 }
@@ -391,10 +391,10 @@ func (c *Coordinator) mergedStage(s *graph.Stage, byName map[string]*report.Repo
 // end taking one item less than it sent ("in=515 out=516"). The stage's
 // counts then equal its edges' by construction: its books (books.go) see
 // only a difference the lost parts could not take.
-func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, lostOut []int64, edges map[string]report.Edge) {
+func settleLost(g *graph.Graph, s *graph.Stage, reps []report.Replica, lostIn, lostOut []int64, edges map[string]report.Edge) {
 	var took, sent int64
 	ports := map[string]bool{}
-	for _, e := range c.g.Edges {
+	for _, e := range g.Edges {
 		if e.To.Stage == s {
 			took += edges[e.Name].Consumed
 		}
@@ -484,56 +484,29 @@ func (c *Coordinator) settleLost(s *graph.Stage, reps []report.Replica, lostIn, 
 	}
 }
 
-// streamTotal is what an edge's stream stored over the run, and stores
-// still.
-type streamTotal struct{ stored, left int64 }
-
-// streamTotals reads the stream of every edge whose queues all ride one
-// (nothing of theirs counted by an engine alone), by edge name: what
-// every producer sent, duplicates dropped, and what is not yet consumed.
-func (c *Coordinator) streamTotals() map[string]streamTotal {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	out := map[string]streamTotal{}
-	for ei, e := range c.g.Edges {
-		if slices.Contains(c.remote[e.Name], false) {
-			continue
-		}
-		s, err := c.js.Stream(ctx, wire.StreamEdge(c.run, ei))
-		if err != nil {
-			continue
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			continue
-		}
-		out[e.Name] = streamTotal{stored: int64(info.State.LastSeq), left: int64(info.State.Msgs)}
-	}
-	return out
-}
-
-// mergedEdge is edge e of the final report (c.mu held): the shares'
-// counts added up with what lost shares last said, or, where its stream
-// knows (totals), what the stream stored and what of it was consumed
-// (one figure, not two, once unread has found every stream empty: the
+// mergedEdge is edge e of the final report: the shares' counts added up
+// with what lost shares last said, or, where its stream knows
+// (r.End.Streams), what the stream stored and what of it was consumed
+// (one figure, not two, once Unread has found every stream empty: the
 // books, books.go, set it against the stages' counts); each queue's depth
 // the largest any share saw.
-func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals map[string]streamTotal) report.Edge {
+func mergedEdge(r *Run, e *graph.Edge, reps []*report.Report) report.Edge {
+	totals := r.End.Streams
 	re := report.Edge{Policy: string(e.Policy), Capacity: e.Capacity, CapacityBytes: e.CapacityBytes,
-		Carried: control.Carried(e, c.place, c.remote[e.Name], c.chained[e.Name])}
+		Carried: control.Carried(e, r.Place, r.Remote[e.Name], r.Chained[e.Name])}
 	for _, q := range e.Queues {
 		re.Queues = append(re.Queues, report.Queue{Producers: q.Producers, Consumers: q.Consumers})
 	}
-	for _, r := range reps {
-		if ed, ok := r.Edges[e.Name]; ok {
+	for _, sr := range reps {
+		if ed, ok := sr.Edges[e.Name]; ok {
 			re = re.Plus(ed)
 		}
 	}
-	byChains := totals != nil && c.chained[e.Name] // a run that completed
-	for _, in := range c.instances {
-		rec := c.chainRecs[in.name]
+	byChains := totals != nil && r.Chained[e.Name] // a run that completed
+	for _, in := range r.Shares {
+		rec := r.End.Chains[in.Name]
 		switch {
-		case byChains && in.lost:
+		case byChains && in.Lost:
 			// what it settled, as it recorded it (chain.go)
 			re.Produced += rec.Committed[e.Name]
 			re.Consumed += rec.Committed[e.Name]
@@ -541,24 +514,18 @@ func (c *Coordinator) mergedEdge(e *graph.Edge, reps []*report.Report, totals ma
 			// what it did again of a lost share's recorded heads
 			re.Produced -= rec.Recounted[e.Name]
 			re.Consumed -= rec.Recounted[e.Name]
-		case in.lost:
-			p, n := c.lostEdge(in, e)
+		case in.Lost:
+			p, n := lostEdge(in, e)
 			re.Produced += p
 			re.Consumed += n
 		}
 	}
 	if byChains {
-		re.Produced -= c.chainTwice[e.Name]
-		re.Consumed -= c.chainTwice[e.Name]
+		re.Produced -= r.End.Twice[e.Name]
+		re.Consumed -= r.End.Twice[e.Name]
 	}
 	if t, ok := totals[e.Name]; ok {
-		re.Produced, re.Consumed = t.stored, t.stored-t.left
+		re.Produced, re.Consumed = t.Stored, t.Stored-t.Left
 	}
 	return re
-}
-
-// failed is the report of a run that could not start.
-func (c *Coordinator) failed(err error) *report.Report {
-	rep := c.merged(report.Failed, err)
-	return rep
 }

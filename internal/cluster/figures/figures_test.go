@@ -1,4 +1,4 @@
-package cluster
+package figures
 
 import (
 	"testing"
@@ -18,8 +18,8 @@ import (
 func TestQueueDepthAsLastRead(t *testing.T) {
 	t.Parallel()
 	g := clustertest.Chain(t, 1) // src -a-> work -b-> sink
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, instances: map[string]*instance{},
-		place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
+	r := &Run{Registry: nodes.Default, Graph: g,
+		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
 	snap := func(depthA, depthB int) *report.Snapshot {
 		s := &report.Snapshot{}
 		for _, e := range g.Edges {
@@ -35,11 +35,13 @@ func TestQueueDepthAsLastRead(t *testing.T) {
 		return s
 	}
 	t0 := time.Now()
-	c.instances["w1"] = &instance{name: "w1", worker: "w1", done: true, last: snap(8, 0), lastAt: t0}
-	c.instances["w2"] = &instance{name: "w2", worker: "w2", done: true, last: snap(0, 0), lastAt: t0.Add(time.Second)}
-	c.instances["w3"] = &instance{name: "w3", worker: "w3", done: true, last: snap(5, 5), lastAt: t0.Add(2 * time.Second)}
+	r.Shares = []*Share{
+		{Name: "w1", Worker: "w1", Last: snap(8, 0), LastAt: t0},
+		{Name: "w2", Worker: "w2", Last: snap(0, 0), LastAt: t0.Add(time.Second)},
+		{Name: "w3", Worker: "w3", Last: snap(5, 5), LastAt: t0.Add(2 * time.Second)},
+	}
 	depth := func() (int, int) {
-		s := c.merge(time.Now())
+		s := Snapshot(r, time.Now())
 		return s.Edges[0].Queues[0].Depth, s.Edges[1].Queues[0].Depth // a, b
 	}
 	if a, b := depth(); a != 0 || b != 0 {
@@ -47,14 +49,45 @@ func TestQueueDepthAsLastRead(t *testing.T) {
 	}
 	// mid-run: the consumer's share had the queue half full, read after
 	// the producer's share read it full
-	c.instances["w2"].last = snap(4, 1)
+	r.Shares[1].Last = snap(4, 1)
 	if a, b := depth(); a != 4 || b != 1 {
 		t.Errorf("mid-run: depths a=%d b=%d, want 4 1", a, b)
 	}
 	// every share done: a remote queue as its stream has it then
-	c.endDepth = map[[2]int]int{{0, 0}: 0}
+	r.End.Depth = map[[2]int]int{{0, 0}: 0}
 	if a, b := depth(); a != 0 || b != 1 {
 		t.Errorf("every share done: depths a=%d b=%d, want 0 (the stream's) 1", a, b)
+	}
+}
+
+// TestSettleLost: a lost share's replicas of a restartable stage are
+// counted so that the stage adds up to what its edges' streams say: an
+// item the lost share took and had not settled was done again by the
+// share that took over (counted twice by the shares' own figures), and one
+// it settled after its last snapshot is in no snapshot. The difference
+// goes to the lost share's part, never below nothing.
+func TestSettleLost(t *testing.T) {
+	t.Parallel()
+	g := clustertest.Chain(t, 2)
+	edges := map[string]report.Edge{"a": {Produced: 20, Consumed: 20}, "b": {Produced: 20, Consumed: 20}}
+	for _, tc := range []struct {
+		name         string
+		live, lost   [2]int64 // replica 0 was lost once and restarted; replica 1 never was
+		want0, want1 int64
+	}{
+		{"done twice", [2]int64{6, 8}, [2]int64{10, 0}, 12, 8},     // 4 of the lost share's 10 were done again
+		{"settled late", [2]int64{6, 8}, [2]int64{3, 0}, 12, 8},    // 3 of its 6 settled after its last snapshot
+		{"all done again", [2]int64{12, 8}, [2]int64{5, 0}, 12, 8}, // none of its 5 settled: nothing left to it
+	} {
+		reps := []report.Replica{
+			{ItemsIn: tc.live[0] + tc.lost[0], ItemsOut: tc.live[0] + tc.lost[0]},
+			{ItemsIn: tc.live[1] + tc.lost[1], ItemsOut: tc.live[1] + tc.lost[1]},
+		}
+		settleLost(g, g.Stage("work"), reps, tc.lost[:], tc.lost[:], edges)
+		if reps[0].ItemsIn != tc.want0 || reps[1].ItemsIn != tc.want1 || reps[0].ItemsOut != tc.want0 || reps[1].ItemsOut != tc.want1 {
+			t.Errorf("%s: replicas took %d and %d, sent %d and %d; want %d and %d each way",
+				tc.name, reps[0].ItemsIn, reps[1].ItemsIn, reps[0].ItemsOut, reps[1].ItemsOut, tc.want0, tc.want1)
+		}
 	}
 }
 
@@ -68,7 +101,6 @@ func TestQueueDepthAsLastRead(t *testing.T) {
 func TestSettleLostTogether(t *testing.T) {
 	t.Parallel()
 	g := clustertest.Chain(t, 2)
-	c := &Coordinator{g: g}
 	edges := map[string]report.Edge{"a": {Produced: 20, Consumed: 20}, "b": {Produced: 20, Consumed: 20}}
 	for _, tc := range []struct {
 		name            string
@@ -88,7 +120,7 @@ func TestSettleLostTogether(t *testing.T) {
 		for i := range reps {
 			reps[i] = report.Replica{ItemsIn: tc.liveIn[i] + tc.lostIn[i], ItemsOut: tc.liveOut[i] + tc.lostOut[i]}
 		}
-		c.settleLost(g.Stage("work"), reps, tc.lostIn[:], tc.lostOut[:], edges)
+		settleLost(g, g.Stage("work"), reps, tc.lostIn[:], tc.lostOut[:], edges)
 		for i, r := range reps {
 			if r.ItemsIn != tc.wantIn[i] || r.ItemsOut != tc.wantOut[i] {
 				t.Errorf("%s: replica %d took %d and sent %d, want %d and %d", tc.name, i, r.ItemsIn, r.ItemsOut, tc.wantIn[i], tc.wantOut[i])
