@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/finished"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	_ "github.com/dflow-dev/dflow/nodes/synthetic"
@@ -390,104 +389,6 @@ edge "a" {
 	}
 }
 
-// TestFinishedReplicaStays: a lost worker's replica of a restartable
-// stage stays finished only where that worker recorded it settled and its
-// last snapshot had it done; one
-// that feeds a queue in process there, or recorded by another instance
-// (an earlier incarnation's, on a worker only slow), is restarted, and so
-// is every replica on the worker of a stage with no group across workers
-// unless all of them had finished.
-func TestFinishedReplicaStays(t *testing.T) {
-	t.Parallel()
-	nc := serverConn(t)
-	js, _ := wire.NewJS(nc)
-	g := clustertest.Chain(t, 3)
-	job := &wire.Job{Run: "stays", Remote: map[string][]bool{"a": {true}, "b": {true}},
-		Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w2", "w2"}, "sink": {"w3"}}}
-	setUp(t, js, job, g)
-	ends := endsOf(t, js, job)
-	ctx := context.Background()
-	for i, by := range []string{"", "w2", "w9"} { // work[0] not settled, work[2] by another
-		if by != "" {
-			if _, err := ends.Put(ctx, wire.KeySettled(1, i), []byte(by)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote, place: job.Place,
-		groups: map[string]*group.Host{"work": {}}}
-	want := map[replicaKey]bool{{"work", 0}: false, {"work", 1}: true, {"work", 2}: false, {"sink", 0}: false}
-	c.place["sink"] = []string{"w2"}
-	done := func(work ...bool) *instance { // w2, as its last snapshot had its work replicas
-		var reps []report.ReplicaSnapshot
-		for _, d := range work {
-			reps = append(reps, report.ReplicaSnapshot{Done: d})
-		}
-		return &instance{name: "w2", last: &report.Snapshot{Stages: []report.StageSnapshot{{Name: "work", Replicas: reps}}}}
-	}
-	if got := c.endedOn(done(true, true, true)); !maps.Equal(got, want) {
-		t.Errorf("ended on w2: %v, want %v", got, want)
-	}
-	// recorded settled after the last snapshot, its end not written: the
-	// figures and the deadlock watch would not have its end
-	if got := c.endedOn(done(true, false, true)); got[replicaKey{"work", 1}] {
-		t.Errorf("ended on w2, not done in its last snapshot: %v, want work[1] restarted", got)
-	}
-	// its end written too: its consumer may have ended on it, so it stays
-	// (recover marks it done), unless w2 was never seen at all
-	if _, err := ends.Put(ctx, wire.KeyEnd(1, 0, 1), []byte("w2")); err != nil {
-		t.Fatal(err)
-	}
-	if got := c.endedOn(done(true, false, true)); !maps.Equal(got, want) {
-		t.Errorf("ended on w2 with its end written, not done in its last snapshot: %v, want %v", got, want)
-	}
-	if got := c.endedOn(&instance{name: "w2"}); got[replicaKey{"work", 1}] {
-		t.Errorf("ended on w2, never seen: %v, want work[1] restarted", got)
-	}
-	c.groups = nil // no group across workers: work[1] would be one apart from work[0] and [2]
-	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
-		t.Errorf("ended on w2 with no group host: %v, want every work replica restarted", got)
-	}
-	c.groups = map[string]*group.Host{"work": {}}
-	c.remote = map[string][]bool{"a": {true}, "b": {false}} // b in process on the lost worker
-	if got := c.endedOn(done(true, true, true)); got[replicaKey{"work", 1}] {
-		t.Errorf("ended on w2 with its output in process: %v, want work[1] restarted", got)
-	}
-}
-
-// TestFinishedChainStaysWhole: a lost worker's chain (work feeding the
-// sink in process, a chain's edge) stays finished only when every replica
-// of it had finished by the rule for one replica; one that had not
-// restarts the chain whole.
-func TestFinishedChainStaysWhole(t *testing.T) {
-	t.Parallel()
-	nc := serverConn(t)
-	js, _ := wire.NewJS(nc)
-	g := clustertest.Chain(t, 1)
-	job := &wire.Job{Run: "chainstays", Remote: map[string][]bool{"a": {true}, "b": {false}}, Chained: map[string]bool{"b": true},
-		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
-	setUp(t, js, job, g)
-	ends := endsOf(t, js, job)
-	ctx := context.Background()
-	if _, err := ends.Put(ctx, wire.KeySettled(1, 0), []byte("w2")); err != nil { // work[0] settled, the sink not
-		t.Fatal(err)
-	}
-	c := &Coordinator{o: CoordOptions{Registry: nodes.Default}, g: g, js: js, run: job.Run, remote: job.Remote,
-		chained: job.Chained, place: job.Place}
-	in := &instance{name: "w2", last: &report.Snapshot{Stages: []report.StageSnapshot{
-		{Name: "work", Replicas: []report.ReplicaSnapshot{{Done: true}}},
-		{Name: "sink", Replicas: []report.ReplicaSnapshot{{Done: true}}}}}}
-	if got := c.endedOn(in); got[replicaKey{"work", 0}] || got[replicaKey{"sink", 0}] {
-		t.Errorf("ended on w2 with the sink unsettled: %v, want the chain restarted whole", got)
-	}
-	if _, err := ends.Put(ctx, wire.KeySettled(2, 0), []byte("w2")); err != nil {
-		t.Fatal(err)
-	}
-	if got := c.endedOn(in); !got[replicaKey{"work", 0}] || !got[replicaKey{"sink", 0}] {
-		t.Errorf("ended on w2 with the whole chain settled: %v, want both to stay", got)
-	}
-}
-
 // TestSettledAfterLastSnapshot: a worker lost after its replicas had
 // returned, settled everything (their record written) and written their
 // ends, but before a snapshot showed them done (snapshots come once a
@@ -532,7 +433,7 @@ func TestSettledAfterLastSnapshot(t *testing.T) {
 		t.Errorf("work placed on %v, want it left on w2", got)
 	}
 	for i := range 3 {
-		if !replicaDone(in.last, "work", i) {
+		if !finished.Done(in.last, "work", i) {
 			t.Errorf("work[%d] not done in w2's last snapshot", i)
 		}
 	}

@@ -583,18 +583,11 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Provenance = nodes.CurrentRun()
 	job.Timings = c.o.Timings
 	job.DataKey = c.dataKey
-	c.mu.Lock()
-	job.Place = map[string][]string{}
-	for k, v := range c.place {
-		job.Place[k] = slices.Clone(v)
-	}
-	c.mu.Unlock()
 	job.Remote = c.remote
 	job.Chained = c.chained
 	c.mu.Lock()
+	job.Place = c.placeCopy()
 	job.Recount.MergeSources(c.recount)
-	c.mu.Unlock()
-	c.mu.Lock()
 	job.Restore = maps.Clone(c.restores)
 	job.Attempt = maps.Clone(c.attempts)
 	c.mu.Unlock()

@@ -48,6 +48,8 @@
 //     coordinator knows (figures.Run);
 //   - internal/cluster/deadlock: the deadlock watch across workers, over
 //     a view of what the coordinator knows at each look;
+//   - internal/cluster/finished: which replicas of a lost share had
+//     finished and stay, and the ends the coordinator writes for them;
 //   - internal/cluster/share: a worker's share of a run, its queues on
 //     JetStream (the edge: room, grants, bound, publishes, pulls), the
 //     settling of what its replicas take, chains, local groups' saves;
@@ -65,10 +67,11 @@
 // a test that fails without it:
 //
 //  1. A lost worker's replicas restart on live workers (never one counted
-//     gone), except those recorded finished; a chain restarts whole
-//     unless every member of it finished. recover, endedOn, leastLoaded;
-//     TestFinishedReplicaStays, TestFinishedChainStaysWhole,
-//     TestSettledAfterLastSnapshot, TestRestartPassesOverGoneWorker.
+//     gone), except those recorded finished (package finished), whose
+//     ends it writes. recover, endedOn, leastLoaded;
+//     TestSettledAfterLastSnapshot, TestRestartPassesOverGoneWorker, and
+//     in package finished TestFinishedReplicaStays and
+//     TestFinishedChainStaysWhole.
 //  2. A lost share's chain record is sealed before its replicas restart,
 //     so a share that was only slow acks nothing more. sealChain (by
 //     wire.SealChain); TestChainRecordSealed (package share).

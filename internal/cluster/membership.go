@@ -15,9 +15,9 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
+	"github.com/dflow-dev/dflow/internal/cluster/finished"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
-	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
 )
 
@@ -63,10 +63,15 @@ func (c *Coordinator) Placement() string {
 // Workers are the workers the run uses.
 func (c *Coordinator) Workers() []string { return slices.Clone(c.workers) }
 
-// Place returns where each replica runs: stage -> worker per replica.
+// Where returns where each replica runs: stage -> worker per replica.
 func (c *Coordinator) Where() map[string][]string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.placeCopy()
+}
+
+// placeCopy is a copy of where each replica runs (c.mu held).
+func (c *Coordinator) placeCopy() map[string][]string {
 	out := map[string][]string{}
 	for k, v := range c.place {
 		out[k] = slices.Clone(v)
@@ -157,13 +162,13 @@ func (c *Coordinator) recover(in *instance) error {
 				continue
 			}
 			switch {
-			case ended[replicaKey{s.Name, i}]:
+			case ended[finished.Replica{Stage: s.Name, I: i}]:
 				// its worker recorded it settled (endedOn): nothing of
 				// it can come back, and its consumers may have ended on
 				// its ends; run again, it could take an item another
 				// lost replica held and send it after its end
 				stay = append(stay, rep{s, i})
-				c.markDone(in, s.Name, i)
+				in.last = finished.MarkDone(in.last, s.Name, i)
 				if h := c.groups[s.Name]; h != nil {
 					h.LeftLost(i, in.name)
 				}
@@ -175,7 +180,7 @@ func (c *Coordinator) recover(in *instance) error {
 				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
 					stateful = err
 				}
-			case in.last != nil && replicaDone(in.last, s.Name, i):
+			case finished.Done(in.last, s.Name, i):
 				stay = append(stay, rep{s, i}) // finished: not run again
 			case stateful == nil:
 				if h := c.groups[s.Name]; h != nil {
@@ -244,122 +249,27 @@ func (c *Coordinator) recover(in *instance) error {
 }
 
 // endedOn reads which restartable replicas placed on in had finished
-// there: returned, with everything they took settled (keySettled, written
-// by in itself), so that nothing of theirs can come back to a restart, and
-// either done in in's last snapshot, so that the run's figures and its
-// deadlock watch have what it did to the end, or with the end of every
-// queue it feeds written: recorded settled after that snapshot (which
-// comes once a second), its consumers may have ended on those ends, and
-// run again it could take an item another lost replica held on a shared
-// input and send it after them; recover marks it done in that snapshot,
-// and the run's figures settle what it did since (settleLost). One
-// recorded settled after that snapshot whose ends are not all written
-// restarts, as before. Not one that feeds a queue in
-// process on the lost worker (its consumer is gone with it), nor a
-// chain's replica unless the chain's every replica there had finished by
-// this rule (a chain restarts whole, chain.go), and, where a
-// stage has no group across workers, none of its replicas on in unless all
-// of them had finished (those that stayed and those that moved would be a
-// group spread over two workers, with no host). What cannot be read is not
-// finished: restarted, as before.
-func (c *Coordinator) endedOn(in *instance) map[replicaKey]bool {
-	type rep struct {
-		si, i int
-		s     *graph.Stage
-	}
-	var reps []rep
-	local := map[replicaKey]bool{} // feeds a queue in process
-	hosted := map[string]bool{}
-	seen := map[replicaKey]bool{} // done in the lost share's last snapshot
-	type queue struct{ ei, qi int }
-	feeds := map[replicaKey][]queue{} // the remote queues each feeds
+// there, and stay (finished.Replicas); none where the run's end bucket
+// cannot be read.
+func (c *Coordinator) endedOn(in *instance) map[finished.Replica]bool {
 	c.mu.Lock()
-	for si, s := range c.g.Stages {
-		if !c.restartable(s) {
-			continue
-		}
-		hosted[s.Name] = c.groups[s.Name] != nil
-		for i, p := range c.place[s.Name] {
-			if p == in.name {
-				reps = append(reps, rep{si, i, s})
-				seen[replicaKey{s.Name, i}] = in.last != nil && replicaDone(in.last, s.Name, i)
-			}
-		}
-	}
-	chain := map[replicaKey][]replicaKey{} // the replicas a chain's edge joins each to
-	for _, e := range c.g.Edges {
-		for qi, q := range e.Queues {
-			switch {
-			case c.remote[e.Name][qi]:
-			case c.chained[e.Name]:
-				p, cr := replicaKey{e.From.Stage.Name, q.Producers[0]}, replicaKey{e.To.Stage.Name, q.Consumers[0]}
-				if c.place[p.stage][p.i] == in.name && c.place[cr.stage][cr.i] == in.name {
-					chain[p], chain[cr] = append(chain[p], cr), append(chain[cr], p)
-				}
-			default:
-				for _, p := range q.Producers {
-					local[replicaKey{e.From.Stage.Name, p}] = true
-				}
-			}
-		}
-	}
-	for ei, e := range c.g.Edges {
-		for qi, q := range e.Queues {
-			for _, p := range q.Producers {
-				if k := (replicaKey{e.From.Stage.Name, p}); c.remote[e.Name][qi] && c.place[k.stage][p] == in.name {
-					feeds[k] = append(feeds[k], queue{ei, qi})
-				}
-			}
-		}
+	l := &finished.Lost{Graph: c.g, Place: c.placeCopy(), Remote: c.remote, Chained: c.chained,
+		Hosted: map[string]bool{}, Restartable: c.restartable, Share: in.name, Last: in.last}
+	for stage := range c.groups {
+		l.Hosted[stage] = true
 	}
 	c.mu.Unlock()
-	if len(reps) == 0 {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	kv, err := c.js.KeyValue(ctx, wire.BucketEnds(c.run))
 	if err != nil {
 		return nil
 	}
-	ended := map[replicaKey]bool{}
-	partial := map[string]bool{} // a stage with a replica on in that had not finished
-	for _, r := range reps {
-		k := replicaKey{r.s.Name, r.i}
-		e, err := kv.Get(ctx, wire.KeySettled(r.si, r.i))
-		ended[k] = err == nil && string(e.Value()) == in.name && !local[k] &&
-			(seen[k] || in.last != nil && len(feeds[k]) > 0 && !slices.ContainsFunc(feeds[k], func(q queue) bool {
-				_, err := kv.Get(ctx, wire.KeyEnd(q.ei, q.qi, k.i))
-				return err != nil
-			}))
-	}
-	// A chain stays finished only whole: a member that restarts restarts
-	// the chain (what its consumers had settled may come back to it).
-	for again := true; again; {
-		again = false
-		for k, joined := range chain {
-			for _, j := range joined {
-				if !ended[k] && ended[j] {
-					ended[j], again = false, true
-				}
-			}
-		}
-	}
-	for _, r := range reps {
-		partial[r.s.Name] = partial[r.s.Name] || !ended[replicaKey{r.s.Name, r.i}]
-	}
-	for k := range ended {
-		if partial[k.stage] && !hosted[k.stage] {
-			ended[k] = false
-		}
-	}
-	return ended
+	return finished.Replicas(ctx, kv, l)
 }
 
 // writeEnds writes the end keys of replica i of s, a replica that has
-// finished, on every queue it feeds, and that it has gone on every queue
-// it reads (its share wrote those only once all its consumers there had
-// returned).
+// finished (finished.WriteEnds).
 func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -367,50 +277,7 @@ func (c *Coordinator) writeEnds(s *graph.Stage, i int) error {
 	if err != nil {
 		return err
 	}
-	for ei, e := range c.g.Edges {
-		for qi, q := range e.Queues {
-			if e.To.Stage == s && slices.Contains(q.Consumers, i) {
-				if _, err := kv.Put(ctx, wire.KeyGone(ei, qi, i), []byte("coordinator")); err != nil {
-					return err
-				}
-			}
-			if e.From.Stage == s && slices.Contains(q.Producers, i) {
-				if _, err := kv.Put(ctx, wire.KeyEnd(ei, qi, i), []byte("coordinator")); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// markDone has in's last snapshot say that replica i of stage is done
-// (c.mu held): it stays finished where it was lost, recorded settled and
-// its ends written after that snapshot, and the deadlock watch waits for
-// no more of it. The snapshot is copied: what was merged from it before
-// keeps its figures.
-func (c *Coordinator) markDone(in *instance, stage string, i int) {
-	if in.last == nil || replicaDone(in.last, stage, i) {
-		return
-	}
-	last := *in.last
-	last.Stages = slices.Clone(last.Stages)
-	for si := range last.Stages {
-		if st := &last.Stages[si]; st.Name == stage && i < len(st.Replicas) {
-			st.Replicas = slices.Clone(st.Replicas)
-			st.Replicas[i].Done = true
-		}
-	}
-	in.last = &last
-}
-
-func replicaDone(s *report.Snapshot, stage string, i int) bool {
-	for _, st := range s.Stages {
-		if st.Name == stage && i < len(st.Replicas) {
-			return st.Replicas[i].Done
-		}
-	}
-	return false
+	return finished.WriteEnds(ctx, kv, c.g, s, i)
 }
 
 // restartable reports whether a stage's replicas may restart elsewhere.
@@ -569,7 +436,7 @@ func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Evi
 			switch {
 			case p != x.Share:
 			case t == s && slices.ContainsFunc(ev, func(y group.Eviction) bool { return y.Member == j }):
-			case c.restartable(t), e.last != nil && replicaDone(e.last, t.Name, j):
+			case c.restartable(t), finished.Done(e.last, t.Name, j):
 			default:
 				return fmt.Errorf("%s on worker %s, which also runs stage %q replica %d (%s): that replica keeps state and cannot restart elsewhere, and the share restarts whole; %s",
 					needs, e.worker, t.Name, j, t.Node, fails)
@@ -606,10 +473,4 @@ func (c *Coordinator) leastLoaded(not ...string) string {
 		}
 	}
 	return best
-}
-
-// replicaKey names a replica of a stage.
-type replicaKey struct {
-	stage string
-	i     int
 }

@@ -1,0 +1,9 @@
+package finished
+
+import (
+	"testing"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
