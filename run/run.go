@@ -65,8 +65,10 @@ func decision(d sim.Decision) Decision {
 
 // Rebalancing says why a run of g with opts would keep its split though
 // it asks to rebalance, or returns nil when its replicas can move: in one
-// process, between stages whose kinds keep no state and do not step
-// together (engine.Movable).
+// process, between stages whose kinds keep no state, or group kinds whose
+// state moves (a member leaves at a step boundary, one joins by taking
+// the group's state over), but not those that restart whole
+// (engine.Movable).
 func Rebalancing(g *graph.Graph, opts Options) error {
 	if g.Rebalance == nil {
 		return fmt.Errorf("the spec has no rebalance block")

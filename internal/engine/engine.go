@@ -100,6 +100,11 @@ type stage struct {
 	// oneForOne: its kind sends one item on each output for each it takes
 	// (nodes.Spec.OneForOne)
 	oneForOne bool
+	// slots, for a rebalanced stage, are its replicas and the parked ones
+	// a move may start (rebalance.go): what Replica.Replicas says, so that
+	// every index is below it and a group of one that may grow is told
+	// it is not alone; 0 otherwise
+	slots int
 }
 
 type edge struct {

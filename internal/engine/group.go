@@ -23,6 +23,31 @@ type group struct {
 	// sites: member i's waits at a collective, for the deadlock detector
 	// (one per member, so that each counts its own waits in progress)
 	sites []waitSite
+
+	// A rebalanced stage's group whose kind's state moves (nodes.Spec
+	// Moves, rebalance.go): states are what each member's Keep recorded;
+	// fresh marks a member that joined during the run and has not yet
+	// taken the group's state over (nfresh of them); hand is the state
+	// handed to them, made by a member at a step boundary (nil: none
+	// wanted since the last step).
+	moves  bool
+	states []nodes.State
+	fresh  []bool
+	nfresh int
+	hand   *handover
+}
+
+// handover is the group's state as of one step boundary, for the members
+// that join there: one member present marshals it (its next collective,
+// or its leaving), and every member that joined takes the same bytes.
+// While a member that joined has not taken it, no step completes (that
+// member counts in every round and has not arrived), so the state of
+// every member present stays the one handed.
+type handover struct {
+	ready chan struct{} // closed once b or err is set
+	b     []byte
+	err   error
+	from  int // the member that marshals it; -1: none yet
 }
 
 // round is one collective in progress: a barrier or an all-reduce.
@@ -34,6 +59,11 @@ type round struct {
 	n       int       // contributors to sum
 	done    chan struct{}
 	err     error
+	// ask, in a group whose state moves, is closed when a member joins
+	// during the round and no member has been asked for the state yet:
+	// the members waiting in the round wake, and one of them marshals it
+	ask   chan struct{}
+	asked bool
 }
 
 func newGroup(n int) *group {
@@ -44,22 +74,39 @@ func newGroup(n int) *group {
 	return g
 }
 
+// carryState makes g a group whose state moves: a member that joins takes
+// it over (Keep).
+func (g *group) carryState() {
+	g.moves = true
+	g.states, g.fresh = make([]nodes.State, len(g.left)), make([]bool, len(g.left))
+}
+
 // errLeft is returned to a replica that calls a collective after leaving.
 var errLeft = errors.New("replica has left its group")
 
 // arrive joins the current round, contributing x when it is an
 // all-reduce (x's Sum adds the members' vectors in arrival order), and
-// returns the round to wait on.
-func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, error) {
+// returns the round to wait on. Where a member that joined waits for the
+// group's state and none has been asked for it, replica (at its step
+// boundary: it has applied its last step and not the next) is: it gives
+// the handover returned (nil: none) once out of the lock, the round
+// unable to complete until the members that joined have taken it.
+func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, *handover, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.left[replica] {
-		return nil, errLeft
+		return nil, nil, errLeft
+	}
+	if g.moves && g.fresh[replica] {
+		return nil, nil, errNoState
 	}
 	if g.round == nil {
 		g.round = &round{done: make(chan struct{}), in: make([]bool, len(g.left))}
 		if reduce {
 			g.round.sum, g.round.length = x.NewSum(), x.Len()
+		}
+		if g.moves {
+			g.round.ask = make(chan struct{})
 		}
 	}
 	rd := g.round
@@ -76,32 +123,147 @@ func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, err
 	}
 	rd.arrived++
 	rd.in[replica] = true
+	h := g.donorLocked(replica)
 	g.completeLocked()
-	return rd, nil
+	return rd, h, nil
 }
 
 // completeLocked releases the current round if every present member has
-// arrived.
+// arrived. A member that joined and has not taken the state over has not
+// arrived, so a round that completes leaves none: the state handed is
+// that of a step now past.
 func (g *group) completeLocked() {
 	if g.round != nil && g.round.arrived >= g.members {
 		close(g.round.done)
 		g.round = nil
 		g.rounds++
+		if g.nfresh == 0 {
+			g.hand = nil
+		}
 	}
 }
 
 // leave takes replica out of the group and reports whether it was the
-// last member present (false when it had left already).
+// last member present (false when it had left already). A member leaves
+// at a step boundary (its last step done, or its Run returned): where a
+// member that joined waits for the group's state and none has been asked
+// for it, the one leaving marshals its own first.
 func (g *group) leave(replica int) (last bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.left[replica] {
+		g.mu.Unlock()
 		return false
+	}
+	h := g.donorLocked(replica)
+	if g.moves && g.fresh[replica] {
+		g.fresh[replica] = false
+		g.nfresh--
 	}
 	g.left[replica] = true
 	g.members--
+	if hd := g.hand; hd != nil && hd.from < 0 && g.nfresh > 0 && !g.canGiveLocked() {
+		// No member present holds a state to give: those that joined
+		// cannot take one over.
+		hd.from = replica
+		hd.err = fmt.Errorf("no member that holds the group's state is left to give it (the kind gave none: nodes.Group.Keep)")
+		close(hd.ready)
+	}
 	g.completeLocked()
-	return g.members == 0
+	last = g.members == 0
+	g.mu.Unlock()
+	g.give(h, replica)
+	return last
+}
+
+// errNoState is returned to a member that joined a group whose state
+// moves and calls a collective without having taken the state over.
+var errNoState = errors.New("a replica that joined its group during the run calls a collective before taking the group's state over (nodes.Group.Keep, before its first step)")
+
+// join makes a parked replica a member of its stage's group, and reports
+// whether it did: a group whose state moves takes a member only while one
+// is present to take the state from (a group whose members have all left
+// has ended). In a round in progress, the new member is waited for too;
+// in a group whose state moves, it is fresh until its Keep has taken the
+// state over, and the members waiting in the round are asked for it.
+func (g *group) join(replica int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.left[replica] {
+		return true
+	}
+	if g.moves {
+		if g.members == 0 {
+			return false
+		}
+		g.fresh[replica] = true
+		g.nfresh++
+		if g.hand == nil {
+			g.hand = &handover{ready: make(chan struct{}), from: -1}
+		}
+		if rd := g.round; rd != nil && g.hand.from < 0 && !rd.asked {
+			rd.asked = true
+			close(rd.ask)
+		}
+	}
+	g.left[replica] = false
+	g.members++
+	return true
+}
+
+// donorLocked makes replica the member that marshals the state handed to
+// the members that joined, if one is wanted and replica holds a state to
+// give (it is present, not fresh itself, and its Keep recorded one), and
+// returns the handover it is to give (nil: none).
+func (g *group) donorLocked(replica int) *handover {
+	h := g.hand
+	if !g.moves || h == nil || h.from >= 0 || g.nfresh == 0 || g.left[replica] || g.fresh[replica] || g.states[replica] == nil {
+		return nil
+	}
+	h.from = replica
+	return h
+}
+
+// canGiveLocked reports whether a member present can give the state.
+func (g *group) canGiveLocked() bool {
+	for i, left := range g.left {
+		if !left && !g.fresh[i] && g.states[i] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// give marshals replica's state into h, at a step boundary of replica's,
+// in its own goroutine (nothing to do for a nil h). The caller holds no
+// lock: no step completes until the members that joined have taken it.
+func (g *group) give(h *handover, replica int) {
+	if h == nil {
+		return
+	}
+	g.mu.Lock()
+	st := g.states[replica]
+	g.mu.Unlock()
+	b, err := st.MarshalBinary()
+	if err != nil {
+		err = fmt.Errorf("replica %d marshalled the group's state: %w", replica, err)
+	}
+	g.mu.Lock()
+	h.b, h.err = b, err
+	close(h.ready)
+	g.mu.Unlock()
+}
+
+// donateInRound is the wake of a member waiting in round rd whose ask
+// has closed: it gives the state if no other member has been asked yet
+// and rd is still in progress (its state is then the group's).
+func (g *group) donateInRound(replica int, rd *round) {
+	g.mu.Lock()
+	var h *handover
+	if g.round == rd {
+		h = g.donorLocked(replica)
+	}
+	g.mu.Unlock()
+	g.give(h, replica)
 }
 
 // member is one replica's handle on its group; it implements nodes.Group
@@ -112,20 +274,28 @@ type member struct {
 }
 
 func (m *member) wait(ctx context.Context, rd *round) error {
-	select {
-	case <-rd.done:
-		return rd.err
-	case <-ctx.Done():
-		// A round that completed as ctx ended stands, for this member as
-		// for the others: left to the select's chance, one member of a
-		// step's all-reduce took the update and another did not, and the
-		// last to leave saved its model a step behind the run's
-		// (TestSavesOnAbort, once).
+	ask := rd.ask // nil outside a group whose state moves: never ready
+	for {
 		select {
 		case <-rd.done:
 			return rd.err
-		default:
-			return ctx.Err()
+		case <-ask:
+			// A member joined during the round: this one, waiting at its
+			// step boundary, may be the one to give it the state.
+			ask = nil
+			m.g.donateInRound(m.r.index, rd)
+		case <-ctx.Done():
+			// A round that completed as ctx ended stands, for this member
+			// as for the others: left to the select's chance, one member
+			// of a step's all-reduce took the update and another did not,
+			// and the last to leave saved its model a step behind the
+			// run's (TestSavesOnAbort, once).
+			select {
+			case <-rd.done:
+				return rd.err
+			default:
+				return ctx.Err()
+			}
 		}
 	}
 }
@@ -139,10 +309,11 @@ func (m *member) begin(ctx context.Context) wait {
 
 func (m *member) Barrier(ctx context.Context) error {
 	defer m.r.endWait(m.begin(ctx))
-	rd, err := m.g.arrive(m.r.index, nil, false)
+	rd, h, err := m.g.arrive(m.r.index, nil, false)
 	if err != nil {
 		return err
 	}
+	m.g.give(h, m.r.index)
 	return m.wait(ctx, rd)
 }
 
@@ -155,10 +326,11 @@ func (m *member) AllReduceSum(ctx context.Context, buf []float32) (int, error) {
 // arrives, and each member stores the total into its own once all have.
 func (m *member) AllReduce(ctx context.Context, x nodes.Reducible) (int, error) {
 	defer m.r.endWait(m.begin(ctx))
-	rd, err := m.g.arrive(m.r.index, x, true)
+	rd, h, err := m.g.arrive(m.r.index, x, true)
 	if err != nil {
 		return 0, err
 	}
+	m.g.give(h, m.r.index)
 	if err := m.wait(ctx, rd); err != nil {
 		return 0, err
 	}
@@ -187,10 +359,53 @@ func (m *member) RejoinAll() {
 	g.members = len(g.left)
 }
 
-// Keep implements nodes.Group.Keep: in one process no member restarts by
-// itself, so there is nothing to take over and nothing to record (a
-// plugin's group restarts whole, told its save by plugins/host).
-func (m *member) Keep(context.Context, nodes.State) error { return nil }
+// Keep implements nodes.Group.Keep: in one process no member restarts,
+// but a rebalance may add a member to a group whose state moves (a
+// replica started by a move, rebalance.go). Keep records st; a member
+// that joined so takes the group's state over first, from the member
+// present that marshals it at its step boundary, and its first step is
+// the group's next.
+func (m *member) Keep(ctx context.Context, st nodes.State) error {
+	g, i := m.g, m.r.index
+	g.mu.Lock()
+	if !g.moves {
+		g.mu.Unlock()
+		return nil
+	}
+	g.states[i] = st
+	h := g.hand
+	if !g.fresh[i] || h == nil {
+		g.mu.Unlock()
+		return nil
+	}
+	g.mu.Unlock()
+	// A wait the deadlock detector does not read: what ends it is
+	// another member's next step or leaving, not a wait of its own.
+	w := m.r.beginWaitOn(&m.r.blocked, opaqueWait, false)
+	select {
+	case <-h.ready:
+	case <-ctx.Done():
+	}
+	m.r.endWait(w)
+	select {
+	case <-h.ready:
+	default:
+		return ctx.Err()
+	}
+	if h.err != nil {
+		return fmt.Errorf("replica %d joined its group during the run and could not take its state over: %w", i, h.err)
+	}
+	if err := st.UnmarshalBinary(h.b); err != nil {
+		return fmt.Errorf("replica %d joined its group during the run and could not take its state over (from replica %d): %w", i, h.from, err)
+	}
+	g.mu.Lock()
+	if g.fresh[i] {
+		g.fresh[i] = false
+		g.nfresh--
+	}
+	g.mu.Unlock()
+	return nil
+}
 
 // Saves and Saved implement nodes.Group's: in one process no input
 // waits for a save (a plugin's group that restarts whole keeps what its

@@ -32,7 +32,7 @@ func (g *globalFIFO) Close() {
 type sharedGroup struct{ g *group }
 
 func (s sharedGroup) Barrier(ctx context.Context, i int) error {
-	rd, err := s.g.arrive(i, nil, false)
+	rd, _, err := s.g.arrive(i, nil, false)
 	if err != nil {
 		return err
 	}
@@ -45,7 +45,7 @@ func (s sharedGroup) Barrier(ctx context.Context, i int) error {
 }
 
 func (s sharedGroup) AllReduce(ctx context.Context, i int, x nodes.Reducible) (int, error) {
-	rd, err := s.g.arrive(i, x, true)
+	rd, _, err := s.g.arrive(i, x, true)
 	if err != nil {
 		return 0, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
+	"github.com/hashicorp/hcl/v2"
 )
 
 // Moving replicas between the stages of a rebalance block while the run
@@ -35,12 +36,20 @@ import (
 // lets it go once every replica has returned: a replica never starts
 // after the run has ended.
 //
-// Only stages whose kind keeps nothing between items (nodes.Spec
-// Stateless) move; a run on a cluster does not (Movable says why). Such
-// a kind's replicas may step together (synthetic_work's sync): the one
-// that leaves leaves the group after its last step, and the others go on
-// without it; the one that starts joins the group, and the next step
-// waits for it too.
+// The stages that move are those whose kind keeps nothing between items
+// (nodes.Spec Stateless), and group kinds whose state moves (Spec.Moves:
+// drafter_train, lm_train), but not those that restart whole (Spec.Whole:
+// a torch process group's world size is fixed); a run on a cluster does
+// not move replicas (Movable says why). Replicas that step together
+// leave and join at a step boundary: the one that leaves leaves the group
+// after its last step (its item in hand trained), and the others go on
+// without it, their state as it was; the one that starts joins the
+// group, and the next step waits for it too. Where the kind's state
+// moves, the one that joins takes the group's state over first (its Keep,
+// group.go): a member present marshals its own at its step boundary,
+// and no step completes until the new member has it. Every item is
+// trained once, in the step of the replica that took it, and the last
+// member to leave holds them all.
 
 // RebalanceFor is the policy of a run's rebalance: called at every
 // sampling tick with a fresh snapshot, it returns the moves to make now
@@ -86,14 +95,26 @@ func Movable(g *graph.Graph, reg *nodes.Registry) error {
 		spec, ok := reg.Spec(s.Node)
 		switch {
 		case !ok:
-			return fmt.Errorf("stage %q: node kind %q is not known", name, s.Node)
-		case !spec.Stateless && steps(spec, s.Config):
-			return fmt.Errorf("stage %q: its replicas step together and keep state (node kind %s), and a member that joins a group does not take its state over during a run yet", name, s.Node)
-		case !spec.Stateless:
-			return fmt.Errorf("stage %q: its replicas keep state between items (node kind %s), and only a stateless kind's replicas move during a run yet", name, s.Node)
+			return fmt.Errorf("%sstage %q: node kind %q is not known", at(s.NodeRange), name, s.Node)
+		case spec.Stateless:
+		case spec.Moves && spec.Whole:
+			return fmt.Errorf("%sstage %q: its group restarts whole (node kind %s: a torch process group cannot shrink or grow), so its members do not leave or join during a run", at(s.NodeRange), name, s.Node)
+		case spec.Moves && steps(spec, s.Config):
+			// A member leaves at a step boundary, and one joins by taking
+			// the group's state over (group.go).
+		default:
+			return fmt.Errorf("%sstage %q: its replicas keep state between items (node kind %s), and only the replicas of a stateless kind, or of a group kind whose state moves, move during a run", at(s.NodeRange), name, s.Node)
 		}
 	}
 	return nil
+}
+
+// at is "FILE:LINE:COL: " for a range of the spec, "" for none.
+func at(r hcl.Range) string {
+	if r.Filename == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s:%d:%d: ", r.Filename, r.Start.Line, r.Start.Column)
 }
 
 // steps reports whether a kind's replicas step together for a config.
@@ -124,16 +145,24 @@ func (r *run) parkSlots() error {
 		return fmt.Errorf("rebalance: %w", err)
 	}
 	r.moves = &mover{policy: r.opts.Rebalance}
+	reg := r.opts.Registry
+	if reg == nil {
+		reg = nodes.Default
+	}
 	for _, name := range rb.Stages {
 		s := r.stage(name)
 		n := len(s.replicas)
 		slots := n + rb.Replicas
+		s.slots = slots
 		_, quiescer := s.node.(nodes.Quiescer)
 		grown := newGroup(slots)
 		for i := n; i < slots; i++ {
 			grown.left[i] = true
 		}
 		grown.members = n
+		if spec, _ := reg.Spec(s.g.Node); spec != nil && spec.Moves && !spec.Stateless {
+			grown.carryState() // its members hand their state to those that join
+		}
 		s.group = grown
 		for i := n; i < slots; i++ {
 			rep := &replica{
@@ -405,7 +434,9 @@ func (r *run) startParked(next *replica, device string) {
 			ins = append(ins, iq.q)
 		}
 	}
-	if !ok {
+	// A group whose state moves takes the replica only while a member is
+	// present to take the state from.
+	if !ok || !next.stage.group.join(next.index) {
 		for _, q := range outs {
 			q.producerDone(next.index)
 		}
@@ -424,7 +455,6 @@ func (r *run) startParked(next *replica, device string) {
 	next.device = device
 	now := time.Now()
 	next.begun.Store(&now)
-	next.stage.group.join(next.index)
 	// Shown, and counted as running, once everything above is written.
 	r.launch(next, m.ctx, m.wg, func() {
 		next.ended.Store(0)
@@ -465,15 +495,5 @@ func addIfAny(n *atomic.Int32) bool {
 		if n.CompareAndSwap(v, v+1) {
 			return true
 		}
-	}
-}
-
-// join makes a parked replica a member of its stage's group.
-func (g *group) join(replica int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.left[replica] {
-		g.left[replica] = false
-		g.members++
 	}
 }

@@ -252,7 +252,7 @@ func TestRebalanceMovable(t *testing.T) {
 	src := strings.Replace(movingSpec, "%COUNT%", "10", 1)
 	g := h.load(strings.Replace(src, "stage \"b\" {\n  node = \"synthetic_work\"\n  config {\n    service_time = \"3ms\"\n  }", "stage \"b\" {\n  node = \"t\"", 1))
 	if _, err := New(g, Options{Registry: h.reg, Rebalance: func(*report.Snapshot) ([]report.Move, func(bool)) { return nil, nil }}); err == nil ||
-		!strings.Contains(err.Error(), `rebalance: stage "b": its replicas keep state between items (node kind t)`) {
+		!strings.Contains(err.Error(), `rebalance: test.hcl:17:10: stage "b": its replicas keep state between items (node kind t)`) {
 		t.Errorf("a kind that keeps state: %v", err)
 	}
 	if err := Movable(h.load(src), h.reg); err != nil {

@@ -73,8 +73,16 @@ type replica struct {
 
 func (r *replica) Stage() string  { return r.stage.g.Name }
 func (r *replica) Index() int     { return r.index }
-func (r *replica) Replicas() int  { return r.stage.g.Replicas }
 func (r *replica) Device() string { return r.device }
+
+// Replicas is the stage's replica count; a rebalanced stage's counts the
+// parked replicas a move may start (rebalance.go).
+func (r *replica) Replicas() int {
+	if n := r.stage.slots; n > 0 {
+		return n
+	}
+	return r.stage.g.Replicas
+}
 
 // Devices lists the devices of every replica of the stage, by index: what
 // a plugin group kind's ranks need to number their devices alike
