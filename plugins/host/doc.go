@@ -25,4 +25,9 @@
 //     with torchrun's environment and its device bound by
 //     CUDA_VISIBLE_DEVICES, and its Collective messages run in the
 //     stage's group in the engine (group.go).
+//   - In one process, a group kind that restores whose stage allows
+//     restarts restarts whole when a rank's process dies: every member
+//     stopped and started again, told the last save's step, given back
+//     first the items it took since that save, once; what is kept is
+//     released at each save (restart.go).
 package host

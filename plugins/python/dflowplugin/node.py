@@ -34,7 +34,9 @@ class Node:
     (barrier, all_reduce, steps, finish, saves, saved). restores = True
     (a group kind) says its group saves its state and restores a save:
     on a cluster, a member lost with its worker restarts the group whole,
-    every member told the save to restore (Replica.restore_step)."""
+    as, in one process, a member whose process dies does where its stage
+    allows restarts; every member is told the save to restore
+    (Replica.restore_step)."""
 
     name = ""
     doc = ""
