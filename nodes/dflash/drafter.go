@@ -195,9 +195,10 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			return fmt.Errorf("drafter_train: %w", err)
 		}
 	}
-	// A replica restarted elsewhere (a cluster's worker lost) takes the
-	// group's weights, optimizer state and step over here, or, the group
-	// lost whole, restores its last save.
+	// A replica restarted elsewhere (a cluster's worker lost), or started
+	// by a rebalance's move, takes the group's weights, optimizer state,
+	// step and batch count over here, or, the group lost whole, restores
+	// its last save.
 	began, restarted := st.step, false // a resumed checkpoint's step, or 0
 	if err := group.Keep(ctx, nn.TrainState{Params: st.d.Params, Opt: st.opt, Step: &st.step, Batches: &st.batches}); err != nil {
 		var re *nodes.Restore
@@ -223,7 +224,9 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 			metrics.Set("acceptance_length_ngram", nb)
 		}
 	}
-	start, items := time.Now(), 0
+	// tokens: the group's, those of the batches its steps took since this
+	// replica began (its members change in a rebalanced run)
+	start, tokens := time.Now(), 0
 	asked := start // the wait for the next batch begins (report.DataWait)
 	for {
 		item, err := in.Recv(ctx)
@@ -242,16 +245,17 @@ func (n *drafterNode) Run(ctx context.Context, r nodes.Replica) error {
 		if hs.D != n.dc.D || hs.K != n.dc.K {
 			return fmt.Errorf("drafter_train: hidden states of width %d x %d layers, the drafter expects %d x %d", hs.D, hs.K, n.dc.D, n.dc.K)
 		}
+		before := st.batches
 		loss, err := n.train(ctx, st, hs, r)
 		if err != nil {
 			return n.saveOnCancel(ctx, st, err)
 		}
-		items++
+		tokens += (st.batches - before) * hs.B * hs.T
 		metrics.Set("loss", loss)
 		metrics.Set("step", float64(st.step))
 		metrics.Set("batches", float64(st.batches))
 		if lead {
-			metrics.Set("tokens_per_s", float64(items*hs.B*hs.T*r.Replicas())/time.Since(start).Seconds())
+			metrics.Set("tokens_per_s", float64(tokens)/time.Since(start).Seconds())
 			if every := n.cfg.Int("eval_every"); every > 0 && n.held != nil && st.step%every == 0 {
 				if tau, err := n.tau(st.d); err == nil {
 					metrics.Set("acceptance_length", tau)

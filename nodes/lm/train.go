@@ -160,12 +160,13 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 		if !ok {
 			return fmt.Errorf("lm_train: got %T, want *text.Batch", item)
 		}
+		before := st.batches
 		loss, err := t.step(ctx, st, b, step, r)
 		if err != nil {
 			return t.saveOnCancel(ctx, group, st, step, err)
 		}
 		step++
-		tokens += b.B * b.T
+		tokens += (st.batches - before) * b.B * b.T // the group's step
 		metrics.Set("loss", loss)
 		metrics.Set("step", float64(step))
 		metrics.Set("batches", float64(st.batches))
@@ -173,7 +174,7 @@ func (t *trainer) Run(ctx context.Context, r nodes.Replica) error {
 			if step == 1 {
 				metrics.Set("loss_initial", loss)
 			}
-			metrics.Set("tokens_per_s", float64(tokens*r.Replicas())/time.Since(start).Seconds())
+			metrics.Set("tokens_per_s", float64(tokens)/time.Since(start).Seconds())
 			if every > 0 && step%every == 0 {
 				if err := t.checkpoint(st, step); err != nil {
 					return err
