@@ -155,7 +155,7 @@ func writeKind(w io.Writer, k kindDoc, indent string, withSource bool) {
 		fmt.Fprintf(w, "%sgroup kind: its replicas step together, each a rank with torchrun's environment\n", in)
 	}
 	if k.Restores {
-		fmt.Fprintf(w, "%srestores: on a cluster, a lost worker restarts the group whole from its last save\n", in)
+		fmt.Fprintf(w, "%srestores: the group restarts whole from its last save, on a cluster when a worker is lost, in one process when a rank's process dies (restarts)\n", in)
 	}
 	for _, p := range k.Ports {
 		line := fmt.Sprintf("%s%-3s %s %s", in, p.Direction, p.Name, p.portType())

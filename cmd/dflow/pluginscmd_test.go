@@ -38,7 +38,7 @@ func TestPluginsTorchPorts(t *testing.T) {
 		"  node torch/target_forward\n",
 		"    in  in tokens: token batches\n    out hidden hidden_states: hidden states\n    config model string (required)",
 		"  node torch/drafter_train\n",
-		group + "    restores: on a cluster, a lost worker restarts the group whole from its last save\n" +
+		group + "    restores: the group restarts whole from its last save, on a cluster when a worker is lost, in one process when a rank's process dies (restarts)\n" +
 			"    in  hidden hidden_states: hidden states from target_forward (Go or PyTorch)\n",
 	} {
 		if code != exitOK || !strings.Contains(stdout, want) {
