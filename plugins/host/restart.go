@@ -82,19 +82,18 @@ type attempt struct {
 	next    chan struct{}      // closed once the attempt's outcome is decided
 
 	// under rs.mu
-	rounds   []uint32              // each member's collectives that are rounds
-	kept     [][]keptItem          // each member's items not yet held by a save, in the order taken
-	replay   []map[string][]any    // each member's items to hand back first, by port
-	ended    []bool                // the member's stream has ended
-	ok       []bool                // ... with its Done
-	stopping bool                  // the attempt is being stopped
-	deaths   []death               // the members whose processes died, in the order seen
-	own      *death                // a member's failure of its own (no death seen)
-	timer    *time.Timer           // deathGrace for own
-	outcome  int                   // once next is closed: outcomeDone, outcomeRestart, outcomeFail
-	fail     error                 // outcomeFail: the error of the member named by failing
-	failing  int                   // outcomeFail: the member that returns fail (the others the run's cancellation)
-	states   map[int]memberOutcome // for tests: each member's end
+	rounds   []uint32           // each member's collectives that are rounds
+	kept     [][]keptItem       // each member's items not yet held by a save, in the order taken
+	replay   []map[string][]any // each member's items to hand back first, by port
+	ended    []bool             // the member's stream has ended
+	ok       []bool             // ... with its Done
+	stopping bool               // the attempt is being stopped
+	deaths   []death            // the members whose processes died, in the order seen
+	own      *death             // a member's failure of its own (no death seen)
+	timer    *time.Timer        // deathGrace for own
+	outcome  int                // once next is closed: outcomeDone, outcomeRestart, outcomeFail
+	fail     error              // outcomeFail: the error of the member named by failing
+	failing  int                // outcomeFail: the member that returns fail (the others the run's cancellation)
 }
 
 const (
@@ -164,7 +163,7 @@ func (n *remoteNode) restarterFor(ctx context.Context, r nodes.Replica) *restart
 // else sees rs).
 func (rs *restarter) newAttempt(replay []map[string][]any) *attempt {
 	a := &attempt{rs: rs, next: make(chan struct{}), rounds: make([]uint32, rs.size), kept: make([][]keptItem, rs.size),
-		replay: replay, ended: make([]bool, rs.size), ok: make([]bool, rs.size), states: map[int]memberOutcome{}}
+		replay: replay, ended: make([]bool, rs.size), ok: make([]bool, rs.size)}
 	if a.replay == nil {
 		a.replay = make([]map[string][]any, rs.size)
 	}
@@ -254,7 +253,6 @@ func (a *attempt) end(ctx context.Context, i int, how memberOutcome, err error, 
 	rs := a.rs
 	rs.mu.Lock()
 	a.ended[i] = true
-	a.states[i] = how
 	switch how {
 	case endedDone:
 		a.ok[i] = true
@@ -333,8 +331,9 @@ func (a *attempt) decideLocked(ctx context.Context) {
 	case a.own != nil:
 		a.outcome, a.failing = outcomeFail, a.own.rank
 		a.fail = fmt.Errorf("%s: %w; %s", rs.n.who(a.own.rank, rs.size), a.own.err, a.own.stderr)
-	default:
-		a.outcome, a.failing = outcomeFail, -1
+	default: // stopped, with no cause known: not expected
+		a.outcome, a.failing = outcomeFail, 0
+		a.fail = fmt.Errorf("%s: its group was stopped, and no member said why", rs.n.who(0, rs.size))
 	}
 	if a.timer != nil {
 		a.timer.Stop()

@@ -37,7 +37,8 @@ type trainerCheckpoint struct {
 // group's last member writes out/final.json. Each member appends its
 // start to out/starts-RANK ("restore=STEP port=MASTER_PORT"). On its
 // first start (on every start with pause_always), rank 1 at step
-// pause_at writes its pid to out/paused-1 and waits to be killed.
+// pause_at writes its pid to out/paused-1 and waits to be killed; rank 0
+// fails (returns an error) at step fail_at.
 var trainerKind = nodes.Spec{
 	Kind: graph.Kind{
 		Name: "trainer",
@@ -48,6 +49,7 @@ var trainerKind = nodes.Spec{
 			{Name: "every", Type: graph.Int, Default: cty.NumberIntVal(3)},
 			{Name: "pause_at", Type: graph.Int, Default: cty.NumberIntVal(-1)},
 			{Name: "pause_always", Type: graph.Bool, Default: cty.False},
+			{Name: "fail_at", Type: graph.Int, Default: cty.NumberIntVal(-1)},
 		},
 		Ports: func(*graph.Config) []graph.PortSpec {
 			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
@@ -57,7 +59,7 @@ var trainerKind = nodes.Spec{
 	Moves: true, // a kind that restores
 	New: func(cfg *graph.Config) (nodes.Node, error) {
 		out, items, k, every := cfg.String("out"), int(cfg.Int("items")), int(cfg.Int("k")), int(cfg.Int("every"))
-		pauseAt, always := int(cfg.Int("pause_at")), cfg.Bool("pause_always")
+		pauseAt, always, failAt := int(cfg.Int("pause_at")), cfg.Bool("pause_always"), int(cfg.Int("fail_at"))
 		return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 			g := r.Group()
 			if err := g.Saves(ctx); err != nil {
@@ -102,6 +104,9 @@ var trainerKind = nodes.Spec{
 					}
 					<-ctx.Done()
 					return ctx.Err()
+				}
+				if r.Index() == 0 && st.Index == failAt {
+					return fmt.Errorf("trainer: rank 0 fails on purpose at step %d", st.Index)
 				}
 				grad := make([]float32, items)
 				for _, it := range st.Items {
@@ -324,4 +329,35 @@ func TestGroupRestartsUsedUp(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGroupRestartsNotOnItsOwnError: restarts are for a rank's process
+// that dies: a rank that fails by itself (its Done carries the error)
+// fails the run, with its own error, once no peer's death has explained
+// it within deathGrace; the group is not restarted.
+func TestGroupRestartsNotOnItsOwnError(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.h.Load("tg", wrapper(t, f.dir, "tg", "trainer"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	out, _, err := runTrainer(t, f, 40, "restarts = 2", 0, "stage.t.config.pause_at=-1", "stage.t.config.fail_at=2")
+	if err == nil {
+		t.Fatal("the run ended ok")
+	}
+	for _, want := range []string{`stage "t" replica 0: plugin tg (`, "): rank 0 of 3: trainer: rank 0 fails on purpose at step 2"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if took := time.Since(began); took < deathGrace {
+		t.Errorf("the run failed %v after it began, before deathGrace (%v) had passed", took, deathGrace)
+	}
+	if s := rankStarts(t, out, 0); len(s) != 1 {
+		t.Errorf("rank 0 started %d times (%q), want once: no restart", len(s), s)
+	}
+	if strings.Contains(f.stderr.String(), "restarts whole") {
+		t.Errorf("dflow said a restart:\n%s", f.stderr.String())
+	}
 }
