@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -473,6 +474,29 @@ func (rb *Rebalancer) Look(snap *report.Snapshot) Decision {
 		look.Service[s] = rb.fit[s]
 		rb.prev[s] = slices.Clone(ss.Replicas)
 	}
+	// A stage outside the rebalance that the simulator has no model of
+	// (a built-in kind without one, as text_reader; no sim block) takes
+	// its fitted time too, a source's over the items it emitted.
+	for _, gs := range rb.g.Stages {
+		if slices.Contains(rb.g.Rebalance.Stages, gs.Name) || rb.modelled(gs) {
+			continue
+		}
+		ss := stageOf(snap, gs.Name)
+		if ss == nil {
+			continue
+		}
+		now := ss.Replicas
+		if ss.Source {
+			now = emitted(now)
+		}
+		if f, ok := Fit(rb.prev[gs.Name], now); ok {
+			rb.fit[gs.Name] = max(f, time.Nanosecond)
+		}
+		if f, ok := rb.fit[gs.Name]; ok {
+			look.Service[gs.Name] = f
+		}
+		rb.prev[gs.Name] = slices.Clone(now)
+	}
 	total := int64(0)
 	open := false
 	for _, ss := range snap.Stages {
@@ -563,6 +587,30 @@ func Fit(prev, now []report.ReplicaSnapshot) (time.Duration, bool) {
 		m = (per[len(per)/2-1] + per[len(per)/2]) / 2
 	}
 	return time.Duration(math.Round(m)), true
+}
+
+// modelled reports whether the simulator has a model of gs's service
+// times without measuring them: its kind's, or the stage's sim block.
+func (rb *Rebalancer) modelled(gs *graph.Stage) bool {
+	if gs.Sim != nil {
+		return true
+	}
+	reg := rb.opts.Registry
+	if reg == nil {
+		reg = nodes.Default
+	}
+	spec, ok := reg.Spec(gs.Node)
+	return ok && spec.Sim != nil
+}
+
+// emitted is a source's replicas with the items each emitted counted as
+// taken, for Fit.
+func emitted(rs []report.ReplicaSnapshot) []report.ReplicaSnapshot {
+	out := slices.Clone(rs)
+	for i := range out {
+		out[i].ItemsIn = out[i].ItemsOut
+	}
+	return out
 }
 
 func stageOf(snap *report.Snapshot, name string) *report.StageSnapshot {

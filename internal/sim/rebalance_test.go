@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -197,6 +199,42 @@ func TestRebalancerDue(t *testing.T) {
 	}
 	if !NewRebalancer(g, Options{}).Due(snap(10*time.Second, 0, 0, 0)) {
 		t.Error("the first look does not come at every when replicas served nothing")
+	}
+}
+
+// TestRebalancerFitsUnmodelled: stages outside the rebalance whose kinds
+// have no simulation model (a source with a known count, as text_reader;
+// a sink) take the service times the look measures, so the policy
+// predicts and moves (without them the simulator had no rate for any
+// split, and a run of built-in kinds never moved).
+func TestRebalancerFitsUnmodelled(t *testing.T) {
+	reg := registry()
+	reg.Register(nodes.Spec{
+		Kind: graph.Kind{Name: "plain_source", Ports: func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "out", Dir: graph.Out, Type: graph.Any}}
+		}},
+		New:   func(*graph.Config) (nodes.Node, error) { return nil, fmt.Errorf("not run") },
+		Total: func(*graph.Config) int64 { return 1000 },
+	})
+	src := strings.NewReplacer(`node = "synthetic_source"`, `node = "plain_source"`, "count = 1000\n", "", `node = "sink"`, `node = "opaque"`).
+		Replace(fmt.Sprintf(rebalanced, 1000, 1, "50ms", 7, "25ms", 8, ""))
+	src = strings.Replace(src, "  config {\n  }\n", "", 1)
+	g, diags := (&graph.Loader{Catalog: reg}).Load("t.hcl", []byte(src))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	drafters := make([]report.ReplicaSnapshot, 7)
+	for i := range drafters {
+		drafters[i] = report.ReplicaSnapshot{ItemsIn: 2, Busy: ms(50)}
+	}
+	d := NewRebalancer(g, Options{Registry: reg}).Look(&report.Snapshot{Elapsed: ms(800), Stages: []report.StageSnapshot{
+		{Name: "src", Source: true, Total: 1000, Replicas: []report.ReplicaSnapshot{{ItemsOut: 30, Busy: ms(30)}}},
+		{Name: "target", Replicas: []report.ReplicaSnapshot{{ItemsIn: 16, Busy: ms(800)}}},
+		{Name: "drafter", Replicas: drafters},
+		{Name: "sink", Replicas: []report.ReplicaSnapshot{{ItemsIn: 14, Busy: ms(14)}}},
+	}})
+	if !d.Move || d.Split["target"] != 5 || d.Split["drafter"] != 3 {
+		t.Errorf("look: %+v; want a move to 5+3", d)
 	}
 }
 
