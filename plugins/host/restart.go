@@ -239,10 +239,10 @@ func (n *remoteNode) attempt(ctx context.Context, r nodes.Replica, a *attempt) (
 	switch {
 	case err == nil:
 		return endedDone, nil, ""
+	case errors.As(err, &died): // before the attempt's stop, if it came
+		return endedDied, err, p.stderr.last()
 	case actx.Err() != nil:
 		return endedStopped, err, ""
-	case errors.As(err, &died):
-		return endedDied, err, p.stderr.last()
 	}
 	return endedFailed, err, p.stderr.last()
 }

@@ -361,3 +361,24 @@ func TestGroupRestartsNotOnItsOwnError(t *testing.T) {
 		t.Errorf("dflow said a restart:\n%s", f.stderr.String())
 	}
 }
+
+// TestRankList: how a restart names the ranks whose processes died.
+func TestRankList(t *testing.T) {
+	for _, tc := range []struct {
+		ranks []int
+		want  string
+	}{
+		{[]int{1}, "rank 1"},
+		{[]int{1, 2}, "ranks 1 and 2"},
+		{[]int{2, 0, 1}, "ranks 2, 0 and 1"},
+	} {
+		if got := rankList(tc.ranks); got != tc.want {
+			t.Errorf("rankList(%v) = %q, want %q", tc.ranks, got, tc.want)
+		}
+	}
+	for n, want := range map[int]string{1: "once", 2: "twice", 3: "3 times"} {
+		if got := count(n, "time"); got != want {
+			t.Errorf("count(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

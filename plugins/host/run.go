@@ -319,9 +319,14 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 				return *ferr
 			}
 			if errors.Is(err, io.EOF) {
-				return &processDied{errors.New("the plugin closed the stream without saying it was done")}
+				err = errors.New("the plugin closed the stream without saying it was done")
+			} else {
+				err = fmt.Errorf("the plugin process failed: %v", err)
 			}
-			return &processDied{fmt.Errorf("the plugin process failed: %v", err)}
+			if sctx.Err() != nil {
+				return err // dflow ended the stream: its cause is elsewhere
+			}
+			return &processDied{err} // restart.go
 		}
 		if err := chunked(m); err != nil {
 			return err
