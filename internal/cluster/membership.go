@@ -292,7 +292,7 @@ func (c *Coordinator) kinds() control.Kinds {
 // loseMember takes replica i of s, lost with in, out of its group across
 // workers. A group whose state moves needs a member left to take it from,
 // or a save to restore (a hosted group's, or what the share of a group
-// summing on the lost worker said: saves.go): without either, the run
+// summing on the lost worker said: records.go): without either, the run
 // fails.
 func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 	h := c.groups[s.Name]

@@ -20,8 +20,9 @@
 //     ("a lost share settled").
 //  2. A queue's depth in the run's snapshot is the reading, among the
 //     shares that run one of its ends, that the coordinator had last;
-//     once every share is done, a remote queue's is its stream's then.
-//     latestDepth, Streams.Unread; TestQueueDepthAsLastRead.
+//     once every share is done, a remote queue's is its stream's then
+//     (End.Depth, as Streams.Unread read it). latestDepth;
+//     TestQueueDepthAsLastRead.
 //  3. A run that completed counts an edge whose queues all ride a stream
 //     by the stream (produced what it stored, duplicates dropped;
 //     consumed what of that was acked), and a chain's edge by the chain

@@ -27,9 +27,9 @@ type Share struct {
 	Ran map[string][]int
 }
 
-// Run is what the figures read of a run: what the coordinator knows,
-// which it builds, and the figures read, under its lock. The figures keep
-// nothing of it.
+// Run is what the figures read of a run: what the coordinator knows of
+// it. The coordinator builds it, and the figures read it, while it holds
+// its lock; the figures keep nothing of it.
 type Run struct {
 	Graph    *graph.Graph
 	Registry *nodes.Registry

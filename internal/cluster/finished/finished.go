@@ -48,7 +48,7 @@ type Lost struct {
 // written: recorded settled after that snapshot (which comes once a
 // second), its consumers may have ended on those ends, and run again it
 // could take an item another lost replica held on a shared input and send
-// it after them; the coordinator marks it done in that snapshot (Done),
+// it after them; the coordinator marks it done in that snapshot (MarkDone),
 // and the run's figures settle what it did since. One recorded settled
 // after that snapshot whose ends are not all written restarts. Not one
 // that feeds a queue in process on the lost worker (its consumer is gone
