@@ -265,6 +265,8 @@ func (a *attempt) end(ctx context.Context, i int, how memberOutcome, err error, 
 		// cannot step without it) until a death is seen, or deathGrace.
 		if !a.stopping && a.own == nil {
 			a.own = &death{i, err, stderr}
+			fmt.Fprintf(rs.n.k.host.log(), "dflow: stage %q: rank %d of %d failed (%v); waiting up to %v for a peer's process death to explain it (its group restarts then), else the run fails\n",
+				rs.stage, i, rs.size, err, deathGrace)
 			a.timer = time.AfterFunc(deathGrace, func() {
 				rs.mu.Lock()
 				defer rs.mu.Unlock()

@@ -37,8 +37,8 @@ type trainerCheckpoint struct {
 // group's last member writes out/final.json. Each member appends its
 // start to out/starts-RANK ("restore=STEP port=MASTER_PORT"). On its
 // first start (on every start with pause_always), rank 1 at step
-// pause_at writes its pid to out/paused-1 and waits to be killed; rank 0
-// fails (returns an error) at step fail_at.
+// pause_at writes its pid to out/paused-1 and waits to be killed; on its
+// first start, rank 0 fails (returns an error) at step fail_at.
 var trainerKind = nodes.Spec{
 	Kind: graph.Kind{
 		Name: "trainer",
@@ -105,7 +105,7 @@ var trainerKind = nodes.Spec{
 					<-ctx.Done()
 					return ctx.Err()
 				}
-				if r.Index() == 0 && st.Index == failAt {
+				if r.Index() == 0 && st.Index == failAt && restore == "none" {
 					return fmt.Errorf("trainer: rank 0 fails on purpose at step %d", st.Index)
 				}
 				grad := make([]float32, items)
@@ -169,6 +169,11 @@ edge "a" {
 // 1's process (SIGKILL) each time it says it waits to be killed, kills
 // times at most, and returns the run's error and the kills done.
 func runTrainer(t *testing.T, f *fixture, items int, restarts string, kills int, sets ...string) (out string, killed int, err error) {
+	return runTrainerWhen(t, f, items, restarts, kills, func() bool { return true }, sets...)
+}
+
+// runTrainerWhen is runTrainer, killing only once ready says so.
+func runTrainerWhen(t *testing.T, f *fixture, items int, restarts string, kills int, ready func() bool, sets ...string) (out string, killed int, err error) {
 	t.Helper()
 	out = t.TempDir()
 	l := &graph.Loader{Catalog: f.reg, Sets: sets}
@@ -193,7 +198,7 @@ func runTrainer(t *testing.T, f *fixture, items int, restarts string, kills int,
 		case <-tick.C:
 		}
 		b, err := os.ReadFile(paused)
-		if err != nil || killed == kills {
+		if err != nil || killed == kills || !ready() {
 			continue
 		}
 		pid, err := strconv.Atoi(string(b))
@@ -380,5 +385,42 @@ func TestRankList(t *testing.T) {
 		if got := count(n, "time"); got != want {
 			t.Errorf("count(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestGroupRestartsAfterAPeersError: a rank's collective fails when a
+// peer's process dies, and dflow may hear of that first: here rank 0
+// fails by itself at step 4 while rank 1 waits to be killed there, and
+// rank 1 is killed only once dflow has said it waits for a death to
+// explain rank 0's error. The death comes within deathGrace: the group
+// restarts whole, and the run ends ok with every item trained once.
+func TestGroupRestartsAfterAPeersError(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	stderr := &syncBuf{}
+	f.h.SetStderr(stderr)
+	if _, err := f.h.Load("tg", wrapper(t, f.dir, "tg", "trainer"), f.reg); err != nil {
+		t.Fatal(err)
+	}
+	const waits = `dflow: stage "t": rank 0 of 3 failed (trainer: rank 0 fails on purpose at step 4); waiting up to`
+	out, killed, err := runTrainerWhen(t, f, 40, "restarts = 1", 1, func() bool { return strings.Contains(stderr.String(), waits) }, "stage.t.config.fail_at=4")
+	if err != nil || killed != 1 {
+		t.Fatalf("killed %d, err %v\n%s", killed, err, stderr.String())
+	}
+	b, err := os.ReadFile(filepath.Join(out, "final.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck trainerCheckpoint
+	if err := json.Unmarshal(b, &ck); err != nil {
+		t.Fatal(err)
+	}
+	for seq, n := range ck.Trained {
+		if n != 1 {
+			t.Errorf("item %d trained %v times in the final save, want once", seq, n)
+		}
+	}
+	if want := "the process of rank 1 of 3 died"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, stderr.String())
 	}
 }

@@ -163,6 +163,11 @@ func TestDDPRestartsWhole(t *testing.T) {
 			t.Errorf("rank %d's starts %q, rank 0's %q: every rank gets rank 0's port", rank, s, first)
 		}
 	}
+	for line := range strings.Lines(stderr.String()) {
+		if strings.HasPrefix(line, "dflow: ") {
+			t.Log(strings.TrimSpace(line))
+		}
+	}
 	for _, want := range []string{`dflow: stage "train": the process of rank 1 of 3 died (`,
 		"and restarts whole (restart 1 of 1): every rank starts again, restoring its save of step 3; what each rank took since comes back to it"} {
 		if !strings.Contains(stderr.String(), want) {
