@@ -78,7 +78,7 @@ func (b *Builder) checkRestarts() {
 		}
 		r := orRange(s.RestartsRange, s.NameRange)
 		if !s.Kind.Restores {
-			b.errorf(r, "restarts on a kind that does not restore", "stage %q: restarts = %d needs a group kind that restores (a plugin kind with restores = True, or Sync and Moves in Go): "+
+			b.errorf(r, "restarts on a kind that does not restore", "stage %q: restarts = %d needs a plugin group kind that restores (restores = True in Python, Sync and Moves in a Go plugin): "+
 				"its ranks start again from the group's last save. Kind %q does not; remove restarts.", s.Name, s.Restarts, s.Node)
 			continue
 		}

@@ -66,7 +66,7 @@ func TestRestarts(t *testing.T) {
 		{name: "flag over the file", train: "restarts = 2", sets: []string{"stage.train.restarts=0"}, want: 0},
 		{name: "not a group that restores", work: "restarts = 1",
 			err: `p.hcl:10:14: error: restarts on a kind that does not restore
-  stage "work": restarts = 1 needs a group kind that restores (a plugin kind with restores = True, or Sync and Moves in Go): its ranks start again from the group's last save. Kind "synthetic_work" does not; remove restarts.`},
+  stage "work": restarts = 1 needs a plugin group kind that restores (restores = True in Python, Sync and Moves in a Go plugin): its ranks start again from the group's last save. Kind "synthetic_work" does not; remove restarts.`},
 		{name: "output edge", train: "restarts = 1", end: "stage \"sink\" {\n  node = \"sink\"\n}\nedge \"c\" {\n  from = train.out\n  to   = sink.in\n}\n",
 			err: `p.hcl:16:14: error: restarts on a stage with output edges
   stage "train": restarts = 1, but its output "out" feeds edge "c": a restart trains again on the items since the group's last save, and what it sent on them would be sent twice. Restarts are for a stage whose outputs go nowhere (a trainer that writes its checkpoint); remove restarts or the edge.`},
@@ -81,7 +81,7 @@ func TestRestarts(t *testing.T) {
 		{name: "flag negative", sets: []string{"stage.train.restarts=-2"}, err: `error: invalid --set
   --set stage.train.restarts=-2: restarts must be at least 0; got -2.`},
 		{name: "flag on a kind that does not restore", sets: []string{"stage.work.restarts=1"}, err: `error: restarts on a kind that does not restore
-  stage "work": restarts = 1 needs a group kind that restores`},
+  stage "work": restarts = 1 needs a plugin group kind that restores`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := &graph.Loader{Catalog: reg, Sets: tc.sets}
