@@ -67,10 +67,11 @@ type restarter struct {
 	size  int // members
 	group rejoiner
 
-	mu   sync.Mutex
-	used int // restarts done
-	step int // the last save's step; -1: none
-	att  *attempt
+	mu     sync.Mutex
+	used   int // restarts done
+	step   int // the last save's step; -1: none
+	att    *attempt
+	clocks map[int]*carriedClock // each member's own account of its time, over its attempts
 }
 
 // attempt is one start of the whole group: the first, or a restart.
@@ -190,12 +191,21 @@ func (n *remoteNode) runRestarting(ctx context.Context, r nodes.Replica, rs *res
 	for {
 		a := rs.current()
 		how, err, stderr := n.attempt(ctx, r, a)
+		var waited func()
 		if how == endedDone {
 			// Out of the group's collectives until the group is over or
-			// restarts, as a replica that has returned is.
+			// restarts, as a replica that has returned is; the wait for
+			// the others is idle, a wait the runtime's own.
 			r.Group().Leave()
+			if w, ok := r.(interface{ WaitIdle() (end func()) }); ok {
+				waited = w.WaitIdle()
+			}
 		}
-		switch a.end(ctx, i, how, err, stderr) {
+		outcome := a.end(ctx, i, how, err, stderr)
+		if waited != nil {
+			waited()
+		}
+		switch outcome {
 		case outcomeDone:
 			return nil
 		case outcomeRestart:
@@ -488,4 +498,49 @@ func (k *keptInput) Recv(ctx context.Context) (any, error) {
 // the member's next (rs.mu held).
 func (a *attempt) keepLocked(i int, port string, item any) {
 	a.kept[i] = append(a.kept[i], keptItem{port: port, item: item, round: a.rounds[i] + 1})
+}
+
+// carry makes member i's own account of its time (pluginClock, nil when
+// its plugin does not measure it) go on over the group's restarts: each
+// attempt's plugin counts from zero, and what the attempts before it
+// counted is added to its figures.
+func (a *attempt) carry(i int, c *pluginClock) *pluginClock {
+	if a == nil || c == nil {
+		return c
+	}
+	rs := a.rs
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.clocks == nil {
+		rs.clocks = map[int]*carriedClock{}
+	}
+	cc := rs.clocks[i]
+	if cc == nil {
+		cc = &carriedClock{c: c.c}
+		rs.clocks[i] = cc
+	}
+	cc.mu.Lock()
+	cc.idle, cc.blocked = cc.lastIdle, cc.lastBlocked
+	cc.mu.Unlock()
+	return &pluginClock{cc}
+}
+
+// carriedClock adds the attempts before to a member's own account.
+type carriedClock struct {
+	c                     ownClock
+	mu                    sync.Mutex
+	idle, blocked         time.Duration // the attempts' before this one
+	lastIdle, lastBlocked time.Duration // as last told the replica
+}
+
+func (cc *carriedClock) OwnTimes(idle, blocked time.Duration, idleNow, blockedNow bool) {
+	cc.mu.Lock()
+	cc.lastIdle, cc.lastBlocked = cc.idle+max(idle, 0), cc.blocked+max(blocked, 0)
+	idle, blocked = cc.lastIdle, cc.lastBlocked
+	cc.mu.Unlock()
+	cc.c.OwnTimes(idle, blocked, idleNow, blockedNow)
+}
+
+func (cc *carriedClock) OwnService(sum time.Duration, counts map[time.Duration]int64) {
+	cc.c.OwnService(sum, counts)
 }

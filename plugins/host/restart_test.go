@@ -424,3 +424,36 @@ func TestGroupRestartsAfterAPeersError(t *testing.T) {
 		t.Errorf("stderr does not say %q:\n%s", want, stderr.String())
 	}
 }
+
+// fakeClock records the latest account it was given.
+type fakeClock struct{ idle, blocked time.Duration }
+
+func (c *fakeClock) OwnTimes(idle, blocked time.Duration, _, _ bool)  { c.idle, c.blocked = idle, blocked }
+func (c *fakeClock) OwnService(time.Duration, map[time.Duration]int64) {}
+
+// TestCarriedClock: a member's own account of its time goes on over its
+// group's restarts: each attempt's plugin counts from zero, and the
+// attempts before are added.
+func TestCarriedClock(t *testing.T) {
+	fc := &fakeClock{}
+	rs := &restarter{}
+	a := &attempt{rs: rs}
+	c := a.carry(1, &pluginClock{fc})
+	c.begin()
+	c.c.OwnTimes(2*time.Second, time.Second, false, false)
+	if fc.idle != 2*time.Second || fc.blocked != time.Second {
+		t.Fatalf("first attempt: %v idle, %v blocked", fc.idle, fc.blocked)
+	}
+	c = (&attempt{rs: rs}).carry(1, &pluginClock{fc})
+	c.begin() // the restarted plugin's first account: nothing yet
+	if fc.idle != 2*time.Second || fc.blocked != time.Second {
+		t.Errorf("the restart began at %v idle, %v blocked; want the first attempt's 2s, 1s", fc.idle, fc.blocked)
+	}
+	c.c.OwnTimes(time.Second, 0, true, false)
+	if fc.idle != 3*time.Second || fc.blocked != time.Second {
+		t.Errorf("the restart's 1s idle made %v idle, %v blocked; want 3s, 1s", fc.idle, fc.blocked)
+	}
+	if (*attempt)(nil).carry(0, nil) != nil || a.carry(0, nil) != nil {
+		t.Error("a replica its plugin does not measure got a clock")
+	}
+}

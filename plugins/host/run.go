@@ -118,7 +118,8 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 	start := &proto.Start{Kind: n.k.kind, ConfigJson: n.config, Stage: r.Stage(),
 		Replica: int32(r.Index()), Replicas: int32(r.Replicas()), Device: device, Batches: true,
 		OutputCredit: n.k.outputCredit, Waiting: n.k.waiting, Group: n.k.group, RestoreStep: restore}
-	start.Times = ownClockOf(r, n.k.times).begin() // the plugin's figures for the replica's (times.go)
+	clock := att.carry(r.Index(), ownClockOf(r, n.k.times))
+	start.Times = clock.begin() // the plugin's figures for the replica's (times.go)
 	send := func(m *proto.Message) error { return locked(func() error { return st.Send(m) }) }
 	sh := &shared{send: send}
 	var coll *collectives
@@ -151,7 +152,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 	if !n.k.outputCredit {
 		// An older plugin: its items are handed on as they come, and an
 		// output whose edges are full holds back the whole stream.
-		return n.pump(sctx, cancel, r, st, locked, sh, q, coll, att, inputs, inTypes, func(it *proto.Item) error {
+		return n.pump(sctx, cancel, r, st, locked, sh, q, coll, clock, att, inputs, inTypes, func(it *proto.Item) error {
 			return n.deliver(ctx, r, sh, outputs, it)
 		})
 	}
@@ -164,7 +165,7 @@ func (n *remoteNode) stream(ctx context.Context, r nodes.Replica, p *process, de
 		n.watch(r.Index(), q)
 		defer n.watch(r.Index(), nil)
 	}
-	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, coll, att, inputs, inTypes, outs.put))
+	return outs.finish(n.pump(sctx, cancel, r, st, locked, sh, q, coll, clock, att, inputs, inTypes, outs.put))
 }
 
 // sendFailed says whether a Send's error is dflow's side's. A Send that
@@ -279,7 +280,7 @@ func (sh *shared) decode(port, typ string, it *proto.Item) (any, int64, error) {
 // pump feeds the replica's inputs to the plugin and reads what it sends,
 // handing each whole output item to put, until the plugin says Done.
 func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nodes.Replica, st proto.Node_RunClient,
-	locked func(func() error) error, sh *shared, q *quiet, coll *collectives, att *attempt, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
+	locked func(func() error) error, sh *shared, q *quiet, coll *collectives, clock *pluginClock, att *attempt, inputs []string, inTypes map[string]string, put func(*proto.Item) error) error {
 	// Credit: per input port when the plugin grants it so (port_credit);
 	// otherwise one pool, under "".
 	credits := map[string]*wire.Credit{"": wire.NewCredit()}
@@ -387,7 +388,7 @@ func (n *remoteNode) pump(sctx context.Context, cancel context.CancelFunc, r nod
 			att.collective(r.Index(), v.Collective.Op, v.Collective.Step)
 			coll.do(sctx, v.Collective)
 		case *proto.Message_Times:
-			if err := ownClockOf(r, n.k.times).take(v.Times); err != nil {
+			if err := clock.take(v.Times); err != nil {
 				return err
 			}
 		case *proto.Message_Done:
