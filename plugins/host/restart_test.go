@@ -428,7 +428,9 @@ func TestGroupRestartsAfterAPeersError(t *testing.T) {
 // fakeClock records the latest account it was given.
 type fakeClock struct{ idle, blocked time.Duration }
 
-func (c *fakeClock) OwnTimes(idle, blocked time.Duration, _, _ bool)  { c.idle, c.blocked = idle, blocked }
+func (c *fakeClock) OwnTimes(idle, blocked time.Duration, _, _ bool) {
+	c.idle, c.blocked = idle, blocked
+}
 func (c *fakeClock) OwnService(time.Duration, map[time.Duration]int64) {}
 
 // TestCarriedClock: a member's own account of its time goes on over its
