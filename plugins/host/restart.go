@@ -114,7 +114,7 @@ type keptItem struct {
 type death struct {
 	rank   int
 	err    error
-	stderr string // its last stderr lines, as ringWriter.last says them
+	stderr string // "; " and its last stderr lines (lastWords), or ""
 }
 
 // memberOutcome is how a member's stream ended in an attempt.
@@ -250,11 +250,20 @@ func (n *remoteNode) attempt(ctx context.Context, r nodes.Replica, a *attempt) (
 	case err == nil:
 		return endedDone, nil, ""
 	case errors.As(err, &died): // before the attempt's stop, if it came
-		return endedDied, err, p.stderr.last()
+		return endedDied, err, lastWords(p)
 	case actx.Err() != nil:
 		return endedStopped, err, ""
 	}
-	return endedFailed, err, p.stderr.last()
+	return endedFailed, err, lastWords(p)
+}
+
+// lastWords is "; " and the process's last stderr lines, "" where it
+// wrote none.
+func lastWords(p *process) string {
+	if p.stderr.empty() {
+		return ""
+	}
+	return "; " + p.stderr.last()
 }
 
 // end records how member i's stream ended in the attempt, decides the
@@ -338,11 +347,11 @@ func (a *attempt) decideLocked(ctx context.Context) {
 	case len(a.deaths) > 0:
 		d := a.deaths[0]
 		a.outcome, a.failing = outcomeFail, d.rank
-		a.fail = fmt.Errorf("%s: %w; its group restarted %s, all that restarts = %d allows%s; %s",
+		a.fail = fmt.Errorf("%s: %w; its group restarted %s, all that restarts = %d allows%s%s",
 			rs.n.who(d.rank, rs.size), d.err, count(rs.used, "time"), rs.limit, rs.alsoDied(a), d.stderr)
 	case a.own != nil:
 		a.outcome, a.failing = outcomeFail, a.own.rank
-		a.fail = fmt.Errorf("%s: %w; %s", rs.n.who(a.own.rank, rs.size), a.own.err, a.own.stderr)
+		a.fail = fmt.Errorf("%s: %w%s", rs.n.who(a.own.rank, rs.size), a.own.err, a.own.stderr)
 	default: // stopped, with no cause known: not expected
 		a.outcome, a.failing = outcomeFail, 0
 		a.fail = fmt.Errorf("%s: its group was stopped, and no member said why", rs.n.who(0, rs.size))
