@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/nats-io/nats.go/jetstream"
@@ -109,7 +110,7 @@ func (t *taken) ident() string {
 	t.idOnce.Do(func() {
 		switch {
 		case t.parent != nil:
-			t.id = "f" + origin{id: t.parent.ident(), k: t.sent}.hash(strconv.Itoa(t.ei))
+			t.id = edge.DerivedID(t.parent.ident(), t.sent, strconv.Itoa(t.ei))
 		case t.pos != nil && t.id == "":
 			t.id = sourceItemID(t.pos.key, t.k) // a resuming source's (resume.go)
 		}

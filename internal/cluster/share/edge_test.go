@@ -11,6 +11,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/broker"
 	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
+	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/internal/testutil"
@@ -19,6 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// linksOf is the share a queue of its belongs to.
+func linksOf(q engine.Transport) *links { return q.(*edge.Queue).Env().Share.(*links) }
 
 // setUp makes job's streams and consumers, removed once the test and its
 // shares (shareOf) have ended.
@@ -54,7 +58,7 @@ func TestLargeItemsIntact(t *testing.T) {
 	defer srv.Shutdown()
 	send, recv, _, cleanup := edgePair(t, srv, "large")
 	defer cleanup()
-	dp := send.(*jsQueue).l.dp
+	dp := linksOf(send).dp
 	ctx := context.Background()
 	big := &items.Blob{Data: make([]byte, 5<<20+123)}
 	for i := range big.Data {
@@ -102,7 +106,7 @@ func TestHolderGone(t *testing.T) {
 	defer srv.Shutdown()
 	send, recv, _, cleanup := edgePair(t, srv, "gone")
 	defer cleanup()
-	pl := send.(*jsQueue).l
+	pl := linksOf(send)
 	pl.worker = "gpu3"
 	if err := send.Send(context.Background(), &items.Blob{Data: make([]byte, 1<<20)}, engine.Origin{}); err != nil {
 		t.Fatal(err)
@@ -163,12 +167,12 @@ edge "b" {
 	send := func(l *links, qi, k int) {
 		t.Helper()
 		item := &items.Blob{Data: []byte{byte(k)}}
-		q := l.For(e, qi).(*jsQueue)
+		q := l.For(e, qi).(*edge.Queue)
 		in := &taken{id: "in-1", lg: l.ledger}
 		if err := q.Send(ctx, item, engine.Origin{Receipt: in, Sent: k}); err != nil {
 			t.Fatal(err)
 		}
-		if err := q.flush(); err != nil {
+		if err := q.Flush(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,10 +208,10 @@ func TestEndWaitsForLocalRestart(t *testing.T) {
 		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w2"}}}
 	ctx := context.Background()
 	setUp(t, js, job, g)
-	share := func(job *wire.Job, name string) *jsQueue {
+	share := func(job *wire.Job, name string) *edge.Queue {
 		l := shareOf(t, nc, js, job, g, name)
 		l.started = time.Now().Add(-time.Hour) // past a restart's guard
-		return l.For(g.Edges[1], 0).(*jsQueue)
+		return l.For(g.Edges[1], 0).(*edge.Queue)
 	}
 	share(job, "w2").Close() // work's first incarnation finished: its end is written
 	restart := *job          // w2 lost: work and sink restart on w2-r1
@@ -241,7 +245,7 @@ func TestSettledRecorded(t *testing.T) {
 	setUp(t, js, job, g)
 	l := shareOf(t, nc, js, job, g, "w2")
 	l.start() // the ledger settles
-	in := l.For(g.Edges[0], 0).(*jsQueue)
+	in := l.For(g.Edges[0], 0).(*edge.Queue)
 	tr := &tracked{l: l}
 	tk := &taken{q: in, id: "in-1", by: tr}
 	tr.open = 1 // taken, not yet finished
@@ -277,12 +281,12 @@ func TestRoomWithinBound(t *testing.T) {
 	srv, _ := clustertest.Server(t)
 	send, _, js, cleanup := edgePairCap(t, srv, "bound", 16)
 	defer cleanup()
-	q := send.(*jsQueue)
-	bound := wire.Backstop(q.edge, q.l.job.Chained)
+	q := send.(*edge.Queue)
+	bound := wire.Backstop(q.Edge(), linksOf(q).job.Chained)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n := bound + 8
-	errs := sendSmall(ctx, send, n, q.flush)
+	errs := sendSmall(ctx, send, n, q.Flush)
 	cons, err := js.Consumer(ctx, wire.StreamEdge("bound", 0), wire.ConsumerQueue(0))
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +351,7 @@ func TestRoomSaid(t *testing.T) {
 	srv, _ := clustertest.Server(t)
 	send, recv, js, cleanup := edgePairCap(t, srv, "said", 4)
 	defer cleanup()
-	if send.(*jsQueue).roomSub == nil {
+	if _, ok := send.(*edge.Queue).Grants(); !ok {
 		t.Fatal("the producer does not listen for the room its consumer makes")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -382,8 +386,8 @@ func TestRoomSaid(t *testing.T) {
 	// and it was told (with no word, reading every 100 ms, it would make
 	// fewer requests, and take 40 times as long): one word for what came
 	// together, and at most the consumer side's inbox (4 here) comes at once
-	if said, err := send.(*jsQueue).roomSub.Delivered(); err != nil || said < n/4 {
-		t.Errorf("the producer was told of room %d times (%v) for %d items, want at least one for every four", said, err, n)
+	if said, ok := send.(*edge.Queue).Grants(); !ok || said < n/4 {
+		t.Errorf("the producer was told of room %d times (listening: %v) for %d items, want at least one for every four", said, ok, n)
 	}
 }
 
@@ -432,7 +436,7 @@ func TestFullQueueWaitIsQuiet(t *testing.T) {
 				Place: map[string][]string{"src": {"w1"}, "work": {c.consumer}, "sink": {c.consumer}}}
 			ctx := context.Background()
 			setUp(t, js, job, g)
-			q := shareOf(t, nc, js, job, g, "w1").For(g.Edges[0], 0).(*jsQueue)
+			q := shareOf(t, nc, js, job, g, "w1").For(g.Edges[0], 0).(*edge.Queue)
 			for i := range 2 {
 				if err := q.Send(ctx, &items.Blob{Data: []byte{byte(i)}}, engine.Origin{}); err != nil {
 					t.Fatal(err)

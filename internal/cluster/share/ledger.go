@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +30,7 @@ import (
 // its own inputs; no item goes through the coordinator:
 //
 //   - an item taken for a restartable stage comes with its receipt (a
-//     *taken: jsQueue.take), which travels with it through the engine
+//     *taken: edge.Queue.take, links.Take), which travels with it through the engine
 //     (engine.Delivery): the engine keeps it as the receiving replica's
 //     delivery in hand from its Recv to its next Recv (or the return of
 //     its Run), whatever the item's type, and what the replica sends in
@@ -150,9 +149,9 @@ func (lg *ledger) settle() error {
 		if t.q == nil {
 			continue // a source's item: nothing to ack
 		}
-		if m := t.q.heldMsg(t.id); m != nil {
+		if m := t.q.HeldMsg(t.id); m != nil {
 			if err := m.Ack(); err != nil {
-				return fmt.Errorf("%s: acking item %s on worker %s: %w", t.q.name(), t.id, lg.l.worker, err)
+				return fmt.Errorf("%s: acking item %s on worker %s: %w", t.q.Name(), t.id, lg.l.worker, err)
 			}
 		}
 	}
@@ -174,8 +173,8 @@ func (lg *ledger) settle() error {
 		if t.q == nil {
 			continue
 		}
-		t.q.committed(t)
-		t.q.release(t.id, t.ref) // acked: its bytes' holder may drop them
+		t.q.Committed(t.id)
+		t.q.Release(t.id, t.ref) // acked: its bytes' holder may drop them
 		if t.by != nil {
 			t.by.settledOne()
 		}
@@ -582,30 +581,6 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 		f(t.Stage()) // tests: a crash between a send and its input's settling
 	}
 	return nil
-}
-
-// origin is what an item sent by a restartable replica derives from: the
-// id of its delivery in hand and how many it had sent before this one
-// (engine.Origin).
-type origin struct {
-	id string
-	k  int
-}
-
-// hash is what derives from the origin at a place (an edge): the same for
-// the same item in hand, the same count before it and the same place,
-// whichever share sends it, and whichever queue of the edge it goes to
-// (the edge's stream is one namespace of ids).
-func (o origin) hash(at string) string {
-	var buf [96]byte
-	b := append(buf[:0], o.id...)
-	b = append(b, '#')
-	b = strconv.AppendInt(b, int64(o.k), 10)
-	b = append(b, '>')
-	b = append(b, at...)
-	h := fnv.New64a()
-	h.Write(b)
-	return strconv.FormatUint(h.Sum64(), 36)
 }
 
 // ownClock is the engine's replica taking a node's own account of its

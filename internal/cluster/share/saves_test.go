@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
+	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -48,7 +49,7 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	// (released after the first save, it runs straight on).
 	joined, release := make(chan struct{}), make(chan struct{})
 	lg := l.localGroupFor(g.Stage("work"))
-	in := l.For(g.Edges[0], 0).(*jsQueue) // where the items come from
+	in := l.For(g.Edges[0], 0).(*edge.Queue) // where the items come from
 	var trs [2]*tracked
 	var members [2]savingGroup
 	for i := range members {

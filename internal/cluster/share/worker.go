@@ -350,7 +350,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 	}
 	// What the replicas finished last is settled before the report goes.
 	for _, q := range l.queueList() {
-		if ferr := q.flush(); ferr != nil && err == nil && !l.aborting() {
+		if ferr := q.Flush(); ferr != nil && err == nil && !l.aborting() {
 			err = ferr
 		}
 	}

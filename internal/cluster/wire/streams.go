@@ -19,7 +19,7 @@ const DefaultAnswer = 30 * time.Second
 // stream per edge with a remote queue, each remote queue a subject of it
 // with a durable consumer of its own that the queue's consumer replicas'
 // workers all pull from; the end-key bucket. A queue holds its capacity:
-// producers publish within their credit (jsQueue.waitRoom: the room read,
+// producers publish within their credit (edge.Queue.waitRoom: the room read,
 // and the consumers' grants), and the stream's bound per subject, past
 // what that allows, is only a backstop.
 //
@@ -80,7 +80,7 @@ func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 // have delivered unacked): its capacity for each producer replica and
 // once more, and what its consumers' workers may hold besides. Producers
 // keep what is not yet delivered within the capacity by their credit
-// (jsQueue.waitRoom); two producers that read the same room at once
+// (edge.Queue.waitRoom); two producers that read the same room at once
 // may store up to their part of the capacity each, a share counted lost may still have
 // some publishes under way, and what the consumers' workers have taken
 // and not yet acked is out of the room: fetched ahead (two fetches each),
@@ -111,7 +111,7 @@ func Backstop(e *graph.Edge, chained map[string]bool) int {
 	}
 	downstream(e.To.Stage)
 	// Producers take the consumers' grants as room as soon as messages
-	// are fetched (jsQueue.granted), and the server applies acks on its
+	// are fetched (edge.Queue.granted), and the server applies acks on its
 	// own time, behind deliveries and publishes: acked messages it still
 	// stores, up to a capacity more and a fixed margin.
 	late := capacity + lateAcks
@@ -174,7 +174,7 @@ func QueueMsgs(ctx context.Context, js jetstream.JetStream, run string, ei, qi i
 }
 
 // QueueWaiting is how many of queue qi's messages count against its room
-// (jsQueue.waitRoom): stored, less what is delivered to a consumer's
+// (edge.Queue.waitRoom): stored, less what is delivered to a consumer's
 // worker and not yet acked.
 func QueueWaiting(ctx context.Context, js jetstream.JetStream, run string, ei, qi int) (int, error) {
 	n, err := QueueMsgs(ctx, js, run, ei, qi)

@@ -1,4 +1,4 @@
-package share
+package edge
 
 import (
 	"testing"
@@ -12,8 +12,8 @@ import (
 // granted; a word carries its sender, and a malformed one grants nothing.
 func TestGrants(t *testing.T) {
 	e := &graph.Edge{Capacity: 8, Queues: []graph.Queue{{Producers: []int{0, 1, 2}, Consumers: []int{0}}}}
-	newQ := func(local int) *jsQueue {
-		q := &jsQueue{edge: e, producers: e.Queues[0].Producers, local: make([]int, local), fetched: make(chan struct{})}
+	newQ := func(local int) *Queue {
+		q := &Queue{edge: e, producers: e.Queues[0].Producers, local: make([]int, local), fetched: make(chan struct{})}
 		q.pcond.L = &q.pmu
 		return q
 	}

@@ -1,4 +1,4 @@
-package share
+package edge
 
 import (
 	"context"
@@ -35,23 +35,23 @@ const pullExpiry = 200 * time.Millisecond
 // instance stops. Once a request expires with nothing since the one
 // before, it asks no more until those under way have expired too, and
 // says so on idle.
-func (q *jsQueue) fetch() {
-	stop := q.l.stopCtx.Done()
+func (q *Queue) fetch() {
+	stop := q.env.Stop.Done()
 	fail := func(err error) {
 		select {
 		case <-stop:
-		case q.fetchErr <- fmt.Errorf("%s: fetch: %w", q.name(), err):
+		case q.fetchErr <- fmt.Errorf("%s: fetch: %w", q.Name(), err):
 		}
 	}
 	msgs := make(chan *nats.Msg, 2*cap(q.inbox)+16)
-	reply := q.l.nc.NewInbox()
-	sub, err := q.l.nc.ChanSubscribe(reply, msgs)
+	reply := q.env.NC.NewInbox()
+	sub, err := q.env.NC.ChanSubscribe(reply, msgs)
 	if err != nil {
 		fail(err)
 		return
 	}
 	defer sub.Unsubscribe()
-	next := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamEdge(q.l.job.Run, q.ei) + "." + wire.ConsumerQueue(q.qi)
+	next := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamEdge(q.env.Job.Run, q.ei) + "." + wire.ConsumerQueue(q.qi)
 	// at least this much room before a request: not one per item
 	least := max(1, cap(q.inbox)/4)
 	// asked: asked for and not yet here or expired; got: come since the
@@ -70,7 +70,7 @@ func (q *jsQueue) fetch() {
 		}
 		if room := cap(q.inbox) - len(q.inbox) - asked; room >= least && !quiet {
 			req := `{"batch":` + strconv.Itoa(room) + `,"expires":` + strconv.FormatInt(int64(pullExpiry), 10) + `}`
-			if err := q.l.nc.PublishRequest(next, reply, []byte(req)); err != nil {
+			if err := q.env.NC.PublishRequest(next, reply, []byte(req)); err != nil {
 				fail(err)
 				return
 			}
@@ -111,7 +111,7 @@ func (q *jsQueue) fetch() {
 			asked--
 			got++
 			quiet = false
-			jm := newPulled(m, q.l.nc)
+			jm := newPulled(m, q.env.NC)
 			fresh := jm.delivered() == 1 // a redelivery made no room: it was granted when it first came
 			q.hold(jm)
 			q.fetchAhead(jm)
@@ -133,7 +133,7 @@ func (q *jsQueue) fetch() {
 // pullStatus reads a status message on the pull subscription: how many
 // messages of a request it says will not come (a request that expired, or
 // was cut short), or an error where the consumer is gone.
-func (q *jsQueue) pullStatus(m *nats.Msg, status string) (int, error) {
+func (q *Queue) pullStatus(m *nats.Msg, status string) (int, error) {
 	switch status {
 	case "100": // a heartbeat
 		return 0, nil

@@ -1,4 +1,4 @@
-package share
+package edge
 
 import (
 	"context"
@@ -47,15 +47,15 @@ type pub struct {
 	msg  *nats.Msg
 	id   string
 	fut  jetstream.PubAckFuture
-	held bool   // its bytes are on this share's data plane (package dataplane)
-	from *taken // the item in hand it derives from, settled once answered
+	held bool    // its bytes are on this share's data plane (package dataplane)
+	from Receipt // the item in hand it derives from, settled once answered
 }
 
 // waitRoom waits until the queue has room for one more item, as a local
 // queue's Send blocks, unless no consumer is left anywhere to make it; the
 // wait honours ctx and has no bound (a slow consumer holds a producer back
 // as long as it takes, as in process).
-func (q *jsQueue) waitRoom(ctx context.Context) error {
+func (q *Queue) waitRoom(ctx context.Context) error {
 	poll := 50 * time.Microsecond // between reads with no word to wait for
 	full := 0                     // reads in a row that found the queue full, with a word to wait for
 	began := time.Now()
@@ -67,10 +67,10 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if q.l.aborting() {
+		if q.env.Share.Aborting() {
 			// counted lost (or aborting): what its replicas send now is the
 			// share that took over's to send
-			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.name(), q.l.worker, context.Canceled)
+			return fmt.Errorf("%s: the share on worker %s is aborting: %w", q.Name(), q.env.Share.Worker(), context.Canceled)
 		}
 		q.pmu.Lock()
 		if err := q.pubErr; err != nil {
@@ -95,7 +95,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				return fmt.Errorf("%s: reading its room: %w", q.name(), err)
+				return fmt.Errorf("%s: reading its room: %w", q.Name(), err)
 			}
 			q.pmu.Lock()
 			q.bounded = q.boundRoomLocked(stored, max(under, q.unanswered))
@@ -134,7 +134,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("%s: reading its room: %w", q.name(), err)
+			return fmt.Errorf("%s: reading its room: %w", q.Name(), err)
 		}
 		q.pmu.Lock()
 		under = max(under, q.unanswered)
@@ -217,7 +217,7 @@ func (q *jsQueue) waitRoom(ctx context.Context) error {
 //
 // The credit the consumers grant is kept within it too: bounded is what
 // may be published before the store is read again.
-func (q *jsQueue) boundRoomLocked(stored, under int) int {
+func (q *Queue) boundRoomLocked(stored, under int) int {
 	s := q.pstream // read by stored, its bound with it: none to speak of where a stage holds its inputs for a save
 	bound := min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30)
 	return int((bound-int64(stored))*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
@@ -238,15 +238,15 @@ const maxRoomWait = 100 * time.Millisecond
 // ack-pending counts, which one read would give with the held ones: the
 // consumer lets go of an acked message before the stream removes it, so
 // a room taken from them can go past the stream's bound.
-func (q *jsQueue) stored(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, q.l.job.Timings.Answer)
+func (q *Queue) stored(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.env.Job.Timings.Answer)
 	defer cancel()
 	q.pmu.Lock()
 	s := q.pstream
 	q.pmu.Unlock()
 	if s == nil {
 		var err error
-		if s, err = q.l.js.Stream(ctx, wire.StreamEdge(q.l.job.Run, q.ei)); err != nil {
+		if s, err = q.env.JS.Stream(ctx, wire.StreamEdge(q.env.Job.Run, q.ei)); err != nil {
 			return 0, err
 		}
 		q.pmu.Lock()
@@ -265,15 +265,15 @@ func (q *jsQueue) stored(ctx context.Context) (int, error) {
 // member waits for one, or the DFlash job's tokens, finished but unsettled
 // while their hidden states wait in two drafters' queues, leaving nothing
 // for the third drafter's target to take.
-func (q *jsQueue) delivered(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, q.l.job.Timings.Answer)
+func (q *Queue) delivered(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.env.Job.Timings.Answer)
 	defer cancel()
 	q.pmu.Lock()
 	c := q.pcons
 	q.pmu.Unlock()
 	if c == nil {
 		var err error
-		if c, err = q.l.js.Consumer(ctx, wire.StreamEdge(q.l.job.Run, q.ei), wire.ConsumerQueue(q.qi)); err != nil {
+		if c, err = q.env.JS.Consumer(ctx, wire.StreamEdge(q.env.Job.Run, q.ei), wire.ConsumerQueue(q.qi)); err != nil {
 			return 0, err
 		}
 		q.pmu.Lock()
@@ -293,12 +293,12 @@ func (q *jsQueue) delivered(ctx context.Context) (int, error) {
 // what the answerer's queue holds, the publish waiting for an answer
 // (else it would wait on the answerer, lock held, while the answerer
 // waits for the lock).
-func (q *jsQueue) publish(ctx context.Context, p *pub) error {
+func (q *Queue) publish(ctx context.Context, p *pub) error {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
 	fail := func(err error) error {
 		if p.held {
-			q.l.dp.Drop(p.id)
+			q.env.DP.Drop(p.id)
 		}
 		return err
 	}
@@ -316,26 +316,26 @@ func (q *jsQueue) publish(ctx context.Context, p *pub) error {
 		case ctx.Err() != nil:
 			return fail(ctx.Err())
 		case q.pubErr == nil && q.stopped:
-			return fail(fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.name(), q.unanswered))
+			return fail(fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.Name(), q.unanswered))
 		}
 	}
 	if q.pubErr != nil {
 		return fail(q.pubErr)
 	}
 	if q.stopped {
-		return fail(fmt.Errorf("%s: the share has stopped", q.name()))
+		return fail(fmt.Errorf("%s: the share has stopped", q.Name()))
 	}
 	if q.pubs == nil {
-		q.pubs = make(chan *pub, wire.Backstop(q.edge, q.l.job.Chained))
-		q.l.bg.Go(q.answer)
+		q.pubs = make(chan *pub, wire.Backstop(q.edge, q.env.Job.Chained))
+		q.env.Go(q.answer)
 	}
-	fut, err := q.l.js.PublishMsgAsync(p.msg)
+	fut, err := q.env.JS.PublishMsgAsync(p.msg)
 	if err != nil {
-		return fail(fmt.Errorf("%s: %w", q.name(), err))
+		return fail(fmt.Errorf("%s: %w", q.Name(), err))
 	}
 	p.fut = fut
 	if p.from != nil {
-		p.from.derive()
+		p.from.Derived()
 	}
 	q.unanswered++
 	q.pubs <- p // never full: what is under way is within the room
@@ -344,7 +344,7 @@ func (q *jsQueue) publish(ctx context.Context, p *pub) error {
 
 // answer takes the queue's publishes' answers, in order, until the share
 // stops.
-func (q *jsQueue) answer() {
+func (q *Queue) answer() {
 	defer func() {
 		q.pmu.Lock()
 		q.stopped = true
@@ -355,7 +355,7 @@ func (q *jsQueue) answer() {
 		var p *pub
 		select {
 		case p = <-q.pubs:
-		case <-q.l.stopCtx.Done():
+		case <-q.env.Stop.Done():
 			return
 		}
 		select {
@@ -363,7 +363,7 @@ func (q *jsQueue) answer() {
 			q.answered(p, ack, nil)
 		case err := <-p.fut.Err():
 			q.answered(p, nil, err)
-		case <-q.l.stopCtx.Done():
+		case <-q.env.Stop.Done():
 			return
 		}
 	}
@@ -372,21 +372,21 @@ func (q *jsQueue) answer() {
 // answered applies a publish's answer: its bytes released if the item
 // was a duplicate (the message that stands has them elsewhere), its input
 // settled if it derives from one, or, refused, the share failed.
-func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
+func (q *Queue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	if err != nil {
 		if isFull(err) {
-			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", wire.Backstop(q.edge, q.l.job.Chained), err)
+			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", wire.Backstop(q.edge, q.env.Job.Chained), err)
 		}
-		err = fmt.Errorf("%s: publishing item %s: %w", q.name(), p.id, err)
+		err = fmt.Errorf("%s: publishing item %s: %w", q.Name(), p.id, err)
 		if p.held {
-			q.l.dp.Drop(p.id)
+			q.env.DP.Drop(p.id)
 		}
 	} else if p.held {
-		q.l.dp.Stored(p.id, ack.Sequence)
+		q.env.DP.Stored(p.id, ack.Sequence)
 		switch {
 		case !ack.Duplicate:
 		case p.from == nil:
-			q.l.dp.Drop(p.id) // another share holds them, for the message that stands
+			q.env.DP.Drop(p.id) // another share holds them, for the message that stands
 		default:
 			// Sent again from an input that came back: the share that sent
 			// it first may be gone with its bytes before a consumer had
@@ -396,7 +396,7 @@ func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 		}
 	}
 	if err == nil && p.from != nil {
-		p.from.answered(q.l.ledger)
+		p.from.Answered()
 	}
 	q.pmu.Lock()
 	q.unanswered--
@@ -406,19 +406,19 @@ func (q *jsQueue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	}
 	q.pcond.Broadcast()
 	q.pmu.Unlock()
-	if first && !q.l.aborting() && q.l.fatal != nil {
-		q.l.fatal(err)
+	if first {
+		q.env.Share.Fail(err)
 	}
 }
 
-// flush waits until every publish issued has its answer; the first
+// Flush waits until every publish issued has its answer; the first
 // refusal, if any, is its error.
-func (q *jsQueue) flush() error {
+func (q *Queue) Flush() error {
 	q.pmu.Lock()
 	defer q.pmu.Unlock()
 	for q.unanswered > 0 && q.pubErr == nil {
 		if q.stopped {
-			return fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.name(), q.unanswered)
+			return fmt.Errorf("%s: the share stopped with %d publishes unanswered", q.Name(), q.unanswered)
 		}
 		q.pcond.Wait()
 	}

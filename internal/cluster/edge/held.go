@@ -1,4 +1,4 @@
-package share
+package edge
 
 import (
 	"context"
@@ -14,20 +14,10 @@ type ref = dataplane.Ref
 
 // Stores and NoConsumers make a queue the data plane's Queue: what tells
 // it, at a share's end, whether a held item may still be fetched.
-func (q *jsQueue) Stores(ctx context.Context, seq uint64) bool { return q.stores(ctx, seq) }
-func (q *jsQueue) NoConsumers(ctx context.Context) bool {
+func (q *Queue) Stores(ctx context.Context, seq uint64) bool { return q.stores(ctx, seq) }
+func (q *Queue) NoConsumers(ctx context.Context) bool {
 	return q.consumersGone(ctx, q.qi)
 }
-
-// heldFrom is the input a held item derives from, settled by the share's
-// ledger once the item's bytes are dropped (dataplane.Input).
-type heldFrom struct {
-	t  *taken
-	lg *ledger
-}
-
-func (h heldFrom) Derived()  { h.t.derive() }
-func (h heldFrom) Answered() { h.t.answered(h.lg) }
 
 // A large item sent again after a loss.
 //
@@ -44,14 +34,14 @@ func (h heldFrom) Answered() { h.t.answered(h.lg) }
 
 // rehold keeps the bytes of id, sent again, for the message that stands,
 // and records where they are.
-func (q *jsQueue) rehold(id string) {
-	d := q.l.dp
+func (q *Queue) rehold(id string) {
+	d := q.env.DP
 	d.Rehold(id)
-	b, _ := json.Marshal(dataplane.HolderRef{Addr: d.Addr(), Pin: d.Pin(), Worker: q.l.worker})
-	ctx, cancel := context.WithTimeout(q.l.runCtx(), 5*time.Second)
+	b, _ := json.Marshal(dataplane.HolderRef{Addr: d.Addr(), Pin: d.Pin(), Worker: q.env.Share.Worker()})
+	ctx, cancel := context.WithTimeout(q.env.Share.RunCtx(), 5*time.Second)
 	defer cancel()
-	if _, err := q.l.holders.Put(ctx, id, b); err != nil && q.l.fatal != nil && !q.l.aborting() {
-		q.l.fatal(fmt.Errorf("%s: recording where item %s is held again: %w", q.name(), id, err))
+	if _, err := q.env.Holders.Put(ctx, id, b); err != nil {
+		q.env.Share.Fail(fmt.Errorf("%s: recording where item %s is held again: %w", q.Name(), id, err))
 	}
 }
 
@@ -60,15 +50,15 @@ func (q *jsQueue) rehold(id string) {
 // from to come back and be done again, for as long as a duplicate can be
 // dropped (2 minutes) or until ctx ends. It returns the new place, so
 // that the release goes there.
-func (q *jsQueue) fetchAgain(ctx context.Context, r ref, id string) ([]byte, ref, error) {
+func (q *Queue) fetchAgain(ctx context.Context, r ref, id string) ([]byte, ref, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if e, err := q.l.holders.Get(ctx, id); err == nil {
+		if e, err := q.env.Holders.Get(ctx, id); err == nil {
 			var h dataplane.HolderRef
 			if json.Unmarshal(e.Value(), &h) == nil && h.Addr != r.Addr {
 				nr := ref{Addr: h.Addr, Pin: h.Pin, Size: r.Size}
-				if data, err := q.l.dp.Fetch(ctx, nr, id); err == nil {
+				if data, err := q.env.DP.Fetch(ctx, nr, id); err == nil {
 					return data, nr, nil
 				}
 			}

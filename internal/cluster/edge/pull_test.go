@@ -1,4 +1,4 @@
-package share
+package edge
 
 import (
 	"testing"
@@ -37,7 +37,7 @@ func TestPulledMetadata(t *testing.T) {
 // will not come; a heartbeat nothing; a deleted consumer, or an end that
 // does not say how much, is an error.
 func TestPullStatus(t *testing.T) {
-	q := &jsQueue{}
+	q := &Queue{}
 	msg := func(status, desc, pending string) *nats.Msg {
 		h := nats.Header{}
 		h.Set("Status", status)
