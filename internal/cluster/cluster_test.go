@@ -30,7 +30,7 @@ func loader(reg *nodes.Registry) func(*wire.Job) (*graph.Graph, error) {
 // test has ended.
 func setUp(t *testing.T, js jetstream.JetStream, job *wire.Job, g *graph.Graph) {
 	t.Helper()
-	if err := wire.SetupRun(context.Background(), js, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
+	if err := wire.SetupRun(context.Background(), js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })

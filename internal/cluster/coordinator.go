@@ -237,7 +237,7 @@ func (c *Coordinator) Run(ctx context.Context) (*report.Report, error) {
 	c.start = time.Now()
 	c.mu.Unlock()
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := wire.SetupRun(setupCtx, c.js, c.run, c.g, c.remote, c.chained, c.o.Timings.AckWait, wire.HeldBack(c.o.Registry, c.g))
+	err := wire.SetupRun(setupCtx, c.js, c.run, c.g, c.remote, c.o.Timings.AckWait)
 	cancel()
 	defer wire.TeardownRun(c.js, c.run, c.g, c.remote)
 	if err != nil {

@@ -43,58 +43,6 @@ func TestLoseMember(t *testing.T) {
 	}
 }
 
-// TestHeldBack: the inputs of a stage whose kind moves may wait for its
-// group's save, and so may every stage's upstream of it (a large item's
-// producer settles its input once the bytes are released): their edges'
-// streams get no bound of their own; a stage beside the chain keeps its.
-func TestHeldBack(t *testing.T) {
-	t.Parallel()
-	reg := nodes.Default.Clone()
-	ports := func(*graph.Config) []graph.PortSpec {
-		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
-	}
-	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true,
-		New: func(*graph.Config) (nodes.Node, error) { return nil, nil }})
-	src := `
-stage "reader" {
-  node = "synthetic_source"
-  config {
-    count = 10
-  }
-}
-stage "target" {
-  node = "synthetic_work"
-}
-stage "train" {
-  node = "mover"
-}
-stage "side" {
-  node = "sink"
-}
-edge "tokens" {
-  from = reader.out
-  to   = target.in
-}
-edge "hs" {
-  from = target.out
-  to   = train.in
-}
-edge "tap" {
-  from = reader.out
-  to   = side.in
-}`
-	g, err := loader(reg)(&wire.Job{Filename: "held.hcl", Src: []byte(src)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	held := wire.HeldBack(reg, g)
-	for name, want := range map[string]bool{"reader": true, "target": true, "train": true, "side": false} {
-		if got := held(g.Stage(name)); got != want {
-			t.Errorf("stage %s held back: %v, want %v", name, got, want)
-		}
-	}
-}
-
 // TestRestartPassesOverGoneWorker: a worker lost at the same time as
 // another, not yet silent for a lease, may be picked for the first one's
 // restart; nobody answers the request to it (its connection is gone), and

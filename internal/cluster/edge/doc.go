@@ -25,8 +25,9 @@
 //     and the kill tests of cmd/dflow.
 //  4. Producers publish within their credit: the room read from the
 //     stream and the grants their consumers say (Queue.waitRoom,
-//     Queue.granted); the stream's own bound (wire.Backstop) is never
-//     what stops them. TestRoomWithinBound, TestGrants, TestRoomSaid.
+//     Queue.granted): what waits undelivered never passes the capacity,
+//     whatever the consumers hold unacked. TestQueueHoldsItsCapacity,
+//     TestGrants, TestRoomSaid (package share).
 //  5. A producer waiting on a full queue costs the server nothing per
 //     wait. TestFullQueueWaitIsQuiet.
 //  6. A consumer's worker asks the server for no more than its inbox

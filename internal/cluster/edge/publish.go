@@ -23,8 +23,7 @@ import (
 //     publishes only within its credit (the room it read, the queue's
 //     capacity less what the stream stores and what this share has under
 //     way, and what the consumers granted since, within its part of the
-//     capacity) and within what the stream's own bound (backstop) leaves
-//     as the store was read last (bounded).
+//     capacity); the stream has no bound of its own to refuse one for.
 //     So the server stores a producer's items in the order it sent them,
 //     and a consumer sees them so. A publish refused for any reason fails
 //     the share: sent again, it could land behind a later one.
@@ -39,8 +38,7 @@ import (
 //     under way), then what the consumers grant as they fetch (a word per
 //     message fetched: granted, saidRoom), each producer share taking its
 //     part. The room is read again only where no grant came within
-//     grantWait, and the store where the stream's own bound may be near
-//     (bounded): no request to the server per publish.
+//     grantWait: no request to the server per publish.
 
 // pub is one publish under way.
 type pub struct {
@@ -78,38 +76,9 @@ func (q *Queue) waitRoom(ctx context.Context) error {
 			return err
 		}
 		if q.credit > 0 {
-			if q.bounded > 0 {
-				q.credit--
-				q.bounded--
-				q.pmu.Unlock()
-				return nil
-			}
-			// The stream's own bound, read again: the grants say what the
-			// consumers fetched, not what the server has yet to remove.
-			// What is under way as the read begins may be stored already,
-			// or not: counted both ways.
-			under := q.unanswered
+			q.credit--
 			q.pmu.Unlock()
-			stored, err := q.stored(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return fmt.Errorf("%s: reading its room: %w", q.Name(), err)
-			}
-			q.pmu.Lock()
-			q.bounded = q.boundRoomLocked(stored, max(under, q.unanswered))
-			bounded := q.bounded
-			q.pmu.Unlock()
-			if bounded <= 0 {
-				select {
-				case <-time.After(poll):
-					poll = min(2*poll, 2*time.Millisecond)
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			continue
+			return nil
 		}
 		fetched, read := q.fetched, q.read
 		q.pmu.Unlock()
@@ -129,7 +98,7 @@ func (q *Queue) waitRoom(ctx context.Context) error {
 		q.pmu.Lock()
 		under := q.unanswered // as the read begins: taken after too, below
 		q.pmu.Unlock()
-		stored, err := q.stored(ctx)
+		pending, err := q.pending(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -141,19 +110,10 @@ func (q *Queue) waitRoom(ctx context.Context) error {
 		q.pmu.Unlock()
 		// What is under way may be stored already, or not: counted both
 		// ways, the room is never overstated.
-		credit := max(q.edge.Capacity, 1) - stored - under
-		if credit <= 0 {
-			// What a consumer's worker has taken is out of the queue, acked
-			// or not (the room an item in a replica's hands leaves in
-			// process); read only when the store says full.
-			if held, err := q.delivered(ctx); err == nil {
-				credit += held
-			}
-		}
+		credit := max(q.edge.Capacity, 1) - pending - under
 		room := credit
 		q.pmu.Lock()
-		q.bounded = q.boundRoomLocked(stored, under)
-		credit = min(credit, q.bounded, q.part())
+		credit = min(credit, q.part())
 		q.credit, q.grants, q.read = credit, 0, true
 		q.pmu.Unlock()
 		if credit > 0 {
@@ -169,9 +129,8 @@ func (q *Queue) waitRoom(ctx context.Context) error {
 		// without it only at maxRoomWait, for a word lost (core NATS keeps
 		// none). Reading every 2 ms instead, a blocked target of the seed
 		// read the room about ten times for each item its slower drafter
-		// took, two API requests a read (TestRoomSaid). Otherwise (held
-		// back by the stream's bound: acks the server has not yet applied,
-		// which no word says), or with no word to wait for, it reads again
+		// took (TestRoomSaid). Otherwise, with no word to wait for (the
+		// room subject's subscription failed), it reads again
 		// less and less often: every 2 ms at most while the wait is short,
 		// as a consumer's turn of an item is, and at most a tenth of the
 		// wait so far past that, up to maxRoomWait (a queue that stays
@@ -206,23 +165,6 @@ func (q *Queue) waitRoom(ctx context.Context) error {
 	}
 }
 
-// boundRoom is what this share may still publish within the stream's own
-// bound (backstop, or none where setupRun says so), its part of it as one producer replica among the
-// queue's: the bound counts every message the stream stores, and the
-// server applies acks on its own time, behind the deliveries and the
-// publishes. A consumer that takes fast had dozens of acked messages the
-// stream still stored and counted delivered (so out of the room): the
-// room read said a capacity free while the store stood at its bound, and
-// the next publish was refused (BenchmarkRemoteEdge's 64B items meet it).
-//
-// The credit the consumers grant is kept within it too: bounded is what
-// may be published before the store is read again.
-func (q *Queue) boundRoomLocked(stored, under int) int {
-	s := q.pstream // read by stored, its bound with it: none to speak of where a stage holds its inputs for a save
-	bound := min(s.CachedInfo().Config.MaxMsgsPerSubject, 1<<30)
-	return int((bound-int64(stored))*int64(max(1, len(q.local)))/int64(max(1, len(q.producers)))) - under
-}
-
 // grantWait is how long a producer out of credit waits for a grant
 // before it reads the room.
 const grantWait = 2 * time.Millisecond
@@ -232,40 +174,17 @@ const grantWait = 2 * time.Millisecond
 // (or a tenth of the wait, if less).
 const maxRoomWait = 100 * time.Millisecond
 
-// stored is how many messages the queue's stream stores for it: delivered
-// and not yet acked, and not yet delivered (the stream's own count of the
-// queue's subject, read from its store). Not the consumer's pending and
-// ack-pending counts, which one read would give with the held ones: the
-// consumer lets go of an acked message before the stream removes it, so
-// a room taken from them can go past the stream's bound.
-func (q *Queue) stored(ctx context.Context) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, q.env.Job.Timings.Answer)
-	defer cancel()
-	q.pmu.Lock()
-	s := q.pstream
-	q.pmu.Unlock()
-	if s == nil {
-		var err error
-		if s, err = q.env.JS.Stream(ctx, wire.StreamEdge(q.env.Job.Run, q.ei)); err != nil {
-			return 0, err
-		}
-		q.pmu.Lock()
-		q.pstream = s
-		q.pmu.Unlock()
-	}
-	return wire.SubjectMsgs(ctx, s, q.subject)
-}
-
-// delivered is how many of the queue's messages are delivered to a
-// consumer's worker and not yet acked: fetched ahead, in a replica's
-// hands, or done with and waiting for what they sent to be settled
-// downstream (a restartable stage's inputs). Counted in the queue's room,
-// they would let a downstream that waits in turn hold the queue full for
-// ever: a synchronized stage whose members' items in hand fill it while a
-// member waits for one, or the DFlash job's tokens, finished but unsettled
-// while their hidden states wait in two drafters' queues, leaving nothing
-// for the third drafter's target to take.
-func (q *Queue) delivered(ctx context.Context) (int, error) {
+// pending is how many of the queue's messages its consumers have yet to
+// be delivered: what is in the queue, as in process. What a consumer's
+// worker has taken is out of it, acked or not (fetched ahead, in a
+// replica's hands, or done with and waiting until what it sent downstream
+// is settled, or until its group's save holds it): counted in, it would
+// let a downstream that waits in turn hold the queue full for ever (a
+// synchronized stage whose members' items in hand fill it while a member
+// waits for one; the DFlash job's tokens, finished but unsettled while
+// their hidden states wait in two drafters' queues, leaving nothing for
+// the third drafter's target to take).
+func (q *Queue) pending(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, q.env.Job.Timings.Answer)
 	defer cancel()
 	q.pmu.Lock()
@@ -284,7 +203,29 @@ func (q *Queue) delivered(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return info.NumAckPending, nil
+	return int(info.NumPending), nil
+}
+
+// stored is how many messages the queue's stream stores for it: delivered
+// and not yet acked, and not yet delivered (the stream's own count of the
+// queue's subject, read from its store): the queue's depth as the status
+// line, the report and the page show it.
+func (q *Queue) stored(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.env.Job.Timings.Answer)
+	defer cancel()
+	q.pmu.Lock()
+	s := q.pstream
+	q.pmu.Unlock()
+	if s == nil {
+		var err error
+		if s, err = q.env.JS.Stream(ctx, wire.StreamEdge(q.env.Job.Run, q.ei)); err != nil {
+			return 0, err
+		}
+		q.pmu.Lock()
+		q.pstream = s
+		q.pmu.Unlock()
+	}
+	return wire.SubjectMsgs(ctx, s, q.subject)
 }
 
 // publish issues p's publish; its answer comes to the answerer. Issued
@@ -326,7 +267,7 @@ func (q *Queue) publish(ctx context.Context, p *pub) error {
 		return fail(fmt.Errorf("%s: the share has stopped", q.Name()))
 	}
 	if q.pubs == nil {
-		q.pubs = make(chan *pub, wire.Backstop(q.edge, q.env.Job.Chained))
+		q.pubs = make(chan *pub, 2*q.part()+16)
 		q.env.Go(q.answer)
 	}
 	fut, err := q.env.JS.PublishMsgAsync(p.msg)
@@ -374,9 +315,6 @@ func (q *Queue) answer() {
 // settled if it derives from one, or, refused, the share failed.
 func (q *Queue) answered(p *pub, ack *jetstream.PubAck, err error) {
 	if err != nil {
-		if isFull(err) {
-			err = fmt.Errorf("the stream refused an item for room past its bound of %d (a producer kept to its credit and the bound as read): %w", wire.Backstop(q.edge, q.env.Job.Chained), err)
-		}
 		err = fmt.Errorf("%s: publishing item %s: %w", q.Name(), p.id, err)
 		if p.held {
 			q.env.DP.Drop(p.id)

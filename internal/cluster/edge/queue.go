@@ -51,11 +51,10 @@ type Queue struct {
 	credit     int                // publishes allowed: by the room read last, and the consumers' grants since
 	grants     int                // what the grants left over, in parts of a publish (granted)
 	read       bool               // the room was read once: grants add to it
-	bounded    int                // publishes the stream's bound allows until the store is read again
 	unanswered int                // publishes issued, not yet answered
 	pubs       chan *pub          // issued, in order, for the answerer
 	pubErr     error              // the first publish refused
-	pstream    jetstream.Stream   // the edge's stream, read for room
+	pstream    jetstream.Stream   // the edge's stream, read for the depth
 	pcons      jetstream.Consumer // the queue's consumer, read for room
 	stopped    bool               // the answerer has stopped
 	// fetched is closed (and replaced) when the queue's consumer side has
@@ -187,15 +186,6 @@ func (q *Queue) Send(ctx context.Context, item any, from engine.Origin) error {
 		m.Data = bytes.Join(parts, nil)
 	}
 	return q.publish(ctx, p)
-}
-
-func isFull(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == 10077 { // JSStreamStoreFailedF: "maximum messages exceeded"
-		return true
-	}
-	s := err.Error()
-	return strings.Contains(s, "maximum messages") || strings.Contains(s, "maximum bytes")
 }
 
 // Recv returns the next item; ok is false once every producer wired to
@@ -629,10 +619,10 @@ func (q *Queue) Close() {
 	q.closed.Store(true)
 }
 
-// Depth is the stream's depth as last read: the messages it stores, at
-// most the edge's capacity (MaxMsgs), those delivered to a consumer's
-// worker and not yet acked included. An item at hand in a consumer
-// worker's engine (acked, one per consumer worker) is not counted.
+// Depth is the stream's depth as last read: the messages it stores, those
+// delivered to a consumer's worker and not yet acked included, shown at
+// most the edge's capacity. An item at hand in a consumer worker's engine
+// (acked, one per consumer worker) is not counted.
 func (q *Queue) Depth() int {
 	if q.finished.Load() {
 		return 0

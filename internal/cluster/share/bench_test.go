@@ -181,7 +181,7 @@ edge "e" {
 	job := &wire.Job{Run: run, Place: map[string][]string{"src": {"p"}, "dst": {"c"}}, Remote: map[string][]bool{"e": {true}}, DataKey: broker.NewToken()}
 	pjs, _ := wire.NewJS(pc)
 	cjs, _ := wire.NewJS(cc)
-	if err := wire.SetupRun(ctx, pjs, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
+	if err := wire.SetupRun(ctx, pjs, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
 		tb.Fatal(err)
 	}
 	pl, err := newLinks(ctx, pc, pjs, job, g, "p", "")

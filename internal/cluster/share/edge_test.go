@@ -28,7 +28,7 @@ func linksOf(q engine.Transport) *links { return q.(*edge.Queue).Env().Share.(*l
 // shares (shareOf) have ended.
 func setUp(t *testing.T, js jetstream.JetStream, job *wire.Job, g *graph.Graph) {
 	t.Helper()
-	if err := wire.SetupRun(context.Background(), js, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
+	if err := wire.SetupRun(context.Background(), js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
@@ -267,59 +267,56 @@ func TestSettledRecorded(t *testing.T) {
 	}
 }
 
-// TestRoomWithinBound: what a consumer's worker has delivered and not
-// acked is out of a queue's room, but the stream's own bound (backstop,
-// 52 here) counts it: a producer keeps within the bound whatever the room
-// says. The server applies acks on its own time, so a consumer that takes
-// fast leaves dozens of acked messages the stream still stores and counts
-// delivered; a producer that took that room was refused ("the stream
-// refused an item for room past its bound of 52", BenchmarkRemoteEdge's
-// 64B case, most runs). Here a consumer holds every message unacked: the
-// producer stops at the bound, unrefused, and goes on once they are acked.
-func TestRoomWithinBound(t *testing.T) {
+// TestQueueHoldsItsCapacity: a queue across hosts holds its capacity by
+// its producers' credit alone: with its consumer's worker holding three
+// capacities' worth unacked (as a group holds what it trained on until its
+// save), the producer goes on as the consumer takes, never refused for
+// room, and the messages not yet delivered never pass the capacity.
+func TestQueueHoldsItsCapacity(t *testing.T) {
 	t.Parallel()
 	srv, _ := clustertest.Server(t)
-	send, _, js, cleanup := edgePairCap(t, srv, "bound", 16)
+	const capacity = 16
+	send, _, js, cleanup := edgePairCap(t, srv, "holds", capacity)
 	defer cleanup()
 	q := send.(*edge.Queue)
-	bound := wire.Backstop(q.Edge(), linksOf(q).job.Chained)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n := bound + 8
+	n := 3 * capacity
 	errs := sendSmall(ctx, send, n, q.Flush)
-	cons, err := js.Consumer(ctx, wire.StreamEdge("bound", 0), wire.ConsumerQueue(0))
+	cons, err := js.Consumer(ctx, wire.StreamEdge("holds", 0), wire.ConsumerQueue(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var held []jetstream.Msg
-	take := func(max int) {
-		b, err := cons.Fetch(max, jetstream.FetchMaxWait(100*time.Millisecond))
+	undelivered := func() int {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(info.NumPending)
+	}
+	most := 0
+	if !testutil.Within(30*time.Second, func() bool {
+		most = max(most, undelivered())
+		b, err := cons.Fetch(4, jetstream.FetchMaxWait(50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
 		for m := range b.Messages() {
-			held = append(held, m)
+			held = append(held, m) // kept unacked
 		}
-	}
-	if !testutil.Within(30*time.Second, func() bool {
-		take(bound - len(held))
-		return len(held) >= bound
+		return len(held) >= n
 	}) {
-		t.Fatalf("the consumer holds %d messages, want the bound, %d", len(held), bound)
+		t.Fatalf("the consumer holds %d messages unacked, want all %d sent", len(held), n)
 	}
-	select {
-	case err := <-errs:
-		t.Fatalf("the producer, at the bound: %v", err)
-	case <-time.After(500 * time.Millisecond): // it waits for room
+	if err := <-errs; err != nil {
+		t.Fatalf("the producer, its consumer holding %d unacked: %v", len(held), err)
+	}
+	if most > capacity {
+		t.Errorf("%d messages waited undelivered at once, past the capacity of %d", most, capacity)
 	}
 	for _, m := range held {
 		m.Ack()
-	}
-	for len(held) < n {
-		take(n - len(held))
-	}
-	if err := <-errs; err != nil {
-		t.Fatalf("the producer, once the consumer acked: %v", err)
 	}
 }
 

@@ -18,24 +18,22 @@
 //  2. An edge's stream is one namespace of ids for all its queues, and
 //     keeps ids long enough to drop a duplicate sent again after a loss
 //     (SetupRun: Duplicates). TestPlacedOnce (package share).
-//  3. A stream's own bound is past what producers' credit lets them store
-//     and what consumers may hold unacked, through the edges of a chain
-//     after it too, so a publish is never refused for room (which would
-//     let a later one in flight pass it). Backstop; TestRoomWithinBound
-//     (package share).
-//  4. Inputs that may wait for a save downstream have no bound to speak of
-//     (HeldBack: a stage whose kind moves and every stage that feeds it).
-//     TestHeldBack (package cluster).
-//  5. A chain's stages are restartable and keep nothing past an item: no
+//  3. A queue's stream and consumer have no bound of their own: a
+//     publish is never refused for room (which would let a later one in
+//     flight pass it), and a consumer may hold unacked all its stage keeps
+//     until settled (a group's inputs until its save); the producers'
+//     credit alone holds the capacity (package edge, rule 4). SetupRun;
+//     TestQueueHoldsItsCapacity (package share).
+//  4. A chain's stages are restartable and keep nothing past an item: no
 //     state that moves, no group. Chainable; TestKinds.
-//  6. A share's chain record, once sealed, is never written again: every
+//  5. A share's chain record, once sealed, is never written again: every
 //     write of the share expects the revision of its last, and SealChain
 //     stores the seal by the same compare and set. SealChain;
 //     TestChainRecordSealed (package share).
-//  7. A stream head settled by n shares is counted once: what it derived
+//  6. A stream head settled by n shares is counted once: what it derived
 //     comes off n-1 times. ChainTwice; TestChainTwice.
-//  8. Every share of a run keeps the coordinator's lease and ack wait: the
+//  7. Every share of a run keeps the coordinator's lease and ack wait: the
 //     coordinator fills the defaults once (Timings.WithDefaults) and sends
 //     them in the Job.
-//  9. The package starts no goroutine.
+//  8. The package starts no goroutine.
 package wire

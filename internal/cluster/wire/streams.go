@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,20 +17,15 @@ const DefaultAnswer = 30 * time.Second
 // SetupRun creates a run's streams, consumers and bucket: a work-queue
 // stream per edge with a remote queue, each remote queue a subject of it
 // with a durable consumer of its own that the queue's consumer replicas'
-// workers all pull from; the end-key bucket. A queue holds its capacity:
-// producers publish within their credit (edge.Queue.waitRoom: the room read,
-// and the consumers' grants), and the stream's bound per subject, past
-// what that allows, is only a backstop.
-//
-// A stage whose inputs may wait for a save (holds: HeldBack) keeps them
-// unacked until then, checkpoint_every steps, say: its edges' stream and
-// consumers have no bound to speak of; the room still paces producers.
-func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, chained map[string]bool, ackWait time.Duration, holds func(*graph.Stage) bool) error {
+// workers all pull from; the end-key bucket. A queue holds its capacity
+// by its producers' credit alone (edge.Queue.waitRoom: the room read, and
+// the consumers' grants): the streams and consumers have no bound of their
+// own, so a publish is never refused for room (which would let a later
+// one in flight pass it), and a consumer may hold as many messages
+// unacked as its stage keeps until settled (a group's until its save,
+// checkpoint_every steps, say).
+func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.Graph, remote map[string][]bool, ackWait time.Duration) error {
 	for ei, e := range g.Edges {
-		bound := Backstop(e, chained)
-		if holds != nil && holds(e.To.Stage) {
-			bound = 1 << 30 // none to speak of
-		}
 		var subjects []string
 		var queues []int
 		for qi := range e.Queues {
@@ -46,7 +40,6 @@ func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 		s, err := js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: StreamEdge(run, ei), Subjects: subjects,
 			Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage,
-			MaxMsgsPerSubject: int64(bound), Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
 			Duplicates: 2 * time.Minute,
 		})
 		if err != nil {
@@ -56,7 +49,7 @@ func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 			if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 				Durable: ConsumerQueue(qi), FilterSubject: SubjQueue(run, ei, qi),
 				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait,
-				MaxAckPending: bound, MaxWaiting: 512,
+				MaxAckPending: -1, MaxWaiting: 512,
 			}); err != nil {
 				return fmt.Errorf("edge %q queue %d: consumer: %w", e.Name, qi, err)
 			}
@@ -74,79 +67,6 @@ func SetupRun(ctx context.Context, js jetstream.JetStream, run string, g *graph.
 		return fmt.Errorf("position bucket: %w", err)
 	}
 	return nil
-}
-
-// Backstop is the most messages a queue of e's stream may store (and
-// have delivered unacked): its capacity for each producer replica and
-// once more, and what its consumers' workers may hold besides. Producers
-// keep what is not yet delivered within the capacity by their credit
-// (edge.Queue.waitRoom); two producers that read the same room at once
-// may store up to their part of the capacity each, a share counted lost may still have
-// some publishes under way, and what the consumers' workers have taken
-// and not yet acked is out of the room: fetched ahead (two fetches each),
-// in their replicas' hands, or done with and waiting until what it sent
-// downstream is settled (up to the downstream edges' capacities, and as
-// much again in their consumers' hands; through a chain, chained, the
-// edges after it too, for the input at its head is settled only once
-// what the chain sent on is). So the stream's own bound is past what
-// pacing allows: a publish is never refused for room, which would let a
-// later one in flight pass it.
-func Backstop(e *graph.Edge, chained map[string]bool) int {
-	n := 1
-	for _, q := range e.Queues {
-		n = max(n, len(q.Producers))
-	}
-	capacity := max(e.Capacity, 1)
-	held := capacity + 4*e.To.Stage.Replicas
-	var downstream func(s *graph.Stage)
-	downstream = func(s *graph.Stage) {
-		for _, out := range s.Outputs {
-			for _, d := range out.Edges {
-				held += 2 * max(d.Capacity, 1) * len(d.Queues)
-				if chained[d.Name] {
-					downstream(d.To.Stage)
-				}
-			}
-		}
-	}
-	downstream(e.To.Stage)
-	// Producers take the consumers' grants as room as soon as messages
-	// are fetched (edge.Queue.granted), and the server applies acks on its
-	// own time, behind deliveries and publishes: acked messages it still
-	// stores, up to a capacity more and a fixed margin.
-	late := capacity + lateAcks
-	return capacity*(n+1) + held + late
-}
-
-// lateAcks is the margin of Backstop for acks the server has yet to
-// apply, beside a capacity's worth.
-const lateAcks = 64
-
-// HeldBack says which stages' inputs may stay unacked until a save
-// downstream: a stage whose kind moves (its group may save, and settles
-// what it trained on only once a save holds it), and every stage that
-// feeds one, however far up: the producer of a large item settles its
-// input once its consumer has released the bytes.
-func HeldBack(reg *nodes.Registry, g *graph.Graph) func(*graph.Stage) bool {
-	held := map[*graph.Stage]bool{}
-	var mark func(s *graph.Stage)
-	mark = func(s *graph.Stage) {
-		if held[s] {
-			return
-		}
-		held[s] = true
-		for _, e := range g.Edges {
-			if e.To.Stage == s {
-				mark(e.From.Stage)
-			}
-		}
-	}
-	for _, s := range g.Stages {
-		if Moves(reg, s) {
-			mark(s)
-		}
-	}
-	return func(s *graph.Stage) bool { return held[s] }
 }
 
 // TeardownRun deletes what SetupRun made.
