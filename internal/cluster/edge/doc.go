@@ -21,7 +21,7 @@
 //  3. A share keeps what it took from redelivery only while it lives: it
 //     renews its deliveries every AckWait/4 (Queue.Touch), and once
 //     counted lost (Share.Released) renews nothing, so what it held
-//     reaches the share that took over. TestSettleLost (package cluster)
+//     reaches the share that took over. TestSettleLost (package figures)
 //     and the kill tests of cmd/dflow.
 //  4. Producers publish within their credit: the room read from the
 //     stream and the grants their consumers say (Queue.waitRoom,

@@ -24,7 +24,7 @@ func endsOf(t *testing.T, job *wire.Job, g *graph.Graph) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, job.Chained, wire.DefaultAckWait, nil); err != nil {
+	if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })

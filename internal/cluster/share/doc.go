@@ -23,7 +23,7 @@
 //     TestAuditChain.
 //  3. Once counted lost, a share settles nothing more (links.released,
 //     ledger.settle), so what it held reaches the share that took over.
-//     TestSettleLost (package cluster) and the kill tests of cmd/dflow.
+//     TestSettleLost (package figures) and the kill tests of cmd/dflow.
 //  4. A replica that returned is recorded settled only once all it took
 //     is settled (links.recordSettled). TestSettledRecorded.
 //  5. A chain's figures are recorded before its heads are acked, each

@@ -57,7 +57,7 @@ import (
 //     every queue rides the stream (remoteQueues), so a duplicate is
 //     dropped even where the replica that sends it again feeds another
 //     queue;
-//   - the run's counts are the engines' and the streams' (figures.go): an
+//   - the run's counts are the engines' and the streams' (package figures): an
 //     edge whose queues all ride streams is counted by them (what was
 //     stored, what is left), and a lost share's replicas of a restartable
 //     stage get what the stage's edges say the stage did, less what the
