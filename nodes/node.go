@@ -36,7 +36,7 @@ func (f NodeFunc) Run(ctx context.Context, r Replica) error { return f(ctx, r) }
 type Replica interface {
 	Stage() string  // the stage's name
 	Index() int     // this replica, 0 <= Index < Replicas
-	Replicas() int  // the stage's replica count
+	Replicas() int  // the stage's replica count (a rebalanced stage's counts the replicas a move may start)
 	Device() string // "cpu" or "cuda:N"
 	// In returns the input port of that name; Out the output port. Both
 	// panic on a name the node kind does not declare.
@@ -120,9 +120,11 @@ type Group interface {
 	// and takes the group's state over from a member still present: that
 	// member marshals st at its next collective (a step boundary: the
 	// last step's update applied, the next one's not), and the restarted
-	// member's Keep returns once st holds it (unmarshalled). Call it once,
-	// before the first collective; a member that is not a restart, or a
-	// group in one process, only records st.
+	// member's Keep returns once st holds it (unmarshalled). In one
+	// process, a member that a rebalance starts during the run (a move)
+	// takes the state over the same way, from a member present at its
+	// step boundary. Call it once, before the first collective; any other
+	// member only records st.
 	//
 	// A group lost whole (no member left to take the state from) restarts
 	// from its last save where it saves (Saves): Keep then returns a

@@ -62,6 +62,9 @@ type Spec struct {
 	// on a live one; its unfinished step is not counted, its item comes
 	// back to the restart, which takes the group's state over from a
 	// member still present at that member's next step (docs/cluster.md).
+	// In one process, a rebalance moves such a stage's members (one
+	// leaves at a step boundary, one joins by taking the state over), as
+	// it moves a Stateless kind's replicas; not a Whole kind's.
 	// A lost member of a group with no member left fails the run, as does
 	// a lost replica of a kind that keeps state without Moves.
 	Moves bool
