@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
 
@@ -245,8 +248,10 @@ func TestRebalanceMovesBackAndForth(t *testing.T) {
 	t.Logf("%d moves made, %d refused; a has %d replicas in the report, b %d", made, refused, len(rep.Stages["a"].Replicas), len(rep.Stages["b"].Replicas))
 }
 
-// TestRebalanceMovable: a stage whose kind keeps state does not move
-// during a run: New says which and why.
+// TestRebalanceMovable: a stage whose kind keeps state without handing it
+// over, or whose group restarts whole, does not move during a run: New
+// and Movable say which and why, at the stage's node; a group kind whose
+// state moves does.
 func TestRebalanceMovable(t *testing.T) {
 	h := newHarness(t)
 	src := strings.Replace(movingSpec, "%COUNT%", "10", 1)
@@ -257,6 +262,21 @@ func TestRebalanceMovable(t *testing.T) {
 	}
 	if err := Movable(h.load(src), h.reg); err != nil {
 		t.Errorf("stateless stages: %v", err)
+	}
+	// A group kind whose state moves moves; one that restarts whole (a
+	// torch process group's fixed world size) does not.
+	for _, whole := range []bool{false, true} {
+		name := map[bool]string{false: "moves", true: "whole"}[whole]
+		ports := func(*graph.Config) []graph.PortSpec {
+			return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}, {Name: "out", Dir: graph.Out, Type: "id"}}
+		}
+		h.reg.Register(nodes.Spec{Kind: graph.Kind{Name: name, Ports: ports}, Sync: nodes.Always, Moves: true, Whole: whole,
+			New: func(*graph.Config) (nodes.Node, error) { return nil, fmt.Errorf("not run") }})
+		err := Movable(h.load(strings.Replace(src, "stage \"b\" {\n  node = \"synthetic_work\"\n  config {\n    service_time = \"3ms\"\n  }",
+			"stage \"b\" {\n  node = \""+name+"\"", 1)), h.reg)
+		if whole != (err != nil) || whole && !strings.Contains(err.Error(), `test.hcl:17:10: stage "b": its group restarts whole (node kind whole`) {
+			t.Errorf("a group kind, whole %v: %v", whole, err)
+		}
 	}
 	// Without a policy nothing is parked: the run is as it was.
 	rep, err := h.run(h.load(src), Options{})
