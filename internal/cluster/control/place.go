@@ -105,13 +105,13 @@ func chainable(e *graph.Edge, kinds Kinds) bool {
 // its producer and its consumer on one worker: its items stay in
 // process, each with a receipt that derives from the one its producer
 // had in hand, and the input at the chain's head is settled once what
-// the chain sent on is stored (package cluster's chain.go). A lost worker
+// the chain sent on is stored (package settle's chain.go). A lost worker
 // restarts its chains whole, from their inputs.
 //
 // A queue of any other edge rides a stream where its producers and
 // consumers are not all on one worker; where it feeds a stage that
 // restarts elsewhere after a loss, so that what that stage has not
-// finished outlives its worker (package cluster's ledger.go); and, on an
+// finished outlives its worker (package settle's ledger.go); and, on an
 // edge of several queues that such a stage feeds, every queue, so that an
 // item it sends again, from whichever replica, meets the first in one
 // stream, which drops it.

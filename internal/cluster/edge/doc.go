@@ -5,7 +5,8 @@
 // redeliveries dropped, large items' bytes fetched from their holder's
 // data plane). What a queue asks of its share (failing it, the receipts
 // of items for stages that restart, whether it was counted lost) is the
-// Share interface; package share implements it and settles the receipts.
+// Share interface; package share implements it, and package settle
+// settles the receipts.
 //
 // Its invariants, each with the function that keeps it and a test that
 // fails without it:
@@ -17,7 +18,7 @@
 //  2. A publish derived from a delivery is told to it as it goes and as
 //     its answer comes (Receipt: Derived, Answered), so the share settles
 //     the delivery only once all it sent is stored. TestTakenSettledOnce
-//     (package share); in cmd/dflow TestAuditBytes.
+//     (package settle); in cmd/dflow TestAuditBytes.
 //  3. A share keeps what it took from redelivery only while it lives: it
 //     renews its deliveries every AckWait/4 (Queue.Touch), and once
 //     counted lost (Share.Released) renews nothing, so what it held

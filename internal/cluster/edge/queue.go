@@ -380,7 +380,7 @@ func (q *Queue) decode(ctx context.Context, m jetstream.Msg) (d engine.Delivery,
 // elsewhere on a loss: then it returns the item's receipt, which travels
 // with the item to the replica that receives it (the engine keeps it as
 // that replica's delivery in hand) and is settled once the replica has
-// done with it (taken.Done), whatever the item's type.
+// done with it (settle.Taken.Done), whatever the item's type.
 func (q *Queue) take(id string, r *ref) engine.Receipt {
 	if !q.env.Share.Restartable(q.edge.To.Stage) {
 		if r != nil {

@@ -507,7 +507,7 @@ func mergedEdge(r *Run, e *graph.Edge, reps []*report.Report) report.Edge {
 		rec := r.End.Chains[in.Name]
 		switch {
 		case byChains && in.Lost:
-			// what it settled, as it recorded it (chain.go)
+			// what it settled, as it recorded it (package settle's chain.go)
 			re.Produced += rec.Committed[e.Name]
 			re.Consumed += rec.Committed[e.Name]
 		case byChains:

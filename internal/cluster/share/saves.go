@@ -108,7 +108,7 @@ func (g savingGroup) joining() {
 	t.round, t.last = round, round
 	id := ""
 	if t.cur != nil {
-		id = t.cur.ident()
+		id = t.cur.ID()
 	}
 	t.mu.Unlock()
 	if id != "" && lg.saves {
@@ -206,14 +206,14 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 	for i := range lg.stage.Replicas {
 		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
 			for _, d := range t.saved(durable) {
-				settled[d.ident()] = true
+				settled[d.ID()] = true
 			}
 		}
 	}
 	// Acked before the next save's note leaves them out (an item with
 	// publishes unanswered is acked once they are, which a save interval
 	// outlasts).
-	err := lg.l.ledger.settle()
+	err := lg.l.ledger.Settle()
 	lg.mu.Lock()
 	lg.settled = settled
 	lg.mu.Unlock()

@@ -75,7 +75,8 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 				cur.Done() // as the engine does at the member's next receive
 			}
 			tr.mu.Lock()
-			tr.cur = &taken{q: in, id: ids[i], lg: l.ledger, by: tr}
+			tr.cur = l.ledger.Take(in, ids[i], nil, false)
+			tr.cur.HeldBy(tr)
 			tr.mu.Unlock()
 		}
 		done := make(chan error, 1)

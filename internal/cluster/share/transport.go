@@ -12,6 +12,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
 	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/settle"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/report"
@@ -23,15 +24,14 @@ import (
 // they share (the connection, the blob stream, the end bucket, the items
 // held unacked).
 type links struct {
-	nc        *nats.Conn
-	js        jetstream.JetStream
-	job       *wire.Job
-	g         *graph.Graph
-	instance  string
-	worker    string // the worker's name (instance is the share's)
-	ends      jetstream.KeyValue
-	holders   jetstream.KeyValue // where large items sent again are held (rehold)
-	positions jetstream.KeyValue // how far resuming sources have gone (resume.go)
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	job      *wire.Job
+	g        *graph.Graph
+	instance string
+	worker   string // the worker's name (instance is the share's)
+	ends     jetstream.KeyValue
+	holders  jetstream.KeyValue // where large items sent again are held (rehold)
 	// dp holds the bytes of the large items this share sends, for their
 	// consumers to fetch, and fetches those it receives (package dataplane);
 	// threshold is the size past which an item's bytes take it
@@ -41,8 +41,8 @@ type links struct {
 	// restartable says whether a stage's replicas restart elsewhere when
 	// their worker is lost: the items they take then come with a receipt,
 	// settled (acked by this share) once finished and what was sent from
-	// them is stored (ledger.go), so a loss redelivers what they had not
-	// finished.
+	// them is stored (package settle), so a loss redelivers what they had
+	// not finished.
 	restartable func(*graph.Stage) bool
 	// syncs says whether a stage's replicas step together: a node that
 	// starts them as distributed ranks learns where each runs (ranks.go)
@@ -55,7 +55,7 @@ type links struct {
 	summing   func(*graph.Stage) bool
 	locals    map[string]*localGroup
 	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
-	ledger    *ledger
+	ledger    *settle.Ledger           // settles the receipts of what restartable replicas take
 	started   time.Time
 	afterSend func(stage string) // WorkerOptions.AfterSend
 	logw      io.Writer          // the worker's log (nil: none)
@@ -72,9 +72,7 @@ type links struct {
 	// fatal fails the share with err (a publish refused, an end of input
 	// that could not be recorded).
 	fatal func(error)
-	// chains is the share's side of its chains' figures (chain.go)
-	chains chains
-	pmu    sync.Mutex
+	pmu   sync.Mutex
 	// rank0s are where the group stages' ranks 0 this share runs listen,
 	// by keyRank0 (ranks.go)
 	rank0s map[string]*rank0
@@ -109,8 +107,6 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
 	own.Timings = own.Timings.WithDefaults()
 	l.job = &own
-	l.ledger = newLedger(l)
-	l.chains.sources = job.Recount.Sources
 	l.started = time.Now()
 	l.ctx = ctx
 	var err error
@@ -120,9 +116,12 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	if l.holders, err = js.KeyValue(ctx, wire.BucketHolders(job.Run)); err != nil {
 		return nil, fmt.Errorf("holder bucket: %w", err)
 	}
-	if l.positions, err = js.KeyValue(ctx, wire.BucketPositions(job.Run)); err != nil {
+	positions, err := js.KeyValue(ctx, wire.BucketPositions(job.Run)) // how far resuming sources have gone
+	if err != nil {
 		return nil, fmt.Errorf("position bucket: %w", err)
 	}
+	l.ledger = settle.New(settle.Env{NC: nc, Graph: g, Instance: instance, Ends: l.ends, Positions: positions,
+		Recount: job.Recount.Sources, Stop: l.stopCtx}, l)
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
 		l.threshold = dataplane.Threshold
@@ -163,7 +162,15 @@ func (l *links) RunCtx() context.Context { return l.runCtx() }
 func (l *links) Restartable(s *graph.Stage) bool { return l.restartable != nil && l.restartable(s) }
 
 func (l *links) Take(q *edge.Queue, id string, r *dataplane.Ref, again bool) engine.Receipt {
-	return &taken{q: q, id: id, ref: r, lg: l.ledger, again: again}
+	return l.ledger.Take(q, id, r, again)
+}
+
+// Fatal fails the share with err, aborting or not: a settle that failed
+// (settle.Share, with Worker and Released).
+func (l *links) Fatal(err error) {
+	if l.fatal != nil {
+		l.fatal(err)
+	}
 }
 
 // For is the engine's TransportFor: a queue on JetStream where the job
@@ -177,6 +184,15 @@ func (l *links) For(e *graph.Edge, qi int) engine.Transport {
 	l.queues = append(l.queues, q)
 	l.mu.Unlock()
 	return q
+}
+
+// ChainFor is the engine's ChainFor: a chain's queue (package settle's
+// chain.go) where the job says its edge is a chain's.
+func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
+	if !l.job.Chained[e.Name] {
+		return nil
+	}
+	return l.ledger.Chain(wire.EdgeIndex(l.g, e))
 }
 
 // log is the worker's log.
@@ -199,7 +215,7 @@ func (l *links) runCtx() context.Context {
 // once the fields the caller sets are set.
 func (l *links) start() {
 	l.bg.Go(l.keepAlive)
-	l.bg.Go(l.ledger.run)
+	l.bg.Go(l.ledger.Run)
 }
 
 // aborting says the share is being aborted or was counted lost: what its

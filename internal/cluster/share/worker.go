@@ -354,7 +354,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 			err = ferr
 		}
 	}
-	if serr := l.ledger.settle(); serr != nil && err == nil {
+	if serr := l.ledger.Settle(); serr != nil && err == nil {
 		err = serr
 	}
 	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {

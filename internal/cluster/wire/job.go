@@ -24,7 +24,8 @@ type Job struct {
 	// Remote[edge][i] says whether queue i of edge rides JetStream.
 	Remote map[string][]bool `json:"remote"`
 	// Chained says which edges are chains': in process, their items
-	// carrying receipts derived from their producers' (chain.go).
+	// carrying receipts derived from their producers' (package
+	// settle's chain.go).
 	Chained map[string]bool `json:"chained,omitempty"`
 	// Recount are the heads of chains that lost shares recorded last
 	// (ChainRecord.Last): one that comes back is counted apart.

@@ -2,7 +2,6 @@ package share
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,175 +11,11 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/settle"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/nats-io/nats.go"
 )
-
-// Exactly once across a lost worker.
-//
-// A replica of a stage that restarts elsewhere (a restartable stage: its
-// kind is stateless and it does not step with the others) reads only
-// queues on JetStream (control.Queues) or a chain's queues, whose items
-// derive from an input on JetStream or a resuming source's (chain.go), so
-// whatever it has not finished is still in a stream, or comes back to
-// the source, when its worker is lost. What it has finished must
-// never come back, and what it sent must be there once. The worker settles
-// its own inputs; no item goes through the coordinator:
-//
-//   - an item taken for a restartable stage comes with its receipt (a
-//     *taken: edge.Queue.take, links.Take), which travels with it through the engine
-//     (engine.Delivery): the engine keeps it as the receiving replica's
-//     delivery in hand from its Recv to its next Recv (or the return of
-//     its Run), whatever the item's type, and what the replica sends in
-//     between derives from it (engine.Origin): its id on an edge follows
-//     from the input's id (origin.hash), so a restart, or another replica
-//     that took the input over, sends it again under the same id, and the
-//     edge's stream (every queue of the edge one namespace of ids) drops
-//     the duplicate, whichever queue it is sent to;
-//   - the input is settled by one rule (taken.Done, as the engine lets it
-//     go): once every publish of what its replica sent has the server's
-//     answer (taken.finish, taken.answered), or, where the replica's group
-//     saves, once a save holds it (tracked.keeps, tracked.saved); the
-//     share acks it then (settle), in batches, and
-//     keeps it from redelivery until the server has the acks (a flush); a
-//     worker lost before that has its input redelivered to the share that
-//     takes over, which does it again: nothing is lost, and what it sends
-//     again is dropped;
-//   - a followed replica that has returned is recorded settled once all
-//     it took is (recordSettled); a lost worker's replica recorded so is
-//     not run again (Coordinator.recover, endedOn): nothing of it can come
-//     back, and run again it could take another lost replica's item from
-//     a shared input and send it after the end its consumers ended on;
-//   - on an edge of several queues that a restartable stage sends on,
-//     every queue rides the stream (remoteQueues), so a duplicate is
-//     dropped even where the replica that sends it again feeds another
-//     queue;
-//   - the run's counts are the engines' and the streams' (package figures): an
-//     edge whose queues all ride streams is counted by them (what was
-//     stored, what is left), and a lost share's replicas of a restartable
-//     stage get what the stage's edges say the stage did, less what the
-//     live shares counted: an item done twice (its worker lost before it
-//     was settled) is counted once.
-
-// ledger settles a share's finished inputs: acked in batches, kept from
-// redelivery until the server has the acks, their bytes released then.
-type ledger struct {
-	l *links
-
-	mu       sync.Mutex
-	finished []*taken
-	wake     chan struct{}
-	smu      sync.Mutex // one settle at a time
-}
-
-func newLedger(l *links) *ledger {
-	return &ledger{l: l, wake: make(chan struct{}, 1)}
-}
-
-// done queues a finished item for the next settle.
-func (lg *ledger) done(t *taken) {
-	lg.mu.Lock()
-	lg.finished = append(lg.finished, t)
-	lg.mu.Unlock()
-	select {
-	case lg.wake <- struct{}{}:
-	default:
-	}
-}
-
-// run settles whatever is finished, one batch after another, until the
-// share stops.
-func (lg *ledger) run() {
-	for {
-		select {
-		case <-lg.l.stopCtx.Done():
-			return
-		case <-lg.wake:
-		}
-		if err := lg.settle(); err != nil && lg.l.fatal != nil {
-			lg.l.fatal(err)
-			return
-		}
-	}
-}
-
-// settle acks every finished item's latest delivery, then waits until the
-// server has the acks (a flush: it has read everything sent before), then
-// stops keeping those messages from redelivery and releases their bytes.
-// A share counted lost settles nothing more: what it holds goes to the
-// share that took over.
-func (lg *ledger) settle() error {
-	lg.smu.Lock()
-	defer lg.smu.Unlock()
-	lg.mu.Lock()
-	batch := lg.finished
-	lg.finished = nil
-	lg.mu.Unlock()
-	if len(batch) == 0 || lg.l.released.Load() {
-		return nil
-	}
-	// A chain's heads are recorded before they are acked (chain.go); a
-	// source's item is a head once its position passes it.
-	var heads []*taken
-	var moved []*sourcePos
-	for _, t := range batch {
-		if t.q == nil {
-			passed := t.pos.settled(t)
-			if len(passed) > 0 {
-				moved = append(moved, t.pos)
-			}
-			for _, p := range passed {
-				if p.chain != nil {
-					heads = append(heads, p)
-				}
-			}
-		} else if t.chain != nil {
-			heads = append(heads, t)
-		}
-	}
-	if len(heads) > 0 {
-		if err := lg.recordChains(heads); err != nil {
-			return err
-		}
-	}
-	for _, t := range batch {
-		if t.q == nil {
-			continue // a source's item: nothing to ack
-		}
-		if m := t.q.HeldMsg(t.id); m != nil {
-			if err := m.Ack(); err != nil {
-				return fmt.Errorf("%s: acking item %s on worker %s: %w", t.q.Name(), t.id, lg.l.worker, err)
-			}
-		}
-	}
-	var err error
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
-		if err = lg.l.nc.FlushTimeout(2 * time.Second); err == nil {
-			break
-		}
-		select {
-		case <-lg.l.stopCtx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-		if errors.Is(err, nats.ErrConnectionClosed) {
-			return fmt.Errorf("settling %d items on worker %s: %w", len(batch), lg.l.worker, err)
-		}
-	}
-	for _, t := range batch {
-		if t.q == nil {
-			continue
-		}
-		t.q.Committed(t.id)
-		t.q.Release(t.id, t.ref) // acked: its bytes' holder may drop them
-		if t.by != nil {
-			t.by.settledOne()
-		}
-	}
-	return lg.record(moved)
-}
 
 // track wraps the node of a restartable stage so that what its replicas
 // take and send is followed.
@@ -229,7 +64,7 @@ type tracked struct {
 	l *links
 
 	mu  sync.Mutex
-	cur *taken // the delivery in hand (nil: none); a dropped one until the next receive
+	cur *settle.Taken // the delivery in hand (nil: none); a dropped one until the next receive
 	// took are the ids of what the replica took since its group's last
 	// step (several where a step takes k items), where its stage steps
 	// together (steps): the group's host names them all trained in the
@@ -258,8 +93,8 @@ type tracked struct {
 	recorded bool
 }
 
-// settledOne notes that an item it took is settled.
-func (t *tracked) settledOne() {
+// SettledOne notes that an item it took is settled (settle.Holder).
+func (t *tracked) SettledOne() {
 	t.mu.Lock()
 	t.open--
 	t.recordLocked()
@@ -331,7 +166,7 @@ func (t *tracked) Group() nodes.Group {
 
 // keptItem is a finished item waiting for a save.
 type keptItem struct {
-	t     *taken
+	t     *settle.Taken
 	round uint32
 }
 
@@ -365,12 +200,12 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 					return strings.Join(t.took, ",")
 				}
 				if t.cur != nil {
-					return t.cur.ident()
+					return t.cur.ID()
 				}
 			}
 			return ""
 		},
-		Settle: l.ledger.settle,
+		Settle: l.ledger.Settle,
 		Skip: func(i int, lines []string) {
 			with(i, func(t *tracked) {
 				t.skip = map[string]uint32{}
@@ -413,24 +248,12 @@ func (t *tracked) Out(port string) nodes.Output {
 	return &trackedOut{Output: t.Replica.Out(port), t: t}
 }
 
-// Done is engine.Receipt's, called as the replica that received the item
-// asks for its next or returns: the one rule by which an input is
-// settled. It is settled once what the replica sent from it is stored
-// (finish), unless its replica's group saves: then it is kept until a
-// save holds the round it was trained in (tracked.keeps).
-func (t *taken) Done() {
-	if t.by != nil && t.by.keeps(t) {
-		return
-	}
-	t.finish(t.lg)
-}
-
-// keeps takes t off the replica's hands, and reports whether it is kept
-// for a save: where its group saves, with the round it was trained in (in
-// no round: held until a save after the next), or, dropped as trained on
-// by the state its restart took, with that round where no save holds it
-// yet.
-func (t *tracked) keeps(d *taken) bool {
+// Keeps takes d off the replica's hands, and reports whether it is kept
+// for a save (settle.Holder): where its group saves, with the round it
+// was trained in (in no round: held until a save after the next), or,
+// dropped as trained on by the state its restart took, with that round
+// where no save holds it yet.
+func (t *tracked) Keeps(d *settle.Taken) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.cur == d {
@@ -438,11 +261,11 @@ func (t *tracked) keeps(d *taken) bool {
 	}
 	round := t.round
 	t.round = 0
-	switch {
-	case d.dropped && d.keep == 0:
+	switch dropped, keep := d.Dropped(); {
+	case dropped && keep == 0:
 		return false // in a save already
-	case d.dropped:
-		round = d.keep
+	case dropped:
+		round = keep
 	case !t.hold:
 		return false
 	case round == 0:
@@ -462,9 +285,9 @@ func (t *tracked) handsOff() {
 
 // delivered is the replica's delivery in hand, from a queue whose
 // consuming stage restarts elsewhere (nil: none).
-func delivered(r nodes.Replica) *taken {
+func delivered(r nodes.Replica) *settle.Taken {
 	if h, ok := r.(engine.Hands); ok {
-		t, _ := h.Delivered().(*taken)
+		t, _ := h.Delivered().(*settle.Taken)
 		return t
 	}
 	return nil
@@ -505,9 +328,9 @@ func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 
 // saved settles the items kept for a save that holds their round (every
 // one where round is ^0: the replica has returned), and returns them.
-func (t *tracked) saved(round uint32) []*taken {
+func (t *tracked) saved(round uint32) []*settle.Taken {
 	t.mu.Lock()
-	var done []*taken
+	var done []*settle.Taken
 	t.kept = slices.DeleteFunc(t.kept, func(k keptItem) bool {
 		if k.round <= round {
 			done = append(done, k.t)
@@ -517,7 +340,7 @@ func (t *tracked) saved(round uint32) []*taken {
 	})
 	t.mu.Unlock()
 	for _, d := range done {
-		d.finish(d.lg)
+		d.Finish()
 	}
 	return done
 }
@@ -530,7 +353,7 @@ type trackedIn struct {
 func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 	t := in.t
 	for {
-		// The engine settles the delivery in hand first (taken.Done).
+		// The engine settles the delivery in hand first (Taken.Done).
 		item, err := in.Input.Recv(ctx)
 		if err != nil {
 			return item, err
@@ -540,30 +363,31 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		t.cur = rec
 		round, drop := uint32(0), false
 		if rec != nil {
-			rec.by = t
+			rec.HeldBy(t)
 			t.open++
 			if t.skip != nil {
-				round, drop = t.skip[rec.ident()]
+				round, drop = t.skip[rec.ID()]
 			}
 		}
 		if rec != nil && !drop && t.steps {
-			t.took = append(t.took, rec.ident())
+			t.took = append(t.took, rec.ID())
 		}
 		if drop {
 			// Trained on before the state the restart took was: in it
 			// already, settled at the next receive (or at the save that
 			// holds it).
-			delete(t.skip, rec.ident())
-			rec.dropped = true
+			delete(t.skip, rec.ID())
+			keep := uint32(0)
 			if round > 0 && t.hold {
-				rec.keep = round
+				keep = round
 			}
+			rec.Drop(keep)
 		}
 		t.mu.Unlock()
 		if !drop {
 			return item, nil
 		}
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.ident())
+		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.ID())
 	}
 }
 

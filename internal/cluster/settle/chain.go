@@ -1,4 +1,4 @@
-package share
+package settle
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -22,17 +21,17 @@ import (
 // An edge between stages that restart elsewhere and keep nothing past an
 // item, each of whose queues is one producer's to one consumer on one
 // worker, is a chain's (control.Queues): its items stay in process, on
-// the engine's channels (engine.Chain: chainEdge), and never ride a
+// the engine's channels (engine.Chain: Ledger.Chain), and never ride a
 // stream. What makes that exactly once:
 //
 //   - an item sent on a chain's edge carries a receipt of its own (a
-//     child *taken), with the id the edge's stream would have given it
-//     (derived from the sender's delivery in hand, origin.hash), so what
+//     child *Taken), with the id the edge's stream would have given it
+//     (derived from the sender's delivery in hand, edge.DerivedID), so what
 //     derives from it further on has the same ids whether a hop is
 //     chained or not;
 //   - a child counts as one publish under way of the delivery it derives
-//     from (taken.derive) until it is settled itself, by the same rule as
-//     any input (taken.Done): the input at the chain's head, a stream's
+//     from (Taken.derive) until it is settled itself, by the same rule as
+//     any input (Taken.Done): the input at the chain's head, a stream's
 //     item or a resuming source's, is settled only once everything the
 //     chain sent on from it is stored;
 //   - a lost worker's chains restart whole (Coordinator.endedOn counts no
@@ -62,39 +61,36 @@ type chainEdge struct {
 	ei int // the edge's index
 }
 
-// ChainFor is the engine's ChainFor.
-func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
-	if !l.job.Chained[e.Name] {
-		return nil
-	}
-	return &chainEdge{ei: wire.EdgeIndex(l.g, e)}
-}
+// Chain is the engine's chain (engine.Chain) of the edge of index ei
+// (wire.EdgeIndex): what is sent on it carries a receipt derived from the
+// sender's delivery in hand.
+func (lg *Ledger) Chain(ei int) engine.Chain { return &chainEdge{ei: ei} }
 
 // Derive gives an item sent from the sender's delivery in hand a receipt
 // of its own (none where it has none: an item a stream gets under a
 // sequence id is not derived either).
 func (c *chainEdge) Derive(from engine.Origin) engine.Receipt {
-	parent, _ := from.Receipt.(*taken)
+	parent, _ := from.Receipt.(*Taken)
 	if parent == nil {
 		return nil
 	}
 	return parent.child(c.ei, from.Sent)
 }
 
-func (c *chainEdge) Unsent(rc engine.Receipt) { rc.(*taken).unsent() }
+func (c *chainEdge) Unsent(rc engine.Receipt) { rc.(*Taken).unsent() }
 
 // child is the receipt of an item sent from t on the chained edge of
 // index ei, the k-th sent from t: counted under way from t until settled, and
 // counted on its head.
-func (t *taken) child(ei, k int) *taken {
+func (t *Taken) child(ei, k int) *Taken {
 	head := t
 	if t.head != nil {
 		head = t.head
 	}
-	c := &taken{lg: t.lg, parent: t, head: head, ei: ei, sent: k}
+	c := &Taken{lg: t.lg, parent: t, head: head, ei: ei, sent: k}
 	head.mu.Lock()
 	if head.chain == nil {
-		head.chain = make([]int64, len(t.lg.l.g.Edges))
+		head.chain = make([]int64, len(t.lg.env.Graph.Edges))
 	}
 	head.chain[ei]++
 	head.mu.Unlock()
@@ -106,7 +102,7 @@ func (t *taken) child(ei, k int) *taken {
 // edge's stream would have given it), and a resuming source's from its
 // place; both are worked out when first asked: most never are, only those
 // something is published from, or that a chain further on derives from.
-func (t *taken) ident() string {
+func (t *Taken) ident() string {
 	t.idOnce.Do(func() {
 		switch {
 		case t.parent != nil:
@@ -119,29 +115,29 @@ func (t *taken) ident() string {
 }
 
 // unsent takes back a child whose send failed.
-func (c *taken) unsent() {
+func (c *Taken) unsent() {
 	c.head.mu.Lock()
 	c.head.chain[c.ei]--
 	c.head.mu.Unlock()
-	c.parent.answered(c.lg)
+	c.parent.answered()
 }
 
 // settled hands t, finished and with nothing it sent under way, on: a
 // chain's item to the delivery it derives from, as one of its publishes
 // answered; any other to the ledger's next settle.
-func (t *taken) settled(lg *ledger) {
+func (t *Taken) settled() {
 	if t.parent == nil {
-		lg.done(t)
+		t.lg.done(t)
 		return
 	}
 	if t.by != nil {
-		t.by.settledOne()
+		t.by.SettledOne()
 	}
-	t.parent.answered(lg)
+	t.parent.answered()
 }
 
 // addHead adds head h to hs.
-func addHead(hs *wire.ChainHeads, h *taken) {
+func addHead(hs *wire.ChainHeads, h *Taken) {
 	if h.pos == nil {
 		hs.IDs = append(hs.IDs, h.id)
 		return
@@ -171,7 +167,7 @@ type chains struct {
 
 // recounts reports whether head h is a resuming source's that a lost
 // share recorded last: a restart of the source, it emits it again.
-func (ch *chains) recounts(h *taken) bool {
+func (ch *chains) recounts(h *Taken) bool {
 	if h.pos == nil {
 		return false
 	}
@@ -193,13 +189,13 @@ var errSealed = errors.New("the share was counted lost: its chains' record is se
 // write expects the revision written before: once the coordinator has
 // sealed the record (the share counted lost), it fails, and the settle
 // acks nothing. Any failure stops the settle.
-func (lg *ledger) recordChains(heads []*taken) error {
-	ch := &lg.l.chains
-	edges := lg.l.g.Edges
+func (lg *Ledger) recordChains(heads []*Taken) error {
+	ch := &lg.chains
+	edges := lg.env.Graph.Edges
 	// what the heads derived, by edge index: settled here, and counted
 	// apart
 	committed, recounted := make([]int64, len(edges)), make([]int64, len(edges))
-	named := func(h *taken) map[string]int64 {
+	named := func(h *Taken) map[string]int64 {
 		out := map[string]int64{}
 		for ei, n := range h.chain {
 			if n != 0 {
@@ -255,19 +251,19 @@ func (lg *ledger) recordChains(heads []*taken) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(lg.l.stopCtx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(lg.env.Stop, 5*time.Second)
 	defer cancel()
 	var rev uint64
 	if ch.rev == 0 {
-		rev, err = lg.l.ends.Create(ctx, wire.KeyChain(lg.l.instance), b)
+		rev, err = lg.env.Ends.Create(ctx, wire.KeyChain(lg.env.Instance), b)
 	} else {
-		rev, err = lg.l.ends.Update(ctx, wire.KeyChain(lg.l.instance), b, ch.rev)
+		rev, err = lg.env.Ends.Update(ctx, wire.KeyChain(lg.env.Instance), b, ch.rev)
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrKeyDeleted), wire.IsWrongRevision(err):
 		return errSealed
 	case err != nil:
-		return fmt.Errorf("recording the chains' figures on worker %s: %w", lg.l.worker, err)
+		return fmt.Errorf("recording the chains' figures on worker %s: %w", lg.share.Worker(), err)
 	}
 	ch.rec, ch.rev = rec, rev
 	return nil
