@@ -6,9 +6,10 @@
 // restartable replicas it follows (tracked), their inputs settled by its
 // ledger; no item goes through the coordinator. The queue on JetStream is
 // package edge, settling (the receipts, the ledger, chains' figures and
-// resuming sources' positions) package settle, the coordinator's side
-// package cluster, what both sides agree on package wire; settle's
-// ledger.go says at length how they make exactly once.
+// resuming sources' positions) package settle, where group stages' ranks
+// meet rank 0 package ranks, the coordinator's side package cluster, what
+// both sides agree on package wire; settle's ledger.go says at length how
+// they make exactly once.
 //
 // Its invariants, each with the function that keeps it and a test that
 // fails without it:

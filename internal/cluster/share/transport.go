@@ -12,6 +12,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
 	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/ranks"
 	"github.com/dflow-dev/dflow/internal/cluster/settle"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -45,11 +46,10 @@ type links struct {
 	// not finished.
 	restartable func(*graph.Stage) bool
 	// syncs says whether a stage's replicas step together: a node that
-	// starts them as distributed ranks learns where each runs (ranks.go)
+	// starts them as distributed ranks learns where each runs (ranks)
 	syncs func(*graph.Stage) bool
-	// whole says whether a stage's group restarts whole after a member's
-	// loss (Spec.Whole): its ranks wait for that (ranks.go)
-	whole func(*graph.Stage) bool
+	// ranks tells the ranks of group stages where rank 0 listens
+	ranks *ranks.Placer
 	// summing says whether a stage is a group of a kind that moves whose
 	// members sum in this process (localGroup); locals their records
 	summing   func(*graph.Stage) bool
@@ -73,9 +73,6 @@ type links struct {
 	// that could not be recorded).
 	fatal func(error)
 	pmu   sync.Mutex
-	// rank0s are where the group stages' ranks 0 this share runs listen,
-	// by keyRank0 (ranks.go)
-	rank0s map[string]*rank0
 	// replicas are the restartable replicas the share follows
 	replicas map[replicaKey]*tracked
 
@@ -136,6 +133,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	if l.dp, err = dataplane.New(job.Run, job.DataKey, dataAddr, tlsErr == nil); err != nil {
 		return nil, err
 	}
+	l.ranks = &ranks.Placer{Job: l.job, Instance: instance, Ends: l.ends, Addr: l.dp.Addr}
 	l.env = &edge.Env{NC: nc, JS: js, Job: l.job, Instance: instance, Ends: l.ends, Holders: l.holders,
 		DP: l.dp, Threshold: l.threshold, Started: l.started, Stop: l.stopCtx, Go: l.bg.Go, Share: l}
 	return l, nil

@@ -209,7 +209,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		spec, ok := w.o.Registry.Spec(s.Node)
 		return ok && spec.Sync != nil && spec.Sync(s.Config)
 	}
-	l.whole = func(s *graph.Stage) bool { return wire.Whole(w.o.Registry, s) }
+	l.ranks.Whole = func(s *graph.Stage) bool { return wire.Whole(w.o.Registry, s) }
 	l.summing = func(s *graph.Stage) bool {
 		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name])
 	}

@@ -1,4 +1,4 @@
-package share
+package ranks
 
 import (
 	"context"
@@ -17,7 +17,9 @@ import (
 // sent its job before rank 0's share was placed does not meet the old
 // one. A rank of a group that restarts whole waits for a lost peer's
 // restart (PeerLoss) where its group spans workers, and not where every
-// member sits on one worker, whose loss takes them all.
+// member sits on one worker, whose loss takes them all; its local rank
+// counts the members its share runs, which meet at the one port their
+// share picked.
 func TestRankPlaceAttempt(t *testing.T) {
 	t.Parallel()
 	s := &graph.Stage{Name: "train", Replicas: 2}
@@ -28,10 +30,11 @@ func TestRankPlaceAttempt(t *testing.T) {
 		t.Errorf("attempt 2: keys %q and %q, want rank0.train.a2 for both", a, b)
 	}
 
-	nc := serverConn(t)
+	_, nc := clustertest.Server(t)
 	js, _ := wire.NewJS(nc)
 	g := clustertest.Chain(t, 2)
 	work := g.Stage("work")
+	ctx := context.Background()
 	for _, c := range []struct {
 		place []string
 		wait  bool
@@ -39,18 +42,39 @@ func TestRankPlaceAttempt(t *testing.T) {
 		job := &wire.Job{Run: "ranks-" + c.place[1], Remote: map[string][]bool{"a": {true}, "b": {true}},
 			Place:   map[string][]string{"src": {"w1"}, "work": c.place, "sink": {"w1"}},
 			Timings: wire.Timings{Lease: 2 * time.Second, AckWait: time.Second}}
-		setUp(t, js, job, g)
-		l := shareOf(t, nc, js, job, g, "w1")
-		l.whole = func(*graph.Stage) bool { return true }
-		p, err := l.rankPlace(context.Background(), work, groupReplica{i: 0})
+		if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
+		ends, err := js.KeyValue(ctx, wire.BucketEnds(job.Run))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl := &Placer{Job: job, Instance: "w1", Ends: ends, Addr: func() string { return "127.0.0.1:1,10.0.0.1:1" },
+			Whole: func(*graph.Stage) bool { return true }}
+		p, err := pl.Place(ctx, work, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := 5 * time.Second; c.wait && p.PeerLoss != want || !c.wait && p.PeerLoss != 0 {
 			t.Errorf("members on %v: PeerLoss %v, want %v", c.place, p.PeerLoss, map[bool]time.Duration{true: want}[c.wait])
 		}
-		if p.MasterPort == 0 || p.MasterAddr == "" {
-			t.Errorf("members on %v: rank 0 at %q:%d, want an address and a port", c.place, p.MasterAddr, p.MasterPort)
+		if p.MasterPort == 0 || p.MasterAddr != "127.0.0.1" {
+			t.Errorf("members on %v: rank 0 at %q:%d, want 127.0.0.1 (the data plane's first address) and a port", c.place, p.MasterAddr, p.MasterPort)
+		}
+		if c.wait {
+			if p.LocalRank != 0 || p.LocalWorldSize != 1 {
+				t.Errorf("members on %v: rank 0 is local rank %d of %d, want 0 of 1", c.place, p.LocalRank, p.LocalWorldSize)
+			}
+			continue
+		}
+		p1, err := pl.Place(ctx, work, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p1.LocalRank != 1 || p1.LocalWorldSize != 2 || p1.MasterPort != p.MasterPort {
+			t.Errorf("members on %v: rank 1 is local rank %d of %d, rank 0 at port %d; want 1 of 2, port %d",
+				c.place, p1.LocalRank, p1.LocalWorldSize, p1.MasterPort, p.MasterPort)
 		}
 	}
 }
