@@ -52,12 +52,13 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 	for _, e := range r.edges {
 		es := report.EdgeSnapshot{Name: e.g.Name, Policy: e.g.Policy, Capacity: e.g.Capacity,
 			From: e.g.From.Stage.Name, To: e.g.To.Stage.Name}
+		from := r.stage(e.g.From.Stage.Name)
 		for i, q := range e.queues {
 			es.Produced += q.produced()
 			es.Consumed += q.consumed()
 			es.Queues = append(es.Queues, report.QueueSnapshot{
 				Depth: q.depth(), Open: q.Open(),
-				Producers: e.g.Queues[i].Producers, Consumers: e.g.Queues[i].Consumers,
+				Producers: started(from, q, e.g.Queues[i].Producers), Consumers: e.g.Queues[i].Consumers,
 			})
 		}
 		s.Edges = append(s.Edges, es)
@@ -156,4 +157,22 @@ func markOf(rp *replica) *mark {
 		runtime.AddCleanup(rp, func(k weak.Pointer[replica]) { marks.Delete(k) }, k)
 	}
 	return v.(*mark)
+}
+
+// started are a queue's producers as its snapshot lists them: the
+// graph's, or, where a rebalance adds its spares to the queue, every one
+// that has started (a spare still parked neither holds the queue open nor
+// has finished with it).
+func started(from *stage, q *queue, graph []int) []int {
+	if len(q.producers) == len(graph) || from == nil {
+		return graph
+	}
+	var ps []int
+	for _, p := range q.producers {
+		if p < len(from.replicas) && from.replicas[p].parked.Load() {
+			continue
+		}
+		ps = append(ps, p)
+	}
+	return ps
 }

@@ -85,8 +85,26 @@ func TestRebalanceMove(t *testing.T) {
 	}
 	// With a series: its points take the replicas that started as they
 	// come.
+	// Every snapshot lists as the edge's producers the replicas of b that
+	// have started, as b's own figures do: a spare still parked neither
+	// holds the edge open nor has finished with it (the status line's
+	// "open:" note named every started replica once spares were counted).
 	var lastSnap *report.Snapshot
-	rep, err := h.run(g, Options{Rebalance: policy, Interval: 20 * time.Millisecond, Observe: func(s *report.Snapshot) { lastSnap = s }})
+	var producers []string
+	observe := func(s *report.Snapshot) {
+		lastSnap = s
+		for _, e := range s.Edges {
+			if e.Name == "done" {
+				if n, want := len(e.Queues[0].Producers), len(s.Stage("b").Replicas); n != want && len(producers) < 3 {
+					producers = append(producers, fmt.Sprintf("%d producers listed for %d replicas of b started", n, want))
+				}
+			}
+		}
+	}
+	rep, err := h.run(g, Options{Rebalance: policy, Interval: 20 * time.Millisecond, Observe: observe})
+	if len(producers) > 0 {
+		t.Errorf("the edge from b, as snapshots list it: %v", producers)
+	}
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("run: %v (%s)", err, rep.Status)
 	}
