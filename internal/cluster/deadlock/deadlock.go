@@ -61,8 +61,9 @@ type View struct {
 	// Groups are the groups across workers the coordinator hosts, by
 	// stage.
 	Groups map[string]Group
-	// Queued is how many messages queue q of the ei-th edge's stream
-	// holds, delivered or not (wire.QueueWaiting).
+	// Queued is how many messages of queue q of the ei-th edge's stream
+	// wait to be delivered (wire.QueueWaiting: what it stores, less what
+	// is delivered and not yet acked), what the queue's room counts.
 	Queued func(ctx context.Context, ei, q int) (int, error)
 }
 

@@ -12,10 +12,10 @@
 // replica still running is in a wait that cannot end, each waiting for
 // replicas that are stuck too:
 //
-//   - an input on queues that are all empty (a stream holding no message,
-//     delivered or not, nothing at hand on the consumer's worker) with
+//   - an input on queues that are all empty (a stream holding no message
+//     waiting to be delivered, nothing at hand on the consumer's worker) with
 //     producers still running;
-//   - room on a queue that is full (its stream holds its capacity) with
+//   - room on a queue that is full (its capacity waits to be delivered) with
 //     consumers still running;
 //   - a group step its member has arrived at (the coordinator holds its
 //     request) that members still present have not;
@@ -42,8 +42,9 @@
 //     restart (restartQuiet after the loss). settled, look.replica;
 //     TestJudge.
 //  3. A wait on a queue that rides a stream is judged by the stream:
-//     empty for an input (nothing stored, delivered or not), full for
-//     room (its capacity stored); a stream that cannot be read counts as
+//     empty for an input (nothing waiting to be delivered), full for room
+//     (its capacity waiting, as the producers' room counts it); a stream
+//     that cannot be read counts as
 //     able to move. look.recv, look.send, look.streamMsgs; TestJudge.
 //  4. A wait at a group across workers is stuck only once its member has
 //     arrived at the coordinator's host and members still present have

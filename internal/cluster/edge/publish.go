@@ -21,9 +21,10 @@ import (
 //   - Order. Every publish of a queue goes out on one connection in the
 //     order of the Sends, and none is ever refused for room: a producer
 //     publishes only within its credit (the room it read, the queue's
-//     capacity less what the stream stores and what this share has under
-//     way, and what the consumers granted since, within its part of the
-//     capacity); the stream has no bound of its own to refuse one for.
+//     capacity less what the consumer has yet to be delivered and what
+//     this share has under way, and what the consumers granted since,
+//     within its part of the capacity); the stream has no bound of its
+//     own to refuse one for.
 //     So the server stores a producer's items in the order it sent them,
 //     and a consumer sees them so. A publish refused for any reason fails
 //     the share: sent again, it could land behind a later one.
@@ -33,12 +34,18 @@ import (
 //     ledger) only once the answers of everything sent from it are back,
 //     so a worker lost with publishes under way has its input redelivered
 //     and the items sent again, under the same ids.
-//   - The capacity. The producers hold credit: the room read once from the
-//     stream (the capacity less what it stores and what this share has
-//     under way), then what the consumers grant as they fetch (a word per
-//     message fetched: granted, saidRoom), each producer share taking its
-//     part. The room is read again only where no grant came within
-//     grantWait: no request to the server per publish.
+//   - The capacity. The producers hold credit: the room read once (the
+//     capacity less what the consumer has yet to be delivered and what
+//     this share has under way), then what the consumers grant as they
+//     fetch (a word for what came together: granted, saidRoom), each
+//     producer share taking its part. The room is read again only where
+//     no grant came within grantWait: no request to the server per
+//     publish. What waits undelivered stays within the capacity where one
+//     producer share reads the room; shares that read the same room at
+//     once, or a read that crosses a grant under way, may each add up to
+//     their part of it, until a read finds the queue full and the credit
+//     goes below nothing: the capacity is held as closely as the credit
+//     can, and nothing refuses a publish for room.
 
 // pub is one publish under way.
 type pub struct {

@@ -210,7 +210,7 @@ func TestEndWaitsForLocalRestart(t *testing.T) {
 	setUp(t, js, job, g)
 	share := func(job *wire.Job, name string) *edge.Queue {
 		l := shareOf(t, nc, js, job, g, name)
-		l.started = time.Now().Add(-time.Hour) // past a restart's guard
+		l.env.Started = time.Now().Add(-time.Hour) // past a restart's guard
 		return l.For(g.Edges[1], 0).(*edge.Queue)
 	}
 	share(job, "w2").Close() // work's first incarnation finished: its end is written
@@ -272,7 +272,9 @@ func TestSettledRecorded(t *testing.T) {
 // its producers' credit alone: with its consumer's worker holding three
 // capacities' worth unacked (as a group holds what it trained on until its
 // save), the producer goes on as the consumer takes, never refused for
-// room, and the messages not yet delivered never pass the capacity.
+// room, and the messages not yet delivered never pass the capacity (one
+// producer share: shares that read the same room at once may each add
+// their part, package edge's rule 4).
 func TestQueueHoldsItsCapacity(t *testing.T) {
 	t.Parallel()
 	srv, _ := clustertest.Server(t)

@@ -56,9 +56,8 @@ type links struct {
 	locals    map[string]*localGroup
 	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
 	ledger    *settle.Ledger           // settles the receipts of what restartable replicas take
-	started   time.Time
-	afterSend func(stage string) // WorkerOptions.AfterSend
-	logw      io.Writer          // the worker's log (nil: none)
+	afterSend func(stage string)       // WorkerOptions.AfterSend
+	logw      io.Writer                // the worker's log (nil: none)
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.
@@ -104,7 +103,6 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
 	own.Timings = own.Timings.WithDefaults()
 	l.job = &own
-	l.started = time.Now()
 	l.ctx = ctx
 	var err error
 	if l.ends, err = js.KeyValue(ctx, wire.BucketEnds(job.Run)); err != nil {
@@ -135,7 +133,7 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	}
 	l.ranks = &ranks.Placer{Job: l.job, Instance: instance, Ends: l.ends, Addr: l.dp.Addr}
 	l.env = &edge.Env{NC: nc, JS: js, Job: l.job, Instance: instance, Ends: l.ends, Holders: l.holders,
-		DP: l.dp, Threshold: l.threshold, Started: l.started, Stop: l.stopCtx, Go: l.bg.Go, Share: l}
+		DP: l.dp, Threshold: l.threshold, Started: time.Now(), Stop: l.stopCtx, Go: l.bg.Go, Share: l}
 	return l, nil
 }
 

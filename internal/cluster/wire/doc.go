@@ -22,7 +22,7 @@
 //     publish is never refused for room (which would let a later one in
 //     flight pass it), and a consumer may hold unacked all its stage keeps
 //     until settled (a group's inputs until its save); the producers'
-//     credit alone holds the capacity (package edge, rule 4). SetupRun;
+//     credit holds the capacity (package edge, rule 4). SetupRun;
 //     TestQueueHoldsItsCapacity (package share).
 //  4. A chain's stages are restartable and keep nothing past an item: no
 //     state that moves, no group. Chainable; TestKinds.
