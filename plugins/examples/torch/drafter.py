@@ -266,7 +266,7 @@ class DrafterTrain(Node):
         Field("checkpoint", "string", default="", path="write",
               doc="safetensors file to save to (every checkpoint_every steps and at the end); \"\": none"),
         Field("checkpoint_every", "int", default=100, doc="steps between checkpoints"),
-        Field("overwrite", "bool", default=False, doc="replace the checkpoint file when it exists (otherwise the run refuses to start)"),
+        Field("overwrite", "bool", default=False, doc="replace the checkpoint file when it exists (otherwise the ranks fail as they start, naming the file)"),
         Field("seed", "int", default=1, doc="the drafter's init and sampling seed"),
         Field("threads", "int", default=0, doc="torch threads per rank (0: PyTorch's default)"),
         Field("backend", "string", default="",
