@@ -27,12 +27,13 @@
 //  4. Producers publish within their credit: the room read (the capacity
 //     less what the consumer has yet to be delivered and their publishes
 //     under way) and the grants their consumers say (Queue.waitRoom,
-//     Queue.granted). With one producer share, what waits undelivered
-//     never passes the capacity, whatever the consumers hold unacked;
-//     shares that read the same room at once may each add up to their
-//     part of it until a read finds the queue full (publish.go, "The
-//     capacity"). TestQueueHoldsItsCapacity, TestGrants, TestRoomSaid
-//     (package share).
+//     Queue.granted). By the room read alone, what waits undelivered
+//     never passes the capacity, whatever the consumers hold unacked; a
+//     read that crosses a grant under way, or shares that read the same
+//     room at once, may each add up to their part of it until a read
+//     finds the queue full (publish.go, "The capacity").
+//     TestQueueHoldsItsCapacity, TestGrants, TestRoomSaid (package
+//     share).
 //  5. A producer waiting on a full queue costs the server nothing per
 //     wait. TestFullQueueWaitIsQuiet.
 //  6. A consumer's worker asks the server for no more than its inbox

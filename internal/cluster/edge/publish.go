@@ -40,12 +40,13 @@ import (
 //     fetch (a word for what came together: granted, saidRoom), each
 //     producer share taking its part. The room is read again only where
 //     no grant came within grantWait: no request to the server per
-//     publish. What waits undelivered stays within the capacity where one
-//     producer share reads the room; shares that read the same room at
-//     once, or a read that crosses a grant under way, may each add up to
-//     their part of it, until a read finds the queue full and the credit
-//     goes below nothing: the capacity is held as closely as the credit
-//     can, and nothing refuses a publish for room.
+//     publish. By the room read alone, what waits undelivered stays
+//     within the capacity; a read that crosses a grant under way (the
+//     server counts the messages delivered before the consumer's word of
+//     them comes), or shares that read the same room at once, may each
+//     add up to their part of it, until a read finds the queue full and
+//     the credit goes below nothing: the capacity is held as closely as
+//     the credit can, and nothing refuses a publish for room.
 
 // pub is one publish under way.
 type pub struct {

@@ -272,9 +272,10 @@ func TestSettledRecorded(t *testing.T) {
 // its producers' credit alone: with its consumer's worker holding three
 // capacities' worth unacked (as a group holds what it trained on until its
 // save), the producer goes on as the consumer takes, never refused for
-// room, and the messages not yet delivered never pass the capacity (one
-// producer share: shares that read the same room at once may each add
-// their part, package edge's rule 4).
+// room, and the messages not yet delivered never pass the capacity: its
+// consumer fetches by itself and grants nothing, so the room read alone
+// holds it (a read crossing a grant, or producer shares reading the same
+// room at once, may each add their part: package edge's rule 4).
 func TestQueueHoldsItsCapacity(t *testing.T) {
 	t.Parallel()
 	srv, _ := clustertest.Server(t)
