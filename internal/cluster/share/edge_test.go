@@ -324,6 +324,68 @@ func TestQueueHoldsItsCapacity(t *testing.T) {
 	}
 }
 
+// TestQueueHoldsItsCapacityGranted: the same through a consumer share
+// that grants as it pulls, slower than its producer: the producer runs on
+// the grants, and what waits undelivered stays within the capacity and
+// the one part a read crossing a grant may add (package edge's rule 4),
+// every item received.
+func TestQueueHoldsItsCapacityGranted(t *testing.T) {
+	t.Parallel()
+	srv, _ := clustertest.Server(t)
+	const capacity = 8
+	send, recv, js, cleanup := edgePairCap(t, srv, "granted", capacity)
+	defer cleanup()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 120
+	errs := sendSmall(ctx, send, n, func() error { send.Close(); return nil })
+	cons, err := js.Consumer(ctx, wire.StreamEdge("granted", 0), wire.ConsumerQueue(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	most := make(chan int, 1)
+	go func() {
+		m := 0
+		defer func() { most <- m }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if info, err := cons.Info(ctx); err == nil {
+				m = max(m, int(info.NumPending))
+			}
+		}
+	}()
+	got := 0
+	for {
+		_, ok, err := recv.Recv(ctx)
+		if err != nil {
+			t.Fatalf("recv after %d: %v", got, err)
+		}
+		if !ok {
+			break
+		}
+		got++
+		time.Sleep(time.Millisecond) // a consumer slower than its producer
+	}
+	close(stop)
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	if got != n {
+		t.Errorf("received %d items, want %d", got, n)
+	}
+	if m := <-most; m > 2*capacity {
+		t.Errorf("%d messages waited undelivered at once, past the capacity of %d and the part a read crossing a grant may add", m, capacity)
+	}
+	if said, ok := send.(*edge.Queue).Grants(); !ok || said == 0 {
+		t.Errorf("the producer heard %d grants (listening: %v): it ran on room reads alone", said, ok)
+	}
+}
+
 // TestRoomSaid: a producer waiting for room in a queue whose consumer is
 // on another worker is told when that consumer fetches (on the queue's
 // room subject), and reads the room two or three times for each item it
