@@ -262,19 +262,7 @@ func TestGroupRestartsWhole(t *testing.T) {
 			if killed != 1 {
 				t.Fatalf("rank 1 was killed %d times, want 1", killed)
 			}
-			b, err := os.ReadFile(filepath.Join(out, "final.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ck trainerCheckpoint
-			if err := json.Unmarshal(b, &ck); err != nil {
-				t.Fatal(err)
-			}
-			for seq, n := range ck.Trained {
-				if n != 1 {
-					t.Errorf("item %d trained %v times in the final save, want once", seq, n)
-				}
-			}
+			trainedOnce(t, out)
 			for rank := range 3 {
 				s := rankStarts(t, out, rank)
 				if len(s) != 2 || !strings.HasPrefix(s[0], "restore=none ") || !strings.HasPrefix(s[1], "restore="+tc.restore+" ") {
@@ -407,19 +395,7 @@ func TestGroupRestartsAfterAPeersError(t *testing.T) {
 	if err != nil || killed != 1 {
 		t.Fatalf("killed %d, err %v\n%s", killed, err, stderr.String())
 	}
-	b, err := os.ReadFile(filepath.Join(out, "final.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ck trainerCheckpoint
-	if err := json.Unmarshal(b, &ck); err != nil {
-		t.Fatal(err)
-	}
-	for seq, n := range ck.Trained {
-		if n != 1 {
-			t.Errorf("item %d trained %v times in the final save, want once", seq, n)
-		}
-	}
+	trainedOnce(t, out)
 	if want := "the process of rank 1 of 3 died"; !strings.Contains(stderr.String(), want) {
 		t.Errorf("stderr does not say %q:\n%s", want, stderr.String())
 	}
@@ -457,5 +433,24 @@ func TestCarriedClock(t *testing.T) {
 	}
 	if (*attempt)(nil).carry(0, nil) != nil || a.carry(0, nil) != nil {
 		t.Error("a replica its plugin does not measure got a clock")
+	}
+}
+
+// trainedOnce checks the final save the trainer wrote in out: every item
+// trained into it once.
+func trainedOnce(t *testing.T, out string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(out, "final.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ck trainerCheckpoint
+	if err := json.Unmarshal(b, &ck); err != nil {
+		t.Fatal(err)
+	}
+	for seq, n := range ck.Trained {
+		if n != 1 {
+			t.Errorf("item %d trained %v times in the final save, want once", seq, n)
+		}
 	}
 }
