@@ -42,9 +42,11 @@
 //     the record, the ledger acks nothing more (Ledger.recordChains,
 //     errSealed). TestChainRecordSealed.
 //  6. A resuming source's position moves only past items all settled,
-//     and is written after the settle that moved it (Position.settled,
-//     Ledger.record); a restart takes up there (Ledger.Resume). In
-//     cmd/dflow TestSourceLost and TestBytesSourceLost.
+//     and is written after the settle that moved it, within recordEvery,
+//     and with the chain record where it passed a chain's head
+//     (Position.settled, Ledger.settle, Ledger.record); a restart takes up
+//     there (Ledger.Resume). TestPositionRecordedAtMostEvery; in cmd/dflow
+//     TestSourceLost, TestBytesSourceLost and TestCrashAfterSend.
 //  7. The package starts no goroutine: the ledger's Run runs in its
 //     share's background group and ends once Env.Stop is done. TestMain
 //     of package share fails if a goroutine outlives its test.

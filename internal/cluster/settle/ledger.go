@@ -101,12 +101,16 @@ type Ledger struct {
 	finished []*Taken
 	wake     chan struct{}
 	smu      sync.Mutex // one settle at a time
+	// under smu: the positions settles moved since the last record, and
+	// when that was
+	moved    map[*Position]bool
+	recorded time.Time
 }
 
 // New is the ledger of share sh.
 func New(env Env, sh Share) *Ledger {
 	return &Ledger{env: env, share: sh, wake: make(chan struct{}, 1),
-		chains: chains{sources: env.Recount}}
+		chains: chains{sources: env.Recount}, moved: map[*Position]bool{}}
 }
 
 // Take is the receipt of the item id that q hands a restartable stage
@@ -128,53 +132,79 @@ func (lg *Ledger) done(t *Taken) {
 }
 
 // Run settles whatever is finished, one batch after another, until the
-// share stops (Env.Stop) or a settle fails (Share.Fatal). It runs in the
-// share's background group.
+// share stops (Env.Stop) or a settle fails (Share.Fatal); a position a
+// settle moved is recorded within recordEvery. It runs in the share's
+// background group.
 func (lg *Ledger) Run() {
+	var later <-chan time.Time // a position moved and not yet recorded
 	for {
 		select {
 		case <-lg.env.Stop.Done():
 			return
 		case <-lg.wake:
+		case <-later:
 		}
-		if err := lg.Settle(); err != nil {
+		if err := lg.settle(false); err != nil {
 			lg.share.Fatal(err)
 			return
+		}
+		later = nil
+		if lg.unrecorded() {
+			later = time.After(recordEvery)
 		}
 	}
 }
 
-// Settle acks every finished item's latest delivery, then waits until the
+// recordEvery is how often a settle that moves a resuming source's
+// position records it, at most: a write to the position bucket per settle
+// cost the server as much as the items' own messages where items come a
+// few at a time. A restart takes up from the last record, and what was
+// stored after it is sent again and dropped (resume.go).
+const recordEvery = 20 * time.Millisecond
+
+// Settle settles what is finished, as Run does, and records every
+// position it and the settles before it moved.
+func (lg *Ledger) Settle() error { return lg.settle(true) }
+
+// settle acks every finished item's latest delivery, then waits until the
 // server has the acks (a flush: it has read everything sent before), then
-// stops keeping those messages from redelivery and releases their bytes.
-// A share counted lost settles nothing more: what it holds goes to the
-// share that took over.
-func (lg *Ledger) Settle() error {
+// stops keeping those messages from redelivery and releases their bytes;
+// then it records the positions moved (all of them where record is true,
+// else at most every recordEvery). A share counted lost settles nothing
+// more: what it holds goes to the share that took over.
+func (lg *Ledger) settle(record bool) error {
 	lg.smu.Lock()
 	defer lg.smu.Unlock()
 	lg.mu.Lock()
 	batch := lg.finished
 	lg.finished = nil
 	lg.mu.Unlock()
-	if len(batch) == 0 || lg.share.Released() {
+	if lg.share.Released() {
 		return nil
 	}
 	// A chain's heads are recorded before they are acked (chain.go); a
 	// source's item is a head once its position passes it.
 	var heads []*Taken
-	var moved []*Position
+	acks := 0
 	for _, t := range batch {
 		if t.q == nil {
 			passed := t.pos.settled(t)
 			if len(passed) > 0 {
-				moved = append(moved, t.pos)
+				lg.moved[t.pos] = true
 			}
 			for _, p := range passed {
 				if p.chain != nil {
 					heads = append(heads, p)
+					// a chain's record counts it settled: its position
+					// goes with the record, else a restart does again
+					// what the record counted (Recount)
+					record = true
 				}
 			}
-		} else if t.chain != nil {
+			continue
+		}
+		acks++
+		if t.chain != nil {
 			heads = append(heads, t)
 		}
 	}
@@ -183,6 +213,21 @@ func (lg *Ledger) Settle() error {
 			return err
 		}
 	}
+	if acks > 0 {
+		if err := lg.ack(batch); err != nil {
+			return err
+		}
+	}
+	if len(lg.moved) == 0 || !record && time.Since(lg.recorded) < recordEvery {
+		return nil
+	}
+	lg.recorded = time.Now()
+	return lg.record()
+}
+
+// ack acks the batch's items from queues, waits until the server has the
+// acks, then lets them go.
+func (lg *Ledger) ack(batch []*Taken) error {
 	for _, t := range batch {
 		if t.q == nil {
 			continue // a source's item: nothing to ack
@@ -217,5 +262,12 @@ func (lg *Ledger) Settle() error {
 			t.by.SettledOne()
 		}
 	}
-	return lg.record(moved)
+	return nil
+}
+
+// unrecorded says a settle moved a position not yet recorded.
+func (lg *Ledger) unrecorded() bool {
+	lg.smu.Lock()
+	defer lg.smu.Unlock()
+	return len(lg.moved) > 0
 }

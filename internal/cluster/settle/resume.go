@@ -23,12 +23,13 @@ import (
 //     duplicate its edge's stream drops;
 //   - its position is how many of its items are settled, every one before
 //     stored (and, for a large item, its bytes released by a consumer):
-//     kept per replica in the run's position bucket after each settle;
+//     kept per replica in the run's position bucket, recorded after the
+//     settle that moved it, within recordEvery (ledger.go);
 //   - a restarted replica reads its position and drops what its node
 //     emits before it (those were stored); what it emits after is sent,
 //     and what of it had been stored already is dropped as a duplicate.
-//     The position lags the settles by at most a batch, far within the
-//     duplicate window.
+//     The position lags the settles by at most recordEvery and a batch,
+//     far within the duplicate window.
 
 // Position is a resuming source replica's position in this share: every
 // item before it is settled.
@@ -89,14 +90,10 @@ func (p *Position) At() int64 {
 // position key is key.
 func sourceItemID(key string, k int64) string { return "s" + key + "." + strconv.FormatInt(k, 10) }
 
-// record writes the positions that moved.
-func (lg *Ledger) record(moved []*Position) error {
-	seen := map[*Position]bool{}
-	for _, p := range moved {
-		if seen[p] {
-			continue
-		}
-		seen[p] = true
+// record writes the positions that moved since the last record.
+func (lg *Ledger) record() error {
+	for p := range lg.moved {
+		delete(lg.moved, p)
 		ctx, cancel := context.WithTimeout(lg.env.Stop, 5*time.Second)
 		_, err := lg.env.Positions.Put(ctx, p.key, []byte(strconv.FormatInt(p.At(), 10)))
 		cancel()
