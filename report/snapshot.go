@@ -49,6 +49,10 @@ type ReplicaSnapshot struct {
 	// Left: a rebalance moved the replica to another stage; it leaves
 	// after the item in hand (Done once it has).
 	Left bool `json:",omitempty"`
+	// Parked: a rebalance's spare slot on a cluster that has not started
+	// (its engine lists it, so that the replicas keep their places; the
+	// coordinator's merged snapshots leave it out).
+	Parked bool `json:",omitempty"`
 	// Worker is the cluster worker the replica runs on ("a>b" once it
 	// has restarted on b); empty in one process.
 	Worker string `json:",omitempty"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
+	"github.com/dflow-dev/dflow/internal/engine"
 )
 
 // Cluster says where a run across hosts runs (docs/cluster.md): the
@@ -122,7 +123,7 @@ func (c *Cluster) check() error {
 // coordinate starts what c asks for (the embedded server, the local
 // workers), connects and makes the coordinator, waiting for the workers
 // until ctx ends. cleanup stops what it started, in reverse.
-func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options) (co *cluster.Coordinator, cleanup func(), err error) {
+func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options, moves engine.RebalanceFor) (co *cluster.Coordinator, cleanup func(), err error) {
 	var stops []func()
 	cleanup = func() {
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -203,7 +204,7 @@ func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options) (
 		Conn: nc, Graph: g, Workers: workers, Registry: opts.Registry,
 		Job:      cluster.Job{Filename: g.Filename, Src: src, Vars: c.Vars, VarFiles: c.VarFiles, Sets: c.Sets},
 		Interval: opts.Interval, Observe: opts.Observe, Drain: opts.Drain, Grace: opts.Grace, Log: log, Pin: c.Place,
-		Timings: timings,
+		Timings: timings, Rebalance: moves,
 	})
 	if err != nil {
 		if cause := context.Cause(joinCtx); cause != nil && joinCtx.Err() != nil && ctx.Err() == nil {

@@ -74,7 +74,7 @@ func Rebalancing(g *graph.Graph, opts Options) error {
 		return fmt.Errorf("the spec has no rebalance block")
 	}
 	if opts.Cluster != nil {
-		return fmt.Errorf("replicas do not move during a run across hosts yet")
+		return engine.MovableAcross(g, opts.Registry)
 	}
 	return engine.Movable(g, opts.Registry)
 }
@@ -111,7 +111,11 @@ func NewContext(ctx context.Context, g *graph.Graph, opts Options) (*Pipeline, e
 	}
 	p := &Pipeline{g: g, reg: opts.Registry, stop: func() {}}
 	if opts.Cluster != nil {
-		p.coord, p.stop, p.err = coordinate(ctx, opts.Cluster, g, opts)
+		var policyFor engine.RebalanceFor
+		if opts.Rebalance && Rebalancing(g, opts) == nil {
+			policyFor, p.moves = policy(g, opts)
+		}
+		p.coord, p.stop, p.err = coordinate(ctx, opts.Cluster, g, opts, policyFor)
 		if p.err != nil {
 			p.stop, p.coord = func() {}, nil // coordinate stopped what it started
 		}
@@ -225,7 +229,7 @@ func (p *Pipeline) Run(ctx context.Context) (*report.Report, error) {
 		rep, err = p.local.Execute(ctx)
 	}
 	if p.moves != nil {
-		if rep.Moves = p.moves(p.local.Snapshot()); len(rep.Moves) > 0 {
+		if rep.Moves = p.moves(p.Snapshot()); len(rep.Moves) > 0 {
 			rep.Diagnosis = MovesDiagnosis(rep)
 			return rep, err
 		}

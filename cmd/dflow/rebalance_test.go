@@ -3,8 +3,12 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/dflow-dev/dflow/report"
 )
@@ -34,44 +38,7 @@ func TestRunRebalanceFlag(t *testing.T) {
 func TestRunRebalanceLive(t *testing.T) {
 	dir := t.TempDir()
 	spec := filepath.Join(dir, "live.hcl")
-	src := `stage "reader" {
-  node = "synthetic_source"
-  config {
-    count = 300
-  }
-}
-stage "target" {
-  node = "synthetic_work"
-  config {
-    service_time = "50ms"
-  }
-}
-stage "drafter" {
-  node     = "synthetic_work"
-  replicas = 7
-  config {
-    service_time = "25ms"
-  }
-}
-stage "done" {
-  node = "sink"
-}
-edge "tokens" {
-  from = reader.out
-  to   = target.in
-}
-edge "hs" {
-  from = target.out
-  to   = drafter.in
-}
-edge "trained" {
-  from = drafter.out
-  to   = done.in
-}
-rebalance {
-  stages = ["target", "drafter"]
-}
-`
+	src := liveSpec
 	if err := os.WriteFile(spec, []byte(src), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -138,5 +105,142 @@ func TestSimRebalance(t *testing.T) {
 	if code, _, stderr := dflow(t, "sim", "../../specs/moving.hcl", "--rebalance", "--split", "target,drafter=8"); code != exitUsage ||
 		!strings.Contains(stderr, "give one of them") {
 		t.Errorf("--split with --rebalance: code %d\n%s", code, stderr)
+	}
+}
+
+// liveSpec is the rebalance tests' pipeline: 1 target and 7 drafters,
+// stateless, the targets the bottleneck until four drafters move to them.
+const liveSpec = `stage "reader" {
+  node = "synthetic_source"
+  config {
+    count = 300
+  }
+}
+stage "target" {
+  node = "synthetic_work"
+  config {
+    service_time = "50ms"
+  }
+}
+stage "drafter" {
+  node     = "synthetic_work"
+  replicas = 7
+  config {
+    service_time = "25ms"
+  }
+}
+stage "done" {
+  node = "sink"
+}
+edge "tokens" {
+  from = reader.out
+  to   = target.in
+}
+edge "hs" {
+  from = target.out
+  to   = drafter.in
+}
+edge "trained" {
+  from = drafter.out
+  to   = done.in
+}
+rebalance {
+  stages = ["target", "drafter"]
+}
+`
+
+// TestRebalanceAcrossHosts: the same run over two worker processes moves
+// four drafters to the targets at its first look, each new target on the
+// worker whose drafter left (its freed device), and every item is
+// counted once: the run ends ok only if its books balance across the
+// workers. The spare slots that did not start are left out of the report.
+func TestRebalanceAcrossHosts(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "live.hcl")
+	if err := os.WriteFile(spec, []byte(liveSpec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "r.json")
+	coord := startDflow(t, nil, "run", spec, "--local-cluster", "2", "--interval", "200ms", "--report", out)
+	code := coord.wait(t, 120*time.Second)
+	log := coord.output()
+	if code != exitOK || !strings.Contains(log, "moved 4 replicas drafter -> target: target ") {
+		t.Fatalf("code %d\n%s", code, log)
+	}
+	rep := readReport(t, out)
+	wantEdges(t, rep, 300)
+	if rep.Status != report.OK || len(rep.Moves) != 1 || rep.Moves[0].Replicas != 4 ||
+		len(rep.Stages["target"].Replicas) != 5 || len(rep.Stages["drafter"].Replicas) != 7 {
+		t.Errorf("report: status %s, moves %+v, %d targets, %d drafters", rep.Status, rep.Moves,
+			len(rep.Stages["target"].Replicas), len(rep.Stages["drafter"].Replicas))
+	}
+	// Each worker says which drafter left and which target took its
+	// device; the target runs where the drafter did.
+	moved := regexp.MustCompile(`dflow worker (\S+): run \S+: drafter\[(\d+)\] leaves after its item in hand, and target\[(\d+)\] starts on its device`)
+	ms := moved.FindAllStringSubmatch(log, -1)
+	if len(ms) != 4 {
+		t.Fatalf("%d moves said by the workers, want 4:\n%s", len(ms), log)
+	}
+	where := map[string]map[int]string{}
+	for _, st := range []string{"target", "drafter"} {
+		where[st] = map[int]string{}
+		for _, r := range rep.Stages[st].Replicas {
+			where[st][r.Index] = r.Worker
+		}
+	}
+	for _, m := range ms {
+		d, _ := strconv.Atoi(m[2])
+		tg, _ := strconv.Atoi(m[3])
+		if where["target"][tg] != m[1] || where["drafter"][d] != m[1] {
+			t.Errorf("drafter %d on %s left for target %d on %s, said by worker %s", d, where["drafter"][d], tg, where["target"][tg], m[1])
+		}
+		for _, r := range rep.Stages["target"].Replicas {
+			if r.Index == tg && r.ItemsIn == 0 {
+				t.Errorf("target %d started on %s and took nothing", tg, m[1])
+			}
+		}
+	}
+}
+
+// TestRebalanceWorkerLost: a worker that a move gave a new target is
+// SIGKILLed after the move; its replicas restart on the others (the
+// target that started there among them, and its spare slots still
+// parked), and every item is counted once: ok, 300 through every edge.
+func TestRebalanceWorkerLost(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "live.hcl")
+	if err := os.WriteFile(spec, []byte(strings.Replace(liveSpec, "count = 300", "count = 400", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t)
+	ws := workers(t, srv.URL, srv.Token, 3)
+	out := filepath.Join(dir, "r.json")
+	coord := startDflow(t, nil, "run", spec, "--cluster", srv.URL, "--token", srv.Token, "--workers", "3",
+		"--lease", "2s", "--interval", "200ms", "--report", out)
+	var victim *proc
+	for deadline := time.Now().Add(60 * time.Second); victim == nil; time.Sleep(20 * time.Millisecond) {
+		for _, w := range ws {
+			if strings.Contains(w.output(), "starts on its device") {
+				victim = w
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no move within 60s:\n%s", coord.output())
+		}
+	}
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	if code := coord.wait(t, 120*time.Second); code != exitOK {
+		t.Fatalf("code %d\n%s", code, coord.output())
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.OK {
+		t.Fatalf("status %s: %s", rep.Status, rep.Error)
+	}
+	wantEdges(t, rep, 400)
+	if !strings.Contains(coord.output(), "lost") {
+		t.Errorf("no worker counted lost:\n%s", coord.output())
 	}
 }

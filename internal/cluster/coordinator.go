@@ -21,6 +21,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/figures"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
@@ -50,6 +51,11 @@ type CoordOptions struct {
 	// Pin[stage][i mod len], over the spec's placement attributes; the
 	// other stages spread evenly.
 	Pin map[string][]string
+	// Rebalance, for a graph with a rebalance block, is its policy: the
+	// coordinator moves replicas between the block's stages as it says
+	// (moves.go; engine.MovableAcross says which runs can). Nil: the run
+	// keeps its split.
+	Rebalance engine.RebalanceFor
 	// Timings are the run's lease and ack wait; unset ones take the
 	// defaults (the spec's lease, when it has one, comes in through the
 	// caller).
@@ -99,6 +105,8 @@ type Coordinator struct {
 	lastLoss time.Time
 	// dataKey opens the workers' data planes for this run (Job.DataKey)
 	dataKey string
+	// moves is a rebalance's record (moves.go); nil without one
+	moves *moves
 }
 
 // instance is one share of the run: a worker's, or a restart's.
@@ -148,6 +156,11 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 		return nil, err
 	}
 	c.place, c.remote, c.chained = control.Place(c.g, c.workers, c.kinds(), pins)
+	if o.Rebalance != nil && c.g.Rebalance != nil {
+		if err := c.addSlots(); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -402,6 +415,10 @@ func (l *runLoop) run() {
 	}
 }
 
+// over says the run drains, failed or was aborted: no move is made, and
+// the parked slots are released.
+func (l *runLoop) over() bool { return l.err != nil || l.status != "" }
+
 // fail records the run's first failure and aborts every share.
 func (l *runLoop) fail(err error) {
 	if l.err == nil {
@@ -463,7 +480,8 @@ func (l *runLoop) cancelled() {
 // sample takes a point of the series (and shows it to Observe).
 func (l *runLoop) sample() {
 	c := l.c
-	s := c.Snapshot()
+	all := c.Snapshot()
+	s := c.visible(all)
 	c.mu.Lock()
 	c.series = append(c.series, s.Sample(l.prev))
 	c.mu.Unlock()
@@ -472,6 +490,7 @@ func (l *runLoop) sample() {
 		c.o.Observe(s)
 	}
 	l.judge()
+	c.rebalance(all, l.over())
 }
 
 // tick reads every share's figures at least every second, monitoring or
@@ -480,8 +499,9 @@ func (l *runLoop) sample() {
 func (l *runLoop) tick() {
 	c := l.c
 	if l.ticks++; l.ticks%4 == 0 && (l.prev == nil || time.Since(l.prev.Time) > time.Second) {
-		c.Snapshot()
+		all := c.Snapshot()
 		l.judge()
+		c.rebalance(all, l.over())
 	}
 	if err := c.checkLive(l.ctx); err != nil {
 		l.fail(err)
@@ -590,6 +610,19 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Recount.MergeSources(c.recount)
 	job.Restore = maps.Clone(c.restores)
 	job.Attempt = maps.Clone(c.attempts)
+	if mv := c.moves; mv != nil {
+		job.Started, job.Released = map[string][]int{}, nil
+		for name, slots := range mv.started {
+			for i := range slots {
+				job.Started[name] = append(job.Started[name], i)
+			}
+		}
+		for name, rel := range mv.released {
+			if rel {
+				job.Released = append(job.Released, name)
+			}
+		}
+	}
 	c.mu.Unlock()
 	b, err := json.Marshal(&job)
 	if err != nil {

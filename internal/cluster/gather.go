@@ -84,7 +84,27 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return figures.Report(c.figures(), status, err)
+	rep, err := figures.Report(c.figures(), status, err)
+	if c.moves != nil {
+		// A rebalance's slots that never started are left out, as in one
+		// process (moves.go).
+		s := figures.Snapshot(c.figures(), time.Now())
+		for _, st := range s.Stages {
+			rs, ok := rep.Stages[st.Name]
+			if !ok || len(rs.Replicas) != len(st.Replicas) {
+				continue
+			}
+			var keep []report.Replica
+			for i, r := range rs.Replicas {
+				if !st.Replicas[i].Parked {
+					keep = append(keep, r)
+				}
+			}
+			rs.Replicas = keep
+			rep.Stages[st.Name] = rs
+		}
+	}
+	return rep, err
 }
 
 // failed is the report of a run that could not start.

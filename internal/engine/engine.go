@@ -59,6 +59,17 @@ type Options struct {
 	// says, while the run goes (rebalance.go; Movable says which runs
 	// can).
 	Rebalance RebalanceFor
+	// Parked, on a cluster, are the rebalanced stages' replicas that
+	// start parked: the last Parked[stage] of each, wired to the stage's
+	// queues as the graph has them; a move the coordinator decides starts
+	// one (Pipeline.Move), and Pipeline.Release takes those that will not
+	// start out of their queues (parked.go).
+	Parked map[string]int
+	// Started are the slots among them that a move has started already
+	// (they run from the start here: a share taking over a lost worker's
+	// replicas), and Released the stages whose slots were released.
+	Started  map[string][]int
+	Released []string
 }
 
 // Run is one execution of a graph.
@@ -68,6 +79,7 @@ type run struct {
 	stages   []*stage
 	edges    []*edge
 	draining chan struct{}
+	pumps    *pumps // the transports' pumps (startPumps)
 	coarse   coarseClock
 	// stop is set once the run is cancelled, srcStop once it is cancelled
 	// or drained: a replica's cheap test, before it blocks in a plain
@@ -300,6 +312,10 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 		wg.Add(1)
 		r.moves.wg, r.moves.ctx = &wg, ctx
 	}
+	// The pumps first: a parked replica that a move starts starts its
+	// own (parked.go).
+	stopPumps := r.startPumps(ctx)
+	defer stopPumps()
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
 			if rep.away || rep.parked.Load() {
@@ -313,10 +329,11 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			r.launch(rep, parent, &wg, nil)
 		}
 	}
+	for _, name := range r.opts.Released {
+		r.release(name) // released before this share started (parked.go)
+	}
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
-	stopPumps := r.startPumps(ctx)
-	defer stopPumps()
 
 	stopSampling := r.sample()
 	defer stopSampling()
@@ -335,6 +352,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 		case <-ctx.Done():
 			r.stop.set()
 			r.srcStop.set()
+			r.settle() // no parked replica holds the run any longer
 			// Release the waits the cancellation cannot reach, until every
 			// replica has returned or the grace period is over.
 			quit := make(chan struct{})
@@ -526,7 +544,7 @@ func (r *run) sample() (stop func()) {
 				}
 			}
 			r.checkDeadlock(now)
-			if r.moves != nil {
+			if r.moves != nil && r.moves.policy != nil {
 				r.rebalance(time.Now())
 			}
 			if r.opts.Interval > 0 {

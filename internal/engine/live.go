@@ -41,6 +41,9 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 		ss.Rebalanced = r.moves != nil && r.g.Rebalanced(st.g.Name)
 		for _, rp := range st.replicas {
 			if rp.parked.Load() {
+				if r.moves.across { // listed in its place (parked.go)
+					ss.Replicas = append(ss.Replicas, report.ReplicaSnapshot{Done: true, Parked: true})
+				}
 				continue // a rebalance's spare, not started (rebalance.go)
 			}
 			rs := rp.snapshot(start)
@@ -57,8 +60,8 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 			es.Produced += q.produced()
 			es.Consumed += q.consumed()
 			es.Queues = append(es.Queues, report.QueueSnapshot{
-				Depth: q.depth(), Open: q.Open(),
-				Producers: started(from, q, e.g.Queues[i].Producers), Consumers: e.g.Queues[i].Consumers,
+				Depth: q.depth(), Open: started(from, q, q.Open()),
+				Producers: started(from, q, q.producers), Consumers: e.g.Queues[i].Consumers,
 			})
 		}
 		s.Edges = append(s.Edges, es)
@@ -159,16 +162,16 @@ func markOf(rp *replica) *mark {
 	return v.(*mark)
 }
 
-// started are a queue's producers as its snapshot lists them: the
-// graph's, or, where a rebalance adds its spares to the queue, every one
-// that has started (a spare still parked neither holds the queue open nor
-// has finished with it).
-func started(from *stage, q *queue, graph []int) []int {
-	if len(q.producers) == len(graph) || from == nil {
-		return graph
+// started are those of a queue's producers listed (the graph's, or the
+// open ones) that its snapshot shows: where a rebalance gives the stage
+// spares, every one that has started (a spare still parked neither holds
+// the queue open, as a user sees it, nor has finished with it).
+func started(from *stage, q *queue, list []int) []int {
+	if from == nil || from.slots == 0 {
+		return list
 	}
 	var ps []int
-	for _, p := range q.producers {
+	for _, p := range list {
 		if p < len(from.replicas) && from.replicas[p].parked.Load() {
 			continue
 		}

@@ -59,8 +59,9 @@ type RebalanceFor func(*report.Snapshot) (moves []report.Move, done func(made bo
 
 // mover makes a run's moves.
 type mover struct {
-	policy RebalanceFor
-	mu     sync.Mutex // orders moves with replicas' starts
+	policy RebalanceFor // nil on a cluster: the coordinator decides (parked.go)
+	across bool         // on a cluster (parked.go)
+	mu     sync.Mutex   // orders moves with replicas' starts
 	// wg and ctx are execute's: a started replica is one more of the
 	// run's goroutines, under the run's context. The mover holds one
 	// count of wg until released: every replica has returned (settle).
@@ -135,7 +136,13 @@ func steps(spec *nodes.Spec, cfg *graph.Config) bool {
 // replicas there and back.
 func (r *run) parkSlots() error {
 	rb := r.g.Rebalance
-	if rb == nil || r.opts.Rebalance == nil {
+	if rb == nil {
+		return nil
+	}
+	if r.opts.Parked != nil {
+		return r.parkAcross()
+	}
+	if r.opts.Rebalance == nil {
 		return nil
 	}
 	if r.opts.Here != nil || r.opts.Transport != nil || r.opts.Chain != nil || r.opts.Group != nil {
@@ -407,6 +414,10 @@ func (s *stage) firstReserved() *replica {
 // queues, unless they have ended. The caller holds the mover's lock.
 func (r *run) startParked(next *replica, device string) {
 	m := r.moves
+	if m.across {
+		r.startParkedAcross(next, device)
+		return
+	}
 	// Count it on its queues while they are open: a queue none of
 	// whose producers is left has closed, and none of whose consumers is
 	// left has gone.
@@ -474,9 +485,10 @@ func (r *run) settle() {
 	if m.released {
 		return
 	}
+	ending := m.ctx.Err() != nil || r.stop.isSet()
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			if rep.running() {
+			if rep.running() || m.across && !ending && rep.waiting() {
 				return
 			}
 		}

@@ -66,6 +66,7 @@ type replica struct {
 	parked    atomic.Bool
 	retiring  atomic.Bool
 	reserved  bool
+	released  bool // on a cluster, a parked replica that will not start (parked.go)
 	begun     atomic.Pointer[time.Time]
 	successor atomic.Pointer[stage]
 	_         linePad

@@ -31,6 +31,9 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		st.Metrics, _ = s.merged()
 		for _, rp := range s.replicas {
 			if rp.parked.Load() {
+				if r.moves.across { // listed in its place (parked.go)
+					st.Replicas = append(st.Replicas, report.Replica{})
+				}
 				continue // a rebalance's spare, never started (rebalance.go)
 			}
 			st.Replicas = append(st.Replicas, rp.figures(r.start))

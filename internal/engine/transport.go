@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/dflow-dev/dflow/graph"
@@ -265,20 +263,27 @@ func (q *queue) depth() int {
 // cancels them and waits until they have returned.
 func (r *run) startPumps(ctx context.Context) (stop func()) {
 	pctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for _, e := range r.edges {
-		for _, q := range e.queues {
-			if q.t == nil || q.noLocalConsumers {
+	ps := &pumps{ctx: pctx, on: map[*queue]bool{}}
+	r.pumps = ps
+	// Every queue with a consumer here that has started (a parked one's
+	// starts with it, parked.go).
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			if rep.away || rep.parked.Load() {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := q.pump(pctx); err != nil {
-					r.fail(fmt.Errorf("edge %q: %s: transport: %w", e.g.Name, q.name(), err))
+			for _, in := range rep.inputs {
+				for _, iq := range in.all {
+					r.startPump(iq.q)
 				}
-			}()
+			}
 		}
 	}
-	return func() { cancel(); wg.Wait() }
+	return func() {
+		ps.mu.Lock()
+		ps.stopped = true
+		ps.mu.Unlock()
+		cancel()
+		ps.wg.Wait()
+	}
 }

@@ -30,7 +30,7 @@ var (
 		Doc: "seed of the service-time draws; replica i uses seed+i"}
 	// A cost that changes mid-run: a workload whose bottleneck moves.
 	fieldChangeAfter = graph.Field{Name: "change_after", Type: graph.Int, Default: cty.NumberIntVal(0),
-		Doc: "the stage's items (over its replicas) after which each takes changed_service_time; 0: no change by count"}
+		Doc: "the stage's items (over its replicas in one process: on a cluster, each worker counts its own) after which each takes changed_service_time; 0: no change by count"}
 	fieldChangeAt = graph.Field{Name: "change_at", Type: graph.String, Default: cty.StringVal(""),
 		Doc: `the time after the stage's start ("30s") from which each item takes changed_service_time; "": no change by time`}
 	fieldChanged = graph.Field{Name: "changed_service_time", Type: graph.String, Default: cty.StringVal(""),

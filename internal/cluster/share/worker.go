@@ -186,6 +186,9 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		}
 	}
 	g, err := w.o.Load(job)
+	if err == nil {
+		g, err = wire.WithSlots(g, job.Parked) // a rebalance's spare slots
+	}
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
 		return
@@ -247,6 +250,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		Chain:     l.ChainFor,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
 		Wrap:      func(s *graph.Stage, n nodes.Node) nodes.Node { return l.track(s, l.ranked(s, n)) },
+		Parked:    job.Parked, Started: job.Started, Released: job.Released,
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -263,6 +267,24 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		b, _ := json.Marshal(l.sent(p.Snapshot()))
 		m.Respond(b)
 	})
+	if job.Parked != nil {
+		// The coordinator's moves, this share's part of each (package
+		// engine's parked.go).
+		sub(wire.SubjMove(job.Run, inst), func(m *nats.Msg) {
+			var mv wire.Move
+			err := json.Unmarshal(m.Data, &mv)
+			switch {
+			case err != nil:
+			case mv.Release != "":
+				p.Release(mv.Release)
+			default:
+				if err = p.Move(mv.From, mv.Leave, mv.To, mv.Start); err == nil {
+					fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s[%d] leaves after its item in hand, and %s[%d] starts on its device\n", w.o.Name, job.Run, mv.From, mv.Leave, mv.To, mv.Start)
+				}
+			}
+			respond(m, err)
+		})
+	}
 	sub(wire.SubjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
 	var aborted atomic.Bool
 	sub(wire.SubjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/nodes"
 )
@@ -58,6 +59,49 @@ type Job struct {
 	// listens under the attempt), never at an earlier attempt's, whatever
 	// placement a member's job was sent with.
 	Attempt map[string]int `json:"attempt,omitempty"`
+	// Parked, by stage, are a rebalance's spare slots: the last Parked[s]
+	// replicas of each rebalanced stage, placed as Place says and parked
+	// until a move starts one (WithSlots; package engine's parked.go).
+	Parked map[string]int `json:"parked,omitempty"`
+	// Started are the slots a move has started, by stage, and Released
+	// the stages whose slots were released, as the job is sent: a share
+	// taking over a lost worker's replicas runs a slot that had started
+	// as a replica, and releases at once those of a released stage.
+	Started  map[string][]int `json:"started,omitempty"`
+	Released []string         `json:"released,omitempty"`
+}
+
+// WithSlots is g with each rebalanced stage's parked slots added to its
+// replicas (Job.Parked): the graph every worker of a run that moves
+// replicas builds, and its coordinator.
+func WithSlots(g *graph.Graph, parked map[string]int) (*graph.Graph, error) {
+	if len(parked) == 0 {
+		return g, nil
+	}
+	var changes []graph.Change
+	for _, s := range g.Stages {
+		if n := parked[s.Name]; n > 0 {
+			changes = append(changes, graph.SetReplicas(s.Name, s.Replicas+n))
+		}
+	}
+	out, diags := g.With(changes...)
+	if diags.HasErrors() {
+		return nil, fmt.Errorf("a rebalance's spare slots: %s", diags.Error())
+	}
+	return out, nil
+}
+
+// Move is a move the coordinator asks of a share (SubjMove): replica
+// Leave of stage From leaves after its item in hand, and the parked
+// replica Start of stage To starts on its device once it has; or, with
+// Release set, the stage's parked replicas that have not started will
+// not (package engine's parked.go).
+type Move struct {
+	From    string `json:"from,omitempty"`
+	Leave   int    `json:"leave,omitempty"`
+	To      string `json:"to,omitempty"`
+	Start   int    `json:"start,omitempty"`
+	Release string `json:"release,omitempty"`
 }
 
 // Hello is a worker's announcement.
@@ -93,6 +137,7 @@ func SubjDrain(run string) string            { return "dflow.r." + run + ".drain
 func SubjAbortShare(run, inst string) string { return "dflow.r." + run + ".abort." + Token(inst) }
 func SubjDone(run string) string             { return "dflow.r." + run + ".done" }
 func SubjSnap(run, inst string) string       { return "dflow.r." + run + ".snap." + Token(inst) }
+func SubjMove(run, inst string) string       { return "dflow.r." + run + ".move." + Token(inst) }
 func SubjGroup(run, stage string) string     { return "dflow.r." + run + ".grp." + Token(stage) }
 func SubjQueue(run string, e, q int) string  { return fmt.Sprintf("dflow.q.%s.%d.%d", run, e, q) }
 

@@ -1,0 +1,287 @@
+package cluster
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/cluster/control"
+	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/report"
+)
+
+// Moves across hosts (CoordOptions.Rebalance).
+//
+// The coordinator decides the moves on the merged figures of every
+// worker, and a worker makes its part of each (package engine's
+// parked.go). Every rebalanced stage gets spare slots, parked replicas of
+// its own: on each worker as many as the rebalanced replicas placed
+// there, so that any device there may go to any of the stages. A move of
+// a replica from stage A to stage B picks a running replica of A (the
+// highest index, leaving at least one running) on a worker that has a
+// parked slot of B, and asks that worker's share to let the replica leave
+// after its item in hand and start the slot on its device once it has:
+// the new replica runs where the freed device is. A stage whose started
+// replicas have all returned (its inputs ended), or every stage once the
+// run drains or fails, has its slots released: they will not start, and
+// their queues no longer wait for them.
+//
+// Moves on a cluster are of stateless kinds only (engine.MovableAcross),
+// and from a split at the full budget: a spare replica of the budget (a
+// move from no stage) has no device to start on.
+
+// moves is the coordinator's record of a rebalance across hosts.
+type moves struct {
+	// parked are the slots each rebalanced stage got (the last of its
+	// replicas), from is the first slot's index
+	parked map[string]int
+	from   map[string]int
+	// started are the slots a move started (or will, once the replica
+	// leaving their device has returned); leaving the replicas told to
+	// leave; released the stages whose slots were released
+	started, leaving map[string]map[int]bool
+	released         map[string]bool
+	made             []report.Move
+}
+
+// slots places a rebalance's spare slots: stage -> the worker of each,
+// as many on each worker as the rebalanced replicas placed there.
+func slots(stages []string, place map[string][]string, workers []string) map[string][]string {
+	on := map[string]int{}
+	for _, name := range stages {
+		for _, w := range place[name] {
+			on[w]++
+		}
+	}
+	out := map[string][]string{}
+	for _, name := range stages {
+		for _, w := range workers {
+			for range on[w] {
+				out[name] = append(out[name], w)
+			}
+		}
+	}
+	return out
+}
+
+// addSlots gives the rebalanced stages their parked slots, placed after
+// the replicas placed already (which stay where they were).
+func (c *Coordinator) addSlots() error {
+	rb := c.g.Rebalance
+	sl := slots(rb.Stages, c.place, c.workers)
+	mv := &moves{parked: map[string]int{}, from: map[string]int{},
+		started: map[string]map[int]bool{}, leaving: map[string]map[int]bool{}, released: map[string]bool{}}
+	pins := map[string][]string{}
+	for _, s := range c.g.Stages {
+		pins[s.Name] = c.place[s.Name]
+	}
+	for _, name := range rb.Stages {
+		mv.parked[name], mv.from[name] = len(sl[name]), c.g.Stage(name).Replicas
+		mv.started[name], mv.leaving[name] = map[int]bool{}, map[int]bool{}
+		pins[name] = append(slices.Clone(c.place[name]), sl[name]...)
+	}
+	g, err := wire.WithSlots(c.g, mv.parked)
+	if err != nil {
+		return err
+	}
+	c.g, c.o.Graph = g, g
+	c.place, c.remote, c.chained = control.Place(g, c.workers, c.kinds(), pins)
+	c.o.Job.Parked = mv.parked
+	c.moves = mv
+	return nil
+}
+
+// visible is s as a user sees it: the parked slots left out, and the
+// moves made so far.
+func (c *Coordinator) visible(s *report.Snapshot) *report.Snapshot {
+	if c.moves == nil {
+		return s
+	}
+	out := *s
+	out.Stages = make([]report.StageSnapshot, len(s.Stages))
+	for i, st := range s.Stages {
+		st.Rebalanced = c.moves.parked[st.Name] > 0
+		var reps []report.ReplicaSnapshot
+		for _, r := range st.Replicas {
+			if !r.Parked {
+				reps = append(reps, r)
+			}
+		}
+		st.Replicas = reps
+		out.Stages[i] = st
+	}
+	c.mu.Lock()
+	out.Moves = slices.Clone(c.moves.made)
+	c.mu.Unlock()
+	return &out
+}
+
+// rebalance releases the slots of the stages that have ended (of every
+// stage, once over is set: the run drains or fails), then asks the policy
+// for moves and makes them, at a snapshot s (the parked slots in it).
+func (c *Coordinator) rebalance(s *report.Snapshot, over bool) {
+	if c.moves == nil {
+		return
+	}
+	c.release(s, over)
+	if over || c.o.Rebalance == nil {
+		return
+	}
+	moves, done := c.o.Rebalance(c.visible(s))
+	if len(moves) == 0 {
+		return
+	}
+	made := c.move(s, moves)
+	if done != nil {
+		done(made)
+	}
+}
+
+// release releases the parked slots of each rebalanced stage whose
+// inputs have ended (or of all, with all set), on every share that has
+// one. An input has ended once every replica of the stage that feeds it
+// is done, as its share says: a share shows a producer done only once its
+// queues are closed there (package share's sent), so the stage's own
+// replicas that started finish what is left, and a slot started now
+// would find nothing.
+func (c *Coordinator) release(s *report.Snapshot, all bool) {
+	mv := c.moves
+	done := map[string]bool{} // stages whose every replica is done
+	for _, st := range s.Stages {
+		done[st.Name] = true
+		for _, r := range st.Replicas {
+			done[st.Name] = done[st.Name] && r.Done
+		}
+	}
+	for _, name := range c.g.Rebalance.Stages {
+		c.mu.Lock()
+		open := mv.parked[name] > 0 && !mv.released[name]
+		c.mu.Unlock()
+		if !open {
+			continue
+		}
+		ended := true
+		for _, e := range c.g.Edges {
+			if e.To.Stage.Name == name {
+				ended = ended && done[e.From.Stage.Name]
+			}
+		}
+		if !ended && !all {
+			continue
+		}
+		c.mu.Lock()
+		mv.released[name] = true
+		shares := map[string]bool{}
+		for i := mv.from[name]; i < len(c.place[name]); i++ {
+			if in := c.instances[c.place[name][i]]; in != nil && !in.done && !in.lost {
+				shares[in.name] = true
+			}
+		}
+		c.mu.Unlock()
+		for inst := range shares {
+			if err := c.ask(inst, wire.Move{Release: name}); err != nil {
+				fmt.Fprintf(c.o.Log, "dflow: rebalance: releasing the spare slots of stage %s on %s: %v\n", name, inst, err)
+			}
+		}
+	}
+}
+
+// move makes moves, each replica of each on the worker where a replica
+// of its From stage runs and a slot of its To stage is parked; it
+// reports whether it made any, and records those it made.
+func (c *Coordinator) move(s *report.Snapshot, moves []report.Move) bool {
+	mv := c.moves
+	made := false
+	for _, m := range moves {
+		n := 0
+		for range m.Replicas {
+			if m.From == "" {
+				break // a spare replica of the budget: no device on a cluster
+			}
+			leave, start, inst, ok := c.pick(s, m.From, m.To)
+			if !ok {
+				break
+			}
+			if err := c.ask(inst, wire.Move{From: m.From, Leave: leave, To: m.To, Start: start}); err != nil {
+				fmt.Fprintf(c.o.Log, "dflow: rebalance: moving %s[%d] to %s[%d] on %s: %v\n", m.From, leave, m.To, start, inst, err)
+				break
+			}
+			c.mu.Lock()
+			mv.leaving[m.From][leave] = true
+			mv.started[m.To][start] = true
+			c.mu.Unlock()
+			n++
+		}
+		if n > 0 {
+			m.Replicas = n
+			c.mu.Lock()
+			mv.made = append(mv.made, m)
+			c.mu.Unlock()
+			made = true
+		}
+	}
+	return made
+}
+
+// pick chooses a move of one replica from stage from to stage to: the
+// running replica of from of highest index, on a worker with a parked
+// slot of to, while another replica of from keeps running.
+func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start int, inst string, ok bool) {
+	mv := c.moves
+	var fs, ts *report.StageSnapshot
+	for i := range s.Stages {
+		switch s.Stages[i].Name {
+		case from:
+			fs = &s.Stages[i]
+		case to:
+			ts = &s.Stages[i]
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fs == nil || ts == nil || mv.released[to] || mv.released[from] {
+		return 0, 0, "", false
+	}
+	running := func(st *report.StageSnapshot, i int) bool {
+		r := st.Replicas[i]
+		return !r.Parked && !r.Done && !r.Left && !mv.leaving[st.Name][i]
+	}
+	var live []int
+	for i := range fs.Replicas {
+		if running(fs, i) {
+			live = append(live, i)
+		}
+	}
+	if len(live) < 2 {
+		return 0, 0, "", false
+	}
+	for k := len(live) - 1; k >= 0; k-- {
+		i := live[k]
+		w := c.place[from][i]
+		for j := mv.from[to]; j < len(ts.Replicas) && j < len(c.place[to]); j++ {
+			if c.place[to][j] == w && ts.Replicas[j].Parked && !mv.started[to][j] {
+				return i, j, w, true
+			}
+		}
+	}
+	return 0, 0, "", false
+}
+
+// ask sends share inst a move and waits for its answer.
+func (c *Coordinator) ask(inst string, m wire.Move) error {
+	b, _ := json.Marshal(m)
+	msg, err := c.o.Conn.Request(wire.SubjMove(c.run, inst), b, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	var r wire.Reply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return err
+	}
+	if r.Err != "" {
+		return errors.New(r.Err)
+	}
+	return nil
+}

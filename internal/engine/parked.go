@@ -1,0 +1,225 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// Moves on a cluster (Options.Parked).
+//
+// On a cluster the coordinator decides the moves, from every worker's
+// figures, and each worker's engine makes its part of one. The graph every
+// worker builds has each rebalanced stage's spare slots as replicas of
+// their own (the last Parked[stage] of the stage), placed on the workers
+// whose devices they may take and wired to the stage's queues as any
+// replica is. Parked, a slot counts as a producer and a consumer of its
+// queues, so that no engine's side of a queue closes, and no end of it is
+// written, while the slot may still start; but it takes nothing: a queue
+// on a transport whose consumers in this engine are all parked pulls
+// nothing until one of them starts.
+//
+// Move marks a running replica here as leaving and a parked slot here as
+// the one that starts on its device once it has returned, as a move in
+// one process does. Release takes a stage's slots that have not started
+// out of their queues, as if they had returned at once: the coordinator
+// releases them once every replica of the stage that started has
+// returned (its inputs have ended: a slot started now would find
+// nothing), or the run drains. The engine's run does not end while a slot
+// here is parked and not released, unless it is stopped.
+//
+// Only stateless kinds move on a cluster (MovableAcross): a group's state
+// handed between workers as a member joins is not there yet.
+
+// MovableAcross says why the replicas of g's rebalance block cannot move
+// during a run across hosts with reg's kinds, or returns nil when they
+// can.
+func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
+	if err := Movable(g, reg); err != nil {
+		return err
+	}
+	if reg == nil {
+		reg = nodes.Default
+	}
+	for _, name := range g.Rebalance.Stages {
+		s := g.Stage(name)
+		if spec, _ := reg.Spec(s.Node); spec == nil || !spec.Stateless || steps(spec, s.Config) {
+			return fmt.Errorf("%sstage %q: its replicas step together (node kind %s), and across hosts only the replicas of a stateless kind move during a run so far (in one process, a group's members move too)", at(s.NodeRange), name, s.Node)
+		}
+	}
+	return nil
+}
+
+// parkAcross marks the last Options.Parked[stage] replicas of each
+// rebalanced stage parked: they start when a move says so.
+func (r *run) parkAcross() error {
+	if err := MovableAcross(r.g, r.opts.Registry); err != nil {
+		return fmt.Errorf("rebalance: %w", err)
+	}
+	r.moves = &mover{across: true}
+	for name, p := range r.opts.Parked {
+		s := r.stage(name)
+		if s == nil || !r.g.Rebalanced(name) || p < 0 || p >= len(s.replicas) {
+			return fmt.Errorf("rebalance: %d parked replicas of stage %q, which has %d and is rebalanced: %v", p, name, len(s.replicas), r.g.Rebalanced(name))
+		}
+		s.slots = len(s.replicas)
+		g := newGroup(s.slots)
+		for i := s.slots - p; i < s.slots; i++ {
+			if !slices.Contains(r.opts.Started[name], i) {
+				g.left[i] = true
+				g.members--
+				s.replicas[i].parked.Store(true)
+			}
+		}
+		s.group = g
+	}
+	return nil
+}
+
+// waiting reports whether rep is a parked replica that may still start
+// (on a cluster: not released).
+func (rep *replica) waiting() bool {
+	return rep.parked.Load() && !rep.away && !rep.released
+}
+
+// startParkedAcross starts a parked replica on device, unless it was
+// released. The caller holds the mover's lock.
+func (r *run) startParkedAcross(next *replica, device string) {
+	m := r.moves
+	if next.released || !next.stage.group.join(next.index) {
+		return
+	}
+	next.device = device
+	now := time.Now()
+	next.begun.Store(&now)
+	r.launch(next, m.ctx, m.wg, func() {
+		next.ended.Store(0)
+		next.parked.Store(false)
+	})
+	for _, in := range next.inputs {
+		for _, iq := range in.all {
+			r.startPump(iq.q)
+		}
+	}
+}
+
+// Move is a move the coordinator of a run across hosts decided, this
+// engine's part of it: replica leave of stage from leaves after its item
+// in hand, and the parked replica start of stage to starts on its device
+// once it has returned.
+func (p *Pipeline) Move(from string, leave int, to string, start int) error {
+	r := p.r
+	m := r.moves
+	if m == nil || !m.across {
+		return errors.New("this run does not move replicas")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fs, ts := r.stage(from), r.stage(to)
+	switch {
+	case m.released:
+		return errors.New("the run has ended")
+	case fs == nil || ts == nil || !r.g.Rebalanced(from) || !r.g.Rebalanced(to) || from == to:
+		return fmt.Errorf("no move from stage %q to %q: both must be rebalanced stages", from, to)
+	case leave < 0 || leave >= len(fs.replicas) || start < 0 || start >= len(ts.replicas):
+		return fmt.Errorf("no replica %s[%d] or %s[%d]", from, leave, to, start)
+	}
+	lv, st := fs.replicas[leave], ts.replicas[start]
+	switch {
+	case lv.away || st.away:
+		return fmt.Errorf("replicas %s[%d] and %s[%d] are not both in this engine", from, leave, to, start)
+	case !lv.running() || lv.retiring.Load():
+		return fmt.Errorf("replica %s[%d] is not running", from, leave)
+	case !st.parked.Load() || st.reserved || st.released:
+		return fmt.Errorf("replica %s[%d] is not parked", to, start)
+	}
+	st.reserved = true
+	lv.successor.Store(ts)
+	lv.retiring.Store(true)
+	for _, in := range lv.inputs {
+		in.retire.Store(true)
+	}
+	return nil
+}
+
+// Release takes the parked replicas of stage in this engine that have not
+// started out of their queues, as if they had returned at once: a move
+// will not start them. It returns how many it released.
+func (p *Pipeline) Release(stage string) int { return p.r.release(stage) }
+
+func (r *run) release(stage string) int {
+	m := r.moves
+	s := r.stage(stage)
+	if m == nil || !m.across || s == nil {
+		return 0
+	}
+	m.mu.Lock()
+	var gone []*replica
+	for _, rep := range s.replicas {
+		if rep.waiting() {
+			rep.released, rep.reserved = true, false
+			gone = append(gone, rep)
+		}
+	}
+	m.mu.Unlock()
+	for _, rep := range gone {
+		for _, out := range rep.outputs {
+			for _, oe := range out.edges {
+				for _, oq := range oe.queues {
+					oq.q.producerDone(rep.index)
+				}
+			}
+		}
+		for _, in := range rep.inputs {
+			for _, iq := range in.all {
+				iq.q.consumerDone() // it read nothing: what is left is the other consumers'
+			}
+		}
+	}
+	r.settle()
+	return len(gone)
+}
+
+// Parked reports whether replica i of stage is a parked replica here that
+// has not started.
+func (p *Pipeline) Parked(stage string, i int) bool {
+	s := p.r.stage(stage)
+	return s != nil && i < len(s.replicas) && s.replicas[i].parked.Load() && !s.replicas[i].away
+}
+
+// pumps are the run's transport pumps: started with the run for every
+// queue with a consumer here that is not parked, and for the others as
+// a parked consumer starts (startPump).
+type pumps struct {
+	ctx context.Context
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	on  map[*queue]bool
+	// stopped: the run is over, no pump starts
+	stopped bool
+}
+
+// startPump starts q's pump, unless it runs or q has no transport.
+func (r *run) startPump(q *queue) {
+	ps := r.pumps
+	if q.t == nil || ps == nil {
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.stopped || ps.on[q] {
+		return
+	}
+	ps.on[q] = true
+	ps.wg.Go(func() {
+		if err := q.pump(ps.ctx); err != nil {
+			r.fail(fmt.Errorf("edge %q: %s: transport: %w", q.edge.g.Name, q.name(), err))
+		}
+	})
+}
