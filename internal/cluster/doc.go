@@ -98,4 +98,11 @@
 //     TestDeadlockAcrossWorkers, TestDeadlockStopsDrainAcrossWorkers.
 //  7. The coordinator's heartbeat, subscriptions and watches end with its
 //     Run. TestMain fails the package if a goroutine outlives its test.
+//  8. A rebalance moves a replica only where one of its stage keeps
+//     running, and starts the new one on the worker whose replica left;
+//     a stage's spare slots are let go once everything feeding its input
+//     has finished, or the run is over, and a share taking over a lost
+//     worker runs the slots a move had started. pick, release,
+//     startInstance (moves.go); in cmd/dflow TestRebalanceAcrossHosts and
+//     TestRebalanceWorkerLost.
 package cluster
