@@ -244,3 +244,28 @@ func TestRebalanceWorkerLost(t *testing.T) {
 		t.Errorf("no worker counted lost:\n%s", coord.output())
 	}
 }
+
+// TestRebalanceKeepsOnePerWorker: with one drafter on each of two
+// workers, no drafter moves to the targets, however busy they are: a
+// worker's side of the drafters' input holds what it fetched for its
+// drafter, and a parked slot would not read it. The run ends ok, every
+// item once.
+func TestRebalanceKeepsOnePerWorker(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "two.hcl")
+	two := strings.Replace(strings.Replace(liveSpec, "replicas = 7", "replicas = 2", 1), "count = 300", "count = 100", 1)
+	if err := os.WriteFile(spec, []byte(two), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "r.json")
+	coord := startDflow(t, nil, "run", spec, "--local-cluster", "2", "--interval", "200ms", "--report", out)
+	if code := coord.wait(t, 120*time.Second); code != exitOK {
+		t.Fatalf("code %d\n%s", code, coord.output())
+	}
+	rep := readReport(t, out)
+	wantEdges(t, rep, 100)
+	if rep.Status != report.OK || len(rep.Moves) != 0 || len(rep.Stages["drafter"].Replicas) != 2 {
+		t.Errorf("report: status %s, moves %+v, %d drafters", rep.Status, rep.Moves, len(rep.Stages["drafter"].Replicas))
+	}
+}

@@ -480,7 +480,7 @@ func (l *runLoop) cancelled() {
 // sample takes a point of the series (and shows it to Observe).
 func (l *runLoop) sample() {
 	c := l.c
-	all := c.Snapshot()
+	all := c.snapshotAll()
 	s := c.visible(all)
 	c.mu.Lock()
 	c.series = append(c.series, s.Sample(l.prev))
@@ -499,7 +499,7 @@ func (l *runLoop) sample() {
 func (l *runLoop) tick() {
 	c := l.c
 	if l.ticks++; l.ticks%4 == 0 && (l.prev == nil || time.Since(l.prev.Time) > time.Second) {
-		all := c.Snapshot()
+		all := c.snapshotAll()
 		l.judge()
 		c.rebalance(all, l.over())
 	}
@@ -620,6 +620,12 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 		for name, rel := range mv.released {
 			if rel {
 				job.Released = append(job.Released, name)
+			}
+		}
+		job.Left = map[string][]int{}
+		for name, left := range mv.leaving {
+			for i := range left {
+				job.Left[name] = append(job.Left[name], i)
 			}
 		}
 	}

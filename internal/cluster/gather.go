@@ -15,8 +15,13 @@ import (
 	"github.com/dflow-dev/dflow/report"
 )
 
-// Snapshot is the cluster's live snapshot: every instance's, merged.
-func (c *Coordinator) Snapshot() *report.Snapshot {
+// Snapshot is the cluster's live snapshot: every instance's, merged, as
+// a user sees it (a rebalance's slots that have not started left out).
+func (c *Coordinator) Snapshot() *report.Snapshot { return c.visible(c.snapshotAll()) }
+
+// snapshotAll is every instance's snapshot merged, every replica in its
+// place, a rebalance's parked slots included.
+func (c *Coordinator) snapshotAll() *report.Snapshot {
 	c.mu.Lock()
 	if c.snap != nil && time.Since(c.snapAt) < 100*time.Millisecond {
 		s := c.snap
@@ -85,23 +90,22 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rep, err := figures.Report(c.figures(), status, err)
-	if c.moves != nil {
+	if mv := c.moves; mv != nil {
 		// A rebalance's slots that never started are left out, as in one
 		// process (moves.go).
-		s := figures.Snapshot(c.figures(), time.Now())
-		for _, st := range s.Stages {
-			rs, ok := rep.Stages[st.Name]
-			if !ok || len(rs.Replicas) != len(st.Replicas) {
+		for name, from := range mv.from {
+			rs, ok := rep.Stages[name]
+			if !ok {
 				continue
 			}
 			var keep []report.Replica
-			for i, r := range rs.Replicas {
-				if !st.Replicas[i].Parked {
+			for _, r := range rs.Replicas {
+				if r.Index < from || mv.started[name][r.Index] {
 					keep = append(keep, r)
 				}
 			}
 			rs.Replicas = keep
-			rep.Stages[st.Name] = rs
+			rep.Stages[name] = rs
 		}
 	}
 	return rep, err

@@ -20,17 +20,20 @@ import (
 // its own: on each worker as many as the rebalanced replicas placed
 // there, so that any device there may go to any of the stages. A move of
 // a replica from stage A to stage B picks a running replica of A (the
-// highest index, leaving at least one running) on a worker that has a
-// parked slot of B, and asks that worker's share to let the replica leave
-// after its item in hand and start the slot on its device once it has:
-// the new replica runs where the freed device is. A stage whose started
-// replicas have all returned (its inputs ended), or every stage once the
-// run drains or fails, has its slots released: they will not start, and
-// their queues no longer wait for them.
+// highest index, on a worker where another replica of A runs, and that
+// has a parked slot of B), and asks that worker's share to let the
+// replica leave after its item in hand and start the slot on its device
+// once it has: the new replica runs where the freed device is. A stage
+// whose inputs have ended (every replica feeding them done), or every
+// stage once the run drains or fails, has its slots let go: they will not
+// start, and their queues no longer wait for them. A share taking over a
+// lost worker's replicas is told which slots had started and which
+// replicas had left (Job.Started, Job.Left).
 //
-// Moves on a cluster are of stateless kinds only (engine.MovableAcross),
-// and from a split at the full budget: a spare replica of the budget (a
-// move from no stage) has no device to start on.
+// Moves on a cluster are of stateless kinds that do not step together
+// only (engine.MovableAcross), and from a split at the full budget: a
+// spare replica of the budget (a move from no stage) has no device to
+// start on.
 
 // moves is the coordinator's record of a rebalance across hosts.
 type moves struct {
@@ -39,10 +42,13 @@ type moves struct {
 	parked map[string]int
 	from   map[string]int
 	// started are the slots a move started (or will, once the replica
-	// leaving their device has returned); leaving the replicas told to
-	// leave; released the stages whose slots were released
+	// leaving their device has returned), order them in the order moves
+	// chose them; leaving the replicas told to leave; released the stages
+	// whose slots are let go, and told the shares told so
 	started, leaving map[string]map[int]bool
+	order            map[string][]int
 	released         map[string]bool
+	told             map[string]map[string]bool
 	made             []report.Move
 }
 
@@ -71,15 +77,15 @@ func slots(stages []string, place map[string][]string, workers []string) map[str
 func (c *Coordinator) addSlots() error {
 	rb := c.g.Rebalance
 	sl := slots(rb.Stages, c.place, c.workers)
-	mv := &moves{parked: map[string]int{}, from: map[string]int{},
-		started: map[string]map[int]bool{}, leaving: map[string]map[int]bool{}, released: map[string]bool{}}
+	mv := &moves{parked: map[string]int{}, from: map[string]int{}, started: map[string]map[int]bool{},
+		leaving: map[string]map[int]bool{}, order: map[string][]int{}, released: map[string]bool{}, told: map[string]map[string]bool{}}
 	pins := map[string][]string{}
 	for _, s := range c.g.Stages {
 		pins[s.Name] = c.place[s.Name]
 	}
 	for _, name := range rb.Stages {
 		mv.parked[name], mv.from[name] = len(sl[name]), c.g.Stage(name).Replicas
-		mv.started[name], mv.leaving[name] = map[int]bool{}, map[int]bool{}
+		mv.started[name], mv.leaving[name], mv.told[name] = map[int]bool{}, map[int]bool{}, map[string]bool{}
 		pins[name] = append(slices.Clone(c.place[name]), sl[name]...)
 	}
 	g, err := wire.WithSlots(c.g, mv.parked)
@@ -93,28 +99,68 @@ func (c *Coordinator) addSlots() error {
 	return nil
 }
 
-// visible is s as a user sees it: the parked slots left out, and the
-// moves made so far.
+// visible is s as a user sees it: each rebalanced stage's replicas in a
+// fixed order (the spec's, then the slots in the order moves started
+// them, as in one process: a replica keeps its place from one snapshot
+// to the next, which the series and the policy's fits compare), the
+// slots no move started left out of the stages and of their edges'
+// producers, and the moves made so far.
 func (c *Coordinator) visible(s *report.Snapshot) *report.Snapshot {
-	if c.moves == nil {
+	mv := c.moves
+	if mv == nil {
 		return s
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := *s
+	out.Moves = slices.Clone(mv.made)
+	shown := func(stage string, i int) bool {
+		from, ok := mv.from[stage]
+		return !ok || i < from || mv.started[stage][i]
+	}
 	out.Stages = make([]report.StageSnapshot, len(s.Stages))
-	for i, st := range s.Stages {
-		st.Rebalanced = c.moves.parked[st.Name] > 0
-		var reps []report.ReplicaSnapshot
-		for _, r := range st.Replicas {
-			if !r.Parked {
-				reps = append(reps, r)
+	for si, st := range s.Stages {
+		if from, ok := mv.from[st.Name]; ok {
+			st.Rebalanced = true
+			reps := slices.Clone(st.Replicas[:min(from, len(st.Replicas))])
+			for _, j := range mv.order[st.Name] {
+				if j < len(st.Replicas) {
+					r := st.Replicas[j]
+					if r.Parked { // chosen, not yet started
+						r = report.ReplicaSnapshot{Worker: r.Worker}
+					}
+					reps = append(reps, r)
+				}
+			}
+			st.Replicas = reps
+		}
+		out.Stages[si] = st
+	}
+	out.Edges = make([]report.EdgeSnapshot, len(s.Edges))
+	for ei, e := range s.Edges {
+		if _, ok := mv.from[e.From]; ok {
+			e.Queues = slices.Clone(e.Queues)
+			for qi := range e.Queues {
+				q := &e.Queues[qi]
+				if ge := c.g.Edge(e.Name); ge != nil && qi < len(ge.Queues) {
+					q.Producers = nil
+					for _, p := range ge.Queues[qi].Producers {
+						if shown(e.From, p) {
+							q.Producers = append(q.Producers, p)
+						}
+					}
+				}
+				var open []int
+				for _, p := range q.Open {
+					if shown(e.From, p) {
+						open = append(open, p)
+					}
+				}
+				q.Open = open
 			}
 		}
-		st.Replicas = reps
-		out.Stages[i] = st
+		out.Edges[ei] = e
 	}
-	c.mu.Lock()
-	out.Moves = slices.Clone(c.moves.made)
-	c.mu.Unlock()
 	return &out
 }
 
@@ -139,51 +185,59 @@ func (c *Coordinator) rebalance(s *report.Snapshot, over bool) {
 	}
 }
 
-// release releases the parked slots of each rebalanced stage whose
-// inputs have ended (or of all, with all set), on every share that has
-// one. An input has ended once every replica of the stage that feeds it
-// is done, as its share says: a share shows a producer done only once its
-// queues are closed there (package share's sent), so the stage's own
-// replicas that started finish what is left, and a slot started now
-// would find nothing.
+// release lets go the parked slots of each rebalanced stage whose inputs
+// have ended (or of all, with all set), on every share that has one,
+// until each has said it did (one that did not answer is asked again at
+// the next look). An input has ended once every replica of the stage
+// that feeds it is done, as the share that runs it says (it shows a
+// producer done only once its queues are closed there: package share's
+// sent); a slot started now would find nothing.
 func (c *Coordinator) release(s *report.Snapshot, all bool) {
 	mv := c.moves
-	done := map[string]bool{} // stages whose every replica is done
+	c.mu.Lock()
+	done := map[string]bool{} // stages whose every replica is done, as its own share says
 	for _, st := range s.Stages {
 		done[st.Name] = true
-		for _, r := range st.Replicas {
-			done[st.Name] = done[st.Name] && r.Done
+		for i, r := range st.Replicas {
+			var own *instance
+			if i < len(c.place[st.Name]) {
+				own = c.instances[c.place[st.Name][i]]
+			}
+			said := own != nil && (own.last != nil || own.done)
+			done[st.Name] = done[st.Name] && r.Done && said
 		}
 	}
+	asks := map[string][]string{} // share -> stages to let go there
 	for _, name := range c.g.Rebalance.Stages {
-		c.mu.Lock()
-		open := mv.parked[name] > 0 && !mv.released[name]
-		c.mu.Unlock()
-		if !open {
-			continue
-		}
-		ended := true
-		for _, e := range c.g.Edges {
-			if e.To.Stage.Name == name {
-				ended = ended && done[e.From.Stage.Name]
+		if !mv.released[name] {
+			ended := true
+			for _, e := range c.g.Edges {
+				if e.To.Stage.Name == name {
+					ended = ended && done[e.From.Stage.Name]
+				}
 			}
+			if !ended && !all {
+				continue
+			}
+			mv.released[name] = true
 		}
-		if !ended && !all {
-			continue
-		}
-		c.mu.Lock()
-		mv.released[name] = true
-		shares := map[string]bool{}
 		for i := mv.from[name]; i < len(c.place[name]); i++ {
-			if in := c.instances[c.place[name][i]]; in != nil && !in.done && !in.lost {
-				shares[in.name] = true
+			in := c.instances[c.place[name][i]]
+			if in != nil && !in.done && !in.lost && !mv.told[name][in.name] && !slices.Contains(asks[in.name], name) {
+				asks[in.name] = append(asks[in.name], name)
 			}
 		}
-		c.mu.Unlock()
-		for inst := range shares {
+	}
+	c.mu.Unlock()
+	for inst, stages := range asks {
+		for _, name := range stages {
 			if err := c.ask(inst, wire.Move{Release: name}); err != nil {
-				fmt.Fprintf(c.o.Log, "dflow: rebalance: releasing the spare slots of stage %s on %s: %v\n", name, inst, err)
+				fmt.Fprintf(c.o.Log, "dflow: rebalance: letting the spare slots of stage %s go on %s: %v (asked again at the next look)\n", name, inst, err)
+				continue
 			}
+			c.mu.Lock()
+			mv.told[name][inst] = true
+			c.mu.Unlock()
 		}
 	}
 }
@@ -211,6 +265,7 @@ func (c *Coordinator) move(s *report.Snapshot, moves []report.Move) bool {
 			c.mu.Lock()
 			mv.leaving[m.From][leave] = true
 			mv.started[m.To][start] = true
+			mv.order[m.To] = append(mv.order[m.To], start)
 			c.mu.Unlock()
 			n++
 		}
@@ -257,9 +312,19 @@ func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start in
 	if len(live) < 2 {
 		return 0, 0, "", false
 	}
+	on := map[string]int{} // running replicas of from, by share
+	for _, i := range live {
+		on[c.place[from][i]]++
+	}
 	for k := len(live) - 1; k >= 0; k-- {
 		i := live[k]
 		w := c.place[from][i]
+		if on[w] < 2 {
+			// The last one here: its share's side of the stage's input
+			// queues holds what it fetched for the replicas here, which
+			// the parked slots would not read.
+			continue
+		}
 		for j := mv.from[to]; j < len(ts.Replicas) && j < len(c.place[to]); j++ {
 			if c.place[to][j] == w && ts.Replicas[j].Parked && !mv.started[to][j] {
 				return i, j, w, true
@@ -272,7 +337,7 @@ func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start in
 // ask sends share inst a move and waits for its answer.
 func (c *Coordinator) ask(inst string, m wire.Move) error {
 	b, _ := json.Marshal(m)
-	msg, err := c.o.Conn.Request(wire.SubjMove(c.run, inst), b, 10*time.Second)
+	msg, err := c.o.Conn.Request(wire.SubjMove(c.run, inst), b, 5*time.Second)
 	if err != nil {
 		return err
 	}

@@ -67,8 +67,10 @@ type Options struct {
 	Parked map[string]int
 	// Started are the slots among them that a move has started already
 	// (they run from the start here: a share taking over a lost worker's
-	// replicas), and Released the stages whose slots were released.
+	// replicas), Left the replicas a move took away (they do not run
+	// again), and Released the stages whose slots were released.
 	Started  map[string][]int
+	Left     map[string][]int
 	Released []string
 }
 
@@ -310,7 +312,9 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 		// The mover's count: held while a move may start a replica, let
 		// go once every replica has returned (settle, rebalance.go).
 		wg.Add(1)
+		r.moves.mu.Lock()
 		r.moves.wg, r.moves.ctx = &wg, ctx
+		r.moves.mu.Unlock()
 	}
 	// The pumps first: a parked replica that a move starts starts its
 	// own (parked.go).
@@ -318,8 +322,8 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 	defer stopPumps()
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			if rep.away || rep.parked.Load() {
-				rep.markAway(r.start) // runs in another engine, or not yet (rebalance.go)
+			if rep.away || rep.parked.Load() || rep.gone {
+				rep.markAway(r.start) // runs in another engine, or not yet, or no more (rebalance.go, parked.go)
 				continue
 			}
 			parent := ctx
@@ -329,9 +333,7 @@ func (r *run) execute(parent context.Context) (*report.Report, error) {
 			r.launch(rep, parent, &wg, nil)
 		}
 	}
-	for _, name := range r.opts.Released {
-		r.release(name) // released before this share started (parked.go)
-	}
+	r.releaseAtStart() // released or left before the run started here (parked.go)
 	finished := make(chan struct{})
 	go func() { wg.Wait(); close(finished) }()
 

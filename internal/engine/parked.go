@@ -22,24 +22,31 @@ import (
 // replica is. Parked, a slot counts as a producer and a consumer of its
 // queues, so that no engine's side of a queue closes, and no end of it is
 // written, while the slot may still start; but it takes nothing: a queue
-// on a transport whose consumers in this engine are all parked pulls
-// nothing until one of them starts.
+// on a transport whose consumers in this engine have never started pulls
+// nothing until one of them starts. (Once one has, one stays until the
+// input ends: the coordinator never moves the last replica of a stage
+// away from a worker, for what that worker's side of the queue fetched
+// would wait there unread; takeOut fails the run if it ever did.)
 //
 // Move marks a running replica here as leaving and a parked slot here as
 // the one that starts on its device once it has returned, as a move in
 // one process does. Release takes a stage's slots that have not started
 // out of their queues, as if they had returned at once: the coordinator
-// releases them once every replica of the stage that started has
-// returned (its inputs have ended: a slot started now would find
-// nothing), or the run drains. The engine's run does not end while a slot
-// here is parked and not released, unless it is stopped.
+// lets them go once every replica that feeds the stage's inputs has
+// finished (a slot started now would find nothing), or the run drains or
+// fails; one asked for before the run started here is made as it starts.
+// The engine's run does not end while a slot here is parked and not
+// released, unless it is stopped. A share taking over a lost worker's
+// replicas runs the slots a move had started (Options.Started) and not
+// the replicas a move took away (Options.Left).
 //
-// Only stateless kinds move on a cluster (MovableAcross): a group's state
-// handed between workers as a member joins is not there yet.
+// Only stateless kinds that do not step together move on a cluster
+// (MovableAcross): a group's members joining across workers is not there
+// yet.
 
 // MovableAcross says why the replicas of g's rebalance block cannot move
-// during a run across hosts with reg's kinds, or returns nil when they
-// can.
+// during a run across hosts with reg's kinds (a kind that keeps state, or
+// whose replicas step together), or returns nil when they can.
 func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
 	if err := Movable(g, reg); err != nil {
 		return err
@@ -57,7 +64,9 @@ func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
 }
 
 // parkAcross marks the last Options.Parked[stage] replicas of each
-// rebalanced stage parked: they start when a move says so.
+// rebalanced stage parked, but those a move has started already
+// (Options.Started); and the replicas a move took away (Options.Left),
+// which do not run again here.
 func (r *run) parkAcross() error {
 	if err := MovableAcross(r.g, r.opts.Registry); err != nil {
 		return fmt.Errorf("rebalance: %w", err)
@@ -65,8 +74,13 @@ func (r *run) parkAcross() error {
 	r.moves = &mover{across: true}
 	for name, p := range r.opts.Parked {
 		s := r.stage(name)
-		if s == nil || !r.g.Rebalanced(name) || p < 0 || p >= len(s.replicas) {
-			return fmt.Errorf("rebalance: %d parked replicas of stage %q, which has %d and is rebalanced: %v", p, name, len(s.replicas), r.g.Rebalanced(name))
+		switch {
+		case s == nil:
+			return fmt.Errorf("rebalance: spare slots for stage %q, which is not in the graph", name)
+		case !r.g.Rebalanced(name):
+			return fmt.Errorf("rebalance: spare slots for stage %q, which the rebalance block does not name", name)
+		case p < 0 || p >= len(s.replicas):
+			return fmt.Errorf("rebalance: %d spare slots for stage %q, which has %d replicas with them", p, name, len(s.replicas))
 		}
 		s.slots = len(s.replicas)
 		g := newGroup(s.slots)
@@ -79,7 +93,47 @@ func (r *run) parkAcross() error {
 		}
 		s.group = g
 	}
+	for name, left := range r.opts.Left {
+		s := r.stage(name)
+		if s == nil {
+			return fmt.Errorf("rebalance: replicas of stage %q left, which is not in the graph", name)
+		}
+		for _, i := range left {
+			if i >= 0 && i < len(s.replicas) && !s.replicas[i].away {
+				s.replicas[i].gone = true
+			}
+		}
+	}
 	return nil
+}
+
+// releaseAtStart takes out of their queues, once the run has started
+// here, the replicas a move took away before (Options.Left: they ran on a
+// worker since lost) and the slots of the stages released before
+// (Options.Released), and those a Release asked for before the run
+// started.
+func (r *run) releaseAtStart() {
+	m := r.moves
+	if m == nil || !m.across {
+		return
+	}
+	var gone []*replica
+	for _, s := range r.stages {
+		for _, rep := range s.replicas {
+			if rep.gone {
+				gone = append(gone, rep)
+			}
+		}
+	}
+	r.takeOut(gone)
+	m.mu.Lock()
+	stages := append(slices.Clone(r.opts.Released), m.early...)
+	m.early = nil
+	m.mu.Unlock()
+	for _, name := range stages {
+		r.release(name)
+	}
+	r.settle()
 }
 
 // waiting reports whether rep is a parked replica that may still start
@@ -160,6 +214,11 @@ func (r *run) release(stage string) int {
 		return 0
 	}
 	m.mu.Lock()
+	if m.wg == nil { // before the run started here: at its start
+		m.early = append(m.early, stage)
+		m.mu.Unlock()
+		return 0
+	}
 	var gone []*replica
 	for _, rep := range s.replicas {
 		if rep.waiting() {
@@ -168,7 +227,17 @@ func (r *run) release(stage string) int {
 		}
 	}
 	m.mu.Unlock()
-	for _, rep := range gone {
+	r.takeOut(gone)
+	r.settle()
+	return len(gone)
+}
+
+// takeOut takes replicas that will not run out of their queues, as if
+// they had returned at once. A consumer side left with items taken and
+// no replica to read them fails the run (it cannot happen: a move leaves
+// a replica of its stage running on its worker, coordinator's pick).
+func (r *run) takeOut(reps []*replica) {
+	for _, rep := range reps {
 		for _, out := range rep.outputs {
 			for _, oe := range out.edges {
 				for _, oq := range oe.queues {
@@ -178,12 +247,13 @@ func (r *run) release(stage string) int {
 		}
 		for _, in := range rep.inputs {
 			for _, iq := range in.all {
-				iq.q.consumerDone() // it read nothing: what is left is the other consumers'
+				q := iq.q
+				if _, unread := q.consumerDone(); unread > 0 {
+					r.fail(fmt.Errorf("edge %q: %d items taken for stage %q in this engine, and no replica of it left here to read them", q.edge.g.Name, unread, q.edge.g.To.Stage.Name))
+				}
 			}
 		}
 	}
-	r.settle()
-	return len(gone)
 }
 
 // Parked reports whether replica i of stage is a parked replica here that

@@ -39,8 +39,9 @@ import (
 // The stages that move are those whose kind keeps nothing between items
 // (nodes.Spec Stateless), and group kinds whose state moves (Spec.Moves:
 // drafter_train, lm_train), but not those that restart whole (Spec.Whole:
-// a torch process group's world size is fixed); a run on a cluster does
-// not move replicas (Movable says why). Replicas that step together
+// a torch process group's world size is fixed); on a cluster, only
+// stateless kinds that do not step together move, as the coordinator
+// decides (parked.go, MovableAcross). Replicas that step together
 // leave and join at a step boundary: the one that leaves leaves the group
 // after its last step (its item in hand trained), and the others go on
 // without it, their state as it was; the one that starts joins the
@@ -61,6 +62,7 @@ type RebalanceFor func(*report.Snapshot) (moves []report.Move, done func(made bo
 type mover struct {
 	policy RebalanceFor // nil on a cluster: the coordinator decides (parked.go)
 	across bool         // on a cluster (parked.go)
+	early  []string     // on a cluster, stages released before the run started here
 	mu     sync.Mutex   // orders moves with replicas' starts
 	// wg and ctx are execute's: a started replica is one more of the
 	// run's goroutines, under the run's context. The mover holds one
@@ -146,7 +148,7 @@ func (r *run) parkSlots() error {
 		return nil
 	}
 	if r.opts.Here != nil || r.opts.Transport != nil || r.opts.Chain != nil || r.opts.Group != nil {
-		return fmt.Errorf("rebalance: replicas do not move during a run across hosts yet")
+		return fmt.Errorf("rebalance: a run across hosts moves replicas as its coordinator decides (Options.Parked), not by a policy of its own")
 	}
 	if err := Movable(r.g, r.opts.Registry); err != nil {
 		return fmt.Errorf("rebalance: %w", err)
@@ -484,6 +486,9 @@ func (r *run) settle() {
 	defer m.mu.Unlock()
 	if m.released {
 		return
+	}
+	if m.wg == nil {
+		return // the run has not started
 	}
 	ending := m.ctx.Err() != nil || r.stop.isSet()
 	for _, s := range r.stages {

@@ -67,6 +67,7 @@ type replica struct {
 	retiring  atomic.Bool
 	reserved  bool
 	released  bool // on a cluster, a parked replica that will not start (parked.go)
+	gone      bool // on a cluster, a replica a move took away before a restart (parked.go)
 	begun     atomic.Pointer[time.Time]
 	successor atomic.Pointer[stage]
 	_         linePad

@@ -32,7 +32,7 @@ func (r *run) report(now time.Time, status string, err error) *report.Report {
 		for _, rp := range s.replicas {
 			if rp.parked.Load() {
 				if r.moves.across { // listed in its place (parked.go)
-					st.Replicas = append(st.Replicas, report.Replica{})
+					st.Replicas = append(st.Replicas, report.Replica{Index: rp.index, Device: rp.device})
 				}
 				continue // a rebalance's spare, never started (rebalance.go)
 			}

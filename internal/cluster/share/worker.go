@@ -250,7 +250,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 		Chain:     l.ChainFor,
 		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
 		Wrap:      func(s *graph.Stage, n nodes.Node) nodes.Node { return l.track(s, l.ranked(s, n)) },
-		Parked:    job.Parked, Started: job.Started, Released: job.Released,
+		Parked:    job.Parked, Started: job.Started, Left: job.Left, Released: job.Released,
 	})
 	if err != nil {
 		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
@@ -276,7 +276,11 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 			switch {
 			case err != nil:
 			case mv.Release != "":
+				// Said at once: letting the slots go may close queues
+				// (their ends written) for a while.
+				respond(m, nil)
 				p.Release(mv.Release)
+				return
 			default:
 				if err = p.Move(mv.From, mv.Leave, mv.To, mv.Start); err == nil {
 					fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s[%d] leaves after its item in hand, and %s[%d] starts on its device\n", w.o.Name, job.Run, mv.From, mv.Leave, mv.To, mv.Start)

@@ -66,9 +66,12 @@ type Job struct {
 	// Started are the slots a move has started, by stage, and Released
 	// the stages whose slots were released, as the job is sent: a share
 	// taking over a lost worker's replicas runs a slot that had started
-	// as a replica, and releases at once those of a released stage.
+	// as a replica, and lets go at once those of a released stage.
 	Started  map[string][]int `json:"started,omitempty"`
 	Released []string         `json:"released,omitempty"`
+	// Left are the replicas a move took away, by stage: a share taking
+	// over a lost worker's does not run them again.
+	Left map[string][]int `json:"left,omitempty"`
 }
 
 // WithSlots is g with each rebalanced stage's parked slots added to its
