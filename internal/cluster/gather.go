@@ -92,7 +92,8 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 	rep, err := figures.Report(c.figures(), status, err)
 	if mv := c.moves; mv != nil {
 		// A rebalance's slots that never started are left out, as in one
-		// process (moves.go).
+		// process (moves.go); one that shows items is kept whatever the
+		// record says.
 		for name, from := range mv.from {
 			rs, ok := rep.Stages[name]
 			if !ok {
@@ -100,7 +101,7 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 			}
 			var keep []report.Replica
 			for _, r := range rs.Replicas {
-				if r.Index < from || mv.started[name][r.Index] {
+				if r.Index < from || mv.started[name][r.Index] || r.ItemsIn+r.ItemsOut > 0 {
 					keep = append(keep, r)
 				}
 			}

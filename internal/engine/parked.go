@@ -40,27 +40,23 @@ import (
 // replicas runs the slots a move had started (Options.Started) and not
 // the replicas a move took away (Options.Left).
 //
-// Only stateless kinds that do not step together move on a cluster
-// (MovableAcross): a group's members joining across workers is not there
-// yet.
+// A group stage moves on a cluster as in one process (MovableAcross):
+// the member that leaves leaves the group at a step boundary, and a slot
+// that starts joins it (Joiner), taking the group's state over where it
+// moves, as a member restarted elsewhere does (package group's Host.Park
+// and opJoin).
 
 // MovableAcross says why the replicas of g's rebalance block cannot move
-// during a run across hosts with reg's kinds (a kind that keeps state, or
-// whose replicas step together), or returns nil when they can.
+// during a run across hosts with reg's kinds, or returns nil when they
+// can: those that move in one process (Movable).
 func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
-	if err := Movable(g, reg); err != nil {
-		return err
-	}
-	if reg == nil {
-		reg = nodes.Default
-	}
-	for _, name := range g.Rebalance.Stages {
-		s := g.Stage(name)
-		if spec, _ := reg.Spec(s.Node); spec == nil || !spec.Stateless || steps(spec, s.Config) {
-			return fmt.Errorf("%sstage %q: its replicas step together (node kind %s), and across hosts only the replicas of a stateless kind move during a run so far (in one process, a group's members move too)", at(s.NodeRange), name, s.Node)
-		}
-	}
-	return nil
+	return Movable(g, reg)
+}
+
+// A Joiner is a RemoteGroup told that a parked replica joins: it takes
+// the group's state over, as a member restarted elsewhere does.
+type Joiner interface {
+	Joins(replica int)
 }
 
 // parkAcross marks the last Options.Parked[stage] replicas of each
@@ -148,6 +144,9 @@ func (r *run) startParkedAcross(next *replica, device string) {
 	m := r.moves
 	if next.released || !next.stage.group.join(next.index) {
 		return
+	}
+	if j, ok := next.stage.remote.(Joiner); ok {
+		j.Joins(next.index)
 	}
 	next.device = device
 	now := time.Now()

@@ -91,6 +91,17 @@ func WithSlots(g *graph.Graph, parked map[string]int) (*graph.Graph, error) {
 	if diags.HasErrors() {
 		return nil, fmt.Errorf("a rebalance's spare slots: %s", diags.Error())
 	}
+	if out.Rebalance == nil {
+		// `dflow run --rebalance` on a spec without the block: the
+		// workers load the spec without it, so the slots name the stages
+		rb := &graph.Rebalance{FromFlag: true}
+		for _, s := range out.Stages {
+			if parked[s.Name] > 0 {
+				rb.Stages = append(rb.Stages, s.Name)
+			}
+		}
+		out.Rebalance = rb
+	}
 	return out, nil
 }
 
