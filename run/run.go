@@ -162,12 +162,38 @@ func policy(g *graph.Graph, opts Options) (engine.RebalanceFor, func(*report.Sna
 		if !d.Move {
 			return nil, nil
 		}
+		asked := make([]int, len(d.Transfers))
+		for i, t := range d.Transfers {
+			asked[i] = t.Replicas
+		}
 		return d.Transfers, func(ok bool) {
 			if ok {
+				// A cluster's coordinator may make fewer than asked (a
+				// worker keeps one replica of each stage it runs): the
+				// split is what was made.
+				var kept []report.Move
+				for i, t := range d.Transfers {
+					if short := asked[i] - t.Replicas; short > 0 {
+						if t.From != "" {
+							d.Split[t.From] += short
+						}
+						d.Split[t.To] -= short
+					}
+					if t.Replicas > 0 {
+						kept = append(kept, t)
+					}
+				}
+				d.Transfers = kept
+				// Made now: a look ends between two ticks, and on a
+				// cluster a tick may be a second apart.
+				at := snap.Elapsed + time.Since(snap.Time)
+				for i := range d.Transfers {
+					d.Transfers[i].T = at.Seconds()
+				}
 				rb.Moved(d)
 				made++
 				if opts.Moved != nil {
-					opts.Moved(snap.Elapsed, decision(d))
+					opts.Moved(at, decision(d))
 				}
 			}
 		}

@@ -50,6 +50,7 @@ type moves struct {
 	released         map[string]bool
 	told             map[string]map[string]bool
 	made             []report.Move
+	said             string // the last move not made, as the log said it
 }
 
 // slots places a rebalance's spare slots: stage -> the worker of each,
@@ -242,48 +243,79 @@ func (c *Coordinator) release(s *report.Snapshot, all bool) {
 	}
 }
 
-// move makes moves, each replica of each on the worker where a replica
-// of its From stage runs and a slot of its To stage is parked; it
-// reports whether it made any, and records those it made.
+// move makes moves, as many replicas of each as can be placed: each on
+// the worker where a replica of its From stage runs and a slot of its To
+// stage is parked (pick). One that cannot be placed (no worker has a
+// replica to spare beside a slot, or a spare of the budget, which has no
+// device here) is not made, and the log says why, once for each reason;
+// moves[i].Replicas is set to what was made (the policy records that),
+// and it reports whether any was. The moves made are recorded, stamped
+// with the time they were made.
 func (c *Coordinator) move(s *report.Snapshot, moves []report.Move) bool {
 	mv := c.moves
-	made := false
-	for _, m := range moves {
-		n := 0
-		for range m.Replicas {
-			if m.From == "" {
-				break // a spare replica of the budget: no device on a cluster
-			}
-			leave, start, inst, ok := c.pick(s, m.From, m.To)
-			if !ok {
-				break
-			}
-			if err := c.ask(inst, wire.Move{From: m.From, Leave: leave, To: m.To, Start: start}); err != nil {
-				fmt.Fprintf(c.o.Log, "dflow: rebalance: moving %s[%d] to %s[%d] on %s: %v\n", m.From, leave, m.To, start, inst, err)
-				break
-			}
-			c.mu.Lock()
-			mv.leaving[m.From][leave] = true
-			mv.started[m.To][start] = true
-			mv.order[m.To] = append(mv.order[m.To], start)
-			c.mu.Unlock()
-			n++
+	type unit struct {
+		i            int // of moves
+		leave, start int
+		inst         string
+	}
+	var plan []unit
+	taken := map[string]map[int]bool{}
+	for i, m := range moves {
+		why, n := "", 0
+		if m.From == "" {
+			why = "a spare replica of the budget has no device on a cluster"
 		}
-		if n > 0 {
-			m.Replicas = n
-			c.mu.Lock()
+		for ; why == "" && n < m.Replicas; n++ {
+			leave, start, inst, ok := c.pick(s, m.From, m.To, taken)
+			if !ok {
+				why = fmt.Sprintf("no worker has a replica of %s to spare beside a slot of %s (a worker keeps one replica of each stage it runs)", m.From, m.To)
+				break
+			}
+			plan = append(plan, unit{i, leave, start, inst})
+		}
+		if why != "" {
+			from := m.From
+			if from == "" {
+				from = "(spare)"
+			}
+			if msg := fmt.Sprintf("dflow: rebalance: %d of the %d replicas %s -> %s the policy would move can move: %s", n, m.Replicas, from, m.To, why); msg != mv.said {
+				mv.said = msg
+				fmt.Fprintln(c.o.Log, msg)
+			}
+		}
+		moves[i].Replicas = 0 // counted again as they are made
+	}
+	for _, u := range plan {
+		m := moves[u.i]
+		if err := c.ask(u.inst, wire.Move{From: m.From, Leave: u.leave, To: m.To, Start: u.start}); err != nil {
+			fmt.Fprintf(c.o.Log, "dflow: rebalance: moving %s[%d] to %s[%d] on %s: %v\n", m.From, u.leave, m.To, u.start, u.inst, err)
+			continue
+		}
+		c.mu.Lock()
+		mv.leaving[m.From][u.leave] = true
+		mv.started[m.To][u.start] = true
+		mv.order[m.To] = append(mv.order[m.To], u.start)
+		c.mu.Unlock()
+		moves[u.i].Replicas++
+	}
+	at := time.Since(c.start).Seconds()
+	any := false
+	c.mu.Lock()
+	for _, m := range moves {
+		if m.Replicas > 0 {
+			m.T = at
 			mv.made = append(mv.made, m)
-			c.mu.Unlock()
-			made = true
+			any = true
 		}
 	}
-	return made
+	c.mu.Unlock()
+	return any
 }
 
 // pick chooses a move of one replica from stage from to stage to: the
 // running replica of from of highest index, on a worker with a parked
 // slot of to, while another replica of from keeps running.
-func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start int, inst string, ok bool) {
+func (c *Coordinator) pick(s *report.Snapshot, from, to string, taken map[string]map[int]bool) (leave, start int, inst string, ok bool) {
 	mv := c.moves
 	var fs, ts *report.StageSnapshot
 	for i := range s.Stages {
@@ -301,7 +333,13 @@ func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start in
 	}
 	running := func(st *report.StageSnapshot, i int) bool {
 		r := st.Replicas[i]
-		return !r.Parked && !r.Done && !r.Left && !mv.leaving[st.Name][i]
+		return !r.Parked && !r.Done && !r.Left && !mv.leaving[st.Name][i] && !taken[st.Name][i]
+	}
+	take := func(stage string, i int) {
+		if taken[stage] == nil {
+			taken[stage] = map[int]bool{}
+		}
+		taken[stage][i] = true
 	}
 	var live []int
 	for i := range fs.Replicas {
@@ -326,7 +364,9 @@ func (c *Coordinator) pick(s *report.Snapshot, from, to string) (leave, start in
 			continue
 		}
 		for j := mv.from[to]; j < len(ts.Replicas) && j < len(c.place[to]); j++ {
-			if c.place[to][j] == w && ts.Replicas[j].Parked && !mv.started[to][j] {
+			if c.place[to][j] == w && ts.Replicas[j].Parked && !mv.started[to][j] && !taken[to][j] {
+				take(from, i)
+				take(to, j)
 				return i, j, w, true
 			}
 		}
