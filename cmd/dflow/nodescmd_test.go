@@ -120,7 +120,7 @@ func TestNodesKind(t *testing.T) {
 		"  config service_time string = \"0s\": time per item: a Go duration or a distribution such as \"lognormal(40ms, 0.2)\"\n" +
 		"  config speed list(number): one factor per replica: replica i takes service_time / speed[i % len(speed)]\n" +
 		"  config seed int = 1: seed of the service-time draws; replica i uses seed+i\n" +
-		"  config change_after int = 0: the stage's items (over its replicas) after which each takes changed_service_time; 0: no change by count\n" +
+		"  config change_after int = 0: the stage's items (over its replicas in one process: on a cluster, each worker counts its own) after which each takes changed_service_time; 0: no change by count\n" +
 		"  config change_at string = \"\": the time after the stage's start (\"30s\") from which each item takes changed_service_time; \"\": no change by time\n" +
 		"  config changed_service_time string = \"\": service_time from the change (change_after or change_at) on; speed applies to it too\n"
 	if code != exitOK || stdout != want {

@@ -40,23 +40,40 @@ import (
 // replicas runs the slots a move had started (Options.Started) and not
 // the replicas a move took away (Options.Left).
 //
-// A group stage moves on a cluster as in one process (MovableAcross):
-// the member that leaves leaves the group at a step boundary, and a slot
-// that starts joins it (Joiner), taking the group's state over where it
-// moves, as a member restarted elsewhere does (package group's Host.Park
-// and opJoin).
+// Only replicas that work alone move on a cluster (MovableAcross): a
+// group's members leaving and joining across workers, with what a
+// member lost after it left had trained, is not there yet.
 
 // MovableAcross says why the replicas of g's rebalance block cannot move
 // during a run across hosts with reg's kinds, or returns nil when they
 // can: those that move in one process (Movable).
 func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
-	return Movable(g, reg)
+	if err := Movable(g, reg); err != nil {
+		return err
+	}
+	if reg == nil {
+		reg = nodes.Default
+	}
+	for _, name := range g.Rebalance.Stages {
+		s := g.Stage(name)
+		spec, _ := reg.Spec(s.Node)
+		switch {
+		case spec == nil:
+		case steps(spec, s.Config):
+			return fmt.Errorf("%sstage %q: its replicas step together (node kind %s%s), and across hosts only replicas that work alone move during a run (in one process a group's members move too)", at(s.NodeRange), name, s.Node, syncSaid(s))
+		case !spec.Stateless:
+			return fmt.Errorf("%sstage %q: its replicas train one model together (node kind %s), and across hosts only replicas that work alone move during a run (in one process a group's members move too)", at(s.NodeRange), name, s.Node)
+		}
+	}
+	return nil
 }
 
-// A Joiner is a RemoteGroup told that a parked replica joins: it takes
-// the group's state over, as a member restarted elsewhere does.
-type Joiner interface {
-	Joins(replica int)
+// syncSaid is ", sync = true" where the stage's config says it.
+func syncSaid(s *graph.Stage) string {
+	if s.Config != nil && s.Config.Bool("sync") {
+		return ", sync = true"
+	}
+	return ""
 }
 
 // parkAcross marks the last Options.Parked[stage] replicas of each
@@ -144,9 +161,6 @@ func (r *run) startParkedAcross(next *replica, device string) {
 	m := r.moves
 	if next.released || !next.stage.group.join(next.index) {
 		return
-	}
-	if j, ok := next.stage.remote.(Joiner); ok {
-		j.Joins(next.index)
 	}
 	next.device = device
 	now := time.Now()
@@ -292,10 +306,3 @@ func (r *run) startPump(q *queue) {
 		}
 	})
 }
-
-// Free says that the replica's node has returned, though a runtime
-// around it still waits before it returns in turn (a member of a group
-// across workers that saves waits for the group's final save to settle
-// what it trained): a move that takes its device starts the replica that
-// takes over now, not at the run's end.
-func (rep *replica) Free() { rep.stage.run.succeed(rep) }

@@ -40,8 +40,8 @@ import (
 // (nodes.Spec Stateless), and group kinds whose state moves (Spec.Moves:
 // drafter_train, lm_train), but not those that restart whole (Spec.Whole:
 // a torch process group's world size is fixed); on a cluster, only
-// stateless kinds that do not step together move, as the coordinator
-// decides (parked.go, MovableAcross). Replicas that step together
+// replicas that work alone (stateless kinds that do not step together)
+// move, as the coordinator decides (parked.go, MovableAcross). Replicas that step together
 // leave and join at a step boundary: the one that leaves leaves the group
 // after its last step (its item in hand trained), and the others go on
 // without it, their state as it was; the one that starts joins the
@@ -384,7 +384,7 @@ func (rep *replica) running() bool {
 // successor's queues have.
 func (r *run) succeed(rep *replica) {
 	to := rep.successor.Load()
-	if to == nil || r.moves == nil || !rep.handedOver.CompareAndSwap(false, true) {
+	if to == nil || r.moves == nil {
 		return
 	}
 	m := r.moves
