@@ -289,3 +289,27 @@ func TestRebalanceGroupAcrossHostsKeepsSplit(t *testing.T) {
 		t.Errorf("report: status %s, moves %+v, %d targets, %d drafters", rep.Status, rep.Moves, len(rep.Stages["target"].Replicas), len(rep.Stages["drafter"].Replicas))
 	}
 }
+
+// TestRebalanceFlagAcrossHosts: --rebalance on a spec without the block
+// moves replicas across hosts as the block does (the workers load the
+// spec without it: their graphs take the rebalanced stages from the spare
+// slots, which stay parked until a move starts one).
+func TestRebalanceFlagAcrossHosts(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "flag.hcl")
+	src := liveSpec[:strings.Index(liveSpec, "rebalance {")]
+	if err := os.WriteFile(spec, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "r.json")
+	coord := startDflow(t, nil, "run", spec, "--rebalance", "--local-cluster", "2", "--interval", "200ms", "--report", out)
+	if code := coord.wait(t, 120*time.Second); code != exitOK {
+		t.Fatalf("code %d\n%s", code, coord.output())
+	}
+	rep := readReport(t, out)
+	wantEdges(t, rep, 300)
+	if rep.Status != report.OK || len(rep.Moves) == 0 || len(rep.Stages["target"].Replicas) != 1+rep.Moves[0].Replicas {
+		t.Errorf("report: status %s, moves %+v, %d targets\n%s", rep.Status, rep.Moves, len(rep.Stages["target"].Replicas), coord.output())
+	}
+}
