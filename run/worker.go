@@ -121,6 +121,9 @@ func Worker(ctx context.Context, o WorkerOptions) error {
 		AfterSend: crashAfterSends(os.Getenv(crashEnv)),
 		Roots:     &roots,
 		Load: func(job *cluster.Job) (*graph.Graph, error) {
+			if os.Getenv(stopEnv) != "" {
+				stopSelf() // a test hook: stalled while it takes its share
+			}
 			l := &graph.Loader{Catalog: reg, Vars: job.Vars, VarFiles: job.VarFiles, Sets: job.Sets,
 				Plugins:    plugins.LoaderHook(reg, dirs),
 				FindPlugin: workerPlugin(dirs)}
@@ -196,6 +199,11 @@ func workerRoots(o WorkerOptions) (cluster.Roots, []string, error) {
 // restartable stage send there, before the item it came from is
 // committed (cmd/dflow's TestCrashAfterSend).
 const crashEnv = "DFLOW_TEST_CRASH_AFTER_SENDS"
+
+// stopEnv is a test hook: a worker started with it set stops itself
+// (SIGSTOP) as a job comes, before it has taken its share: silent, as a
+// host that hangs (cmd/dflow's TestWorkerSilentWhileTaking).
+const stopEnv = "DFLOW_TEST_STOP_ON_JOB"
 
 func crashAfterSends(v string) func(stage string) {
 	stage, count, _ := strings.Cut(v, ":")

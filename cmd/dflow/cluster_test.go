@@ -914,3 +914,22 @@ edge "e" {
 		t.Errorf("an unusable --data-addr: code %d\n%s", code, stderr)
 	}
 }
+
+// TestWorkerSilentWhileTaking: a worker that hangs as it takes its share
+// (stopped, its announcements with it) fails the run once it has been
+// silent for a lease, naming it: the coordinator waits for a share by
+// the worker's announcements, which go on while it builds its nodes (a
+// model's load may take minutes), not for a fixed time.
+func TestWorkerSilentWhileTaking(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	w := startDflow(t, []string{"DFLOW_CLUSTER_TOKEN=" + srv.Token, "DFLOW_TEST_STOP_ON_JOB=1"}, "worker", "--join", srv.URL, "--name", "w1")
+	w.waitFor(t, "waiting for a job", 20*time.Second)
+	began := time.Now()
+	coord := startDflow(t, nil, "run", "../../specs/seed.hcl", "--cluster", srv.URL, "--token", srv.Token, "--workers", "1",
+		"--lease", "2s", "--var", "items=10", "--interval", "0")
+	code := coord.wait(t, 60*time.Second)
+	if took := time.Since(began); code != exitFailed || !strings.Contains(coord.output(), "worker w1 went silent for 2s while it took its share") || took > 25*time.Second {
+		t.Errorf("code %d after %v\n%s", code, took.Round(time.Second), coord.output())
+	}
+}

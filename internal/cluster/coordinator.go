@@ -634,9 +634,9 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	if err != nil {
 		return err
 	}
-	m, err := c.o.Conn.Request(wire.SubjRun(worker), b, 30*time.Second)
+	m, err := c.take(worker, b)
 	if err != nil {
-		return fmt.Errorf("worker %s did not take its share: %w", worker, err)
+		return err
 	}
 	var r wire.Reply
 	json.Unmarshal(m.Data, &r)
@@ -644,6 +644,54 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 		return errors.New(r.Err)
 	}
 	return nil
+}
+
+// maxTake bounds how long a worker may take to take its share.
+const maxTake = 30 * time.Minute
+
+// take sends worker its share's job and waits for the answer. A share
+// answers once it has built its nodes, which may load a model for
+// minutes: the wait lasts while the worker still announces itself (its
+// announcements go on while it builds), and ends, with an error naming
+// it, once it has been silent past the lease, or after maxTake.
+func (c *Coordinator) take(worker string, job []byte) (*nats.Msg, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), maxTake)
+	defer cancel()
+	var silent atomic.Bool
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	began := time.Now() // silence counts from here: its hellos may not have been heard before
+	watch.Go(func() {
+		t := time.NewTicker(wire.HelloEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			c.mu.Lock()
+			quiet := min(c.silent(worker), time.Since(began))
+			c.mu.Unlock()
+			if quiet > c.o.Timings.Lease {
+				silent.Store(true)
+				cancel()
+				return
+			}
+		}
+	})
+	m, err := c.o.Conn.RequestWithContext(ctx, wire.SubjRun(worker), job)
+	close(stop)
+	watch.Wait()
+	switch {
+	case err == nil:
+		return m, nil
+	case silent.Load():
+		return nil, fmt.Errorf("worker %s went silent for %v while it took its share (it announces itself while it builds its nodes)", worker, c.o.Timings.Lease)
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, fmt.Errorf("worker %s did not take its share within %v", worker, maxTake)
+	}
+	return nil, fmt.Errorf("worker %s did not take its share: %w", worker, err)
 }
 
 // Run is the cluster's run id.
