@@ -164,8 +164,11 @@ func TestRunSignals(t *testing.T) {
 			args := []string{"run", "../../specs/seed.hcl", "--var", "items=100000", "--report", out}
 			if signals == 2 {
 				// a drain that takes seconds, so the second Ctrl-C falls in
-				// it on a loaded machine too (it finished first now and then)
-				args = append(args, "--set", "stage.drafter.config.service_time=400ms")
+				// it on a loaded machine too: the drafters' step in hand
+				// alone takes 2s (with 400ms the drain finished first in a
+				// full race run, the first Ctrl-C come as the run began,
+				// with little in flight)
+				args = append(args, "--set", "stage.drafter.config.service_time=2s")
 			}
 			cmd := exec.Command(os.Args[0], args...)
 			cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
