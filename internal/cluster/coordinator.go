@@ -613,9 +613,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	if mv := c.moves; mv != nil {
 		job.Started, job.Released = map[string][]int{}, nil
 		for name, slots := range mv.started {
-			for i := range slots {
-				job.Started[name] = append(job.Started[name], i)
-			}
+			job.Started[name] = slices.Clone(slots)
 		}
 		for name, rel := range mv.released {
 			if rel {

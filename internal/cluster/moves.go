@@ -42,15 +42,15 @@ type moves struct {
 	parked map[string]int
 	from   map[string]int
 	// started are the slots a move started (or will, once the replica
-	// leaving their device has returned), order them in the order moves
-	// chose them; leaving the replicas told to leave; released the stages
-	// whose slots are let go, and told the shares told so
-	started, leaving map[string]map[int]bool
-	order            map[string][]int
-	released         map[string]bool
-	told             map[string]map[string]bool
-	made             []report.Move
-	said             string // the last move not made, as the log said it
+	// leaving their device has returned), in the order moves chose them;
+	// leaving the replicas told to leave; released the stages whose slots
+	// are let go, and told the shares told so
+	started  map[string][]int
+	leaving  map[string]map[int]bool
+	released map[string]bool
+	told     map[string]map[string]bool
+	made     []report.Move
+	said     string // the last move not made, as the log said it
 }
 
 // slots places a rebalance's spare slots: stage -> the worker of each,
@@ -78,15 +78,15 @@ func slots(stages []string, place map[string][]string, workers []string) map[str
 func (c *Coordinator) addSlots() error {
 	rb := c.g.Rebalance
 	sl := slots(rb.Stages, c.place, c.workers)
-	mv := &moves{parked: map[string]int{}, from: map[string]int{}, started: map[string]map[int]bool{},
-		leaving: map[string]map[int]bool{}, order: map[string][]int{}, released: map[string]bool{}, told: map[string]map[string]bool{}}
+	mv := &moves{parked: map[string]int{}, from: map[string]int{}, started: map[string][]int{},
+		leaving: map[string]map[int]bool{}, released: map[string]bool{}, told: map[string]map[string]bool{}}
 	pins := map[string][]string{}
 	for _, s := range c.g.Stages {
 		pins[s.Name] = c.place[s.Name]
 	}
 	for _, name := range rb.Stages {
 		mv.parked[name], mv.from[name] = len(sl[name]), c.g.Stage(name).Replicas
-		mv.started[name], mv.leaving[name], mv.told[name] = map[int]bool{}, map[int]bool{}, map[string]bool{}
+		mv.leaving[name], mv.told[name] = map[int]bool{}, map[string]bool{}
 		pins[name] = append(slices.Clone(c.place[name]), sl[name]...)
 	}
 	g, err := wire.WithSlots(c.g, mv.parked)
@@ -117,14 +117,14 @@ func (c *Coordinator) visible(s *report.Snapshot) *report.Snapshot {
 	out.Moves = slices.Clone(mv.made)
 	shown := func(stage string, i int) bool {
 		from, ok := mv.from[stage]
-		return !ok || i < from || mv.started[stage][i]
+		return !ok || i < from || slices.Contains(mv.started[stage], i)
 	}
 	out.Stages = make([]report.StageSnapshot, len(s.Stages))
 	for si, st := range s.Stages {
 		if from, ok := mv.from[st.Name]; ok {
 			st.Rebalanced = true
 			reps := slices.Clone(st.Replicas[:min(from, len(st.Replicas))])
-			for _, j := range mv.order[st.Name] {
+			for _, j := range mv.started[st.Name] {
 				if j < len(st.Replicas) {
 					r := st.Replicas[j]
 					if r.Parked { // chosen, not yet started
@@ -293,8 +293,7 @@ func (c *Coordinator) move(s *report.Snapshot, moves []report.Move) bool {
 		}
 		c.mu.Lock()
 		mv.leaving[m.From][u.leave] = true
-		mv.started[m.To][u.start] = true
-		mv.order[m.To] = append(mv.order[m.To], u.start)
+		mv.started[m.To] = append(mv.started[m.To], u.start)
 		c.mu.Unlock()
 		moves[u.i].Replicas++
 	}
@@ -364,7 +363,7 @@ func (c *Coordinator) pick(s *report.Snapshot, from, to string, taken map[string
 			continue
 		}
 		for j := mv.from[to]; j < len(ts.Replicas) && j < len(c.place[to]); j++ {
-			if c.place[to][j] == w && ts.Replicas[j].Parked && !mv.started[to][j] && !taken[to][j] {
+			if c.place[to][j] == w && ts.Replicas[j].Parked && !slices.Contains(mv.started[to], j) && !taken[to][j] {
 				take(from, i)
 				take(to, j)
 				return i, j, w, true

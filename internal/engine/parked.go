@@ -269,13 +269,6 @@ func (r *run) takeOut(reps []*replica) {
 	}
 }
 
-// Parked reports whether replica i of stage is a parked replica here that
-// has not started.
-func (p *Pipeline) Parked(stage string, i int) bool {
-	s := p.r.stage(stage)
-	return s != nil && i < len(s.replicas) && s.replicas[i].parked.Load() && !s.replicas[i].away
-}
-
 // pumps are the run's transport pumps: started with the run for every
 // queue with a consumer here that is not parked, and for the others as
 // a parked consumer starts (startPump).

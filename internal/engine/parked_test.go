@@ -62,7 +62,7 @@ func TestMoveAcross(t *testing.T) {
 	if err := p.Move("a", 2, "b", 1); err == nil {
 		t.Error("the same move twice: no error")
 	}
-	poll("b[1] started", func() bool { return !p.Parked("b", 1) })
+	poll("b[1] started", func() bool { return !p.Snapshot().Stage("b").Replicas[1].Parked })
 	if n := p.Release("b"); n != 0 {
 		t.Errorf("released %d of b, whose only slot started", n)
 	}
