@@ -313,6 +313,13 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	for _, s := range c.g.Stages {
 		if wire.Hosted(c.o.Registry, s, c.place[s.Name]) {
 			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
+			if mv := c.moves; mv != nil && mv.parked[s.Name] > 0 {
+				var slots []int // a rebalance's: members once a move starts them (moves.go)
+				for i := mv.from[s.Name]; i < s.Replicas; i++ {
+					slots = append(slots, i)
+				}
+				h.Park(slots)
+			}
 			groups[s.Name] = h
 			sub(wire.SubjGroup(c.run, s.Name), h.Handle)
 		}

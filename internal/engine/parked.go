@@ -40,41 +40,25 @@ import (
 // replicas runs the slots a move had started (Options.Started) and not
 // the replicas a move took away (Options.Left).
 //
-// Only replicas that work alone move on a cluster (MovableAcross): a
-// group's members leaving and joining across workers, with what a
-// member lost after it left had trained, is not there yet.
+// A group stage moves on a cluster as in one process (MovableAcross):
+// the member that leaves leaves the group at a step boundary, and a slot
+// that starts joins it (Joiner), taking the group's state over where it
+// moves, as a member restarted elsewhere does (package group's Host.Park
+// and opJoin).
 
 // MovableAcross says why the replicas of g's rebalance block cannot move
 // during a run across hosts with reg's kinds, or returns nil when they
 // can: those that move in one process (Movable).
 func MovableAcross(g *graph.Graph, reg *nodes.Registry) error {
-	if err := Movable(g, reg); err != nil {
-		return err
-	}
-	if reg == nil {
-		reg = nodes.Default
-	}
-	for _, name := range g.Rebalance.Stages {
-		s := g.Stage(name)
-		spec, _ := reg.Spec(s.Node)
-		switch {
-		case spec == nil:
-		case steps(spec, s.Config):
-			return fmt.Errorf("%sstage %q: its replicas step together (node kind %s%s), and across hosts only replicas that work alone move during a run (in one process a group's members move too)", at(s.NodeRange), name, s.Node, syncSaid(s))
-		case !spec.Stateless:
-			return fmt.Errorf("%sstage %q: its replicas train one model together (node kind %s), and across hosts only replicas that work alone move during a run (in one process a group's members move too)", at(s.NodeRange), name, s.Node)
-		}
-	}
-	return nil
+	return Movable(g, reg)
 }
 
-// syncSaid is ", sync = true" where the stage's config says it.
-func syncSaid(s *graph.Stage) string {
-	if s.Config != nil && s.Config.Bool("sync") {
-		return ", sync = true"
-	}
-	return ""
+// A Joiner is a RemoteGroup told that a parked replica joins: it takes
+// the group's state over, as a member restarted elsewhere does.
+type Joiner interface {
+	Joins(replica int)
 }
+
 
 // parkAcross marks the last Options.Parked[stage] replicas of each
 // rebalanced stage parked, but those a move has started already
@@ -161,6 +145,9 @@ func (r *run) startParkedAcross(next *replica, device string) {
 	m := r.moves
 	if next.released || !next.stage.group.join(next.index) {
 		return
+	}
+	if j, ok := next.stage.remote.(Joiner); ok {
+		j.Joins(next.index)
 	}
 	next.device = device
 	now := time.Now()

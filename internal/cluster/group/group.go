@@ -138,6 +138,9 @@ type Host struct {
 	// stash the state received, until the restart has fetched it, and
 	// joiner the restart's opJoin, waiting for it
 	due      []bool
+	// parked marks a rebalance's spare slot (Park): not present, and
+	// present once a move starts it, as a lost member's restart is
+	parked []bool
 	donor    []int
 	incoming map[int][]byte
 	stash    map[int][]byte
@@ -168,7 +171,7 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 	h := &Host{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
 		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]TrainedItem, replicas),
 		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
-		saveStep: -1, restore: make([]bool, replicas),
+		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas),
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
 		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
@@ -176,6 +179,21 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 		h.donor[i] = -1
 	}
 	return h
+}
+
+// Park takes a rebalance's spare slots out of the group as the run
+// starts: a move starts one (package engine's parked.go), which joins the
+// group then as a lost member's restart does (opJoin, where the state
+// moves; its first step, where not).
+func (h *Host) Park(replicas []int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, i := range replicas {
+		if i >= 0 && i < len(h.left) && !h.left[i] {
+			h.left[i], h.parked[i] = true, true
+			h.members--
+		}
+	}
 }
 
 // partValues is how many float32s a message of maxPayload bytes carries
@@ -207,6 +225,11 @@ func (h *Host) Handle(m *nats.Msg) {
 		h.fetchLocked(m)
 		return
 	case opJoin:
+		if h.parked[replica] && h.left[replica] {
+			// a slot a move started: it takes the state over as a
+			// lost member's restart does
+			h.parked[replica], h.due[replica] = false, true
+		}
 		h.joinLocked(replica, m)
 		return
 	case opState:
@@ -226,9 +249,10 @@ func (h *Host) Handle(m *nats.Msg) {
 		h.doneLocked(replica, m)
 		return
 	}
-	if h.due[replica] && !h.keeps {
-		// a restart of a stage that moves no state: back at its first step
-		h.due[replica], h.left[replica] = false, false
+	if (h.due[replica] || h.parked[replica] && h.left[replica]) && !h.keeps {
+		// a restart of a stage that moves no state, or a slot a move
+		// started: present from its first step
+		h.due[replica], h.parked[replica], h.left[replica] = false, false, false
 		h.members++
 	}
 	first := op != opReduce || len(m.Data) >= 13 && binary.LittleEndian.Uint32(m.Data[9:]) == 0
@@ -842,9 +866,22 @@ type Member struct {
 	Stepped func(replica int, round uint32)
 	Durable func(replica int, round uint32)
 
-	mu     sync.Mutex
-	states map[int]nodes.State // what each replica gave Keep
-	saving map[int]bool        // the replicas that called Saves
+	mu      sync.Mutex
+	states  map[int]nodes.State // what each replica gave Keep
+	saving  map[int]bool        // the replicas that called Saves
+	joining map[int]bool        // slots a move started: Keep takes the group's state (Joins)
+}
+
+// Joins notes that replica, a rebalance's spare slot, starts now: it
+// takes the group's state over at its Keep, as a restart does (package
+// engine's Joiner).
+func (g *Member) Joins(replica int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.joining == nil {
+		g.joining = map[int]bool{}
+	}
+	g.joining[replica] = true
 }
 
 func (g *Member) call(ctx context.Context, op byte, replica int, args ...uint32) ([]byte, error) {
@@ -937,8 +974,10 @@ func (g *Member) Keep(ctx context.Context, replica int, st nodes.State) error {
 		g.states = map[int]nodes.State{}
 	}
 	g.states[replica] = st
+	joins := g.joining[replica]
+	delete(g.joining, replica)
 	g.mu.Unlock()
-	if !g.Restart {
+	if !g.Restart && !joins {
 		return nil
 	}
 	ans, err := g.call(ctx, opJoin, replica)
