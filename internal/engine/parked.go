@@ -286,3 +286,10 @@ func (r *run) startPump(q *queue) {
 		}
 	})
 }
+
+// Free says that the replica's node has returned, though a runtime
+// around it still waits before it returns in turn (a member of a group
+// across workers that saves waits for the group's final save to settle
+// what it trained): a move that takes its device starts the replica that
+// takes over now, not at the run's end.
+func (rep *replica) Free() { rep.stage.run.succeed(rep) }

@@ -384,7 +384,7 @@ func (rep *replica) running() bool {
 // successor's queues have.
 func (r *run) succeed(rep *replica) {
 	to := rep.successor.Load()
-	if to == nil || r.moves == nil {
+	if to == nil || r.moves == nil || !rep.handedOver.CompareAndSwap(false, true) {
 		return
 	}
 	m := r.moves

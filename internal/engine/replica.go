@@ -68,6 +68,10 @@ type replica struct {
 	reserved  bool
 	released  bool // on a cluster, a parked replica that will not start (parked.go)
 	gone      bool // on a cluster, a replica a move took away before a restart (parked.go)
+	// handedOver: the replica that takes over its device after a move
+	// has been started (succeed), at its return or as its node returned
+	// (Free)
+	handedOver atomic.Bool
 	begun     atomic.Pointer[time.Time]
 	successor atomic.Pointer[stage]
 	_         linePad

@@ -312,6 +312,9 @@ func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 		return true
 	case g != nil:
 		t.Replica.Group().Leave() // its group's rounds do not wait for it
+		if f, ok := t.Replica.(interface{ Free() }); ok {
+			f.Free() // a move that takes its device goes on now
+		}
 		end := func() {}
 		if w, ok := t.Replica.(interface{ WaitIdle() (end func()) }); ok {
 			end = w.WaitIdle() // the wait for the final save is idle, not work
