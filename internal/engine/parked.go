@@ -59,7 +59,6 @@ type Joiner interface {
 	Joins(replica int)
 }
 
-
 // parkAcross marks the last Options.Parked[stage] replicas of each
 // rebalanced stage parked, but those a move has started already
 // (Options.Started); and the replicas a move took away (Options.Left),

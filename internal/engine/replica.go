@@ -63,18 +63,18 @@ type replica struct {
 	// started yet; begun, when it started; retiring, it leaves at its
 	// next Recv, and a replica of the stage successor starts after it;
 	// reserved (under the mover's lock), a parked replica chosen to start.
-	parked    atomic.Bool
-	retiring  atomic.Bool
-	reserved  bool
-	released  bool // on a cluster, a parked replica that will not start (parked.go)
-	gone      bool // on a cluster, a replica a move took away before a restart (parked.go)
+	parked   atomic.Bool
+	retiring atomic.Bool
+	reserved bool
+	released bool // on a cluster, a parked replica that will not start (parked.go)
+	gone     bool // on a cluster, a replica a move took away before a restart (parked.go)
 	// handedOver: the replica that takes over its device after a move
 	// has been started (succeed), at its return or as its node returned
 	// (Free)
 	handedOver atomic.Bool
-	begun     atomic.Pointer[time.Time]
-	successor atomic.Pointer[stage]
-	_         linePad
+	begun      atomic.Pointer[time.Time]
+	successor  atomic.Pointer[stage]
+	_          linePad
 }
 
 func (r *replica) Stage() string  { return r.stage.g.Name }

@@ -137,10 +137,10 @@ type Host struct {
 	// donor the member sending it (-1: none yet), incoming its parts,
 	// stash the state received, until the restart has fetched it, and
 	// joiner the restart's opJoin, waiting for it
-	due      []bool
+	due []bool
 	// parked marks a rebalance's spare slot (Park): not present, and
 	// present once a move starts it, as a lost member's restart is
-	parked []bool
+	parked   []bool
 	donor    []int
 	incoming map[int][]byte
 	stash    map[int][]byte
