@@ -311,7 +311,7 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	}
 	groups := map[string]*group.Host{}
 	for _, s := range c.g.Stages {
-		if wire.Hosted(c.o.Registry, s, c.place[s.Name]) {
+		if wire.Hosted(c.o.Registry, s, c.place[s.Name], c.moves != nil && c.moves.parked[s.Name] > 0) {
 			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
 			if mv := c.moves; mv != nil && mv.parked[s.Name] > 0 {
 				var slots []int // a rebalance's: members once a move starts them (moves.go)

@@ -319,6 +319,14 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		return nil
 	}
+	if mv := c.moves; mv != nil && mv.leaving[s.Name][i] {
+		// A move took it away (the share that takes over does not run
+		// it: Job.Left): it leaves its group now if it had not, its
+		// step under way counting for nothing, and what it trained
+		// comes back to members that drop it.
+		h.LeftLost(i, in.name)
+		return nil
+	}
 	if wire.Whole(c.o.Registry, s) {
 		return c.loseWhole(in, s, i, h)
 	}
@@ -349,7 +357,11 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 			e.lost, e.evict = true, s.Name
 			c.markRan(e)
 			c.evicted = append(c.evicted, e)
-			fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.Share, e.worker, x.Member)
+			if x.Moved {
+				fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which a move took away since; the share restarts without it, and what it trained since comes back\n", s.Name, x.Share, e.worker, x.Member)
+			} else {
+				fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.Share, e.worker, x.Member)
+			}
 		}
 	}
 	return nil

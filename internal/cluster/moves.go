@@ -294,6 +294,9 @@ func (c *Coordinator) move(s *report.Snapshot, moves []report.Move) bool {
 		c.mu.Lock()
 		mv.leaving[m.From][u.leave] = true
 		mv.started[m.To] = append(mv.started[m.To], u.start)
+		if h := c.groups[m.From]; h != nil {
+			h.Moved(u.leave) // it does not come back to its group (membership.go)
+		}
 		c.mu.Unlock()
 		moves[u.i].Replicas++
 	}

@@ -47,7 +47,7 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 				continue // a rebalance's spare, not started (rebalance.go)
 			}
 			rs := rp.snapshot(start)
-			rs.Left = rp.retiring.Load()
+			rs.Left = rp.retiring.Load() || rp.freed.Load()
 			ss.Replicas = append(ss.Replicas, rs)
 		}
 		s.Stages = append(s.Stages, ss)

@@ -291,4 +291,16 @@ func (r *run) startPump(q *queue) {
 // across workers that saves waits for the group's final save to settle
 // what it trained): a move that takes its device starts the replica that
 // takes over now, not at the run's end.
-func (rep *replica) Free() { rep.stage.run.succeed(rep) }
+//
+// A replica freed is no longer running (Move refuses it): under the
+// mover's lock, so that a Move either sees it freed or has named the
+// successor that succeed starts.
+func (rep *replica) Free() {
+	r := rep.stage.run
+	if m := r.moves; m != nil {
+		m.mu.Lock()
+		rep.freed.Store(true)
+		m.mu.Unlock()
+	}
+	r.succeed(rep)
+}

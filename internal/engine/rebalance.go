@@ -374,9 +374,10 @@ func (s *stage) ended() bool {
 	return true
 }
 
-// running: started (not parked) and not yet returned.
+// running: started (not parked) and not yet returned, nor freed (its
+// node has returned: Free).
 func (rep *replica) running() bool {
-	return !rep.parked.Load() && rep.ended.Load() == 0
+	return !rep.parked.Load() && rep.ended.Load() == 0 && !rep.freed.Load()
 }
 
 // succeed starts the parked replica that takes over rep's device, once

@@ -72,9 +72,11 @@ type replica struct {
 	// has been started (succeed), at its return or as its node returned
 	// (Free)
 	handedOver atomic.Bool
-	begun      atomic.Pointer[time.Time]
-	successor  atomic.Pointer[stage]
-	_          linePad
+	// freed: its node has returned, its runtime still waits (Free)
+	freed     atomic.Bool
+	begun     atomic.Pointer[time.Time]
+	successor atomic.Pointer[stage]
+	_         linePad
 }
 
 func (r *replica) Stage() string  { return r.stage.g.Name }

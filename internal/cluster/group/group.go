@@ -74,11 +74,14 @@ const (
 )
 
 // The headers of a group request, and of an answer (hdrSaved: the round
-// the group's last save holds, where it saves).
+// the group's last save holds, where it saves; hdrDrop: items trained in
+// the group's state that the share is to drop if they come back, each
+// "ID:ROUND", comma separated, ROUND 0 where a save holds it already).
 const (
 	hdrShare = "Dflow-Share"
 	hdrHeld  = "Dflow-Held"
 	hdrSaved = "Dflow-Saved"
+	hdrDrop  = "Dflow-Drop"
 )
 
 // TrainedItem is an item a member had in hand in a completed round.
@@ -87,11 +90,15 @@ type TrainedItem struct {
 	ID    string
 }
 
-// Eviction is a finished member that a group's restore needs back, and
-// the share it ran on, counted live until then.
+// Eviction is a finished member that a group's restore needs back (or
+// whose items it needs back: Moved), and the share it ran on, counted
+// live until then.
 type Eviction struct {
 	Member int
 	Share  string
+	// Moved: a move took the member away; its share restarts without
+	// it, and what it trained after the save comes back
+	Moved bool
 }
 
 // Host is the coordinator's side of one stage's group.
@@ -137,14 +144,23 @@ type Host struct {
 	// donor the member sending it (-1: none yet), incoming its parts,
 	// stash the state received, until the restart has fetched it, and
 	// joiner the restart's opJoin, waiting for it
-	due []bool
-	// parked marks a rebalance's spare slot (Park): not present, and
-	// present once a move starts it, as a lost member's restart is
-	parked   []bool
+	due      []bool
 	donor    []int
 	incoming map[int][]byte
 	stash    map[int][]byte
 	joiner   map[int]*nats.Msg
+	// parked marks a rebalance's spare slot (Park): not present, and
+	// present once a move starts it, as a lost member's restart is;
+	// moved a member a move takes away (Moved), which does not come back
+	parked []bool
+	moved  []bool
+	// drops are the items trained in the group's state by members that
+	// left or were lost (where the state moves): on a shared queue what
+	// such a member kept unsettled comes back to whichever member takes
+	// it, which drops it (hdrDrop); told is how many of them each share
+	// has heard of
+	drops []TrainedItem
+	told  map[string]int
 
 	// the round in progress: open once a member has sent anything for it
 	open    bool
@@ -171,7 +187,7 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 	h := &Host{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
 		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]TrainedItem, replicas),
 		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
-		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas),
+		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas), moved: make([]bool, replicas), told: map[string]int{},
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
 		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
@@ -193,6 +209,18 @@ func (h *Host) Park(replicas []int) {
 			h.left[i], h.parked[i] = true, true
 			h.members--
 		}
+	}
+}
+
+// Moved notes that a move takes member replica away (the coordinator's
+// moves.go): it leaves at a step boundary and does not come back, to a
+// restart or to a restore of the group's last save. Lost before its
+// leave, it leaves then (LeftLost).
+func (h *Host) Moved(replica int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if replica >= 0 && replica < len(h.moved) {
+		h.moved[replica] = true
 	}
 }
 
@@ -226,9 +254,17 @@ func (h *Host) Handle(m *nats.Msg) {
 		return
 	case opJoin:
 		if h.parked[replica] && h.left[replica] {
+			h.parked[replica] = false
+			if h.members == 0 && (h.lastMember >= 0 || h.final) {
+				// a slot a move started after the group's members had
+				// finished: nothing is left to train, and it takes
+				// nothing (the last member holds the state)
+				h.answerJoinLocked(replica, m)
+				return
+			}
 			// a slot a move started: it takes the state over as a
 			// lost member's restart does
-			h.parked[replica], h.due[replica] = false, true
+			h.due[replica] = true
 		}
 		h.joinLocked(replica, m)
 		return
@@ -256,6 +292,9 @@ func (h *Host) Handle(m *nats.Msg) {
 		h.members++
 	}
 	first := op != opReduce || len(m.Data) >= 13 && binary.LittleEndian.Uint32(m.Data[9:]) == 0
+	if op == opLeave && len(m.Data) >= 9 && binary.LittleEndian.Uint32(m.Data[5:]) == 1 {
+		first = false // a leave whose donation failed: it leaves without
+	}
 	if first && !h.left[replica] {
 		if to := h.undonatedLocked(); to >= 0 {
 			h.donor[to] = replica
@@ -403,13 +442,54 @@ func (h *Host) stateLocked(m *nats.Msg) {
 // round its last save holds: a member settles what it trained on up to
 // there.
 func (h *Host) respondLocked(m *nats.Msg, data []byte) {
-	if !h.saves {
+	share := m.Header.Get(hdrShare)
+	told := h.told[share]
+	if !h.saves && told >= len(h.drops) {
 		m.Respond(data)
 		return
 	}
 	a := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
-	a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
+	if h.saves {
+		a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
+	}
+	if told < len(h.drops) {
+		a.Header.Set(hdrDrop, h.dropsSaid(h.drops[told:]))
+		h.told[share] = len(h.drops)
+	}
 	m.RespondMsg(a)
+}
+
+// dropsSaid is hdrDrop's value for items: a round only where no save
+// holds it yet.
+func (h *Host) dropsSaid(items []TrainedItem) string {
+	var b strings.Builder
+	for i, t := range items {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		round := uint32(0)
+		if h.saves && !h.final && t.Round > h.durable {
+			round = t.Round
+		}
+		fmt.Fprintf(&b, "%s:%d", t.ID, round)
+	}
+	return b.String()
+}
+
+// dropLaterLocked adds what member replica trained in completed rounds
+// to the items every share drops if they come back, where the group's
+// state moves: the member leaves or is lost, and what it kept unsettled
+// (for a save, or its last step's item) comes back to whichever member
+// takes it from a shared queue, which would train on it again.
+func (h *Host) dropLaterLocked(replica int) {
+	if !h.keeps {
+		return
+	}
+	for _, t := range h.trained[replica] {
+		if !slices.Contains(h.drops, t) {
+			h.drops = append(h.drops, t)
+		}
+	}
 }
 
 // savedLocked takes a member's word that the group's state as of the
@@ -517,6 +597,13 @@ func (h *Host) leaveLocked(replica int) (last bool) {
 	h.left[replica] = true
 	h.members--
 	h.dropLocked(replica)
+	h.dropLaterLocked(replica)
+	for to, d := range h.donor {
+		if d == replica { // it was sending a state, and failed: another member will
+			h.donor[to] = -1
+			delete(h.incoming, to)
+		}
+	}
 	h.completeLocked()
 	if h.members == 0 {
 		h.lastMember = replica
@@ -551,6 +638,7 @@ func (h *Host) LeftLost(replica int, share string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.gone[share] = true
+	delete(h.done, replica) // its worker is gone: nobody to answer
 	h.leaveLocked(replica)
 }
 
@@ -594,6 +682,7 @@ func (h *Host) Lose(replica int, share string) (present int) {
 		h.members--
 		h.due[replica] = true
 		h.dropLocked(replica)
+		h.dropLaterLocked(replica)
 		h.completeLocked()
 	}
 	if h.members == 0 && h.restorable() && h.stateLostLocked() {
@@ -630,11 +719,22 @@ func (h *Host) stateLostLocked() bool {
 func (h *Host) restoreLocked() {
 	for i := range h.due {
 		switch {
+		case h.moved[i]:
+			// A move took it away: it does not come back. What it
+			// trained after the save comes back to the restored members
+			// (its share is counted lost, and restarts without it).
+			h.due[i] = false
+			if sh := h.share[i]; h.lastRound[i] > h.durable && !h.gone[sh] {
+				h.evict = append(h.evict, Eviction{Member: i, Share: sh, Moved: true})
+				h.gone[sh] = true
+			}
+			delete(h.done, i)
+			continue
 		case h.due[i]:
 		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
 			sh := h.share[i]
 			if !h.gone[sh] || slices.ContainsFunc(h.evict, func(e Eviction) bool { return e.Share == sh }) {
-				h.evict = append(h.evict, Eviction{i, sh})
+				h.evict = append(h.evict, Eviction{Member: i, Share: sh})
 				h.gone[sh] = true // what it asks from now on is refused
 			}
 			delete(h.done, i) // its restart asks again
@@ -648,6 +748,9 @@ func (h *Host) restoreLocked() {
 	h.lastMember = -1
 	clear(h.incoming)
 	clear(h.stash)
+	// what was trained after the save is trained again: not dropped
+	h.drops = slices.DeleteFunc(h.drops, func(t TrainedItem) bool { return t.Round > h.durable })
+	clear(h.told)
 	for r, j := range h.joiner {
 		delete(h.joiner, r)
 		h.answerJoinLocked(r, j)
@@ -865,6 +968,10 @@ type Member struct {
 	Hold    func(replica int)
 	Stepped func(replica int, round uint32)
 	Durable func(replica int, round uint32)
+	// Drops takes items trained in the group's state by a member that
+	// left or was lost: whichever replica of the stage here takes one
+	// drops it, settled at once (Round 0) or once a save holds Round
+	Drops func(items []TrainedItem)
 
 	mu      sync.Mutex
 	states  map[int]nodes.State // what each replica gave Keep
@@ -914,6 +1021,9 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 			}
 			return nil, fmt.Errorf("group across workers: %w", err)
 		}
+		if d := m.Header.Get(hdrDrop); d != "" && g.Drops != nil {
+			g.Drops(dropsOf(d))
+		}
 		if d := m.Header.Get(hdrSaved); d != "" && g.Durable != nil {
 			if round, err := strconv.ParseUint(d, 10, 32); err == nil {
 				g.Durable(replica, uint32(round))
@@ -921,7 +1031,7 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 		}
 		if len(m.Data) == 5 && m.Data[0] == 2 {
 			if err := g.donate(ctx, replica, int(binary.LittleEndian.Uint32(m.Data[1:]))); err != nil {
-				return nil, err
+				return nil, &donateError{err}
 			}
 			continue
 		}
@@ -933,6 +1043,20 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 		}
 		return m.Data, nil
 	}
+}
+
+// dropsOf reads hdrDrop's value.
+func dropsOf(v string) []TrainedItem {
+	var out []TrainedItem
+	for it := range strings.SplitSeq(v, ",") {
+		i := strings.LastIndexByte(it, ':')
+		if i < 0 {
+			continue
+		}
+		round, _ := strconv.ParseUint(it[i+1:], 10, 32)
+		out = append(out, TrainedItem{Round: uint32(round), ID: it[:i]})
+	}
+	return out
 }
 
 // donate sends replica's state, for the restart of member to.
@@ -1206,10 +1330,29 @@ func (g *Member) AllReduce(ctx context.Context, replica int, x nodes.Reducible) 
 	return n, nil
 }
 
+// Leave takes replica out of the group. Asked at its leave for its state
+// (a member's restart, or a slot a move started, is due), it sends it
+// first; where that fails it leaves all the same, and another member is
+// asked (a member that stayed present would be waited for by every step).
 func (g *Member) Leave(ctx context.Context, replica int) (bool, error) {
 	ans, err := g.call(ctx, opLeave, replica)
+	var de *donateError
+	if errors.As(err, &de) {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if ans, err = g.call(c, opLeave, replica, 1); err == nil {
+			err = de // said, though it has left
+		}
+	}
 	if err != nil {
-		return false, err
+		return len(ans) >= 5 && binary.LittleEndian.Uint32(ans[1:]) == 1, err
 	}
 	return len(ans) >= 5 && binary.LittleEndian.Uint32(ans[1:]) == 1, nil
 }
+
+// donateError is a donation that failed: the state asked for was not
+// sent.
+type donateError struct{ err error }
+
+func (e *donateError) Error() string { return e.err.Error() }
+func (e *donateError) Unwrap() error { return e.err }

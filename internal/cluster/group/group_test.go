@@ -439,7 +439,7 @@ func TestGroupLostWhole(t *testing.T) {
 			h.Lose(0, "w0")
 			h.Lose(1, "w1")
 			if tc.leave {
-				if e := h.Evictions(); !slices.Equal(e, []Eviction{{2, "w2"}}) {
+				if e := h.Evictions(); !slices.Equal(e, []Eviction{{Member: 2, Share: "w2"}}) {
 					t.Fatalf("lost whole after member 2 finished: evicts %v, want member 2 on w2", e)
 				}
 			}

@@ -225,6 +225,21 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 				t.saved(round)
 			}
 		},
+		Drops: func(items []group.TrainedItem) {
+			l.pmu.Lock()
+			defer l.pmu.Unlock()
+			if l.drops == nil {
+				l.drops = map[string]map[string]uint32{}
+			}
+			d := l.drops[s.Name]
+			if d == nil {
+				d = map[string]uint32{}
+				l.drops[s.Name] = d
+			}
+			for _, it := range items {
+				d[it.ID] = it.Round
+			}
+		},
 	}
 	l.pmu.Lock()
 	if l.remotes == nil {
@@ -233,6 +248,16 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 	l.remotes[s.Name] = g
 	l.pmu.Unlock()
 	return g
+}
+
+// dropped says whether a group across workers said that an item of
+// stage was trained in its state already (Member.Drops), and the round
+// a save has yet to hold (0: none).
+func (l *links) dropped(stage, id string) (uint32, bool) {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	round, ok := l.drops[stage][id]
+	return round, ok
 }
 
 // groupOf is the share's side of stage's group across workers (nil:
@@ -370,6 +395,9 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			t.open++
 			if t.skip != nil {
 				round, drop = t.skip[rec.ID()]
+			}
+			if !drop {
+				round, drop = t.l.dropped(t.Stage(), rec.ID())
 			}
 		}
 		if rec != nil && !drop && t.steps {

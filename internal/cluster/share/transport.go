@@ -55,6 +55,10 @@ type links struct {
 	summing   func(*graph.Stage) bool
 	locals    map[string]*localGroup
 	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
+	// drops are, by stage, the items a group across workers said were
+	// trained in its state by a member that left or was lost: whichever
+	// replica here takes one drops it (group.Member.Drops; pmu)
+	drops map[string]map[string]uint32
 	ledger    *settle.Ledger           // settles the receipts of what restartable replicas take
 	afterSend func(stage string)       // WorkerOptions.AfterSend
 	logw      io.Writer                // the worker's log (nil: none)

@@ -214,7 +214,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 	}
 	l.ranks.Whole = func(s *graph.Stage) bool { return wire.Whole(w.o.Registry, s) }
 	l.summing = func(s *graph.Stage) bool {
-		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name])
+		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name], job.Parked[s.Name] > 0)
 	}
 	l.afterSend = w.o.AfterSend
 	l.logw = w.o.Log
@@ -239,7 +239,7 @@ func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
 	var drainOnce sync.Once
 	groups := map[string]engine.RemoteGroup{}
 	for _, s := range g.Stages {
-		if wire.Hosted(w.o.Registry, s, job.Place[s.Name]) {
+		if wire.Hosted(w.o.Registry, s, job.Place[s.Name], job.Parked[s.Name] > 0) {
 			groups[s.Name] = l.group(s, job.Restart)
 		}
 	}

@@ -21,10 +21,12 @@ func Spread(place []string) bool {
 // Hosted reports whether a stage's group is the coordinator's: its
 // replicas sit in more than one instance, or it is a lone replica whose
 // state moves (lost, it restores its group's last save through the host;
-// its steps are barriers, which carry no vector). Several replicas on one
+// its steps are barriers, which carry no vector), or its state moves and
+// it has a rebalance's spare slots (slotted: Job.Parked), which join and
+// leave through the host wherever they are. Several replicas on one
 // instance sum in process, on their devices.
-func Hosted(reg *nodes.Registry, s *graph.Stage, place []string) bool {
-	return Spread(place) || s.Replicas == 1 && Moves(reg, s)
+func Hosted(reg *nodes.Registry, s *graph.Stage, place []string, slotted bool) bool {
+	return Spread(place) || (s.Replicas == 1 || slotted) && Moves(reg, s)
 }
 
 // Placed says which replicas an instance runs.

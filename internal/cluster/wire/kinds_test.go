@@ -50,11 +50,20 @@ func TestKinds(t *testing.T) {
 		}
 	}
 	moving := &graph.Stage{Name: "c", Node: "moving", Inputs: in, Replicas: 1}
-	if !Hosted(reg, moving, []string{"w1"}) {
+	if !Hosted(reg, moving, []string{"w1"}, false) {
 		t.Error("a lone replica whose state moves: not hosted, want hosted (it restores through the host)")
 	}
 	two := &graph.Stage{Name: "c", Node: "moving", Inputs: in, Replicas: 2}
-	if Hosted(reg, two, []string{"w1", "w1"}) || !Hosted(reg, two, []string{"w1", "w2"}) {
+	if Hosted(reg, two, []string{"w1", "w1"}, false) || !Hosted(reg, two, []string{"w1", "w2"}, false) {
 		t.Error("a group of two: hosted only when its members sit on two workers")
+	}
+	// a rebalance's slots join through the host, even all on one worker
+	// (a local group's final save does not count slots)
+	if !Hosted(reg, two, []string{"w1", "w1"}, true) {
+		t.Error("a group of two with a rebalance's slots on one worker: not hosted, want hosted")
+	}
+	kept := &graph.Stage{Name: "d", Node: "kept", Inputs: in, Replicas: 2}
+	if Hosted(reg, kept, []string{"w1", "w1"}, true) {
+		t.Error("a stage whose state does not move, with slots on one worker: hosted, want in process")
 	}
 }

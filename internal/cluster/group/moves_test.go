@@ -1,0 +1,311 @@
+package group
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// movesGroup is a hosted group of 3 members whose state moves and that
+// saves, with one rebalance slot (replica 3) parked, each member on a
+// share of its own (w0..w3), as a cluster's rebalance has it.
+type movesGroup struct {
+	t       *testing.T
+	ctx     context.Context
+	h       *Host
+	members []*Member
+	states  []*weights
+	mu      sync.Mutex
+	held    []string
+	drops   map[string][]TrainedItem // by share: what each heard to drop
+}
+
+func newMovesGroup(t *testing.T) *movesGroup {
+	t.Helper()
+	conn := connector(t)
+	host := conn()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	g := &movesGroup{t: t, ctx: ctx, h: NewHost("train", 4, host.MaxPayload(), true),
+		held: make([]string, 4), drops: map[string][]TrainedItem{}}
+	g.h.Park([]int{3})
+	sub, err := host.Subscribe("dflow.r.r.grp.train", g.h.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	host.Flush()
+	for i := range 4 {
+		share := fmt.Sprintf("w%d", i)
+		g.members = append(g.members, &Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share,
+			Held: func(i int) string { g.mu.Lock(); defer g.mu.Unlock(); return g.held[i] },
+			Drops: func(items []TrainedItem) {
+				g.mu.Lock()
+				defer g.mu.Unlock()
+				g.drops[share] = append(g.drops[share], items...)
+			}})
+		g.states = append(g.states, &weights{w: []float32{0}})
+	}
+	for i := range 3 {
+		if err := g.members[i].Saves(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.members[i].Keep(ctx, i, g.states[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return g
+}
+
+// step runs one step of members ids, each with item "it<k>-<i>" in hand,
+// and returns their errors.
+func (g *movesGroup) step(k int, ids ...int) []error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(ids))
+	for j, i := range ids {
+		wg.Go(func() {
+			g.mu.Lock()
+			g.held[i] = fmt.Sprintf("it%d-%d", k, i)
+			g.mu.Unlock()
+			v := nodes.Floats{1}
+			if _, err := g.members[i].AllReduce(g.ctx, i, v); err != nil {
+				errs[j] = err
+				return
+			}
+			g.states[i].w[0] += v[0]
+			g.states[i].step++
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func (g *movesGroup) mustStep(k int, ids ...int) {
+	g.t.Helper()
+	for _, err := range g.step(k, ids...) {
+		if err != nil {
+			g.t.Fatal(err)
+		}
+	}
+}
+
+// waitJoiner waits until member i's join waits for the group's state.
+func (g *movesGroup) waitJoiner(i int) {
+	g.t.Helper()
+	testutil.Eventually(g.t, 10*time.Second, func() bool {
+		g.h.mu.Lock()
+		defer g.h.mu.Unlock()
+		return g.h.joiner[i] != nil
+	}, "member %d waiting for the group's state", i)
+}
+
+func (g *movesGroup) heard(share string) []TrainedItem {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.drops[share])
+}
+
+// TestMovedMemberDrops: a member that a move takes away leaves at a step
+// boundary, and what it trained is named to every share still stepping
+// with its next answer: on a shared queue what it kept for a save comes
+// back to whichever member takes it, which drops it. Lost after its
+// leave (its worker killed while it waits for the final save), it is
+// waited for by nothing. A slot a move started takes the group's state
+// over, handed by a member present at its step boundary, and the steps
+// wait for it from then on.
+func TestMovedMemberDrops(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	g.mustStep(1, 0, 1, 2)
+	g.h.Moved(2)
+	if last, err := g.members[2].Leave(g.ctx, 2); err != nil || last {
+		t.Fatalf("member 2's leave: last %v, err %v", last, err)
+	}
+	g.mustStep(2, 0, 1)
+	want := []TrainedItem{{Round: 1, ID: "it0-2"}, {Round: 2, ID: "it1-2"}}
+	for _, share := range []string{"w0", "w1"} {
+		got := g.heard(share)
+		// the save holds round 1: its item is settled at once (round 0)
+		if len(got) != 2 || got[0] != (TrainedItem{ID: "it0-2"}) || got[1] != want[1] {
+			t.Errorf("share %s heard to drop %v; want it0-2 (in the save) and it1-2 (round 2)", share, got)
+		}
+	}
+	// Its worker lost as it waits for the final save: it stays out.
+	g.h.LeftLost(2, "w2")
+	g.mustStep(3, 0, 1)
+	// A slot the move started joins, taking the group's state over.
+	g.members[3].Joins(3)
+	joined := make(chan error, 1)
+	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
+	g.waitJoiner(3)
+	// Member 0 or 1 hands the state over at its step boundary, and the
+	// step waits for the slot from then on.
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(4, 0, 1) }()
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	if g.states[3].step != 4 || g.states[3].w[0] != 3+3+2+2 {
+		t.Fatalf("the slot took step %d weights %v; want the group's as of step 4, weight 10", g.states[3].step, g.states[3].w)
+	}
+	select {
+	case errs := <-stepped:
+		t.Fatalf("a step completed without the slot that joined: %v", errs)
+	case <-time.After(100 * time.Millisecond):
+	}
+	g.mustStep(4, 3)
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g.states[3].w[0] != g.states[0].w[0] || g.states[0].w[0] != 13 {
+		t.Errorf("weights: slot %v, member 0 %v; want 13 each", g.states[3].w, g.states[0].w)
+	}
+}
+
+// TestMovedLostBeforeLeave: a member a move takes away, lost with its
+// worker before its leave came (mid-step), leaves then: the step under
+// way completes without it, and no member is asked to hand a state over
+// for it (it does not restart).
+func TestMovedLostBeforeLeave(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	g.h.Moved(2)
+	g.mu.Lock()
+	g.held[2] = "it1-2"
+	g.mu.Unlock()
+	go g.members[2].AllReduce(g.ctx, 2, nodes.Floats{100}) // never answered: lost
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		g.h.mu.Lock()
+		defer g.h.mu.Unlock()
+		return len(g.h.arrived) == 1
+	}, "member 2 arriving")
+	g.h.LeftLost(2, "w2") // the coordinator's loseMember for a member a move took
+	done := make(chan []error, 1)
+	go func() { done <- g.step(1, 0, 1) }()
+	select {
+	case errs := <-done:
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step waits for a member a move took away, lost before its leave")
+	}
+	if g.states[0].w[0] != 3+2 || g.h.AnyDue() {
+		t.Errorf("weights %v, due %v; want 5 (3, then 2: the lost vector adds nothing), none due", g.states[0].w, g.h.due)
+	}
+}
+
+// TestMovedNotRestored: a group lost whole restores its last save with
+// the members it still has, not with a member a move took away after the
+// save: that member's share is counted lost (what it trained since comes
+// back, to be trained again: no longer named to drop), and it is not
+// waited for.
+func TestMovedNotRestored(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	g.mustStep(1, 0, 1, 2)
+	g.h.Moved(2)
+	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	g.h.Lose(0, "w0")
+	g.h.Lose(1, "w1")
+	ev := g.h.Evictions()
+	if len(ev) != 1 || ev[0] != (Eviction{Member: 2, Share: "w2", Moved: true}) {
+		t.Fatalf("evictions %+v; want member 2's share w2, moved", ev)
+	}
+	g.h.mu.Lock()
+	defer g.h.mu.Unlock()
+	if g.h.restore[2] || !g.h.left[2] || g.h.members != 2 || !g.h.restore[0] || !g.h.restore[1] {
+		t.Errorf("restore %v, left %v, members %d; want members 0 and 1 restoring, 2 left", g.h.restore, g.h.left, g.h.members)
+	}
+	for _, d := range g.h.drops {
+		if d.Round > g.h.durable {
+			t.Errorf("item %s, trained in round %d after the save (round %d), is still named to drop", d.ID, d.Round, g.h.durable)
+		}
+	}
+}
+
+// TestJoinAfterTheEnd: a slot a move started after every member had
+// finished takes nothing and is not waited for; the last member's final
+// save is not disturbed.
+func TestJoinAfterTheEnd(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	for i := range 3 {
+		if _, err := g.members[i].Leave(g.ctx, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.members[3].Joins(3)
+	if err := g.members[3].Keep(g.ctx, 3, g.states[3]); err != nil {
+		t.Fatalf("a slot joining after the end: %v", err)
+	}
+	g.h.mu.Lock()
+	defer g.h.mu.Unlock()
+	if g.h.members != 0 || !g.h.left[3] || g.h.due[3] || g.h.lastMember != 2 {
+		t.Errorf("members %d, left %v, due %v, last member %d; want 0 present, the slot out, 2 last", g.h.members, g.h.left, g.h.due, g.h.lastMember)
+	}
+}
+
+// TestDonorLeaves: a member asked for its state at its leave, whose
+// donation fails, has left: another member is asked at its next step.
+func TestDonorLeaves(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	g.members[3].Joins(3)
+	joined := make(chan error, 1)
+	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
+	g.waitJoiner(3)
+	// Member 2 is asked at its leave, and has no state to give (its
+	// donation fails): it has left all the same, saying so.
+	g.members[2].mu.Lock()
+	delete(g.members[2].states, 2)
+	g.members[2].mu.Unlock()
+	if _, err := g.members[2].Leave(g.ctx, 2); err == nil {
+		t.Fatal("a leave whose donation failed: no error")
+	}
+	g.h.mu.Lock()
+	left, donor := g.h.left[2], g.h.donor[3]
+	g.h.mu.Unlock()
+	if !left || donor != -1 {
+		t.Fatalf("after a leave whose donation failed: left %v, donor %d; want left, no donor", left, donor)
+	}
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(1, 0, 1) }() // member 0 or 1 is asked now
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot waits for a state from a member that left")
+	}
+	g.mustStep(1, 3)
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
