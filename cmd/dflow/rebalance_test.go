@@ -345,19 +345,94 @@ func TestRebalanceGroupsAcrossHosts(t *testing.T) {
 		const batches = 150
 		ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
 		rep := run(t, batches, "run", "specs/dflash.hcl", "--var", "batches="+strconv.Itoa(batches), "--var", "checkpoint="+ckpt)
-		b, err := os.ReadFile(ckpt)
-		if err != nil || len(b) < 8 {
-			t.Fatalf("checkpoint: %v", err)
-		}
-		n := int(b[0]) | int(b[1])<<8 | int(b[2])<<16 | int(b[3])<<24
-		var header struct {
-			Meta map[string]string `json:"__metadata__"`
-		}
-		if err := json.Unmarshal(b[8:8+n], &header); err != nil {
-			t.Fatal(err)
-		}
-		if m := rep.Stages["drafter"].Metrics; header.Meta["batches"] != strconv.Itoa(batches) || m["batches"] != batches {
-			t.Errorf("checkpoint: %s batches, the run's metrics %v; want %d, each once", header.Meta["batches"], m["batches"], batches)
+		if got, m := checkpointBatches(t, ckpt), rep.Stages["drafter"].Metrics; got != strconv.Itoa(batches) || m["batches"] != batches {
+			t.Errorf("checkpoint: %s batches, the run's metrics %v; want %d, each once", got, m["batches"], batches)
 		}
 	})
+}
+
+// checkpointBatches is the batches a drafter checkpoint says it holds
+// the gradients of (its safetensors metadata).
+func checkpointBatches(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 8 {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	n := int(b[0]) | int(b[1])<<8 | int(b[2])<<16 | int(b[3])<<24
+	var header struct {
+		Meta map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(b[8:8+n], &header); err != nil {
+		t.Fatal(err)
+	}
+	return header.Meta["batches"]
+}
+
+// TestRebalanceGroupWorkerLost: the DFlash job from 1 target and 5
+// drafters over three standing workers, saving every 5 steps; the worker
+// where a move first let a drafter leave (to start a target on its
+// device) is SIGKILLed a moment later, with the drafter that left waiting
+// for the group's final save (what it trained since the last save is
+// unsettled, and comes back to the other drafters, which drop it) and the
+// target that took its device running. The run ends ok, and the
+// checkpoint holds the gradients of every batch once.
+func TestRebalanceGroupWorkerLost(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("trains a drafter on three workers")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	const batches = 120
+	model := filepath.Join(root, "models/target.safetensors") // the workers run elsewhere
+	ckpt := filepath.Join(dir, "drafter.safetensors")
+	out := filepath.Join(dir, "r.json")
+	srv := startServer(t)
+	ws := workers(t, srv.URL, srv.Token, 3, "--read", root, "--write", dir)
+	cmd := dflowCmd(nil, "run", "specs/dflash.hcl", "--cluster", srv.URL, "--token", srv.Token, "--workers", "3",
+		"--lease", "2s", "--interval", "500ms", "--report", out, "--rebalance",
+		"--set", "edge.hs.policy=shared", "--set", "stage.target.replicas=1", "--set", "stage.drafter.replicas=5",
+		"--set", "stage.drafter.config.checkpoint_every=5", "--set", "stage.drafter.config.eval_every=0",
+		"--set", "stage.drafter.config.eval_prompts=4",
+		"--set", "stage.target.config.model="+model, "--set", "stage.drafter.config.target="+model,
+		"--var", "batches="+strconv.Itoa(batches), "--var", "checkpoint="+ckpt)
+	cmd.Dir = root
+	coord := startProc(t, cmd)
+	var victim *proc
+	for deadline := time.Now().Add(120 * time.Second); victim == nil; time.Sleep(20 * time.Millisecond) {
+		for _, w := range ws {
+			if strings.Contains(w.output(), "drafter[") && strings.Contains(w.output(), "starts on its device") {
+				victim = w
+				break
+			}
+		}
+		select {
+		case <-coord.waited:
+			t.Fatalf("the run ended before a move:\n%s", coord.output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no move within 120s:\n%s", coord.output())
+		}
+	}
+	time.Sleep(time.Second) // the drafter leaves after its step, and waits for the final save
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	if code := coord.wait(t, 240*time.Second); code != exitOK {
+		t.Fatalf("code %d\n%s", code, coord.output())
+	}
+	rep := readReport(t, out)
+	if rep.Status != report.OK {
+		t.Fatalf("status %s: %s", rep.Status, rep.Error)
+	}
+	wantEdges(t, rep, batches)
+	if !strings.Contains(coord.output(), "lost") {
+		t.Errorf("no worker counted lost:\n%s", coord.output())
+	}
+	if got := checkpointBatches(t, ckpt); got != strconv.Itoa(batches) {
+		t.Errorf("checkpoint: %s batches; want %d, each once\n%s", got, batches, coord.output())
+	}
 }

@@ -266,10 +266,12 @@ func (r *run) startPumps(ctx context.Context) (stop func()) {
 	ps := &pumps{ctx: pctx, on: map[*queue]bool{}}
 	r.pumps = ps
 	// Every queue with a consumer here that has started (a parked one's
-	// starts with it, parked.go).
+	// starts with it, parked.go), not one a move took away before a
+	// restart (Options.Left: what the pump fetched for it would wait
+	// here unread).
 	for _, s := range r.stages {
 		for _, rep := range s.replicas {
-			if rep.away || rep.parked.Load() {
+			if rep.away || rep.parked.Load() || rep.gone {
 				continue
 			}
 			for _, in := range rep.inputs {
