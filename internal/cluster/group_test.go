@@ -185,3 +185,44 @@ func TestLoseWhole(t *testing.T) {
 		t.Error("a group that is not whole stopped its other members")
 	}
 }
+
+// TestLoseMovedMember: a member a move took away, lost with its worker,
+// leaves its group (whether its leave had come or not): no member is
+// asked for a state for it, and its restart does not run it (it stays
+// among the replicas that left). But one that left its group last, and
+// so holds the group's state for the final save, restarts: it is no
+// longer counted as taken away.
+func TestLoseMovedMember(t *testing.T) {
+	t.Parallel()
+	reg := nodes.NewRegistry()
+	ports := func(*graph.Config) []graph.PortSpec { return nil }
+	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})
+	s := &graph.Stage{Name: "train", Node: "mover", Replicas: 3}
+	h := group.NewHost("train", 3, 1<<20, true)
+	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*group.Host{"train": h},
+		moves: &moves{leaving: map[string]map[int]bool{"train": {2: true}}}}
+	h.Moved(2)
+	if err := c.loseMember(&instance{name: "w3", worker: "w3"}, s, 2); err != nil {
+		t.Fatal(err)
+	}
+	if h.AnyDue() || !c.moves.leaving["train"][2] {
+		t.Errorf("a member a move took away, lost mid-step: due %v, still left by the move %v; want not due, left", h.AnyDue(), c.moves.leaving["train"][2])
+	}
+	// Members 0 and 1 finished; member 1's worker is lost after the move
+	// took it away, and it had left last.
+	c.moves.leaving["train"][1] = true
+	h.Moved(1)
+	h.LeftLost(0, "w1")
+	if !h.HoldsState(1) {
+		h.LeftLost(1, "w2-before") // its leave, as the last member
+	}
+	if !h.HoldsState(1) {
+		t.Fatal("member 1 left last, and does not hold the group's state")
+	}
+	if err := c.loseMember(&instance{name: "w2", worker: "w2"}, s, 1); err != nil {
+		t.Fatal(err)
+	}
+	if c.moves.leaving["train"][1] {
+		t.Error("the last member to leave, which holds the group's state, is still counted as taken away: its restart would not run it")
+	}
+}

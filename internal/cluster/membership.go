@@ -176,7 +176,9 @@ func (c *Coordinator) recover(in *instance) error {
 				// done or not: not recorded settled, it may have left
 				// an item unsettled, which comes back to its restart
 				move = append(move, rep{s, i})
-				moved = append(moved, fmt.Sprintf("%s[%d]", s.Name, i))
+				if say := c.restartSaid(s.Name, i); say != "" {
+					moved = append(moved, say)
+				}
 				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
 					stateful = err
 				}
@@ -208,6 +210,9 @@ func (c *Coordinator) recover(in *instance) error {
 	if len(move) == 0 {
 		fmt.Fprintf(c.o.Log, "dflow: %s: its replicas had finished (%s)\n", lost, strings.Join(stayed, ", "))
 		return nil
+	}
+	if len(moved) == 0 {
+		moved = []string{"its rebalance's spare slots"}
 	}
 	// A worker lost at the same time, not yet silent for a lease, may be
 	// picked: nobody answers its request (its connection is gone), and
@@ -246,6 +251,21 @@ func (c *Coordinator) recover(in *instance) error {
 		fmt.Fprintf(c.o.Log, "dflow: worker %s did not answer (gone too): restarting %s elsewhere\n", target, strings.Join(moved, ", "))
 		gone = append(gone, target)
 	}
+}
+
+// restartSaid names replica i of stage in a restart's log line: "" for
+// a rebalance's slot that no move started (it stays parked), and a
+// replica a move took away is said not to run again. c.mu held.
+func (c *Coordinator) restartSaid(stage string, i int) string {
+	if mv := c.moves; mv != nil {
+		switch from, ok := mv.from[stage]; {
+		case mv.leaving[stage][i]:
+			return fmt.Sprintf("%s[%d] (which a move took away: not run again)", stage, i)
+		case ok && i >= from && !slices.Contains(mv.started[stage], i):
+			return ""
+		}
+	}
+	return fmt.Sprintf("%s[%d]", stage, i)
 }
 
 // endedOn reads which restartable replicas placed on in had finished
@@ -320,12 +340,18 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		return nil
 	}
 	if mv := c.moves; mv != nil && mv.leaving[s.Name][i] {
-		// A move took it away (the share that takes over does not run
-		// it: Job.Left): it leaves its group now if it had not, its
-		// step under way counting for nothing, and what it trained
-		// comes back to members that drop it.
-		h.LeftLost(i, in.name)
-		return nil
+		if !h.HoldsState(i) {
+			// A move took it away (the share that takes over does not
+			// run it: Job.Left): it leaves its group now if it had not,
+			// its step under way counting for nothing, and what it
+			// trained comes back to members that drop it (Member.Trained).
+			h.LeftLost(i, in.name)
+			return nil
+		}
+		// It left last, and held the group's state for the final save:
+		// it restarts, to restore the last save and write the final one.
+		delete(mv.leaving[s.Name], i)
+		h.Unmove(i)
 	}
 	if wire.Whole(c.o.Registry, s) {
 		return c.loseWhole(in, s, i, h)

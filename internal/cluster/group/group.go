@@ -71,17 +71,15 @@ const (
 	opSaves
 	opSaved
 	opDone
+	opTrained
 )
 
 // The headers of a group request, and of an answer (hdrSaved: the round
-// the group's last save holds, where it saves; hdrDrop: items trained in
-// the group's state that the share is to drop if they come back, each
-// "ID:ROUND", comma separated, ROUND 0 where a save holds it already).
+// the group's last save holds, where it saves).
 const (
 	hdrShare = "Dflow-Share"
 	hdrHeld  = "Dflow-Held"
 	hdrSaved = "Dflow-Saved"
-	hdrDrop  = "Dflow-Drop"
 )
 
 // TrainedItem is an item a member had in hand in a completed round.
@@ -154,13 +152,13 @@ type Host struct {
 	// moved a member a move takes away (Moved), which does not come back
 	parked []bool
 	moved  []bool
-	// drops are the items trained in the group's state by members that
-	// left or were lost (where the state moves): on a shared queue what
-	// such a member kept unsettled comes back to whichever member takes
-	// it, which drops it (hdrDrop); told is how many of them each share
-	// has heard of
-	drops []TrainedItem
-	told  map[string]int
+	// slot marks a slot that joined by a move and waits for the state:
+	// with no member left to give it (they all finished), it takes none
+	slot []bool
+	// asks are the opTrained requests waiting on a member that has the
+	// item asked of in hand in the round under way: answered once the
+	// round completes (trained) or its arrival is dropped (not)
+	asks map[int][]*nats.Msg
 
 	// the round in progress: open once a member has sent anything for it
 	open    bool
@@ -187,7 +185,7 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 	h := &Host{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
 		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]TrainedItem, replicas),
 		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
-		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas), moved: make([]bool, replicas), told: map[string]int{},
+		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas), moved: make([]bool, replicas), slot: make([]bool, replicas), asks: map[int][]*nats.Msg{},
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
 		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
@@ -210,6 +208,23 @@ func (h *Host) Park(replicas []int) {
 			h.members--
 		}
 	}
+}
+
+// HoldsState reports whether member replica left the group last and
+// holds its state until its final save (which it has not written): lost
+// before it returns, it restarts to restore the last save and write the
+// final one, even where a move took it away.
+func (h *Host) HoldsState(replica int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastMember == replica && !h.final
+}
+
+// Unmove takes back Moved: the member restarts after all (HoldsState).
+func (h *Host) Unmove(replica int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.moved[replica] = false
 }
 
 // Moved notes that a move takes member replica away (the coordinator's
@@ -254,17 +269,19 @@ func (h *Host) Handle(m *nats.Msg) {
 		return
 	case opJoin:
 		if h.parked[replica] && h.left[replica] {
-			h.parked[replica] = false
-			if h.members == 0 && (h.lastMember >= 0 || h.final) {
-				// a slot a move started after the group's members had
-				// finished: nothing is left to train, and it takes
-				// nothing (the last member holds the state)
+			// A slot a move started. Where the state does not move it
+			// takes nothing, and is present from its first step. After
+			// the group's members have all finished it takes nothing
+			// either: nothing is left to train (the last member holds
+			// the state). Else it takes the state over as a lost
+			// member's restart does.
+			end := h.members == 0 && (h.lastMember >= 0 || h.final)
+			if !h.keeps || end {
+				h.parked[replica] = !h.keeps
 				h.answerJoinLocked(replica, m)
 				return
 			}
-			// a slot a move started: it takes the state over as a
-			// lost member's restart does
-			h.due[replica] = true
+			h.parked[replica], h.due[replica], h.slot[replica] = false, true, true
 		}
 		h.joinLocked(replica, m)
 		return
@@ -283,6 +300,9 @@ func (h *Host) Handle(m *nats.Msg) {
 		return
 	case opDone:
 		h.doneLocked(replica, m)
+		return
+	case opTrained:
+		h.askLocked(m)
 		return
 	}
 	if (h.due[replica] || h.parked[replica] && h.left[replica]) && !h.keeps {
@@ -442,53 +462,70 @@ func (h *Host) stateLocked(m *nats.Msg) {
 // round its last save holds: a member settles what it trained on up to
 // there.
 func (h *Host) respondLocked(m *nats.Msg, data []byte) {
-	share := m.Header.Get(hdrShare)
-	told := h.told[share]
-	if !h.saves && told >= len(h.drops) {
+	if !h.saves {
 		m.Respond(data)
 		return
 	}
 	a := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
-	if h.saves {
-		a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
-	}
-	if told < len(h.drops) {
-		a.Header.Set(hdrDrop, h.dropsSaid(h.drops[told:]))
-		h.told[share] = len(h.drops)
-	}
+	a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
 	m.RespondMsg(a)
 }
 
-// dropsSaid is hdrDrop's value for items: a round only where no save
-// holds it yet.
-func (h *Host) dropsSaid(items []TrainedItem) string {
-	var b strings.Builder
-	for i, t := range items {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		round := uint32(0)
-		if h.saves && !h.final && t.Round > h.durable {
-			round = t.Round
-		}
-		fmt.Fprintf(&b, "%s:%d", t.ID, round)
-	}
-	return b.String()
-}
-
-// dropLaterLocked adds what member replica trained in completed rounds
-// to the items every share drops if they come back, where the group's
-// state moves: the member leaves or is lost, and what it kept unsettled
-// (for a save, or its last step's item) comes back to whichever member
-// takes it from a shared queue, which would train on it again.
-func (h *Host) dropLaterLocked(replica int) {
+// askLocked answers an opTrained: whether the item named in the request
+// (its bytes after the replica) was trained in a completed round, by any
+// member, where the group's state moves: 0 ok, then 1 and the round a
+// save has yet to hold as a uint32 (0: a save holds it), or 0 (not
+// trained: the member that asks trains it). An item redelivered from a
+// shared queue comes from a member whose share was lost, or that left
+// and whose share was lost since, whichever member takes it: trained on,
+// it is in the group's state already. One in hand in the round under way
+// is answered once the round completes or that arrival is dropped.
+func (h *Host) askLocked(m *nats.Msg) {
+	id := string(m.Data[5:])
+	ans := []byte{0, 0, 0, 0, 0, 0}
 	if !h.keeps {
+		m.Respond(ans)
 		return
 	}
-	for _, t := range h.trained[replica] {
-		if !slices.Contains(h.drops, t) {
-			h.drops = append(h.drops, t)
+	if round, ok := h.trainedRoundLocked(id); ok {
+		ans[1] = 1
+		binary.LittleEndian.PutUint32(ans[2:], round)
+		m.Respond(ans)
+		return
+	}
+	for _, r := range h.arrived {
+		if slices.Contains(strings.Split(h.held[r], ","), id) {
+			h.asks[r] = append(h.asks[r], m)
+			return
 		}
+	}
+	m.Respond(ans)
+}
+
+// trainedRoundLocked finds id among the items trained in completed
+// rounds, with the round a save has yet to hold (0: one holds it).
+func (h *Host) trainedRoundLocked(id string) (uint32, bool) {
+	for _, items := range h.trained {
+		for _, t := range items {
+			if t.ID != id {
+				continue
+			}
+			if !h.saves || h.final || t.Round <= h.durable {
+				return 0, true
+			}
+			return t.Round, true
+		}
+	}
+	return 0, false
+}
+
+// answerAsksLocked answers again the opTrained requests waiting on
+// member r's arrival, which has completed or been dropped.
+func (h *Host) answerAsksLocked(r int) {
+	asks := h.asks[r]
+	delete(h.asks, r)
+	for _, m := range asks {
+		h.askLocked(m)
 	}
 }
 
@@ -597,7 +634,6 @@ func (h *Host) leaveLocked(replica int) (last bool) {
 	h.left[replica] = true
 	h.members--
 	h.dropLocked(replica)
-	h.dropLaterLocked(replica)
 	for to, d := range h.donor {
 		if d == replica { // it was sending a state, and failed: another member will
 			h.donor[to] = -1
@@ -607,6 +643,18 @@ func (h *Host) leaveLocked(replica int) (last bool) {
 	h.completeLocked()
 	if h.members == 0 {
 		h.lastMember = replica
+		// Joins waiting for a state no member is left to give: a slot
+		// takes none (nothing is left to train), a restart cannot go on.
+		for r, j := range h.joiner {
+			delete(h.joiner, r)
+			h.donor[r] = -1
+			if h.slot[r] {
+				h.due[r], h.slot[r] = false, false
+				h.answerJoinLocked(r, j)
+				continue
+			}
+			j.Respond(errAnswer(fmt.Sprintf("stage %q replica %d restarted, and its group's members finished before it could take the state over", h.stage, r)))
+		}
 	}
 	return h.members == 0
 }
@@ -648,7 +696,8 @@ func (h *Host) dropLocked(replica int) {
 	delete(h.vecs, replica)
 	if i := slices.Index(h.arrived, replica); i >= 0 {
 		h.arrived = slices.Delete(h.arrived, i, i+1)
-		delete(h.waiting, replica) // its worker is gone: nobody to answer
+		delete(h.waiting, replica)  // its worker is gone: nobody to answer
+		h.answerAsksLocked(replica) // what it had in hand is not trained
 	}
 	if len(h.arrived) == 0 && len(h.partial) == 0 {
 		h.open = false // nothing of the round is left
@@ -682,7 +731,6 @@ func (h *Host) Lose(replica int, share string) (present int) {
 		h.members--
 		h.due[replica] = true
 		h.dropLocked(replica)
-		h.dropLaterLocked(replica)
 		h.completeLocked()
 	}
 	if h.members == 0 && h.restorable() && h.stateLostLocked() {
@@ -722,13 +770,19 @@ func (h *Host) restoreLocked() {
 		case h.moved[i]:
 			// A move took it away: it does not come back. What it
 			// trained after the save comes back to the restored members
-			// (its share is counted lost, and restarts without it).
+			// (its share is counted lost, and restarts without it),
+			// who train it again; its opDone is answered at the final
+			// save, unless its share is gone.
 			h.due[i] = false
-			if sh := h.share[i]; h.lastRound[i] > h.durable && !h.gone[sh] {
+			sh := h.share[i]
+			if h.lastRound[i] > h.durable && !h.gone[sh] {
 				h.evict = append(h.evict, Eviction{Member: i, Share: sh, Moved: true})
 				h.gone[sh] = true
 			}
-			delete(h.done, i)
+			if h.gone[sh] {
+				delete(h.done, i)
+			}
+			h.trained[i] = slices.DeleteFunc(h.trained[i], func(t TrainedItem) bool { return t.Round > h.durable })
 			continue
 		case h.due[i]:
 		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
@@ -748,9 +802,6 @@ func (h *Host) restoreLocked() {
 	h.lastMember = -1
 	clear(h.incoming)
 	clear(h.stash)
-	// what was trained after the save is trained again: not dropped
-	h.drops = slices.DeleteFunc(h.drops, func(t TrainedItem) bool { return t.Round > h.durable })
-	clear(h.told)
 	for r, j := range h.joiner {
 		delete(h.joiner, r)
 		h.answerJoinLocked(r, j)
@@ -863,9 +914,13 @@ func (h *Host) completeLocked() {
 	for _, r := range h.arrived {
 		h.respondLocked(h.waiting[r], ans)
 	}
+	arrived := slices.Clone(h.arrived)
 	h.arrived, h.open = h.arrived[:0], false
 	clear(h.waiting)
 	clear(h.vecs)
+	for _, r := range arrived {
+		h.answerAsksLocked(r)
+	}
 }
 
 // trainedLocked records the item member r had in hand in the round just
@@ -968,10 +1023,6 @@ type Member struct {
 	Hold    func(replica int)
 	Stepped func(replica int, round uint32)
 	Durable func(replica int, round uint32)
-	// Drops takes items trained in the group's state by a member that
-	// left or was lost: whichever replica of the stage here takes one
-	// drops it, settled at once (Round 0) or once a save holds Round
-	Drops func(items []TrainedItem)
 
 	mu      sync.Mutex
 	states  map[int]nodes.State // what each replica gave Keep
@@ -1021,9 +1072,6 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 			}
 			return nil, fmt.Errorf("group across workers: %w", err)
 		}
-		if d := m.Header.Get(hdrDrop); d != "" && g.Drops != nil {
-			g.Drops(dropsOf(d))
-		}
 		if d := m.Header.Get(hdrSaved); d != "" && g.Durable != nil {
 			if round, err := strconv.ParseUint(d, 10, 32); err == nil {
 				g.Durable(replica, uint32(round))
@@ -1043,20 +1091,6 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 		}
 		return m.Data, nil
 	}
-}
-
-// dropsOf reads hdrDrop's value.
-func dropsOf(v string) []TrainedItem {
-	var out []TrainedItem
-	for it := range strings.SplitSeq(v, ",") {
-		i := strings.LastIndexByte(it, ':')
-		if i < 0 {
-			continue
-		}
-		round, _ := strconv.ParseUint(it[i+1:], 10, 32)
-		out = append(out, TrainedItem{Round: uint32(round), ID: it[:i]})
-	}
-	return out
 }
 
 // donate sends replica's state, for the restart of member to.
@@ -1159,6 +1193,25 @@ func (g *Member) completed(replica int, ans []byte) {
 	if len(ans) >= 9 && g.Stepped != nil {
 		g.Stepped(replica, binary.LittleEndian.Uint32(ans[5:]))
 	}
+}
+
+// Trained asks whether item id, which a replica of the stage here took
+// again (a redelivery), was trained in a completed round by any member:
+// then the replica drops it, and round is the round a save has yet to
+// hold (0: one holds it). Asked only of a redelivered item: its first
+// delivery's member, or that member's share, is gone.
+func (g *Member) Trained(ctx context.Context, replica int, id string) (round uint32, trained bool, err error) {
+	req := make([]byte, 5, 5+len(id))
+	req[0] = opTrained
+	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
+	ans, err := g.request(ctx, append(req, id...))
+	if err != nil {
+		return 0, false, err
+	}
+	if len(ans) < 6 {
+		return 0, false, fmt.Errorf("group across workers: a trained answer of %d bytes", len(ans))
+	}
+	return binary.LittleEndian.Uint32(ans[2:]), ans[1] == 1, nil
 }
 
 // Saves says that replica's group saves: its inputs wait for a save.
@@ -1340,12 +1393,10 @@ func (g *Member) Leave(ctx context.Context, replica int) (bool, error) {
 	if errors.As(err, &de) {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if ans, err = g.call(c, opLeave, replica, 1); err == nil {
-			err = de // said, though it has left
-		}
+		ans, err = g.call(c, opLeave, replica, 1)
 	}
 	if err != nil {
-		return len(ans) >= 5 && binary.LittleEndian.Uint32(ans[1:]) == 1, err
+		return false, err
 	}
 	return len(ans) >= 5 && binary.LittleEndian.Uint32(ans[1:]) == 1, nil
 }

@@ -3,7 +3,6 @@ package group
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +22,6 @@ type movesGroup struct {
 	states  []*weights
 	mu      sync.Mutex
 	held    []string
-	drops   map[string][]TrainedItem // by share: what each heard to drop
 }
 
 func newMovesGroup(t *testing.T) *movesGroup {
@@ -33,7 +31,7 @@ func newMovesGroup(t *testing.T) *movesGroup {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	g := &movesGroup{t: t, ctx: ctx, h: NewHost("train", 4, host.MaxPayload(), true),
-		held: make([]string, 4), drops: map[string][]TrainedItem{}}
+		held: make([]string, 4)}
 	g.h.Park([]int{3})
 	sub, err := host.Subscribe("dflow.r.r.grp.train", g.h.Handle)
 	if err != nil {
@@ -44,12 +42,7 @@ func newMovesGroup(t *testing.T) *movesGroup {
 	for i := range 4 {
 		share := fmt.Sprintf("w%d", i)
 		g.members = append(g.members, &Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share,
-			Held: func(i int) string { g.mu.Lock(); defer g.mu.Unlock(); return g.held[i] },
-			Drops: func(items []TrainedItem) {
-				g.mu.Lock()
-				defer g.mu.Unlock()
-				g.drops[share] = append(g.drops[share], items...)
-			}})
+			Held: func(i int) string { g.mu.Lock(); defer g.mu.Unlock(); return g.held[i] }})
 		g.states = append(g.states, &weights{w: []float32{0}})
 	}
 	for i := range 3 {
@@ -105,20 +98,15 @@ func (g *movesGroup) waitJoiner(i int) {
 	}, "member %d waiting for the group's state", i)
 }
 
-func (g *movesGroup) heard(share string) []TrainedItem {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.drops[share])
-}
-
 // TestMovedMemberDrops: a member that a move takes away leaves at a step
-// boundary, and what it trained is named to every share still stepping
-// with its next answer: on a shared queue what it kept for a save comes
-// back to whichever member takes it, which drops it. Lost after its
-// leave (its worker killed while it waits for the final save), it is
-// waited for by nothing. A slot a move started takes the group's state
-// over, handed by a member present at its step boundary, and the steps
-// wait for it from then on.
+// boundary; lost after its leave (its worker killed while it waits for
+// the final save), what it kept for a save comes back, from a shared
+// queue to whichever member takes it, which asks the host whether it was
+// trained (Member.Trained): its items are, the one before the save in a
+// save already (round 0), the one after it not yet; an item nobody
+// trained is not. A slot a move started takes the group's state over,
+// handed by a member present at its step boundary, and the steps wait
+// for it from then on.
 func TestMovedMemberDrops(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
@@ -132,16 +120,17 @@ func TestMovedMemberDrops(t *testing.T) {
 		t.Fatalf("member 2's leave: last %v, err %v", last, err)
 	}
 	g.mustStep(2, 0, 1)
-	want := []TrainedItem{{Round: 1, ID: "it0-2"}, {Round: 2, ID: "it1-2"}}
-	for _, share := range []string{"w0", "w1"} {
-		got := g.heard(share)
-		// the save holds round 1: its item is settled at once (round 0)
-		if len(got) != 2 || got[0] != (TrainedItem{ID: "it0-2"}) || got[1] != want[1] {
-			t.Errorf("share %s heard to drop %v; want it0-2 (in the save) and it1-2 (round 2)", share, got)
+	g.h.LeftLost(2, "w2") // its worker lost as it waits for the final save
+	for _, c := range []struct {
+		id      string
+		round   uint32
+		trained bool
+	}{{"it0-2", 0, true}, {"it1-2", 2, true}, {"it9-9", 0, false}} {
+		round, trained, err := g.members[0].Trained(g.ctx, 0, c.id)
+		if err != nil || round != c.round || trained != c.trained {
+			t.Errorf("item %s: trained %v in round %d (%v); want %v, %d", c.id, trained, round, err, c.trained, c.round)
 		}
 	}
-	// Its worker lost as it waits for the final save: it stays out.
-	g.h.LeftLost(2, "w2")
 	g.mustStep(3, 0, 1)
 	// A slot the move started joins, taking the group's state over.
 	g.members[3].Joins(3)
@@ -213,8 +202,8 @@ func TestMovedLostBeforeLeave(t *testing.T) {
 // TestMovedNotRestored: a group lost whole restores its last save with
 // the members it still has, not with a member a move took away after the
 // save: that member's share is counted lost (what it trained since comes
-// back, to be trained again: no longer named to drop), and it is not
-// waited for.
+// back, to be trained again: it no longer counts as trained), and it is
+// not waited for.
 func TestMovedNotRestored(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
@@ -238,10 +227,11 @@ func TestMovedNotRestored(t *testing.T) {
 	if g.h.restore[2] || !g.h.left[2] || g.h.members != 2 || !g.h.restore[0] || !g.h.restore[1] {
 		t.Errorf("restore %v, left %v, members %d; want members 0 and 1 restoring, 2 left", g.h.restore, g.h.left, g.h.members)
 	}
-	for _, d := range g.h.drops {
-		if d.Round > g.h.durable {
-			t.Errorf("item %s, trained in round %d after the save (round %d), is still named to drop", d.ID, d.Round, g.h.durable)
-		}
+	if round, ok := g.h.trainedRoundLocked("it1-2"); ok {
+		t.Errorf("item it1-2, trained by member 2 after the save, still counts as trained (round %d): the restore trains it again", round)
+	}
+	if _, ok := g.h.trainedRoundLocked("it0-2"); !ok {
+		t.Error("item it0-2, trained by member 2 before the save, no longer counts as trained")
 	}
 }
 
@@ -279,12 +269,12 @@ func TestDonorLeaves(t *testing.T) {
 	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
 	g.waitJoiner(3)
 	// Member 2 is asked at its leave, and has no state to give (its
-	// donation fails): it has left all the same, saying so.
+	// donation fails): it leaves all the same.
 	g.members[2].mu.Lock()
 	delete(g.members[2].states, 2)
 	g.members[2].mu.Unlock()
-	if _, err := g.members[2].Leave(g.ctx, 2); err == nil {
-		t.Fatal("a leave whose donation failed: no error")
+	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
+		t.Fatalf("a leave whose donation failed: %v", err)
 	}
 	g.h.mu.Lock()
 	left, donor := g.h.left[2], g.h.donor[3]
@@ -307,5 +297,71 @@ func TestDonorLeaves(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestTrainedInHand: an item asked of (Member.Trained) that a member has
+// in hand in the step under way is answered once that step completes
+// (trained) or the member's arrival is dropped (lost: not trained).
+func TestTrainedInHand(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	ask := func(id string) chan bool {
+		out := make(chan bool, 1)
+		go func() {
+			_, trained, err := g.members[3].Trained(g.ctx, 3, id)
+			if err != nil {
+				t.Error(err)
+			}
+			out <- trained
+		}()
+		return out
+	}
+	waitAsk := func() {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			g.h.mu.Lock()
+			defer g.h.mu.Unlock()
+			return len(g.h.asks) > 0
+		}, "the ask waiting")
+	}
+	// Member 2 arrives with it1-2 and is lost: not trained.
+	g.mu.Lock()
+	g.held[2] = "it1-2"
+	g.mu.Unlock()
+	go g.members[2].AllReduce(g.ctx, 2, nodes.Floats{1}) // never answered: lost
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		g.h.mu.Lock()
+		defer g.h.mu.Unlock()
+		return len(g.h.arrived) == 1
+	}, "member 2 arriving")
+	lost := ask("it1-2")
+	waitAsk()
+	g.h.Moved(2)
+	g.h.LeftLost(2, "w2") // a member a move took away, lost mid-step: none of it restarts
+	if <-lost {
+		t.Error("an item in hand of a member lost mid-step: trained, want not")
+	}
+	// Member 0 arrives with it1-0, and the step completes: trained.
+	g.mu.Lock()
+	g.held[0] = "it1-0"
+	g.mu.Unlock()
+	done := make(chan []error, 1)
+	go func() { done <- g.step(1, 0) }()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		g.h.mu.Lock()
+		defer g.h.mu.Unlock()
+		return len(g.h.arrived) == 1
+	}, "member 0 arriving")
+	stepped := ask("it1-0")
+	waitAsk()
+	g.mustStep(1, 1)
+	for _, err := range <-done {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !<-stepped {
+		t.Error("an item in hand in a step that completed: not trained, want trained")
 	}
 }

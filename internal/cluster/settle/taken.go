@@ -68,6 +68,10 @@ func (t *Taken) HeldBy(h Holder) { t.by = h }
 // which a save has yet to hold.
 func (t *Taken) Drop(keep uint32) { t.dropped, t.keep = true, keep }
 
+// Again says whether the server had delivered t before: its first
+// delivery's share was lost, or let it go.
+func (t *Taken) Again() bool { return t.again }
+
 // Dropped says whether t's replica dropped it (Drop), and the round a
 // save has yet to hold (0: none).
 func (t *Taken) Dropped() (dropped bool, keep uint32) { return t.dropped, t.keep }

@@ -225,21 +225,6 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 				t.saved(round)
 			}
 		},
-		Drops: func(items []group.TrainedItem) {
-			l.pmu.Lock()
-			defer l.pmu.Unlock()
-			if l.drops == nil {
-				l.drops = map[string]map[string]uint32{}
-			}
-			d := l.drops[s.Name]
-			if d == nil {
-				d = map[string]uint32{}
-				l.drops[s.Name] = d
-			}
-			for _, it := range items {
-				d[it.ID] = it.Round
-			}
-		},
 	}
 	l.pmu.Lock()
 	if l.remotes == nil {
@@ -248,16 +233,6 @@ func (l *links) group(s *graph.Stage, restart bool) *group.Member {
 	l.remotes[s.Name] = g
 	l.pmu.Unlock()
 	return g
-}
-
-// dropped says whether a group across workers said that an item of
-// stage was trained in its state already (Member.Drops), and the round
-// a save has yet to hold (0: none).
-func (l *links) dropped(stage, id string) (uint32, bool) {
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	round, ok := l.drops[stage][id]
-	return round, ok
 }
 
 // groupOf is the share's side of stage's group across workers (nil:
@@ -387,6 +362,15 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			return item, err
 		}
 		rec := delivered(t.Replica)
+		// Taken again, from a member lost or gone since: its group across
+		// workers says whether it is in the group's state already.
+		var trained bool
+		var at uint32
+		if g := t.l.groupOf(t.Stage()); g != nil && rec != nil && rec.Again() {
+			if at, trained, err = g.Trained(ctx, t.Index(), rec.ID()); err != nil {
+				return nil, fmt.Errorf("stage %s replica %d: item %s came again, and its group could not say whether it was trained: %w", t.Stage(), t.Index(), rec.ID(), err)
+			}
+		}
 		t.mu.Lock()
 		t.cur = rec
 		round, drop := uint32(0), false
@@ -396,8 +380,8 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			if t.skip != nil {
 				round, drop = t.skip[rec.ID()]
 			}
-			if !drop {
-				round, drop = t.l.dropped(t.Stage(), rec.ID())
+			if !drop && trained {
+				round, drop = at, true
 			}
 		}
 		if rec != nil && !drop && t.steps {

@@ -52,16 +52,12 @@ type links struct {
 	ranks *ranks.Placer
 	// summing says whether a stage is a group of a kind that moves whose
 	// members sum in this process (localGroup); locals their records
-	summing func(*graph.Stage) bool
-	locals  map[string]*localGroup
-	remotes map[string]*group.Member // its groups across workers, by stage (pmu)
-	// drops are, by stage, the items a group across workers said were
-	// trained in its state by a member that left or was lost: whichever
-	// replica here takes one drops it (group.Member.Drops; pmu)
-	drops     map[string]map[string]uint32
-	ledger    *settle.Ledger     // settles the receipts of what restartable replicas take
-	afterSend func(stage string) // WorkerOptions.AfterSend
-	logw      io.Writer          // the worker's log (nil: none)
+	summing   func(*graph.Stage) bool
+	locals    map[string]*localGroup
+	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
+	ledger    *settle.Ledger           // settles the receipts of what restartable replicas take
+	afterSend func(stage string)       // WorkerOptions.AfterSend
+	logw      io.Writer                // the worker's log (nil: none)
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.
