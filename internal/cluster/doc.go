@@ -102,7 +102,11 @@
 //     running, and starts the new one on the worker whose replica left;
 //     a stage's spare slots are let go once everything feeding its input
 //     has finished, or the run is over, and a share taking over a lost
-//     worker runs the slots a move had started. pick, release,
-//     startInstance (moves.go); in cmd/dflow TestRebalanceAcrossHosts and
-//     TestRebalanceWorkerLost.
+//     worker runs the slots a move had started and not the replicas a
+//     move took away; a group member a move took away, lost, leaves its
+//     group (unless it left last and holds the group's state: then it
+//     restarts). pick, release, startInstance (moves.go), loseMember
+//     (membership.go); TestLoseMovedMember, and in cmd/dflow
+//     TestRebalanceAcrossHosts, TestRebalanceWorkerLost,
+//     TestRebalanceGroupsAcrossHosts and TestRebalanceGroupWorkerLost.
 package cluster

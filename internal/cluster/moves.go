@@ -30,10 +30,11 @@ import (
 // lost worker's replicas is told which slots had started and which
 // replicas had left (Job.Started, Job.Left).
 //
-// Moves on a cluster are of stateless kinds that do not step together
-// only (engine.MovableAcross), and from a split at the full budget: a
-// spare replica of the budget (a move from no stage) has no device to
-// start on.
+// A group stage's members move too (package group: a slot joins as a
+// restart does, a member a move takes away never comes back, Host.Moved),
+// but not a group that restarts whole (engine.Movable); moves start from a
+// split at the full budget: a spare replica of the budget (a move from no
+// stage) has no device to start on.
 
 // moves is the coordinator's record of a rebalance across hosts.
 type moves struct {

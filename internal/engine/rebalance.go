@@ -39,10 +39,9 @@ import (
 // The stages that move are those whose kind keeps nothing between items
 // (nodes.Spec Stateless), and group kinds whose state moves (Spec.Moves:
 // drafter_train, lm_train), but not those that restart whole (Spec.Whole:
-// a torch process group's world size is fixed); on a cluster, only
-// replicas that work alone (stateless kinds that do not step together)
-// move, as the coordinator decides (parked.go, MovableAcross). Replicas that step together
-// leave and join at a step boundary: the one that leaves leaves the group
+// a torch process group's world size is fixed), in one process and on a
+// cluster, as the coordinator decides there (parked.go). Replicas that
+// step together leave and join at a step boundary: the one that leaves leaves the group
 // after its last step (its item in hand trained), and the others go on
 // without it, their state as it was; the one that starts joins the
 // group, and the next step waits for it too. Where the kind's state

@@ -7,7 +7,9 @@
 // is described at the op codes in group.go. What a member's calls do to
 // the share's inputs (hold them until a save, settle them, drop the items
 // a restart trained on already) are hooks the share sets (Member.Held,
-// Settle, Skip, Hold, Stepped, Durable); this package knows no queue.
+// Settle, Skip, Hold, Stepped, Durable), and whether an item that comes
+// again was trained is a call the share makes (Member.Trained); this
+// package knows no queue.
 //
 // Its invariants, each with the function that keeps it and a test that
 // fails without it:
@@ -47,4 +49,24 @@
 //  9. The package starts no goroutine: a Host answers on the goroutine of
 //     the subscription it is given to, a Member's calls run on the
 //     caller's.
+//  10. A rebalance's slot joins by a move as a restart does (it takes the
+//     state a present member hands over, or nothing where the state does
+//     not move, or where every member has finished); a join waiting when
+//     the last member leaves is answered. Host.Park, Host.Handle (opJoin),
+//     Host.leaveLocked; TestMovedMemberDrops, TestJoinAfterTheEnd.
+//  11. A member a move takes away does not come back: lost before its
+//     leave it leaves, and a restore of a group lost whole leaves it out,
+//     counting its share lost so that what it trained after the save comes
+//     back, to be trained again. Host.Moved, Host.LeftLost,
+//     Host.restoreLocked; TestMovedLostBeforeLeave, TestMovedNotRestored,
+//     and in package cluster TestLoseMovedMember.
+//  12. An item that comes again from a shared queue (its first member, or
+//     that member's share, gone) is dropped by whichever member takes it
+//     where a completed round trained it, settled at once or at the save
+//     that holds that round; one in hand in the round under way waits for
+//     that round's end. Host.askLocked, Member.Trained;
+//     TestTrainedInHand, TestMovedMemberDrops, and in cmd/dflow
+//     TestRebalanceGroupWorkerLost.
+//  13. A leave whose donation fails leaves all the same, and another
+//     member is asked. Member.Leave, Host.leaveLocked; TestDonorLeaves.
 package group

@@ -31,7 +31,9 @@ import (
 // a NATS message is 1 MiB by default): each part adds the vector's total
 // length and the part's offset as uint32s, then its values as
 // little-endian float32s; the last part (offset + values = total) is the
-// member's arrival. An answer is a status byte (0 ok, 1 error, 2 donate),
+// member's arrival. A leave may add 1 as a uint32: its donation of the
+// state failed, and it leaves without being asked again. An answer is a
+// status byte (0 ok, 1 error, 2 donate),
 // then the error's text, or: for a part before the last, nothing more;
 // for an arrival, the contributors and the round as uint32s, then the sum
 // when it fits in the answer (or nothing: the member then fetches it in
@@ -40,8 +42,9 @@ import (
 //
 // A member lost with its worker (lose) is out of the group: its arrival
 // in the round under way, if any, is dropped with its vector, so its
-// unfinished step counts for nothing, and its item comes back to its
-// restart. Where the stage's state moves (Spec.Moves), the lost member is
+// unfinished step counts for nothing, and its item comes back, to its
+// restart or, from a shared queue, to whichever member takes it. Where
+// the stage's state moves (Spec.Moves), the lost member is
 // due: the next collective or leave of a member still present is answered
 // 2 (donate) with the due member as a uint32; that member sends its state
 // (opState parts: the due member, the total length and the offset as
@@ -55,11 +58,29 @@ import (
 // count). A stage whose state does not move (synchronized stateless work)
 // takes its restart back at the restart's first collective.
 //
+// An item that comes again from a shared queue may have been trained in a
+// completed round by a member since lost, or that left (a move took it
+// away) and whose share was lost since: the member that takes it asks
+// (opTrained, the item's id after the replica), and the answer is 0, then
+// 1 and the round a save has yet to hold as a uint32 (0: a save holds
+// it), or 0: not trained. An item in hand in the round under way is
+// answered once that round completes, or that arrival is dropped.
+//
+// A rebalance moves members (the coordinator's moves.go): its spare slots
+// are parked members (Park: not present); a slot a move starts joins by
+// opJoin as a restart does, taking the state over where it moves (and
+// nothing where it does not, or where every member has finished: 0). A
+// member a move takes away (Moved) leaves at a step boundary and never
+// comes back: lost before its leave it leaves then (LeftLost), and a
+// restore of the group leaves it out, unless it left last and holds the
+// state for the final save (HoldsState): then it restarts to restore.
+//
 // Where the group saves, a member that has returned asks opDone: its
 // inputs stay unsettled until the answer, which comes once the group's
 // final save holds them (the last member to leave has returned: it wrote
 // that save). Until then a group lost whole, its finished members
-// included, restores its last save (restoreLocked).
+// included (not those a move took away), restores its last save
+// (restoreLocked).
 const (
 	opBarrier byte = iota
 	opReduce
@@ -104,7 +125,7 @@ type Host struct {
 	mu      sync.Mutex
 	stage   string
 	members int    // present
-	left    []bool // not present: left, lost, or due
+	left    []bool // not present: left, lost, due, or a parked slot
 	// keeps: the members' state moves to a restart (Spec.Moves)
 	keeps bool
 	gone  map[string]bool // shares counted lost
@@ -678,10 +699,11 @@ func (h *Host) doneLocked(replica int, m *nats.Msg) {
 	h.done[replica] = m
 }
 
-// leftLost records a member that had finished on share, counted lost, and
-// that stays finished (not restarted): the share is gone, and the member
-// has left, if its leave never came (a failed Leave is not the replica's
-// error), so that no round waits for it.
+// LeftLost records a member on share, counted lost, that is not
+// restarted: one that had finished, or that a move took away (before its
+// leave came, mid-step: its arrival is dropped). The share is gone, and
+// the member has left, if its leave never came (a failed Leave is not
+// the replica's error), so that no round waits for it.
 func (h *Host) LeftLost(replica int, share string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -763,7 +785,10 @@ func (h *Host) stateLostLocked() bool {
 // its restart restores the save too (even one at its last round), so
 // that it is the last again at its Finish and writes the final save,
 // which the others' opDone waits for. A finished member's share still
-// counted live is evicted: its restart restores too.
+// counted live is evicted: its restart restores too. A member a move took
+// away is not brought back: its share is evicted where it trained after
+// the save (what it trained since comes back, and is trained again), and
+// its opDone waits for the final save as a finished member's does.
 func (h *Host) restoreLocked() {
 	for i := range h.due {
 		switch {
