@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -310,10 +311,16 @@ func TestRebalanceGroupsAcrossHosts(t *testing.T) {
 	}
 	split := []string{"--rebalance", "--set", "edge.hs.policy=shared", "--set", "stage.target.replicas=1", "--set", "stage.drafter.replicas=7",
 		"--local-cluster", "2", "--interval", "500ms"}
-	run := func(t *testing.T, items int, args ...string) *report.Report {
+	// The DFlash job runs as the README installs dflow (its workers'
+	// arithmetic under -race would take minutes on two cores).
+	run := func(t *testing.T, items int, asInstalled bool, args ...string) *report.Report {
 		t.Helper()
 		out := filepath.Join(t.TempDir(), "r.json")
-		cmd := dflowCmd(nil, append(append(args, split...), "--report", out)...)
+		args = append(append(args, split...), "--report", out)
+		cmd := dflowCmd(nil, args...)
+		if asInstalled {
+			cmd = exec.Command(installed(t), args...)
+		}
 		cmd.Dir = root
 		coord := startProc(t, cmd)
 		if code := coord.wait(t, 240*time.Second); code != exitOK {
@@ -336,7 +343,7 @@ func TestRebalanceGroupsAcrossHosts(t *testing.T) {
 		return rep
 	}
 	t.Run("seed", func(t *testing.T) {
-		run(t, 300, "run", "specs/seed.hcl", "--var", "items=300")
+		run(t, 300, false, "run", "specs/seed.hcl", "--var", "items=300")
 	})
 	t.Run("dflash", func(t *testing.T) {
 		if testing.Short() {
@@ -344,7 +351,8 @@ func TestRebalanceGroupsAcrossHosts(t *testing.T) {
 		}
 		const batches = 150
 		ckpt := filepath.Join(t.TempDir(), "drafter.safetensors")
-		rep := run(t, batches, "run", "specs/dflash.hcl", "--var", "batches="+strconv.Itoa(batches), "--var", "checkpoint="+ckpt)
+		rep := run(t, batches, true, "run", "specs/dflash.hcl", "--var", "batches="+strconv.Itoa(batches), "--var", "checkpoint="+ckpt,
+			"--set", "stage.drafter.config.eval_prompts=4")
 		if got, m := checkpointBatches(t, ckpt), rep.Stages["drafter"].Metrics; got != strconv.Itoa(batches) || m["batches"] != batches {
 			t.Errorf("checkpoint: %s batches, the run's metrics %v; want %d, each once", got, m["batches"], batches)
 		}

@@ -340,18 +340,16 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		return nil
 	}
 	if mv := c.moves; mv != nil && mv.leaving[s.Name][i] {
-		if !h.HoldsState(i) {
+		if !h.LoseMoved(i, in.name) {
 			// A move took it away (the share that takes over does not
-			// run it: Job.Left): it leaves its group now if it had not,
-			// its step under way counting for nothing, and what it
-			// trained comes back to members that drop it (Member.Trained).
-			h.LeftLost(i, in.name)
+			// run it: Job.Left): it has left its group, its step under
+			// way counting for nothing, and what it trained comes back
+			// to members that drop it (Member.Trained).
 			return nil
 		}
-		// It left last, and held the group's state for the final save:
-		// it restarts, to restore the last save and write the final one.
+		// It held the group's state (it left last, or was the last
+		// present): it restarts as any lost member does.
 		delete(mv.leaving[s.Name], i)
-		h.Unmove(i)
 	}
 	if wire.Whole(c.o.Registry, s) {
 		return c.loseWhole(in, s, i, h)

@@ -51,21 +51,27 @@
 //     caller's.
 //  10. A rebalance's slot joins by a move as a restart does (it takes the
 //     state a present member hands over, or nothing where the state does
-//     not move, or where every member has finished); a join waiting when
-//     the last member leaves is answered. Host.Park, Host.Handle (opJoin),
-//     Host.leaveLocked; TestMovedMemberDrops, TestJoinAfterTheEnd.
+//     not move, or where every member has finished and the last holds the
+//     state); a join waiting when the last member leaves is answered.
+//     Host.Park, Host.Handle (opJoin), Host.leaveLocked;
+//     TestMovedMemberDrops, TestJoinAfterTheEnd.
 //  11. A member a move takes away does not come back: lost before its
 //     leave it leaves, and a restore of a group lost whole leaves it out,
 //     counting its share lost so that what it trained after the save comes
-//     back, to be trained again. Host.Moved, Host.LeftLost,
-//     Host.restoreLocked; TestMovedLostBeforeLeave, TestMovedNotRestored,
-//     and in package cluster TestLoseMovedMember.
-//  12. An item that comes again from a shared queue (its first member, or
-//     that member's share, gone) is dropped by whichever member takes it
-//     where a completed round trained it, settled at once or at the save
-//     that holds that round; one in hand in the round under way waits for
-//     that round's end. Host.askLocked, Member.Trained;
-//     TestTrainedInHand, TestMovedMemberDrops, and in cmd/dflow
+//     back, to be trained again; but one that holds the group's state when
+//     lost (it left last, or is the last present) is lost as any member is.
+//     Host.Moved, Host.LoseMoved, Host.restoreLocked;
+//     TestMovedLostBeforeLeave, TestMovedNotRestored, and in package
+//     cluster TestLoseMovedMember.
+//  12. An item that comes again from a shared queue (its first member's
+//     share lost, or stopped keeping it) is dropped by whichever member
+//     takes it where a completed round trained it, settled at once or at
+//     the save that holds that round (the member keeps it as if it had
+//     trained it: a restore needs it back); one in hand in the round under
+//     way is answered once that round completes or that arrival is
+//     dropped, the asker's wait bounded (package share). Host.askLocked,
+//     Member.Trained; TestTrainedInHand, TestMovedMemberDrops,
+//     TestAskerKeepsForRestore, and in cmd/dflow
 //     TestRebalanceGroupWorkerLost.
 //  13. A leave whose donation fails leaves all the same, and another
 //     member is asked. Member.Leave, Host.leaveLocked; TestDonorLeaves.

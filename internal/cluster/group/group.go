@@ -70,10 +70,11 @@ import (
 // are parked members (Park: not present); a slot a move starts joins by
 // opJoin as a restart does, taking the state over where it moves (and
 // nothing where it does not, or where every member has finished: 0). A
-// member a move takes away (Moved) leaves at a step boundary and never
-// comes back: lost before its leave it leaves then (LeftLost), and a
-// restore of the group leaves it out, unless it left last and holds the
-// state for the final save (HoldsState): then it restarts to restore.
+// member a move takes away (Moved) leaves at a step boundary and does not
+// come back: lost before its leave it leaves then, and a restore of the
+// group leaves it out; unless it holds the group's state when lost (it
+// left last, or is the last present: LoseMoved), when it is lost as any
+// member is.
 //
 // Where the group saves, a member that has returned asks opDone: its
 // inputs stay unsettled until the answer, which comes once the group's
@@ -171,6 +172,7 @@ type Host struct {
 	// parked marks a rebalance's spare slot (Park): not present, and
 	// present once a move starts it, as a lost member's restart is;
 	// moved a member a move takes away (Moved), which does not come back
+	// unless it holds the state when lost (LoseMoved)
 	parked []bool
 	moved  []bool
 	// slot marks a slot that joined by a move and waits for the state:
@@ -231,27 +233,28 @@ func (h *Host) Park(replicas []int) {
 	}
 }
 
-// HoldsState reports whether member replica left the group last and
-// holds its state until its final save (which it has not written): lost
-// before it returns, it restarts to restore the last save and write the
-// final one, even where a move took it away.
-func (h *Host) HoldsState(replica int) bool {
+// LoseMoved takes out member replica, which a move took away, lost with
+// share, and reports whether it restarts after all: where it holds the
+// group's state (it left last, and has not written the final save, or it
+// is the last member present), its loss is any member's (the caller
+// loses it: Lose), and a restart restores the last save, or the run
+// fails where none can. Else it leaves (LeftLost), its step under way
+// counting for nothing, and it does not come back.
+func (h *Host) LoseMoved(replica int, share string) (restarts bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lastMember == replica && !h.final
-}
-
-// Unmove takes back Moved: the member restarts after all (HoldsState).
-func (h *Host) Unmove(replica int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.moved[replica] = false
+	if h.lastMember == replica && !h.final || !h.left[replica] && h.members == 1 {
+		h.moved[replica] = false
+		return true
+	}
+	h.leftLostLocked(replica, share)
+	return false
 }
 
 // Moved notes that a move takes member replica away (the coordinator's
 // moves.go): it leaves at a step boundary and does not come back, to a
-// restart or to a restore of the group's last save. Lost before its
-// leave, it leaves then (LeftLost).
+// restart or to a restore of the group's last save, unless it holds the
+// group's state when lost (LoseMoved).
 func (h *Host) Moved(replica int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -511,6 +514,11 @@ func (h *Host) askLocked(m *nats.Msg) {
 	if round, ok := h.trainedRoundLocked(id); ok {
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], round)
+		// The asker keeps it until a save holds that round: a restore
+		// of the group lost whole needs it back as if it had trained it.
+		if r := int(binary.LittleEndian.Uint32(m.Data[1:5])); round > h.lastRound[r] {
+			h.lastRound[r] = round
+		}
 		m.Respond(ans)
 		return
 	}
@@ -707,6 +715,10 @@ func (h *Host) doneLocked(replica int, m *nats.Msg) {
 func (h *Host) LeftLost(replica int, share string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.leftLostLocked(replica, share)
+}
+
+func (h *Host) leftLostLocked(replica int, share string) {
 	h.gone[share] = true
 	delete(h.done, replica) // its worker is gone: nobody to answer
 	h.leaveLocked(replica)
@@ -1224,7 +1236,7 @@ func (g *Member) completed(replica int, ans []byte) {
 // again (a redelivery), was trained in a completed round by any member:
 // then the replica drops it, and round is the round a save has yet to
 // hold (0: one holds it). Asked only of a redelivered item: its first
-// delivery's member, or that member's share, is gone.
+// delivery's share was lost, or stopped keeping it from redelivery.
 func (g *Member) Trained(ctx context.Context, replica int, id string) (round uint32, trained bool, err error) {
 	req := make([]byte, 5, 5+len(id))
 	req[0] = opTrained

@@ -3,6 +3,7 @@ package group
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -363,5 +364,54 @@ func TestTrainedInHand(t *testing.T) {
 	}
 	if !<-stepped {
 		t.Error("an item in hand in a step that completed: not trained, want trained")
+	}
+}
+
+// TestAskerKeepsForRestore: a member that drops an item another member
+// trained after the last save (it came again) keeps it until a save holds
+// that round, as if it had trained it: a restore of the group lost whole
+// needs its share back (evicted), though it completed no round itself, so
+// that the item comes back and is trained again.
+func TestAskerKeepsForRestore(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	g.mustStep(1, 0, 1, 2)
+	g.h.Moved(2)
+	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	g.h.LeftLost(2, "w2")
+	// The slot joins, taking the state over at member 0's or 1's step.
+	g.members[3].Joins(3)
+	joined := make(chan error, 1)
+	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
+	g.waitJoiner(3)
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(2, 0, 1) }()
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	// It takes member 2's it1-2 again, drops it, and leaves before any
+	// step of its own.
+	if round, trained, err := g.members[3].Trained(g.ctx, 3, "it1-2"); err != nil || !trained || round != 2 {
+		t.Fatalf("it1-2: trained %v in round %d (%v); want round 2", trained, round, err)
+	}
+	if _, err := g.members[3].Leave(g.ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.h.Lose(0, "w0")
+	g.h.Lose(1, "w1")
+	ev := g.h.Evictions()
+	if !slices.ContainsFunc(ev, func(e Eviction) bool { return e.Share == "w3" }) {
+		t.Errorf("evictions %+v; want the slot's share w3, which keeps it1-2 (trained after the save) unsettled", ev)
 	}
 }

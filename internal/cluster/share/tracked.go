@@ -367,8 +367,8 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		var trained bool
 		var at uint32
 		if g := t.l.groupOf(t.Stage()); g != nil && rec != nil && rec.Again() {
-			if at, trained, err = g.Trained(ctx, t.Index(), rec.ID()); err != nil {
-				return nil, fmt.Errorf("stage %s replica %d: item %s came again, and its group could not say whether it was trained: %w", t.Stage(), t.Index(), rec.ID(), err)
+			if at, trained, err = t.trained(ctx, g, rec.ID()); err != nil {
+				return nil, err
 			}
 		}
 		t.mu.Lock()
@@ -404,6 +404,30 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		}
 		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.ID())
 	}
+}
+
+// trained asks t's group across workers whether item id, taken again,
+// was trained in a completed step. The group answers at once, or, where
+// a member has the item in hand in the step under way, once that step
+// completes or that member is lost: a member whose share stopped keeping
+// the item (paused, or cut off) yet is not counted lost could keep that
+// step open for ever, so the wait is bounded, and the run fails then
+// rather than train the item twice or not at all.
+func (t *tracked) trained(ctx context.Context, g *group.Member, id string) (uint32, bool, error) {
+	tm := t.l.job.Timings.WithDefaults()
+	wait := 3*tm.Lease + tm.AckWait
+	c, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	round, trained, err := g.Trained(c, t.Index(), id)
+	switch {
+	case err == nil:
+		return round, trained, nil
+	case ctx.Err() != nil:
+		return 0, false, ctx.Err()
+	case c.Err() != nil:
+		return 0, false, fmt.Errorf("stage %s replica %d: item %s came again while another member had it in hand in the step under way, and that member was neither lost nor done within %v: its worker stopped keeping the item (paused, or cut off from the coordinator?), and whether it was trained cannot be known", t.Stage(), t.Index(), id, wait)
+	}
+	return 0, false, fmt.Errorf("stage %s replica %d: item %s came again, and its group could not say whether it was trained: %w", t.Stage(), t.Index(), id, err)
 }
 
 type trackedOut struct {
