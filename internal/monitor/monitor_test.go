@@ -24,8 +24,10 @@ import (
 
 func TestMain(m *testing.M) { testutil.Main(m) }
 
-// seedSpec is specs/seed.hcl scaled down: 5 targets (5ms) on 3 drafters
-// (2.5ms) stepping together, 150 items.
+// seedSpec is specs/seed.hcl scaled down: 5 targets (20ms) on 3 drafters
+// (10ms) stepping together, 150 items. (At 5ms and 2.5ms, a loaded
+// machine's scheduling delays blurred the starved drafter's idle time,
+// and TestDiagnoseSeed failed in a full race run.)
 const seedSpec = `
 stage "reader" {
   node = "synthetic_source"
@@ -38,14 +40,14 @@ stage "target" {
   node     = "synthetic_work"
   replicas = 5
   config {
-    service_time = "5ms"
+    service_time = "20ms"
   }
 }
 stage "drafter" {
   node     = "synthetic_work"
   replicas = 3
   config {
-    service_time = "2500us"
+    service_time = "10ms"
     sync         = true
   }
 }
