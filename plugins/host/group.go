@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/dflow-dev/dflow/internal/netport"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/plugins/proto"
 )
@@ -46,7 +46,7 @@ func (n *remoteNode) place(ctx context.Context, r nodes.Replica) (Place, error) 
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.master == 0 {
-		port, err := freePort()
+		port, err := netport.Free("127.0.0.1")
 		if err != nil {
 			return Place{}, fmt.Errorf("a port for the group's rank 0 (MASTER_PORT): %w", err)
 		}
@@ -57,16 +57,6 @@ func (n *remoteNode) place(ctx context.Context, r nodes.Replica) (Place, error) 
 		p.LocalDevices = d.Devices()
 	}
 	return p, nil
-}
-
-// freePort is a TCP port free on this host now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // rankEnv is the environment a group member's process starts with, and

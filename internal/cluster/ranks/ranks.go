@@ -12,6 +12,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/internal/netport"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -112,12 +113,9 @@ type rank0 struct {
 // records under key where it listens: this host's address as the other
 // workers reach it (the first its data plane gives them).
 func (pl *Placer) listen(ctx context.Context, key string) (addr string, port int, err error) {
-	ln, err := net.Listen("tcp", ":0")
-	if err != nil {
+	if port, err = netport.Free(""); err != nil {
 		return "", 0, fmt.Errorf("a port for the group's rank 0 (MASTER_PORT): %w", err)
 	}
-	port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
 	first, _, _ := strings.Cut(pl.Addr(), ",")
 	if addr, _, err = net.SplitHostPort(first); err != nil {
 		return "", 0, fmt.Errorf("rank 0's address (the data plane's %q): %w", pl.Addr(), err)
