@@ -430,7 +430,13 @@ func TestRebalanceGroupWorkerLost(t *testing.T) {
 	time.Sleep(time.Second) // the drafter leaves after its step, and waits for the final save
 	victim.cmd.Process.Signal(syscall.SIGKILL)
 	if code := coord.wait(t, 240*time.Second); code != exitOK {
-		t.Fatalf("code %d\n%s", code, coord.output())
+		var logs strings.Builder
+		for _, w := range ws {
+			if w != victim {
+				logs.WriteString(w.output())
+			}
+		}
+		t.Fatalf("code %d\n%s\nthe workers that lived:\n%s", code, coord.output(), logs.String())
 	}
 	rep := readReport(t, out)
 	if rep.Status != report.OK {
