@@ -20,7 +20,8 @@ import (
 )
 
 // ddpSpec: 7 items (synthetic_source's blobs, seq 0..6) into three DDP
-// ranks of the tests' group kind (testdata/ddp.py).
+// ranks of the tests' group kind (testdata/ddp.py), with gloo's timeout
+// and the time at which a rank still running dumps its stacks and exits.
 const ddpSpec = `
 stage "src" {
   node = "synthetic_source"
@@ -33,9 +34,11 @@ stage "train" {
   node     = "ddp/ddp"
   replicas = 3
   config {
-    out      = %q
-    lockstep = %v
-    crash_at = %d
+    out         = %q
+    lockstep    = %v
+    crash_at    = %d
+    timeout_s   = %d
+    watchdog_at = %d
   }
 }
 edge "a" {
@@ -55,13 +58,32 @@ type rankFile struct {
 	Last    bool
 }
 
+// ddpTimeout is gloo's timeout in the DDP tests (ddp.py's timeout_s):
+// far longer than the ranks' rendezvous and steps take on a loaded
+// machine, and well inside the tests' deadline, so that a rank left
+// waiting for a peer fails the run with torch's message.
+const ddpTimeout = 60 * time.Second
+
+// ddpStacksBefore is how long before its context's deadline a DDP test's
+// ranks still running write their Python stacks on stderr and exit
+// (ddp.py's watchdog_at): a rank blocked where no timeout reaches it
+// fails the run, saying where it was, rather than hangs it.
+const ddpStacksBefore = 30 * time.Second
+
 // ddpRun starts 7 items through three DDP ranks (lockstep or the naive
 // loop) and returns the run's end on a channel, with the folder the
-// ranks write to.
+// ranks write to. ctx must have a deadline.
 func ddpRun(t *testing.T, ctx context.Context, lockstep bool, crashAt int) (<-chan error, string, *syncBuf) {
 	t.Helper()
 	needModules(t, "grpc", "google.protobuf", "numpy", "torch")
 	t.Setenv("DFLOW_PYTHON", system)
+	// c10d's log: where rank 0's store listens and what each rank
+	// connected to, in the stderr a failure shows.
+	t.Setenv("TORCH_CPP_LOG_LEVEL", "INFO")
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		t.Fatal("ddpRun: ctx has no deadline")
+	}
 	out := t.TempDir()
 	var stderr syncBuf
 	h := host.New(&stderr)
@@ -75,7 +97,8 @@ func ddpRun(t *testing.T, ctx context.Context, lockstep bool, crashAt int) (<-ch
 	if _, err := h.Load("ddp", plugin, reg); err != nil {
 		t.Fatal(err)
 	}
-	g, diags := (&graph.Loader{Catalog: reg}).Load("ddp.hcl", []byte(fmt.Sprintf(ddpSpec, out, lockstep, crashAt)))
+	g, diags := (&graph.Loader{Catalog: reg}).Load("ddp.hcl", []byte(fmt.Sprintf(ddpSpec, out, lockstep, crashAt,
+		int(ddpTimeout/time.Second), deadline.Add(-ddpStacksBefore).Unix())))
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
@@ -87,6 +110,42 @@ func ddpRun(t *testing.T, ctx context.Context, lockstep bool, crashAt int) (<-ch
 	return done, out, &stderr
 }
 
+// ddpWait is the end of a DDP run (ddpRun's), or fails the test if the run
+// has not ended 30 s past ctx's deadline (the engine gives its replicas
+// a few seconds after cancellation), saying where the ranks were.
+func ddpWait(t *testing.T, ctx context.Context, done <-chan error, out string, stderr *syncBuf) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the run did not end 30 s after its deadline; %s\nstderr:\n%s", ddpRanks(out), stderr)
+		return nil
+	}
+}
+
+// ddpRanks says what each rank of a DDP run wrote to out: the steps or
+// items it began (trained-RANK) and whether it wrote its report
+// (rank-RANK.json), for a failure's message.
+func ddpRanks(out string) string {
+	var b strings.Builder
+	for i := range 3 {
+		lines, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("trained-%d", i)))
+		began := strings.ReplaceAll(strings.TrimSpace(string(lines)), "\n", "; ")
+		if err != nil {
+			began = "none: not past init_process_group and DDP's setup"
+		}
+		_, err = os.Stat(filepath.Join(out, fmt.Sprintf("rank-%d.json", i)))
+		fmt.Fprintf(&b, "rank %d: began [%s], report written %v; ", i, began, err == nil)
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
 // TestDDPLockstep: three DDP ranks (gloo) of a Python group kind train on
 // 7 items, one a step, and end: each rank sees torchrun's environment,
 // the ranks' parameters are identical at the end, and the sum of the
@@ -96,8 +155,8 @@ func TestDDPLockstep(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	done, out, stderr := ddpRun(t, ctx, true, -1)
-	if err := <-done; err != nil {
-		t.Fatalf("%v\n%s", err, stderr)
+	if err := ddpWait(t, ctx, done, out, stderr); err != nil {
+		t.Fatalf("%v\n%s\nstderr:\n%s", err, ddpRanks(out), stderr)
 	}
 	var ranks [3]rankFile
 	port := ""
@@ -212,13 +271,13 @@ func TestDDPNaiveLoopHangs(t *testing.T) {
 func TestDDPRankDies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	done, _, stderr := ddpRun(t, ctx, true, 1)
-	err := <-done
+	done, out, stderr := ddpRun(t, ctx, true, 1)
+	err := ddpWait(t, ctx, done, out, stderr)
 	if err == nil {
 		t.Fatal("the run ended ok")
 	}
-	if ctx.Err() != nil {
-		t.Fatalf("the run hung until the test's deadline: %v\n%s", err, stderr)
+	if ctx.Err() != nil || strings.Contains(stderr.String(), "(most recent call first)") {
+		t.Fatalf("the run hung until the test's deadline: %v\n%s\nstderr:\n%s", err, ddpRanks(out), stderr)
 	}
 	t.Log(err)
 	for _, want := range []string{`stage "train" replica 1: plugin ddp (`, "): rank 1 of 3: the plugin process failed", "ddp: rank 1 dying on purpose at step 1"} {

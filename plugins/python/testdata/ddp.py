@@ -14,12 +14,21 @@ second step, and each finish at its end. Each rank writes
 OUT/rank-RANK.json at its end (its environment, items trained, their sum
 over the group, its parameters, whether finish said it was the last) and
 appends a line to OUT/trained-RANK as it begins each item's step (and,
-in the naive loop, "barrier" as it has run out)."""
+in the naive loop, "barrier" as it has run out).
+
+timeout_s is gloo's timeout (the rendezvous, each collective): the tests
+set one shorter than their deadline, so that a rank whose peer never
+comes fails with torch's message rather than waiting. watchdog_at (Unix
+seconds, 0: none) is a test's last resort against a hang that no timeout
+ends (a rank blocked reading a connection that never answers): at that
+time the rank writes every thread's Python stack on stderr and exits."""
 
 import datetime
+import faulthandler
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -47,6 +56,8 @@ class Train(Node):
         Field("lockstep", "bool", default=True, doc="steps in lockstep (Replica.steps); false: the naive loop"),
         Field("timeout_s", "int", default=600, doc="gloo's timeout for a collective"),
         Field("crash_at", "int", default=-1, doc="rank 1's process exits at this step"),
+        Field("watchdog_at", "int", default=0,
+              doc="Unix time at which the rank writes its threads' stacks on stderr and exits (0: never)"),
     ]
 
     def ports(self, config):
@@ -55,6 +66,8 @@ class Train(Node):
     def run(self, r):
         c = r.config
         env = {k: os.environ[k] for k in ENV if k in os.environ}
+        if c["watchdog_at"] > 0:
+            faulthandler.dump_traceback_later(max(c["watchdog_at"] - time.time(), 1), exit=True)
         dist.init_process_group("gloo", init_method="env://",
                                 timeout=datetime.timedelta(seconds=c["timeout_s"]))
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -104,6 +117,7 @@ class Train(Node):
             json.dump({"rank": rank, "env": env, "device": r.device, "group": r.group,
                        "trained": trained, "sum": count.item(), "params": params, "last": last}, f)
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
 
 
 serve(Train())
