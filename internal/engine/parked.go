@@ -95,7 +95,12 @@ func (r *run) parkAcross() error {
 			return fmt.Errorf("rebalance: replicas of stage %q left, which is not in the graph", name)
 		}
 		for _, i := range left {
-			if i >= 0 && i < len(s.replicas) && !s.replicas[i].away {
+			// Left names the run's replicas a move took away, on every
+			// worker: only those of this engine are gone here. (Placement
+			// marks the others away only after this: one counted out of
+			// its queues here would end this engine's side of a queue
+			// before its last consumer here returned.)
+			if i >= 0 && i < len(s.replicas) && (r.opts.Here == nil || r.opts.Here(s.g, i)) {
 				s.replicas[i].gone = true
 			}
 		}

@@ -77,3 +77,26 @@ func TestMoveAcross(t *testing.T) {
 		t.Errorf("report: a %+v\nb %+v\nwant a[2] to leave early, b[1] to take items, a[3] never to start", a, b)
 	}
 }
+
+// TestLeftHere: Options.Left names the replicas a move took away on every
+// worker; an engine takes only its own out of their queues at its start.
+// One in another engine (a[1] here) was never counted among this
+// engine's consumers: taken out too, the queue's last consumer here
+// would seem gone while one still reads it.
+func TestLeftHere(t *testing.T) {
+	h := newHarness(t)
+	g, diags := h.load(strings.Replace(movingSpec, "%COUNT%", "10", 1)).With(graph.SetReplicas("a", 4), graph.SetReplicas("b", 2))
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	p, err := New(g, Options{Registry: h.reg, Parked: map[string]int{"a": 1, "b": 1}, Left: map[string][]int{"a": {1, 2}},
+		Here:      func(s *graph.Stage, i int) bool { return s.Name != "a" || i != 1 },
+		Transport: func(e *graph.Edge, i int) Transport { return newFIFO(e.Capacity) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.r.stage("a").replicas
+	if a[1].gone || !a[2].gone {
+		t.Errorf("a[1] (in another engine) gone %v, a[2] (here) gone %v; want false, true", a[1].gone, a[2].gone)
+	}
+}
