@@ -47,7 +47,13 @@ func (r *run) snapshot(now time.Time) *report.Snapshot {
 				continue // a rebalance's spare, not started (rebalance.go)
 			}
 			rs := rp.snapshot(start)
-			rs.Left = rp.retiring.Load() || rp.freed.Load()
+			rs.Left = rp.retiring.Load()
+			if rp.freed.Load() {
+				// Its node has returned, its runtime waits (a member of a
+				// group across workers, for the group's final save): done,
+				// as in one process, and counted in its stage's size.
+				rs.Done = true
+			}
 			ss.Replicas = append(ss.Replicas, rs)
 		}
 		s.Stages = append(s.Stages, ss)
