@@ -366,9 +366,11 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		// workers says whether it is in the group's state already.
 		var trained bool
 		var at uint32
-		if g := t.l.groupOf(t.Stage()); g != nil && rec != nil && rec.Again() {
-			if at, trained, err = t.trained(ctx, g, rec.ID()); err != nil {
-				return nil, err
+		if rec != nil && rec.Again() { // rare: the group is looked up only then
+			if g := t.l.groupOf(t.Stage()); g != nil {
+				if at, trained, err = t.trained(ctx, g, rec.ID()); err != nil {
+					return nil, err
+				}
 			}
 		}
 		t.mu.Lock()
