@@ -89,6 +89,32 @@ func (g *movesGroup) mustStep(k int, ids ...int) {
 	}
 }
 
+// saveThenMove2 steps members 0, 1 and 2 twice, with a save of the
+// first step between (round 1), then lets member 2 leave by a move.
+func (g *movesGroup) saveThenMove2() {
+	g.t.Helper()
+	g.mustStep(0, 0, 1, 2)
+	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
+		g.t.Fatal(err)
+	}
+	g.mustStep(1, 0, 1, 2)
+	g.h.Moved(2)
+	if last, err := g.members[2].Leave(g.ctx, 2); err != nil || last {
+		g.t.Fatalf("member 2's leave: last %v, err %v", last, err)
+	}
+}
+
+// joinSlot starts slot 3 by a move: its Keep, whose result comes on the
+// channel, waits for the group's state once this returns.
+func (g *movesGroup) joinSlot() <-chan error {
+	g.t.Helper()
+	g.members[3].Joins(3)
+	joined := make(chan error, 1)
+	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
+	g.waitJoiner(3)
+	return joined
+}
+
 // waitJoiner waits until member i's join waits for the group's state.
 func (g *movesGroup) waitJoiner(i int) {
 	g.t.Helper()
@@ -111,15 +137,7 @@ func (g *movesGroup) waitJoiner(i int) {
 func TestMovedMemberDrops(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
-	g.mustStep(0, 0, 1, 2)
-	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
-		t.Fatal(err)
-	}
-	g.mustStep(1, 0, 1, 2)
-	g.h.Moved(2)
-	if last, err := g.members[2].Leave(g.ctx, 2); err != nil || last {
-		t.Fatalf("member 2's leave: last %v, err %v", last, err)
-	}
+	g.saveThenMove2()
 	g.mustStep(2, 0, 1)
 	g.h.LeftLost(2, "w2") // its worker lost as it waits for the final save
 	for _, c := range []struct {
@@ -134,10 +152,7 @@ func TestMovedMemberDrops(t *testing.T) {
 	}
 	g.mustStep(3, 0, 1)
 	// A slot the move started joins, taking the group's state over.
-	g.members[3].Joins(3)
-	joined := make(chan error, 1)
-	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
-	g.waitJoiner(3)
+	joined := g.joinSlot()
 	// Member 0 or 1 hands the state over at its step boundary, and the
 	// step waits for the slot from then on.
 	stepped := make(chan []error, 1)
@@ -208,15 +223,7 @@ func TestMovedLostBeforeLeave(t *testing.T) {
 func TestMovedNotRestored(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
-	g.mustStep(0, 0, 1, 2)
-	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
-		t.Fatal(err)
-	}
-	g.mustStep(1, 0, 1, 2)
-	g.h.Moved(2)
-	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
-		t.Fatal(err)
-	}
+	g.saveThenMove2()
 	g.h.Lose(0, "w0")
 	g.h.Lose(1, "w1")
 	ev := g.h.Evictions()
@@ -265,10 +272,7 @@ func TestDonorLeaves(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
 	g.mustStep(0, 0, 1, 2)
-	g.members[3].Joins(3)
-	joined := make(chan error, 1)
-	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
-	g.waitJoiner(3)
+	joined := g.joinSlot()
 	// Member 2 is asked at its leave, and has no state to give (its
 	// donation fails): it leaves all the same.
 	g.members[2].mu.Lock()
@@ -375,21 +379,10 @@ func TestTrainedInHand(t *testing.T) {
 func TestAskerKeepsForRestore(t *testing.T) {
 	t.Parallel()
 	g := newMovesGroup(t)
-	g.mustStep(0, 0, 1, 2)
-	if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
-		t.Fatal(err)
-	}
-	g.mustStep(1, 0, 1, 2)
-	g.h.Moved(2)
-	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
-		t.Fatal(err)
-	}
+	g.saveThenMove2()
 	g.h.LeftLost(2, "w2")
 	// The slot joins, taking the state over at member 0's or 1's step.
-	g.members[3].Joins(3)
-	joined := make(chan error, 1)
-	go func() { joined <- g.members[3].Keep(g.ctx, 3, g.states[3]) }()
-	g.waitJoiner(3)
+	joined := g.joinSlot()
 	stepped := make(chan []error, 1)
 	go func() { stepped <- g.step(2, 0, 1) }()
 	if err := <-joined; err != nil {
