@@ -433,14 +433,17 @@ func TestRebalanceGroupWorkerLost(t *testing.T) {
 	}
 	time.Sleep(time.Second) // the drafter leaves after its step, and waits for the final save
 	victim.cmd.Process.Signal(syscall.SIGKILL)
-	if code := coord.wait(t, 240*time.Second); code != exitOK {
+	lived := func() string {
 		var logs strings.Builder
 		for _, w := range ws {
 			if w != victim {
 				logs.WriteString(w.output())
 			}
 		}
-		t.Fatalf("code %d\n%s\nthe workers that lived:\n%s", code, coord.output(), logs.String())
+		return logs.String()
+	}
+	if code := coord.wait(t, 240*time.Second); code != exitOK {
+		t.Fatalf("code %d\n%s\nthe workers that lived:\n%s", code, coord.output(), lived())
 	}
 	rep := readReport(t, out)
 	if rep.Status != report.OK {
@@ -451,6 +454,6 @@ func TestRebalanceGroupWorkerLost(t *testing.T) {
 		t.Errorf("no worker counted lost:\n%s", coord.output())
 	}
 	if got := checkpointBatches(t, ckpt); got != strconv.Itoa(batches) {
-		t.Errorf("checkpoint: %s batches; want %d, each once\n%s", got, batches, coord.output())
+		t.Errorf("checkpoint: %s batches; want %d, each once\n%s\nthe workers that lived:\n%s", got, batches, coord.output(), lived())
 	}
 }
