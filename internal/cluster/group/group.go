@@ -178,6 +178,11 @@ type Host struct {
 	// slot marks a slot that joined by a move and waits for the state:
 	// with no member left to give it (they all finished), it takes none
 	slot []bool
+	// orphans are what lost members trained, kept whole: a save prunes
+	// a member's list of what it has settled, which a lost member never
+	// did (it heard of no save after its loss), and what it kept comes
+	// back to whichever member takes it (askLocked)
+	orphans []TrainedItem
 	// asks are the opTrained requests waiting on a member that has the
 	// item asked of in hand in the round under way: answered once the
 	// round completes (trained) or its arrival is dropped (not)
@@ -534,7 +539,7 @@ func (h *Host) askLocked(m *nats.Msg) {
 // trainedRoundLocked finds id among the items trained in completed
 // rounds, with the round a save has yet to hold (0: one holds it).
 func (h *Host) trainedRoundLocked(id string) (uint32, bool) {
-	for _, items := range h.trained {
+	for _, items := range append(slices.Clone(h.trained), h.orphans) {
 		for _, t := range items {
 			if t.ID != id {
 				continue
@@ -720,6 +725,7 @@ func (h *Host) LeftLost(replica int, share string) {
 
 func (h *Host) leftLostLocked(replica int, share string) {
 	h.gone[share] = true
+	h.orphans = append(h.orphans, h.trained[replica]...)
 	delete(h.done, replica) // its worker is gone: nobody to answer
 	h.leaveLocked(replica)
 }
@@ -746,6 +752,7 @@ func (h *Host) Lose(replica int, share string) (present int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.gone[share] = true
+	h.orphans = append(h.orphans, h.trained[replica]...)
 	delete(h.joiner, replica)
 	delete(h.stash, replica)
 	delete(h.incoming, replica)
@@ -837,6 +844,7 @@ func (h *Host) restoreLocked() {
 		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t TrainedItem) bool { return t.Round > h.durable })
 	}
 	h.lastMember = -1
+	h.orphans = slices.DeleteFunc(h.orphans, func(t TrainedItem) bool { return t.Round > h.durable }) // trained again
 	clear(h.incoming)
 	clear(h.stash)
 	for r, j := range h.joiner {

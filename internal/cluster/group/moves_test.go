@@ -408,3 +408,22 @@ func TestAskerKeepsForRestore(t *testing.T) {
 		t.Errorf("evictions %+v; want the slot's share w3, which keeps it1-2 (trained after the save) unsettled", ev)
 	}
 }
+
+// TestLostTrainedOutlivesSaves: what a lost member trained still counts as
+// trained after saves that would prune a member's settled items: the lost
+// member heard of none of them, so its items come back, to be dropped by
+// whichever member takes them.
+func TestLostTrainedOutlivesSaves(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	g.h.Lose(2, "w2") // due, for its restart
+	for range 2 {     // the save before the last holds round 1 now
+		if err := g.members[0].Saved(g.ctx, 0, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, trained, err := g.members[1].Trained(g.ctx, 1, "it0-2"); err != nil || !trained {
+		t.Errorf("it0-2, trained by member 2 before it was lost: trained %v (%v); want trained", trained, err)
+	}
+}
