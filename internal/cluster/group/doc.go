@@ -69,9 +69,11 @@
 //     the save that holds that round (the member keeps it as if it had
 //     trained it: a restore needs it back); one in hand in the round under
 //     way is answered once that round completes or that arrival is
-//     dropped, the asker's wait bounded (package share). Host.askLocked,
-//     Member.Trained; TestTrainedInHand, TestMovedMemberDrops,
-//     TestAskerKeepsForRestore, and in cmd/dflow
+//     dropped, the asker's wait bounded (package share). What a lost
+//     member trained stays counted through later saves (it settled none
+//     of it). Host.askLocked, Host.orphans, Member.Trained;
+//     TestTrainedInHand, TestMovedMemberDrops, TestAskerKeepsForRestore,
+//     TestLostTrainedOutlivesSaves, and in cmd/dflow
 //     TestRebalanceGroupWorkerLost.
 //  13. A leave whose donation fails leaves all the same, and another
 //     member is asked. Member.Leave, Host.leaveLocked; TestDonorLeaves.
