@@ -157,7 +157,8 @@ rebalance {
 
 // TestRebalanceAcrossHosts: the same run over two worker processes moves
 // four drafters to the targets at its first look, each new target on the
-// worker whose drafter left (its freed device), and every item is
+// worker whose drafter left (its freed device; 3 or 4 drafters move, as
+// the first figures rank 5+3 or 4+4), and every item is
 // counted once: the run ends ok only if its books balance across the
 // workers. The spare slots that did not start are left out of the report.
 func TestRebalanceAcrossHosts(t *testing.T) {
@@ -171,13 +172,17 @@ func TestRebalanceAcrossHosts(t *testing.T) {
 	coord := startDflow(t, nil, "run", spec, "--local-cluster", "2", "--interval", "200ms", "--report", out)
 	code := coord.wait(t, 120*time.Second)
 	log := coord.output()
-	if code != exitOK || !strings.Contains(log, "moved 4 replicas drafter -> target: target ") {
+	// 4 (5+3, the best split), or 3 where a loaded machine's first
+	// figures rank 4+4 first, as in one process (TestRunRebalanceLive)
+	said := regexp.MustCompile(`moved ([34]) replicas drafter -> target: target `).FindStringSubmatch(log)
+	if code != exitOK || said == nil {
 		t.Fatalf("code %d\n%s", code, log)
 	}
+	n, _ := strconv.Atoi(said[1])
 	rep := readReport(t, out)
 	wantEdges(t, rep, 300)
-	if rep.Status != report.OK || len(rep.Moves) != 1 || rep.Moves[0].Replicas != 4 ||
-		len(rep.Stages["target"].Replicas) != 5 || len(rep.Stages["drafter"].Replicas) != 7 {
+	if rep.Status != report.OK || len(rep.Moves) != 1 || rep.Moves[0].Replicas != n ||
+		len(rep.Stages["target"].Replicas) != 1+n || len(rep.Stages["drafter"].Replicas) != 7 {
 		t.Errorf("report: status %s, moves %+v, %d targets, %d drafters", rep.Status, rep.Moves,
 			len(rep.Stages["target"].Replicas), len(rep.Stages["drafter"].Replicas))
 	}
@@ -185,8 +190,8 @@ func TestRebalanceAcrossHosts(t *testing.T) {
 	// device; the target runs where the drafter did.
 	moved := regexp.MustCompile(`dflow worker (\S+): run \S+: drafter\[(\d+)\] leaves after its item in hand, and target\[(\d+)\] starts on its device`)
 	ms := moved.FindAllStringSubmatch(log, -1)
-	if len(ms) != 4 {
-		t.Fatalf("%d moves said by the workers, want 4:\n%s", len(ms), log)
+	if len(ms) != n {
+		t.Fatalf("%d moves said by the workers, want %d:\n%s", len(ms), n, log)
 	}
 	where := map[string]map[int]string{}
 	for _, st := range []string{"target", "drafter"} {
