@@ -33,10 +33,16 @@
 //     TestSettledRecorded.
 //  5. A node's own clock passes through the share's wrappers
 //     (clocked). TestOwnClockThroughShare.
-//  6. A share's background work is one group (links.bg): keep-alive and
+//  6. A share's goroutines are one group (links.bg): keep-alive and
 //     renewals, the ledger's settling (settle.Ledger.Run), each queue's
 //     publish answerer and pulls (edge.Env.Go), fetches, releases,
-//     records and the watch of the coordinator's lease; cancelling it
-//     (links.close) is the shutdown, and close waits for it. TestMain
-//     fails the package if a goroutine outlives its test.
+//     records, and in a worker's share the engine's run, a handler for
+//     each control subject and the watch of the coordinator's lease
+//     (shareRun.run, shareRun.handle). The run's context ends the engine;
+//     the share's end waits for the engine's return, then flushes,
+//     settles and reports with the rest of the group still serving it.
+//     Cancelling the group (links.close, after control is unsubscribed)
+//     is the shutdown, and close waits for every member. TestMain fails
+//     the package if a goroutine outlives its tests, and so does package
+//     cluster's, whose tests run workers in process.
 package share

@@ -80,14 +80,15 @@ type links struct {
 	env    *edge.Env
 	mu     sync.Mutex
 	queues []*edge.Queue
-	// bg is the share's background work, one group: keep-alive and its
+	// bg is the share's one group of goroutines: keep-alive and its
 	// renewals, settling, each queue's publish answerer and pull loop,
-	// fetches ahead and again, releases, settled records, and the watch
-	// of the coordinator's lease (worker.serve). stopCtx is its
-	// cancellation: done once close begins, when every one of them ends
-	// (what is under way ends with it); close then waits for the group.
-	// Nothing starts in it once stopCtx is done where it could start
-	// after close (recordLocked, under mu).
+	// fetches ahead and again, releases, settled records, and in a
+	// worker's share (shareRun) the engine's run, control's handlers and
+	// the watch of the coordinator's lease. stopCtx is its cancellation:
+	// done once close begins, when every one of them ends (what is under
+	// way ends with it); close then waits for the group. Nothing starts in
+	// it once stopCtx is done where it could start after close
+	// (recordLocked, under mu).
 	bg         sync.WaitGroup
 	stopCtx    context.Context
 	stopCancel context.CancelFunc

@@ -3,11 +3,8 @@ package share
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,9 +12,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
-	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/dflow-dev/dflow/report"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -113,31 +108,37 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 				return nil // once restarts it took have ended with the run
 			}
 		case m := <-w.jobs:
-			var job wire.Job
-			if err := json.Unmarshal(m.Data, &job); err != nil {
-				respond(m, fmt.Errorf("bad job: %v", err))
-				continue
-			}
-			mine := job.Instance == o.Name
-			if mine && w.busy.Load() {
-				respond(m, fmt.Errorf("worker %s is busy with run %s", o.Name, w.run.Load()))
-				continue
-			}
-			if mine {
-				w.busy.Store(true)
-				w.run.Store(job.Run)
-			}
-			// A job for another instance is a restart of a lost worker's
-			// replicas, beside this worker's share.
-			w.wg.Go(func() {
-				w.serve(ctx, &job, m)
-				if mine {
-					w.busy.Store(false)
-					own <- struct{}{}
-				}
-			})
+			w.take(ctx, m, own)
 		}
 	}
+}
+
+// take starts serving the job in m, or refuses it: a job for this
+// worker's own instance while its share of a run goes on. A job for
+// another instance is a restart of a lost worker's replicas, beside this
+// worker's share. own hears when this worker's own share has ended.
+func (w *worker) take(ctx context.Context, m *nats.Msg, own chan<- struct{}) {
+	var job wire.Job
+	if err := json.Unmarshal(m.Data, &job); err != nil {
+		respond(m, fmt.Errorf("bad job: %v", err))
+		return
+	}
+	mine := job.Instance == w.o.Name
+	if mine && w.busy.Load() {
+		respond(m, fmt.Errorf("worker %s is busy with run %s", w.o.Name, w.run.Load()))
+		return
+	}
+	if mine {
+		w.busy.Store(true)
+		w.run.Store(job.Run)
+	}
+	w.wg.Go(func() {
+		w.serve(ctx, &job, m)
+		if mine {
+			w.busy.Store(false)
+			own <- struct{}{}
+		}
+	})
 }
 
 type worker struct {
@@ -171,245 +172,4 @@ func (w *worker) announce(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-// serve runs one instance's share of a job and sends its report.
-func (w *worker) serve(ctx context.Context, job *wire.Job, m *nats.Msg) {
-	nc := w.o.Conn
-	inst := job.Instance
-	nodes.SetRun(job.Provenance) // before the stages are built: they claim their files for it
-	job.Timings = job.Timings.WithDefaults()
-	for _, f := range job.VarFiles { // read by Load
-		if err := w.o.Roots.CheckRead(f); err != nil {
-			respond(m, fmt.Errorf("worker %s refused the job: --var-file %s: %v", w.o.Name, f, err))
-			return
-		}
-	}
-	g, err := w.o.Load(job)
-	if err == nil {
-		g, err = wire.WithSlots(g, job.Parked) // a rebalance's spare slots
-	}
-	if err != nil {
-		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
-		return
-	}
-	if err := w.o.Roots.Check(g); err != nil {
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: refused: %v\n", w.o.Name, job.Run, err)
-		respond(m, fmt.Errorf("worker %s refused the job: %v", w.o.Name, err))
-		return
-	}
-	runCtx, abort := context.WithCancel(ctx)
-	defer abort()
-	l, err := newLinks(runCtx, nc, w.js, job, g, inst, w.o.DataAddr)
-	if err != nil {
-		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
-		return
-	}
-	defer l.close()
-	l.worker = w.o.Name
-	l.restartable = func(s *graph.Stage) bool { return wire.Restartable(w.o.Registry, s) }
-	l.syncs = func(s *graph.Stage) bool {
-		spec, ok := w.o.Registry.Spec(s.Node)
-		return ok && spec.Sync != nil && spec.Sync(s.Config)
-	}
-	l.ranks.Whole = func(s *graph.Stage) bool { return wire.Whole(w.o.Registry, s) }
-	l.summing = func(s *graph.Stage) bool {
-		return wire.Moves(w.o.Registry, s) && !wire.Hosted(w.o.Registry, s, job.Place[s.Name], job.Parked[s.Name] > 0)
-	}
-	l.afterSend = w.o.AfterSend
-	l.logw = w.o.Log
-	var lostErr atomic.Pointer[error] // the first
-	l.fatal = func(err error) {
-		lostErr.CompareAndSwap(nil, &err)
-		l.released.Store(true)
-		abort()
-	}
-	var lastHB atomic.Int64 // the coordinator's heartbeat, last heard
-	lastHB.Store(time.Now().UnixNano())
-	// Items are kept from redelivery only while the coordinator is heard
-	// and the connection is up: a worker paused or cut off past job.Timings.Lease
-	// has been counted lost, and renewals it sent late (buffered while
-	// reconnecting, or on waking) would hold back the items of the share
-	// that took over.
-	l.renew = func() bool {
-		return nc.IsConnected() && time.Since(time.Unix(0, lastHB.Load())) < job.Timings.Lease
-	}
-	l.start()
-	drain := make(chan struct{})
-	var drainOnce sync.Once
-	groups := map[string]engine.RemoteGroup{}
-	for _, s := range g.Stages {
-		if wire.Hosted(w.o.Registry, s, job.Place[s.Name], job.Parked[s.Name] > 0) {
-			groups[s.Name] = l.group(s, job.Restart)
-		}
-	}
-	p, err := engine.New(g, engine.Options{
-		Registry: w.o.Registry, Drain: drain, Grace: job.Grace,
-		Here:      func(s *graph.Stage, i int) bool { return job.Place[s.Name][i] == inst },
-		Transport: l.For,
-		Chain:     l.ChainFor,
-		Group:     func(s *graph.Stage) engine.RemoteGroup { return groups[s.Name] },
-		Wrap:      func(s *graph.Stage, n nodes.Node) nodes.Node { return l.track(s, l.ranked(s, n)) },
-		Parked:    job.Parked, Started: job.Started, Left: job.Left, Released: job.Released,
-	})
-	if err != nil {
-		respond(m, fmt.Errorf("worker %s: %v", w.o.Name, err))
-		return
-	}
-	// Control: snapshots, drain, abort, and the coordinator's heartbeat.
-	var subs []*nats.Subscription
-	sub := func(subject string, f nats.MsgHandler) {
-		if s, err := nc.Subscribe(subject, f); err == nil {
-			subs = append(subs, s)
-		}
-	}
-	sub(wire.SubjSnap(job.Run, inst), func(m *nats.Msg) {
-		b, _ := json.Marshal(l.sent(p.Snapshot()))
-		m.Respond(b)
-	})
-	if job.Parked != nil {
-		// The coordinator's moves, this share's part of each (package
-		// engine's parked.go).
-		sub(wire.SubjMove(job.Run, inst), func(m *nats.Msg) {
-			var mv wire.Move
-			err := json.Unmarshal(m.Data, &mv)
-			switch {
-			case err != nil:
-			case mv.Release != "":
-				// Said at once: letting the slots go may close queues
-				// (their ends written) for a while.
-				respond(m, nil)
-				p.Release(mv.Release)
-				return
-			default:
-				if err = p.Move(mv.From, mv.Leave, mv.To, mv.Start); err == nil {
-					fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: %s[%d] leaves after its item in hand, and %s[%d] starts on its device\n", w.o.Name, job.Run, mv.From, mv.Leave, mv.To, mv.Start)
-				}
-			}
-			respond(m, err)
-		})
-	}
-	sub(wire.SubjDrain(job.Run), func(*nats.Msg) { drainOnce.Do(func() { close(drain) }) })
-	var aborted atomic.Bool
-	sub(wire.SubjAbort(job.Run), func(*nats.Msg) { aborted.Store(true); abort() })
-	// Counted lost: the share ends, and its items are for the share that
-	// took over. Said by an abort of its own and by every heartbeat after
-	// (the abort may have been missed).
-	lost := func() { l.released.Store(true); aborted.Store(true); abort() }
-	sub(wire.SubjAbortShare(job.Run, inst), func(*nats.Msg) { lost() })
-	sub(wire.SubjHB(job.Run), func(m *nats.Msg) {
-		if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
-			lost()
-			return
-		}
-		lastHB.Store(time.Now().UnixNano())
-	})
-	defer func() {
-		for _, s := range subs {
-			s.Unsubscribe()
-		}
-	}()
-	nc.Flush()
-	respond(m, nil)
-	share := "" // a share taking over a lost worker's replicas is named
-	if job.Restart {
-		share = " (the share " + inst + ", taking over)"
-	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s\n", w.o.Name, job.Run, share, wire.Placed(g, job, inst))
-
-	var orphaned atomic.Bool
-	watchDone := make(chan struct{})
-	watch := control.LeaseWatch{Lease: job.Timings.Lease, Clock: time.Now,
-		Heard: func() time.Time { return time.Unix(0, lastHB.Load()) },
-		// Asked directly, a coordinator that lives answers with the
-		// heartbeat's list: its beats were only late (a loaded host).
-		Probe: func() bool {
-			m, err := nc.Request(wire.SubjAlive(job.Run), nil, job.Timings.Lease)
-			if err != nil {
-				return false
-			}
-			if slices.Contains(strings.Split(string(m.Data), "\n"), inst) {
-				lost()
-			} else {
-				lastHB.Store(time.Now().UnixNano())
-			}
-			return true
-		}}
-	// The watch is in the share's group: close waits for it (a probe
-	// under way ends within a lease).
-	l.bg.Go(func() {
-		t := time.NewTicker(wire.HBEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-watchDone:
-				return
-			case <-t.C:
-				if watch.Gone() {
-					orphaned.Store(true)
-					l.released.Store(true) // its items are for others now
-					abort()
-					return
-				}
-			}
-		}
-	})
-	rep, err := p.Execute(runCtx)
-	// The bytes of large items sent and not yet acked by their consumers
-	// stay until they are, or no consumer is left for them, or the run is
-	// aborted (the coordinator's heartbeat still watched meanwhile): the
-	// share's end would take them away.
-	if n, size := l.dp.Holding(); n > 0 && !orphaned.Load() {
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: keeping %d items' bytes (%d MiB) until their consumers have them\n", w.o.Name, job.Run, share, n, size>>20)
-		l.dp.Drained(runCtx)
-	}
-	close(watchDone)
-	if orphaned.Load() {
-		// Say so, in case the coordinator lives and only its heartbeat was
-		// late: the run then fails instead of waiting for this share.
-		fmt.Fprintf(w.o.Log, "dflow worker %s: run %s: the coordinator's heartbeat stopped for %v and it did not answer when asked: aborted\n", w.o.Name, job.Run, job.Timings.Lease)
-		d := wire.Done{Instance: inst, Failed: true,
-			Err: fmt.Sprintf("worker %s: the coordinator's heartbeat stopped for %v and it did not answer when asked, so its share aborted", w.o.Name, job.Timings.Lease)}
-		db, _ := json.Marshal(d)
-		nc.Request(wire.SubjDone(job.Run), db, time.Second)
-		return
-	}
-	// What the replicas finished last is settled before the report goes.
-	for _, q := range l.queueList() {
-		if ferr := q.Flush(); ferr != nil && err == nil && !l.aborting() {
-			err = ferr
-		}
-	}
-	if serr := l.ledger.Settle(); serr != nil && err == nil {
-		err = serr
-	}
-	if lerr := lostErr.Load(); lerr != nil && !aborted.Load() {
-		err = *lerr
-	}
-	// The acks sent are the server's before the report says the share is
-	// over: the coordinator then reads what was never acked as unread.
-	nc.FlushTimeout(2 * time.Second)
-	b, _ := json.Marshal(rep)
-	l.readDepths() // the share's last figures show the queues as they are now, not 250ms ago
-	sb, _ := json.Marshal(p.Snapshot())
-	d := wire.Done{Instance: inst, Report: b, Snapshot: sb, Failed: rep.Status == report.Failed}
-	if err != nil && !aborted.Load() {
-		d.Err = fmt.Sprintf("worker %s: %v", inst, err)
-	}
-	db, _ := json.Marshal(d)
-	for range 20 {
-		if _, rerr := nc.Request(wire.SubjDone(job.Run), db, time.Second); rerr == nil || errors.Is(rerr, nats.ErrConnectionClosed) {
-			break
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	why := "" // the worker's own log says why, too
-	if d.Err != "" {
-		why = ": " + d.Err
-	} else if rep.Status == report.Failed && rep.Error != "" {
-		why = ": " + rep.Error
-	}
-	fmt.Fprintf(w.o.Log, "dflow worker %s: run %s%s: %s%s\n", w.o.Name, job.Run, share, rep.Status, why)
 }
