@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/dflow-dev/dflow/nodes"
 )
 
 // group is a stage's replica group. A collective completes when every
-// member still present has arrived; a member that leaves (its Run
-// returned, or it called Leave) is no longer waited for, and its leaving
-// can itself complete a round the others are waiting in. So uneven ends
-// never hang, in any order.
+// member still present has arrived and waits in it; a member that leaves
+// (its Run returned, or it called Leave) is no longer waited for, and its
+// leaving can itself complete a round the others are waiting in. So
+// uneven ends never hang, in any order. A member whose wait ends on its
+// context before the round completes is out of that round (its arrival
+// and its vector withdrawn: withdrawLocked), so every member present
+// takes every step that completes, and the last member to leave holds
+// the last step any member took.
 type group struct {
 	mu      sync.Mutex
 	members int
@@ -53,12 +58,17 @@ type handover struct {
 // round is one collective in progress: a barrier or an all-reduce.
 type round struct {
 	arrived int
-	in      []bool    // in[i]: member i has arrived
+	in      []bool    // in[i]: member i has arrived, and waits in the round
 	sum     nodes.Sum // nil for a barrier
 	length  int       // of the vectors summed
 	n       int       // contributors to sum
-	done    chan struct{}
-	err     error
+	// xs[i] is member i's vector while it waits, and order the members
+	// summed, in arrival order: the sum made again without a member that
+	// is out of the round (withdrawLocked)
+	xs    []nodes.Reducible
+	order []int
+	done  chan struct{}
+	err   error
 	// ask, in a group whose state moves, is closed when a member joins
 	// during the round and no member has been asked for the state yet:
 	// the members waiting in the round wake, and one of them marshals it
@@ -104,6 +114,7 @@ func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, *ha
 		g.round = &round{done: make(chan struct{}), in: make([]bool, len(g.left))}
 		if reduce {
 			g.round.sum, g.round.length = x.NewSum(), x.Len()
+			g.round.xs = make([]nodes.Reducible, len(g.left))
 		}
 		if g.moves {
 			g.round.ask = make(chan struct{})
@@ -120,6 +131,7 @@ func (g *group) arrive(replica int, x nodes.Reducible, reduce bool) (*round, *ha
 			rd.err = fmt.Errorf("AllReduceSum: %w", err)
 		}
 		rd.n++
+		rd.xs[replica], rd.order = x, append(rd.order, replica)
 	}
 	rd.arrived++
 	rd.in[replica] = true
@@ -143,6 +155,39 @@ func (g *group) completeLocked() {
 	}
 }
 
+// withdrawLocked takes replica's arrival out of rd, the round in
+// progress: a member whose wait ended on its context before the round
+// completed, or that leaves while in it, takes no part in it. The round
+// then completes only once every member present is waiting in it, and
+// sums only their vectors (made again, in arrival order, without
+// replica's); a round that no member is left waiting in ends.
+func (g *group) withdrawLocked(replica int, rd *round) {
+	if g.round != rd || !rd.in[replica] {
+		return
+	}
+	rd.in[replica] = false
+	rd.arrived--
+	if rd.arrived == 0 {
+		g.round = nil
+		close(rd.done) // for a member that left while it waited: errLeft (member.result)
+		return
+	}
+	if i := slices.Index(rd.order, replica); i >= 0 {
+		rd.order = slices.Delete(rd.order, i, i+1)
+		rd.xs[replica], rd.n = nil, len(rd.order)
+		if len(rd.order) == 0 {
+			return // those left in the round mixed kinds or lengths: rd.err says so
+		}
+		// The sum on the first member's, as an arrival makes it.
+		rd.sum = rd.xs[rd.order[0]].NewSum()
+		for _, j := range rd.order {
+			if err := rd.sum.Add(rd.xs[j]); err != nil && rd.err == nil {
+				rd.err = fmt.Errorf("AllReduceSum: %w", err)
+			}
+		}
+	}
+}
+
 // leave takes replica out of the group and reports whether it was the
 // last member present (false when it had left already). A member leaves
 // at a step boundary (its last step done, or its Run returned): where a
@@ -158,6 +203,9 @@ func (g *group) leave(replica int) (last bool) {
 	if g.moves && g.fresh[replica] {
 		g.fresh[replica] = false
 		g.nfresh--
+	}
+	if g.round != nil {
+		g.withdrawLocked(replica, g.round)
 	}
 	g.left[replica] = true
 	g.members--
@@ -273,31 +321,53 @@ type member struct {
 	r *replica
 }
 
+// wait waits in rd, which the member has arrived in, until it completes
+// or ctx ends. A member takes part in a round only as long as it waits in
+// it: the round completes with every member present waiting, and each of
+// them gets its result, so every member present takes every step. A
+// round that completed as ctx ended stands for this member as for the
+// others; one that has not is left (its arrival withdrawn, its vector out
+// of the sum), so that it completes without this member or when it comes
+// again. Before, one member of a pair gave up a step's all-reduce on the
+// run's abort while its arrival stayed, the other arrived and took the
+// step, and the one a step behind was the last to leave, which saves
+// (TestSavesOnAbort, once; TestGroupGaveUpWithdraws).
 func (m *member) wait(ctx context.Context, rd *round) error {
 	ask := rd.ask // nil outside a group whose state moves: never ready
 	for {
 		select {
 		case <-rd.done:
-			return rd.err
+			return m.result(rd)
 		case <-ask:
 			// A member joined during the round: this one, waiting at its
 			// step boundary, may be the one to give it the state.
 			ask = nil
 			m.g.donateInRound(m.r.index, rd)
 		case <-ctx.Done():
-			// A round that completed as ctx ended stands, for this member
-			// as for the others: left to the select's chance, one member
-			// of a step's all-reduce took the update and another did not,
-			// and the last to leave saved its model a step behind the
-			// run's (TestSavesOnAbort, once).
-			select {
-			case <-rd.done:
-				return rd.err
-			default:
-				return ctx.Err()
+			g := m.g
+			g.mu.Lock()
+			gaveUp := g.round == rd && rd.in[m.r.index]
+			if gaveUp {
+				g.withdrawLocked(m.r.index, rd)
 			}
+			g.mu.Unlock()
+			if !gaveUp && isClosed(rd.done) {
+				return m.result(rd)
+			}
+			return ctx.Err()
 		}
 	}
+}
+
+// result is what a round that is done answers a member that arrived in
+// it: its error, or errLeft where the member was taken out of it before
+// it completed (it left while it waited). rd.in changes only under the
+// group's lock before rd.done closes, so reading it after needs no lock.
+func (m *member) result(rd *round) error {
+	if !rd.in[m.r.index] {
+		return errLeft
+	}
+	return rd.err
 }
 
 // begin begins the wait of a collective with ctx: on the member's site,
