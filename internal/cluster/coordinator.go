@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/deadlock"
 	"github.com/dflow-dev/dflow/internal/cluster/figures"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/moves"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
@@ -106,7 +106,7 @@ type Coordinator struct {
 	// dataKey opens the workers' data planes for this run (Job.DataKey)
 	dataKey string
 	// moves is a rebalance's record (moves.go); nil without one
-	moves *moves
+	moves *moves.Book
 }
 
 // instance is one share of the run: a worker's, or a restart's.
@@ -151,7 +151,7 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	if err := c.waitWorkers(ctx); err != nil {
 		return nil, err
 	}
-	pins, err := Pins(c.g, o.Pin, c.workers)
+	pins, err := control.Pins(c.g, o.Pin, c.workers)
 	if err != nil {
 		return nil, err
 	}
@@ -164,34 +164,11 @@ func NewCoordinator(ctx context.Context, o CoordOptions) (*Coordinator, error) {
 	return c, nil
 }
 
-// Pins are the spec's placement attributes with the --place flags (pin)
-// over them, checked against the graph and the workers.
-func Pins(g *graph.Graph, pin map[string][]string, workers []string) (map[string][]string, error) {
-	pins := map[string][]string{}
-	for _, s := range g.Stages {
-		if len(s.Placement) > 0 {
-			pins[s.Name] = s.Placement
-		}
-	}
-	maps.Copy(pins, pin)
-	for _, stage := range slices.Sorted(maps.Keys(pins)) {
-		if g.Stage(stage) == nil {
-			return nil, fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
-		}
-		for _, w := range pins[stage] {
-			if !slices.Contains(workers, w) {
-				return nil, fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(workers, ", "))
-			}
-		}
-	}
-	return pins, nil
-}
-
 // Plan is where a run across the workers named puts each replica (by
 // stage), and how it carries each edge (report.Edge.Carried): `dflow
 // graph --workers` shows it before a run.
 func Plan(g *graph.Graph, reg *nodes.Registry, workers []string, pin map[string][]string) (place map[string][]string, carried map[string]string, err error) {
-	pins, err := Pins(g, pin, workers)
+	pins, err := control.Pins(g, pin, workers)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -311,13 +288,13 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 	}
 	groups := map[string]*group.Host{}
 	for _, s := range c.g.Stages {
-		if wire.Hosted(c.o.Registry, s, c.place[s.Name], c.moves != nil && c.moves.parked[s.Name] > 0) {
+		var slots []int // a rebalance's: members once a move starts them (moves.go)
+		if c.moves != nil {
+			slots = c.moves.SlotsOf(s.Name)
+		}
+		if wire.Hosted(c.o.Registry, s, c.place[s.Name], len(slots) > 0) {
 			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
-			if mv := c.moves; mv != nil && mv.parked[s.Name] > 0 {
-				var slots []int // a rebalance's: members once a move starts them (moves.go)
-				for i := mv.from[s.Name]; i < s.Replicas; i++ {
-					slots = append(slots, i)
-				}
+			if len(slots) > 0 {
 				h.Park(slots)
 			}
 			groups[s.Name] = h
@@ -617,22 +594,8 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	job.Recount.MergeSources(c.recount)
 	job.Restore = maps.Clone(c.restores)
 	job.Attempt = maps.Clone(c.attempts)
-	if mv := c.moves; mv != nil {
-		job.Started, job.Released = map[string][]int{}, nil
-		for name, slots := range mv.started {
-			job.Started[name] = slices.Clone(slots)
-		}
-		for name, rel := range mv.released {
-			if rel {
-				job.Released = append(job.Released, name)
-			}
-		}
-		job.Left = map[string][]int{}
-		for name, left := range mv.leaving {
-			for i := range left {
-				job.Left[name] = append(job.Left[name], i)
-			}
-		}
+	if c.moves != nil {
+		job.Started, job.Released, job.Left = c.moves.Job()
 	}
 	c.mu.Unlock()
 	b, err := json.Marshal(&job)

@@ -50,6 +50,9 @@
 //     a view of what the coordinator knows at each look;
 //   - internal/cluster/finished: which replicas of a lost share had
 //     finished and stay, and the ends the coordinator writes for them;
+//   - internal/cluster/moves: a rebalance's record across hosts, where its
+//     spare slots go, which replica each move takes and which slot it
+//     starts, and which stages' slots are let go;
 //   - internal/cluster/share: a worker's share of a run, its queues on
 //     JetStream (the edge: room, grants, bound, publishes, pulls), the
 //     settling of what its replicas take, chains, local groups' saves;
@@ -98,15 +101,13 @@
 //     TestDeadlockAcrossWorkers, TestDeadlockStopsDrainAcrossWorkers.
 //  7. The coordinator's heartbeat, subscriptions and watches end with its
 //     Run. TestMain fails the package if a goroutine outlives its test.
-//  8. A rebalance moves a replica only where one of its stage keeps
-//     running, and starts the new one on the worker whose replica left;
-//     a stage's spare slots are let go once everything feeding its input
-//     has finished, or the run is over, and a share taking over a lost
+//  8. A rebalance's moves are made as package moves places them, each
+//     recorded only once its share took it; a share taking over a lost
 //     worker runs the slots a move had started and not the replicas a
 //     move took away; a group member a move took away, lost, leaves its
 //     group (unless it left last and holds the group's state: then it
-//     restarts). pick, release, startInstance (moves.go), loseMember
-//     (membership.go); TestLoseMovedMember, and in cmd/dflow
+//     restarts). move, release (moves.go), startInstance
+//     (coordinator.go), loseMember (membership.go); TestLoseMovedMember, and in cmd/dflow
 //     TestRebalanceAcrossHosts, TestRebalanceWorkerLost,
 //     TestRebalanceGroupsAcrossHosts and TestRebalanceGroupWorkerLost.
 package cluster

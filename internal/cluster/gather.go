@@ -91,11 +91,11 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	rep, err := figures.Report(c.figures(), status, err)
-	if mv := c.moves; mv != nil {
+	if c.moves != nil {
 		// A rebalance's slots that never ran are left out, as in one
 		// process (moves.go): a move's slot let go before it started
 		// (the run drained) shows no lifetime.
-		for name, from := range mv.from {
+		for name, from := range c.moves.From() {
 			rs, ok := rep.Stages[name]
 			if !ok {
 				continue

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/moves"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -200,24 +201,25 @@ func TestLoseMovedMember(t *testing.T) {
 	s := &graph.Stage{Name: "train", Node: "mover", Replicas: 3}
 	h := group.NewHost("train", 3, 1<<20, true)
 	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*group.Host{"train": h},
-		moves: &moves{leaving: map[string]map[int]bool{"train": {2: true}}}}
+		moves: moves.New(map[string]int{"train": 3}, nil)}
+	c.moves.Leave("train", 2)
 	h.Moved(2)
 	if err := c.loseMember(&instance{name: "w3", worker: "w3"}, s, 2); err != nil {
 		t.Fatal(err)
 	}
-	if h.AnyDue() || !c.moves.leaving["train"][2] {
-		t.Errorf("a member a move took away, lost mid-step: due %v, still left by the move %v; want not due, left", h.AnyDue(), c.moves.leaving["train"][2])
+	if h.AnyDue() || !c.moves.Leaving("train", 2) {
+		t.Errorf("a member a move took away, lost mid-step: due %v, still left by the move %v; want not due, left", h.AnyDue(), c.moves.Leaving("train", 2))
 	}
 	// Members 0 and 1 finished; member 1's worker is lost after the move
 	// took it away, and it had left last.
-	c.moves.leaving["train"][1] = true
+	c.moves.Leave("train", 1)
 	h.Moved(1)
 	h.LeftLost(0, "w1")
 	h.LeftLost(1, "w2-before") // its leave, as the last member
 	if err := c.loseMember(&instance{name: "w2", worker: "w2"}, s, 1); err != nil {
 		t.Fatal(err)
 	}
-	if c.moves.leaving["train"][1] {
+	if c.moves.Leaving("train", 1) {
 		t.Error("the last member to leave, which holds the group's state, is still counted as taken away: its restart would not run it")
 	}
 	// A member a move took away that is the last present, lost before its
@@ -225,12 +227,13 @@ func TestLoseMovedMember(t *testing.T) {
 	// the run fails, naming it), not a leave that drops the state.
 	h = group.NewHost("train", 3, 1<<20, true)
 	c.groups["train"] = h
-	c.moves.leaving["train"] = map[int]bool{2: true}
+	c.moves.Back("train", 1)
+	c.moves.Leave("train", 2)
 	h.Moved(2)
 	h.LeftLost(0, "w1")
 	h.LeftLost(1, "w2")
 	err := c.loseMember(&instance{name: "w3", worker: "w3"}, s, 2)
-	if err == nil || !strings.Contains(err.Error(), "replica 2 keeps state, and no member of its group is left to take it from") || c.moves.leaving["train"][2] {
-		t.Errorf("the last member present, which a move took away, lost: %v (still taken away: %v)", err, c.moves.leaving["train"][2])
+	if err == nil || !strings.Contains(err.Error(), "replica 2 keeps state, and no member of its group is left to take it from") || c.moves.Leaving("train", 2) {
+		t.Errorf("the last member present, which a move took away, lost: %v (still taken away: %v)", err, c.moves.Leaving("train", 2))
 	}
 }

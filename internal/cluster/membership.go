@@ -257,13 +257,8 @@ func (c *Coordinator) recover(in *instance) error {
 // a rebalance's slot that no move started (it stays parked), and a
 // replica a move took away is said not to run again. c.mu held.
 func (c *Coordinator) restartSaid(stage string, i int) string {
-	if mv := c.moves; mv != nil {
-		switch from, ok := mv.from[stage]; {
-		case mv.leaving[stage][i]:
-			return fmt.Sprintf("%s[%d] (which a move took away: not run again)", stage, i)
-		case ok && i >= from && !slices.Contains(mv.started[stage], i):
-			return ""
-		}
+	if c.moves != nil {
+		return c.moves.Said(stage, i)
 	}
 	return fmt.Sprintf("%s[%d]", stage, i)
 }
@@ -339,7 +334,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		return nil
 	}
-	if mv := c.moves; mv != nil && mv.leaving[s.Name][i] {
+	if c.moves != nil && c.moves.Leaving(s.Name, i) {
 		if !h.LoseMoved(i, in.name) {
 			// A move took it away (the share that takes over does not
 			// run it: Job.Left): it has left its group, its step under
@@ -349,7 +344,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 		}
 		// It held the group's state (it left last, or was the last
 		// present): it restarts as any lost member does.
-		delete(mv.leaving[s.Name], i)
+		c.moves.Back(s.Name, i)
 	}
 	if wire.Whole(c.o.Registry, s) {
 		return c.loseWhole(in, s, i, h)

@@ -1,6 +1,11 @@
 package control
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -173,4 +178,27 @@ func crosses(e *graph.Edge, q graph.Queue, place map[string][]string) bool {
 		at[place[e.To.Stage.Name][c]] = true
 	}
 	return len(at) > 1
+}
+
+// Pins are the spec's placement attributes with the --place flags (pin)
+// over them, checked against the graph and the workers.
+func Pins(g *graph.Graph, pin map[string][]string, workers []string) (map[string][]string, error) {
+	pins := map[string][]string{}
+	for _, s := range g.Stages {
+		if len(s.Placement) > 0 {
+			pins[s.Name] = s.Placement
+		}
+	}
+	maps.Copy(pins, pin)
+	for _, stage := range slices.Sorted(maps.Keys(pins)) {
+		if g.Stage(stage) == nil {
+			return nil, fmt.Errorf("--place %s: no stage %q in the spec", stage, stage)
+		}
+		for _, w := range pins[stage] {
+			if !slices.Contains(workers, w) {
+				return nil, fmt.Errorf("--place %s: no worker %q in the cluster (workers: %s)", stage, w, strings.Join(workers, ", "))
+			}
+		}
+	}
+	return pins, nil
 }
