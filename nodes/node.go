@@ -91,7 +91,12 @@ var ErrNoConsumers = errors.New("no consumer is left to receive")
 // Group is a replica group: the replicas of one stage acting as one
 // data-parallel worker. Members leave when their Run returns (or by
 // calling Leave); collectives complete among the members still present,
-// so uneven ends never hang.
+// so uneven ends never hang. A member whose ctx ends while it waits in a
+// collective gets ctx's error and is out of it (the collective completes
+// without its vector), unless it had completed: then the member gets its
+// result, as the others do. So every member present takes every step,
+// and the last to leave (Finish) holds the last step, wherever the
+// members run.
 type Group interface {
 	// Barrier waits until every member still in the group has reached
 	// the same barrier.

@@ -77,4 +77,16 @@
 //     TestRebalanceGroupWorkerLost.
 //  13. A leave whose donation fails leaves all the same, and another
 //     member is asked. Member.Leave, Host.leaveLocked; TestDonorLeaves.
+//  14. A member whose collective ends on its context before its answer
+//     came is out of that round, as a member in process is: it withdraws
+//     its arrival (opWithdraw, naming it), and the host takes the arrival
+//     and its vector out, so that the round completes with the members
+//     still waiting, summing only theirs, or with this one when it comes
+//     again; a round that arrival had completed counts for it as for the
+//     others (the answer is the round's). So every member present takes
+//     every step the group completes, and the last to leave holds the
+//     last step. A state it was sending will not come: another member is
+//     asked. Member.arrival, Member.withdraw, Host.withdrawLocked;
+//     TestGroupGaveUpWithdraws, TestGaveUpAfterTheRound,
+//     TestGaveUpDonating.
 package group

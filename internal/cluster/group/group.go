@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,10 +24,11 @@ import (
 // itself complete the round the others wait in (the uneven-ends rule, as
 // in process).
 //
-// A request is one op byte and the replica as a uint32, with two headers:
-// the share that sends it (a share counted lost is refused: its replicas
-// run elsewhere now) and, on a collective, the id of the item the replica
-// has in hand (what its step trains on). An all-reduce sends its vector
+// A request is one op byte and the replica as a uint32, with headers: the
+// share that sends it (a share counted lost is refused: its replicas run
+// elsewhere now) and, on a collective, the id of the item the replica has
+// in hand (what its step trains on) and an id of the arrival (random, one
+// per collective call, on each of its parts). An all-reduce sends its vector
 // in parts that each fit in a message (a model's gradients are megabytes;
 // a NATS message is 1 MiB by default): each part adds the vector's total
 // length and the part's offset as uint32s, then its values as
@@ -57,6 +59,20 @@ import (
 // The restart fetches the state in parts (opStateFetch, an offset and a
 // count). A stage whose state does not move (synchronized stateless work)
 // takes its restart back at the restart's first collective.
+//
+// A member whose collective ends on its context (an abort, a deadline of
+// its own) before its answer came withdraws its arrival (opWithdraw, the
+// arrival's id after the replica), as a member in process does: where its
+// arrival, or a part of its vector, is in the round under way, the host
+// takes it out with its vector (the round's sum is made, as it completes,
+// from the members still arrived) and keeps the round open for the others
+// and for the member's coming again, answering 0 and nothing more. Where
+// that arrival completed a round (its answer crossed the context's end),
+// the answer is the round's, as the arrival would have had it: the round
+// counts for that member as for the others. Where it is in no round (it
+// never came, or the member's leave or loss took it out) the answer is
+// 0. So every member present takes every step the group completes, and
+// the last to leave holds the last step any member took.
 //
 // An item that comes again from a shared queue may have been trained in a
 // completed round by a member since lost, or that left (a move took it
@@ -94,14 +110,16 @@ const (
 	opSaved
 	opDone
 	opTrained
+	opWithdraw
 )
 
 // The headers of a group request, and of an answer (hdrSaved: the round
 // the group's last save holds, where it saves).
 const (
-	hdrShare = "Dflow-Share"
-	hdrHeld  = "Dflow-Held"
-	hdrSaved = "Dflow-Saved"
+	hdrShare   = "Dflow-Share"
+	hdrHeld    = "Dflow-Held"
+	hdrArrival = "Dflow-Arrival"
+	hdrSaved   = "Dflow-Saved"
 )
 
 // TrainedItem is an item a member had in hand in a completed round.
@@ -187,6 +205,9 @@ type Host struct {
 	// item asked of in hand in the round under way: answered once the
 	// round completes (trained) or its arrival is dropped (not)
 	asks map[int][]*nats.Msg
+	// answered is the arrival each member completed a round with last,
+	// for its opWithdraw where the answer crossed its context's end
+	answered []arrival
 
 	// the round in progress: open once a member has sent anything for it
 	open    bool
@@ -216,7 +237,8 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas), moved: make([]bool, replicas), slot: make([]bool, replicas), asks: map[int][]*nats.Msg{},
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
-		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload)}
+		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload),
+		answered: make([]arrival, replicas)}
 	for i := range h.donor {
 		h.donor[i] = -1
 	}
@@ -332,6 +354,9 @@ func (h *Host) Handle(m *nats.Msg) {
 		return
 	case opTrained:
 		h.askLocked(m)
+		return
+	case opWithdraw:
+		h.withdrawLocked(replica, m)
 		return
 	}
 	if (h.due[replica] || h.parked[replica] && h.left[replica]) && !h.keeps {
@@ -736,7 +761,7 @@ func (h *Host) dropLocked(replica int) {
 	delete(h.vecs, replica)
 	if i := slices.Index(h.arrived, replica); i >= 0 {
 		h.arrived = slices.Delete(h.arrived, i, i+1)
-		delete(h.waiting, replica)  // its worker is gone: nobody to answer
+		delete(h.waiting, replica)  // gone, or gave up: nobody waits for the answer
 		h.answerAsksLocked(replica) // what it had in hand is not trained
 	}
 	if len(h.arrived) == 0 && len(h.partial) == 0 {
@@ -943,17 +968,11 @@ func (h *Host) completeLocked() {
 			n = len(h.arrived)
 		}
 		h.last = sumOf(h.vecs, h.arrived, h.total)
-		inline := len(h.last) <= h.maxAnswer
-		ans = make([]byte, 9, 9+4*len(h.last))
-		binary.LittleEndian.PutUint32(ans[1:], uint32(n))
-		binary.LittleEndian.PutUint32(ans[5:], h.round)
-		if inline {
-			ans = ans[:9+4*len(h.last)]
-			encode(ans[9:], h.last)
-		}
+		ans = h.roundAnswerLocked(arrival{round: h.round, n: n, reduce: h.reduce})
 		for _, r := range h.arrived {
 			h.trainedLocked(r)
 			h.lastRound[r] = h.round
+			h.answered[r] = arrival{id: h.waiting[r].Header.Get(hdrArrival), round: h.round, n: n, reduce: h.reduce}
 		}
 	}
 	for _, r := range h.arrived {
@@ -966,6 +985,67 @@ func (h *Host) completeLocked() {
 	for _, r := range arrived {
 		h.answerAsksLocked(r)
 	}
+}
+
+// arrival is a member's arrival that completed a round: its id (the
+// member's, one per collective call), the round, its contributors, and
+// whether it was an all-reduce.
+type arrival struct {
+	id     string
+	round  uint32
+	n      int
+	reduce bool
+}
+
+// roundAnswerLocked is the answer of a's round: 0, the contributors and
+// the round as uint32s, then the sum where it fits in the answer (the
+// member fetches it in parts where not: opFetch). The sum is that of the
+// round completed last (h.last): an all-reduce of an earlier round,
+// whose sum is gone, is answered an error.
+func (h *Host) roundAnswerLocked(a arrival) []byte {
+	if a.reduce && a.round != h.round {
+		return errAnswer(fmt.Sprintf("stage %q: round %d completed, and its sum is gone (round %d completed since)", h.stage, a.round, h.round))
+	}
+	ans := make([]byte, 9, 9+4*len(h.last))
+	binary.LittleEndian.PutUint32(ans[1:], uint32(a.n))
+	binary.LittleEndian.PutUint32(ans[5:], a.round)
+	if a.reduce && len(h.last) <= h.maxAnswer {
+		ans = ans[:9+4*len(h.last)]
+		encode(ans[9:], h.last)
+	}
+	return ans
+}
+
+// withdrawLocked answers a member's opWithdraw: its collective ended on
+// its context before its answer came. Its arrival in the round under way
+// (or the parts of its vector) is taken out, its vector with it: the
+// round completes once every member present is waiting in it, with the
+// sum of theirs, and waits for this member to come again or leave
+// (answered 0). Before, the arrival stayed: the others arrived, the round
+// completed with the vector of a member that never took the step, and
+// that member, a step behind, could be the last to leave, which saves.
+// Where the arrival named (its id after the replica) completed a round,
+// that round counts for the member as for the others: the answer is the
+// round's. Else (its arrival never came, or its leave or loss took it
+// out) 0. A state the member was sending when it gave up will not come:
+// another member is asked for it.
+func (h *Host) withdrawLocked(replica int, m *nats.Msg) {
+	for to, d := range h.donor {
+		if d == replica {
+			h.donor[to] = -1
+			delete(h.incoming, to)
+		}
+	}
+	if slices.Contains(h.arrived, replica) || h.partial[replica] != nil {
+		h.dropLocked(replica)
+		h.respondLocked(m, []byte{0})
+		return
+	}
+	if a := h.answered[replica]; a.id != "" && a.id == string(m.Data[5:]) {
+		h.respondLocked(m, h.roundAnswerLocked(a))
+		return
+	}
+	h.respondLocked(m, []byte{0})
 }
 
 // trainedLocked records the item member r had in hand in the round just
@@ -1101,9 +1181,18 @@ func (g *Member) call(ctx context.Context, op byte, replica int, args ...uint32)
 // (a restart of another member is due), the replica sends it, then asks
 // again.
 func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
+	return g.requestAs(ctx, req, "")
+}
+
+// requestAs is request, of a collective's arrival (or a part of one)
+// with id.
+func (g *Member) requestAs(ctx context.Context, req []byte, id string) ([]byte, error) {
 	replica := int(binary.LittleEndian.Uint32(req[1:]))
 	msg := &nats.Msg{Subject: g.Subject, Data: req, Header: nats.Header{}}
 	msg.Header.Set(hdrShare, g.Share)
+	if id != "" {
+		msg.Header.Set(hdrArrival, id)
+	}
 	if g.Held != nil {
 		if id := g.Held(replica); id != "" {
 			msg.Header.Set(hdrHeld, id)
@@ -1300,9 +1389,56 @@ func (g *Member) Done(ctx context.Context, replica int) bool {
 	}
 }
 
+// arrival sends req, a collective's arrival (or a part of one) with id,
+// and returns its answer. Where ctx ends first, the arrival is withdrawn
+// (opWithdraw): the member is out of the round, as a member in process
+// whose wait ends on its context is, and the call returns ctx's error;
+// unless the round had completed with that arrival: then its answer is
+// the round's, which counts for this member as for the others.
+func (g *Member) arrival(ctx context.Context, req []byte, id string) ([]byte, error) {
+	ans, err := g.requestAs(ctx, req, id)
+	if err == nil || ctx.Err() == nil {
+		return ans, err
+	}
+	if a := g.withdraw(ctx, int(binary.LittleEndian.Uint32(req[1:])), id); len(a) >= 9 {
+		return a, nil
+	}
+	return nil, err
+}
+
+// withdraw asks the host to take replica's arrival id out of the round
+// under way, and returns the answer: 0 alone (withdrawn, or in no round),
+// or the answer of the round that arrival completed. It is asked after
+// ctx's end, for a few seconds; a request that fails leaves the arrival
+// to the host's handling of a lost member (its share counted lost: its
+// arrival dropped).
+func (g *Member) withdraw(ctx context.Context, replica int, id string) []byte {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	req := make([]byte, 5, 5+len(id))
+	req[0] = opWithdraw
+	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
+	ans, err := g.request(c, append(req, id...))
+	if err != nil {
+		return nil
+	}
+	return ans
+}
+
+// arrivalID is a new id for a collective's arrival: random, so that a
+// member's restart elsewhere names none of its lost run's.
+func arrivalID() string {
+	return strconv.FormatUint(rand.Uint64(), 36)
+}
+
 // reduce sends f in parts, the last of which waits for the round, and
 // stores the round's sum into f: from the answer, or fetched in parts.
 func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, error) {
+	return g.reduceAs(ctx, replica, f, arrivalID())
+}
+
+// reduceAs is reduce, its arrival's id given.
+func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id string) (int, error) {
 	per := partValues(g.NC.MaxPayload())
 	var ans []byte
 	for off := 0; ; off += per {
@@ -1313,12 +1449,12 @@ func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, err
 		binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
 		binary.LittleEndian.PutUint32(req[9:], uint32(off))
 		encode(req[13:], part)
-		a, err := g.request(ctx, req)
+		a, err := g.arrival(ctx, req, id)
 		if err != nil {
 			return 0, err
 		}
-		if off+len(part) >= len(f) {
-			ans = a
+		if off+len(part) >= len(f) || len(a) >= 9 {
+			ans = a // the last part's, or the round's that completed as ctx ended
 			break
 		}
 	}
@@ -1331,9 +1467,14 @@ func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, err
 		decode(f, ans[9:])
 		return n, nil
 	}
+	// The round completed with this member: it counts for it as for the
+	// others, its sum with it, even where ctx ends while the sum is
+	// fetched (each part's request bounded on its own).
 	for off := 0; off < len(f); off += per {
 		k := min(per, len(f)-off)
-		a, err := g.call(ctx, opFetch, replica, round, uint32(off), uint32(k))
+		c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		a, err := g.call(c, opFetch, replica, round, uint32(off), uint32(k))
+		cancel()
 		if err != nil {
 			return 0, err
 		}
@@ -1390,7 +1531,10 @@ func (g *Member) Barrier(ctx context.Context, replica int) error {
 	if err := g.arrive(replica); err != nil {
 		return err
 	}
-	ans, err := g.call(ctx, opBarrier, replica)
+	req := make([]byte, 5)
+	req[0] = opBarrier
+	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
+	ans, err := g.arrival(ctx, req, arrivalID())
 	if err == nil {
 		g.completed(replica, ans)
 	}

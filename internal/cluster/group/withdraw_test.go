@@ -1,0 +1,357 @@
+package group
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
+	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go"
+)
+
+// hostedGroup is a hosted group whose state does not move, each member
+// on a connection of its own, as members on several workers are.
+type hostedGroup struct {
+	t       *testing.T
+	ctx     context.Context
+	h       *Host
+	members []*Member
+	conn    func() *nats.Conn
+	subject string
+}
+
+func newHostedGroup(t *testing.T, n int) *hostedGroup {
+	t.Helper()
+	conn := connector(t)
+	host := conn()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	g := &hostedGroup{t: t, ctx: ctx, h: NewHost("train", n, host.MaxPayload(), false), conn: conn,
+		subject: "dflow.r.r.grp.train"}
+	sub, err := host.Subscribe(g.subject, g.h.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	host.Flush()
+	for range n {
+		g.members = append(g.members, &Member{NC: conn(), Subject: g.subject})
+	}
+	return g
+}
+
+// inRound reports whether member i has arrived in the round under way.
+func (h *Host) inRound(i int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.arrived, i)
+}
+
+// answer is a member's all-reduce's: its contributors, sum and error.
+type answer struct {
+	n   int
+	sum float32
+	err error
+}
+
+// reduce starts member i's all-reduce of vec and returns its answer,
+// once the member waits in the round or has its answer already.
+func (g *hostedGroup) reduce(i int, vec float32) chan answer {
+	g.t.Helper()
+	res := make(chan answer, 1)
+	go func() {
+		v := nodes.Floats{vec}
+		n, err := g.members[i].AllReduce(g.ctx, i, v)
+		res <- answer{n, v[0], err}
+	}()
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) || len(res) > 0 }, "member %d's all-reduce", i)
+	return res
+}
+
+// giveUp has member i arrive with vec, then its context end while it
+// waits, the round not done.
+func (g *hostedGroup) giveUp(i int, vec float32) {
+	g.t.Helper()
+	mctx, mcancel := context.WithCancel(g.ctx)
+	defer mcancel()
+	res := make(chan error, 1)
+	go func() {
+		_, err := g.members[i].AllReduce(mctx, i, nodes.Floats{vec})
+		res <- err
+	}()
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) }, "member %d in the round", i)
+	mcancel()
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		g.t.Fatalf("member %d gave up: %v, want its context's error", i, err)
+	}
+}
+
+// notYet fails the test where res has an answer: a round completed that
+// should wait.
+func notYet(t *testing.T, res chan answer, what string) {
+	t.Helper()
+	select {
+	case a := <-res:
+		t.Fatalf("%s: the round completed (%d members, sum %v, %v) with an arrival whose member gave up", what, a.n, a.sum, a.err)
+	default:
+	}
+}
+
+func want(t *testing.T, res chan answer, n int, sum float32) {
+	t.Helper()
+	if a := <-res; a.err != nil || a.n != n || a.sum != sum {
+		t.Errorf("got %d members, sum %v, %v; want %d, %v", a.n, a.sum, a.err, n, sum)
+	}
+}
+
+// TestGroupGaveUpWithdraws: a member whose collective ends on its
+// context, the round not done, is out of that round across workers as in
+// one process: the round does not complete with its arrival (nor its
+// vector), and waits for it to come again or leave. Before, its arrival
+// stayed at the host: the other member of a pair, arriving next,
+// completed a step the one that gave up never took, left first, and the
+// one that gave up, last to leave, saved the model a step behind the
+// run's.
+func TestGroupGaveUpWithdraws(t *testing.T) {
+	t.Parallel()
+	t.Run("the last to leave holds the last step", func(t *testing.T) {
+		// A run's abort: member 1 gives up in step 4 (its step stays 3);
+		// member 0 arrives; each, its step ended either way, leaves, and
+		// the last saves its step.
+		g := newHostedGroup(t, 2)
+		steps := []int{3, 3}
+		g.giveUp(1, 2)
+		res := g.reduce(0, 1)
+		saved := make(chan int, 2)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			a := <-res
+			if a.err == nil {
+				steps[0]++
+				if a.n != 1 || a.sum != 1 {
+					t.Errorf("member 0's step: %d members, sum %v; want 1, 1 (member 1 gave up)", a.n, a.sum)
+				}
+			}
+			if last, _ := g.members[0].Leave(g.ctx, 0); last {
+				saved <- steps[0]
+			}
+		}()
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return g.h.inRound(0)
+			}
+		}, "member 0 waiting or done")
+		if last, _ := g.members[1].Leave(g.ctx, 1); last {
+			saved <- steps[1]
+		}
+		<-done
+		select {
+		case s := <-saved:
+			if top := max(steps[0], steps[1]); s != top {
+				t.Errorf("the last to leave saved step %d; the members' steps %v", s, steps)
+			}
+		default:
+			t.Error("no member was told it was the last to leave")
+		}
+	})
+	t.Run("the sum leaves its vector out", func(t *testing.T) {
+		g := newHostedGroup(t, 3)
+		r0 := g.reduce(0, 1)
+		g.giveUp(1, 10)
+		r2 := g.reduce(2, 100)
+		notYet(t, r2, "member 1 present, not waiting")
+		r1 := g.reduce(1, 1000) // it comes again
+		want(t, r0, 3, 1101)
+		want(t, r1, 3, 1101)
+		want(t, r2, 3, 1101)
+		r0 = g.reduce(0, 1)
+		g.giveUp(1, 10)
+		r2 = g.reduce(2, 100)
+		notYet(t, r2, "member 1 gave up again")
+		if _, err := g.members[1].Leave(g.ctx, 1); err != nil { // it goes
+			t.Fatal(err)
+		}
+		want(t, r0, 2, 101)
+		want(t, r2, 2, 101)
+	})
+	t.Run("a barrier waits for it again", func(t *testing.T) {
+		g := newHostedGroup(t, 2)
+		mctx, mcancel := context.WithCancel(g.ctx)
+		res := make(chan error, 1)
+		go func() { res <- g.members[1].Barrier(mctx, 1) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return g.h.inRound(1) }, "member 1 at the barrier")
+		mcancel()
+		if err := <-res; !errors.Is(err, context.Canceled) {
+			t.Fatalf("member 1 gave up: %v", err)
+		}
+		b0 := make(chan error, 1)
+		go func() { b0 <- g.members[0].Barrier(g.ctx, 0) }()
+		testutil.Eventually(t, 10*time.Second, func() bool { return g.h.inRound(0) || len(b0) > 0 }, "member 0 at the barrier")
+		if len(b0) > 0 {
+			t.Fatalf("member 0 passed a barrier member 1 had given up: %v", <-b0)
+		}
+		if err := g.members[1].Barrier(g.ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-b0; err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// arriveUnheard sends member i's all-reduce of vec with arrival id, as
+// its Member does, and reads no answer: the round's answer, once the
+// others arrive, crosses the end of the member's context.
+func (g *hostedGroup) arriveUnheard(i int, id string, vec []float32) {
+	g.t.Helper()
+	nc := g.conn()
+	per := partValues(nc.MaxPayload())
+	for off := 0; off < len(vec); off += per {
+		part := vec[off:min(off+per, len(vec))]
+		req := make([]byte, 13+4*len(part))
+		req[0] = opReduce
+		binary.LittleEndian.PutUint32(req[1:], uint32(i))
+		binary.LittleEndian.PutUint32(req[5:], uint32(len(vec)))
+		binary.LittleEndian.PutUint32(req[9:], uint32(off))
+		encode(req[13:], part)
+		msg := &nats.Msg{Subject: g.subject, Reply: nc.NewInbox(), Data: req, Header: nats.Header{}}
+		msg.Header.Set(hdrArrival, id)
+		if err := nc.PublishMsg(msg); err != nil {
+			g.t.Fatal(err)
+		}
+	}
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) }, "member %d in the round", i)
+}
+
+// filled is a vector of n values v.
+func filled(n int, v float32) nodes.Floats {
+	f := make(nodes.Floats, n)
+	for i := range f {
+		f[i] = v
+	}
+	return f
+}
+
+// TestGaveUpAfterTheRound: a member whose context ends after the round it
+// arrived in completed, its answer not read yet, counts that round as
+// the others do: its withdraw is answered the round's sum (fetched in
+// parts where it is larger than an answer), never that of an arrival
+// that never came; and one whose leave took its arrival out first is
+// answered nothing to withdraw.
+func TestGaveUpAfterTheRound(t *testing.T) {
+	t.Parallel()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Run("the round counts for it", func(t *testing.T) {
+		g := newHostedGroup(t, 2)
+		for _, n := range []int{1, g.h.maxAnswer + 3} {
+			id := fmt.Sprintf("a%d", n)
+			g.arriveUnheard(1, id, filled(n, 2))
+			v0 := filled(n, 1)
+			if k, err := g.members[0].AllReduce(g.ctx, 0, v0); err != nil || k != 2 || v0[0] != 3 || v0[n-1] != 3 {
+				t.Fatalf("%d values: member 0's step: %d members, sum %v...%v, %v; want 2, 3", n, k, v0[0], v0[n-1], err)
+			}
+			v1 := filled(n, 2)
+			if k, err := g.members[1].reduceAs(gone, 1, v1, id); err != nil || k != 2 || v1[0] != 3 || v1[n-1] != 3 {
+				t.Errorf("%d values: member 1, its context ended after its round completed: %d members, sum %v...%v, %v; want the round's, 2, 3", n, k, v1[0], v1[n-1], err)
+			}
+			// An arrival that never came (the context ended before it was
+			// sent) is in no round: not the one before.
+			if k, err := g.members[1].reduceAs(gone, 1, filled(n, 2), "never"); !errors.Is(err, context.Canceled) {
+				t.Errorf("%d values: member 1's arrival that never came: %d members, %v; want its context's error", n, k, err)
+			}
+		}
+	})
+	t.Run("after its leave", func(t *testing.T) {
+		g := newHostedGroup(t, 3)
+		g.arriveUnheard(2, "b", []float32{100})
+		if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		r0 := g.reduce(0, 1)
+		r1 := g.reduce(1, 10)
+		want(t, r0, 2, 11)
+		want(t, r1, 2, 11)
+		if k, err := g.members[2].reduceAs(gone, 2, nodes.Floats{100}, "b"); !errors.Is(err, context.Canceled) {
+			t.Errorf("member 2's withdraw after its leave: %d members, %v; want its context's error", k, err)
+		}
+		r0 = g.reduce(0, 1)
+		r1 = g.reduce(1, 10)
+		want(t, r0, 2, 11)
+		want(t, r1, 2, 11)
+	})
+}
+
+// blockingState is a member's state whose marshalling, asked for a
+// restart, waits until the test lets it go.
+type blockingState struct {
+	*weights
+	asked, release chan struct{}
+}
+
+func (s *blockingState) MarshalBinary() ([]byte, error) {
+	close(s.asked)
+	<-s.release
+	return s.weights.MarshalBinary()
+}
+
+// TestGaveUpDonating: a member asked at its step for the state of a
+// slot that joins, whose context ends as it sends it, withdraws: the
+// state will not come from it, and the next member to arrive is asked.
+// Before, the host waited for that member's state, the slot for the
+// host's, and the step for the slot.
+func TestGaveUpDonating(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	joined := g.joinSlot()
+	st := &blockingState{weights: g.states[0], asked: make(chan struct{}), release: make(chan struct{})}
+	g.members[0].mu.Lock()
+	g.members[0].states[0] = st
+	g.members[0].mu.Unlock()
+	mctx, mcancel := context.WithCancel(g.ctx)
+	defer mcancel()
+	res := make(chan error, 1)
+	go func() {
+		_, err := g.members[0].AllReduce(mctx, 0, nodes.Floats{1})
+		res <- err
+	}()
+	select {
+	case <-st.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("member 0, first at its step, was not asked for the slot's state")
+	}
+	mcancel()
+	close(st.release)
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("member 0 gave up donating: %v, want its context's error", err)
+	}
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(1, 1, 2) }()
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot waits for a state member 0 gave up sending")
+	}
+	g.mustStep(1, 0, 3)
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g.states[3].step != 2 || g.states[3].w[0] != g.states[0].w[0] {
+		t.Errorf("the slot: step %d, weights %v; want step 2, member 0's %v", g.states[3].step, g.states[3].w, g.states[0].w)
+	}
+}
