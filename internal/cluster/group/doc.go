@@ -4,7 +4,8 @@
 // worker's share has a Member, the engine's RemoteGroup, whose barrier,
 // all-reduce, leave, keep and save calls are requests to the host. The
 // wire (one op byte, the replica, the arguments; an answer's status byte)
-// is described at the op codes in group.go. What a member's calls do to
+// is described at the op codes in group.go; the host's side is host.go,
+// a member's member.go. What a member's calls do to
 // the share's inputs (hold them until a save, settle them, drop the items
 // a restart trained on already) are hooks the share sets (Member.Held,
 // Settle, Skip, Hold, Stepped, Durable), and whether an item that comes
