@@ -33,7 +33,8 @@ import (
 //     serves the share's end, in this order: the bytes of large items sent
 //     are kept until their consumers have them, the queues' last publishes
 //     are answered, the ledger settles what the replicas finished, the
-//     report goes. Control goes on meanwhile (snapshots, the heartbeat).
+//     report goes. Control goes on meanwhile, and the lease watch until
+//     the bytes are no longer needed.
 //   - the group's (links.stopCtx) is the shutdown: once the report has
 //     gone, control is unsubscribed and its handlers told to end, and
 //     links.close cancels the group and waits for every member. The
@@ -67,8 +68,9 @@ type shareRun struct {
 }
 
 // controlBuffer is how many messages of one control subject wait for its
-// handler before the connection drops them (a slow consumer): each subject
-// brings a few a second at most, each handled at once.
+// handler before the connection drops them (a slow consumer): a subject
+// brings a few a second at most (the heartbeat, the coordinator's
+// snapshots), and a move is a request the coordinator waits on.
 const controlBuffer = 64
 
 // serve runs one instance's share of a job and sends its report.
