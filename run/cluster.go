@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +32,9 @@ type Cluster struct {
 	URL string
 	// Local starts an embedded server on loopback and that many worker
 	// processes (WorkerCommand), named local1, local2, ...; they leave
-	// when the run ends.
+	// when the run ends. The host's cores are shared: unless the
+	// environment sets GOMAXPROCS, each worker, and this process while
+	// the run goes, runs Go code on LocalProcs(Local) of them.
 	Local int
 	// Serve starts an embedded server listening on HOST:PORT (":4222" is
 	// loopback only, "0.0.0.0:4222" every interface) for workers on other
@@ -171,6 +175,10 @@ func coordinate(ctx context.Context, c *Cluster, g *graph.Graph, opts Options, m
 	workers := c.Workers
 	if c.Local > 0 {
 		workers = c.Local
+		if os.Getenv("GOMAXPROCS") == "" {
+			was := runtime.GOMAXPROCS(LocalProcs(c.Local))
+			stops = append(stops, func() { runtime.GOMAXPROCS(was) })
+		}
 		stop, err := startLocal(c, g, url, token, log, joinFailed)
 		stops = append(stops, stop)
 		if err != nil {
@@ -223,6 +231,20 @@ func localNames(n int) []string {
 	return names
 }
 
+// hostProcs is how many cores this process's Go code could use as it
+// started (the runtime's default GOMAXPROCS: the host's, or its cgroup's
+// limit).
+var hostProcs = runtime.GOMAXPROCS(0)
+
+// LocalProcs is how many cores each process of a cluster of n local
+// workers runs Go code on (its GOMAXPROCS): the host's shared by the n
+// workers and the process that coordinates them, at least one. Each Go
+// process that may use every core keeps threads spinning for work and
+// wakes one for each item that moves, and n+1 of them on a few cores spent
+// more time handing the cores over than moving items (docs/performance.md,
+// "Across hosts").
+func LocalProcs(n int) int { return max(1, hostProcs/(n+1)) }
+
 // startLocal starts the Local worker processes, joining url with token;
 // a worker that exits calls exited with why. stop waits for them to
 // leave (5s, then kills them).
@@ -241,17 +263,7 @@ func startLocal(c *Cluster, g *graph.Graph, url, token string, log io.Writer, ex
 		}
 		command = []string{exe}
 	}
-	// The workers get the embedded server's token and nothing else of
-	// the cluster's environment (credentials are for a server of one's
-	// own), and leave the terminal's Ctrl-C to the coordinator, which
-	// drains them (LocalWorkerEnv).
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, TokenEnv+"=") && !strings.HasPrefix(kv, CredsEnv+"=") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, TokenEnv+"="+token, LocalWorkerEnv+"=1")
+	env := localEnv(os.Environ(), token, c.Local)
 	// They run on this host for this user, as a run in one process does:
 	// they may start the spec's own plugins and touch the files its path
 	// fields name (a standing worker allows only its own).
@@ -283,6 +295,28 @@ func startLocal(c *Cluster, g *graph.Graph, url, token string, log io.Writer, ex
 	}
 	fmt.Fprintf(log, "dflow: local cluster: server at %s, %d worker processes: %s\n", url, c.Local, strings.Join(procs, ", "))
 	return stop, nil
+}
+
+// localEnv is the environment of n local workers, from this process's
+// (environ): they get the embedded server's token and nothing else of the
+// cluster's environment (credentials are for a server of one's own),
+// leave the terminal's Ctrl-C to the coordinator, which drains them
+// (LocalWorkerEnv), and share the host's cores (LocalProcs) unless
+// GOMAXPROCS says otherwise.
+func localEnv(environ []string, token string, n int) []string {
+	var env []string
+	procs := true
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, TokenEnv+"=") && !strings.HasPrefix(kv, CredsEnv+"=") {
+			env = append(env, kv)
+		}
+		procs = procs && (!strings.HasPrefix(kv, "GOMAXPROCS=") || kv == "GOMAXPROCS=")
+	}
+	env = append(env, TokenEnv+"="+token, LocalWorkerEnv+"=1")
+	if procs {
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(LocalProcs(n)))
+	}
+	return env
 }
 
 // localWorkerArgs are the flags of a worker Local starts: the folder of
