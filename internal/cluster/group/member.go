@@ -323,18 +323,26 @@ func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, err
 	return g.reduceAs(ctx, replica, f, arrivalID())
 }
 
+// reducePart is the request of replica's all-reduce of f that carries
+// its values from off, at most per of them: the op, the replica, f's
+// length, off, then the values. part is those values.
+func reducePart(replica int, f []float32, off, per int) (req []byte, part []float32) {
+	part = f[off:min(off+per, len(f))]
+	req = make([]byte, 13+4*len(part))
+	req[0] = opReduce
+	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
+	binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
+	binary.LittleEndian.PutUint32(req[9:], uint32(off))
+	encode(req[13:], part)
+	return req, part
+}
+
 // reduceAs is reduce, its arrival's id given.
 func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id string) (int, error) {
 	per := partValues(g.NC.MaxPayload())
 	var ans []byte
 	for off := 0; ; off += per {
-		part := f[off:min(off+per, len(f))]
-		req := make([]byte, 13+4*len(part))
-		req[0] = opReduce
-		binary.LittleEndian.PutUint32(req[1:], uint32(replica))
-		binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
-		binary.LittleEndian.PutUint32(req[9:], uint32(off))
-		encode(req[13:], part)
+		req, part := reducePart(replica, f, off, per)
 		a, err := g.arrival(ctx, req, id)
 		if err != nil {
 			return 0, err

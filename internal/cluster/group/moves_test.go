@@ -115,6 +115,22 @@ func (g *movesGroup) joinSlot() <-chan error {
 	return joined
 }
 
+// arriveAlone has member i arrive in the next step with item in hand,
+// alone, and never hear the answer (its worker is lost): it returns once
+// the host has the arrival.
+func (g *movesGroup) arriveAlone(i int, item string, v float32) {
+	g.t.Helper()
+	g.mu.Lock()
+	g.held[i] = item
+	g.mu.Unlock()
+	go g.members[i].AllReduce(g.ctx, i, nodes.Floats{v}) // never answered: lost
+	testutil.Eventually(g.t, 10*time.Second, func() bool {
+		g.h.mu.Lock()
+		defer g.h.mu.Unlock()
+		return len(g.h.arrived) == 1
+	}, "member %d arriving", i)
+}
+
 // waitJoiner waits until member i's join waits for the group's state.
 func (g *movesGroup) waitJoiner(i int) {
 	g.t.Helper()
@@ -188,15 +204,7 @@ func TestMovedLostBeforeLeave(t *testing.T) {
 	g := newMovesGroup(t)
 	g.mustStep(0, 0, 1, 2)
 	g.h.Moved(2)
-	g.mu.Lock()
-	g.held[2] = "it1-2"
-	g.mu.Unlock()
-	go g.members[2].AllReduce(g.ctx, 2, nodes.Floats{100}) // never answered: lost
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		g.h.mu.Lock()
-		defer g.h.mu.Unlock()
-		return len(g.h.arrived) == 1
-	}, "member 2 arriving")
+	g.arriveAlone(2, "it1-2", 100)
 	g.h.LeftLost(2, "w2") // the coordinator's loseMember for a member a move took
 	done := make(chan []error, 1)
 	go func() { done <- g.step(1, 0, 1) }()
@@ -331,15 +339,7 @@ func TestTrainedInHand(t *testing.T) {
 		}, "the ask waiting")
 	}
 	// Member 2 arrives with it1-2 and is lost: not trained.
-	g.mu.Lock()
-	g.held[2] = "it1-2"
-	g.mu.Unlock()
-	go g.members[2].AllReduce(g.ctx, 2, nodes.Floats{1}) // never answered: lost
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		g.h.mu.Lock()
-		defer g.h.mu.Unlock()
-		return len(g.h.arrived) == 1
-	}, "member 2 arriving")
+	g.arriveAlone(2, "it1-2", 1)
 	lost := ask("it1-2")
 	waitAsk()
 	g.h.Moved(2)

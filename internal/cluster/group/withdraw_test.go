@@ -2,7 +2,6 @@ package group
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -216,13 +215,7 @@ func (g *hostedGroup) arriveUnheard(i int, id string, vec []float32) {
 	nc := g.conn()
 	per := partValues(nc.MaxPayload())
 	for off := 0; off < len(vec); off += per {
-		part := vec[off:min(off+per, len(vec))]
-		req := make([]byte, 13+4*len(part))
-		req[0] = opReduce
-		binary.LittleEndian.PutUint32(req[1:], uint32(i))
-		binary.LittleEndian.PutUint32(req[5:], uint32(len(vec)))
-		binary.LittleEndian.PutUint32(req[9:], uint32(off))
-		encode(req[13:], part)
+		req, _ := reducePart(i, vec, off, per)
 		msg := &nats.Msg{Subject: g.subject, Reply: nc.NewInbox(), Data: req, Header: nats.Header{}}
 		msg.Header.Set(hdrArrival, id)
 		if err := nc.PublishMsg(msg); err != nil {
