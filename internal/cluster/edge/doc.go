@@ -37,7 +37,9 @@
 //  5. A producer waiting on a full queue costs the server nothing per
 //     wait. TestFullQueueWaitIsQuiet.
 //  6. A consumer's worker asks the server for no more than its inbox
-//     holds (Queue.fetch). TestPullStatus, TestPulledMetadata.
+//     holds (Queue.fetch), and reads what each request brought, or says
+//     will not come (package broker's PullStatus, Pulled).
+//     TestPullStatus, TestPulledMetadata (package broker).
 //  7. A large item's bytes stay with its producer's share until its
 //     consumer has acked it, and one that comes back after its holder's
 //     loss is fetched again or held again (Queue.Release, Queue.refetch,

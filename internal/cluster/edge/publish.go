@@ -34,19 +34,10 @@ import (
 //     ledger) only once the answers of everything sent from it are back,
 //     so a worker lost with publishes under way has its input redelivered
 //     and the items sent again, under the same ids.
-//   - The capacity. The producers hold credit: the room read once (the
-//     capacity less what the consumer has yet to be delivered and what
-//     this share has under way), then what the consumers grant as they
-//     fetch (a word for what came together: granted, saidRoom), each
-//     producer share taking its part. The room is read again only where
-//     no grant came within grantWait: no request to the server per
-//     publish. By the room read alone, what waits undelivered stays
-//     within the capacity; a read that crosses a grant under way (the
-//     server counts the messages delivered before the consumer's word of
-//     them comes), or shares that read the same room at once, may each
-//     add up to their part of it, until a read finds the queue full and
-//     the credit goes below nothing: the capacity is held as closely as
-//     the credit can, and nothing refuses a publish for room.
+//   - The capacity. The producers hold credit: the room read once, then
+//     what the consumers grant as they fetch, each producer share taking
+//     its part; the room is read again only where no grant came within
+//     grantWait (waitRoom, and rule 4 of the package's doc).
 
 // pub is one publish under way.
 type pub struct {

@@ -1,4 +1,4 @@
-package edge
+package broker
 
 import (
 	"testing"
@@ -6,16 +6,16 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// TestPulledMetadata: a message of the consumer side's own pulls reads its
-// delivery count and sequences from its reply subject, in both of the
-// server's forms (with a domain and an account hash, and without), and
-// says it cannot where the subject is not an ack subject.
+// TestPulledMetadata: a message of a pull subscription of the client's
+// own reads its delivery count and sequences from its reply subject, in
+// both of the server's forms (with a domain and an account hash, and
+// without), and says it cannot where the subject is not an ack subject.
 func TestPulledMetadata(t *testing.T) {
 	for _, reply := range []string{
 		"$JS.ACK.DFQ_ab_1.q0.3.41.40.1700000000000000000.7",
 		"$JS.ACK.hub.ACCHASH.DFQ_ab_1.q0.3.41.40.1700000000000000000.7.tok",
 	} {
-		p := newPulled(&nats.Msg{Reply: reply}, nil)
+		p := NewPulled(&nats.Msg{Reply: reply}, nil)
 		md, err := p.Metadata()
 		if err != nil {
 			t.Fatalf("%s: %v", reply, err)
@@ -24,11 +24,11 @@ func TestPulledMetadata(t *testing.T) {
 			md.Sequence.Consumer != 40 || md.NumPending != 7 || md.Timestamp.UnixNano() != 1700000000000000000 {
 			t.Errorf("%s: %+v", reply, md)
 		}
-		if p.delivered() != 3 {
-			t.Errorf("%s: delivered %d, want 3", reply, p.delivered())
+		if p.Delivered() != 3 {
+			t.Errorf("%s: delivered %d, want 3", reply, p.Delivered())
 		}
 	}
-	if _, err := newPulled(&nats.Msg{Reply: "_INBOX.x"}, nil).Metadata(); err == nil {
+	if _, err := NewPulled(&nats.Msg{Reply: "_INBOX.x"}, nil).Metadata(); err == nil {
 		t.Error("an inbox subject read as a JetStream message")
 	}
 }
@@ -37,7 +37,6 @@ func TestPulledMetadata(t *testing.T) {
 // will not come; a heartbeat nothing; a deleted consumer, or an end that
 // does not say how much, is an error.
 func TestPullStatus(t *testing.T) {
-	q := &Queue{}
 	msg := func(status, desc, pending string) *nats.Msg {
 		h := nats.Header{}
 		h.Set("Status", status)
@@ -59,9 +58,15 @@ func TestPullStatus(t *testing.T) {
 		{msg("408", "Request Timeout", ""), 0, true},
 		{msg("503", "No Responders", ""), 0, true},
 	} {
-		n, err := q.pullStatus(c.m, c.m.Header.Get("Status"))
+		if !IsStatus(c.m) {
+			t.Errorf("%s %s: not read as a status", c.m.Header.Get("Status"), c.m.Header.Get("Description"))
+		}
+		n, err := PullStatus(c.m)
 		if n != c.n || (err != nil) != c.fail {
 			t.Errorf("%s %s: %d, %v; want %d, error %v", c.m.Header.Get("Status"), c.m.Header.Get("Description"), n, err, c.n, c.fail)
 		}
+	}
+	if IsStatus(&nats.Msg{Header: nats.Header{"Status": {"100"}}, Data: []byte("x")}) {
+		t.Error("a message with data read as a status")
 	}
 }
