@@ -3,40 +3,26 @@
 // restarts of lost workers' replicas beside it), each in an engine of its
 // own whose queues to other workers ride JetStream (links.For: an
 // edge.Queue), whose chains stay in process (links.ChainFor), and whose
-// restartable replicas it follows (tracked), their inputs settled by its
-// ledger; no item goes through the coordinator. The queue on JetStream is
-// package edge, settling (the receipts, the ledger, chains' figures and
-// resuming sources' positions) package settle, where group stages' ranks
-// meet rank 0 package ranks, the coordinator's side package cluster, what
-// both sides agree on package wire; settle's ledger.go says at length how
-// they make exactly once.
+// restartable replicas it follows (package follow), their inputs settled
+// by its ledger; no item goes through the coordinator. The queue on
+// JetStream is package edge, settling (the receipts, the ledger, chains'
+// figures and resuming sources' positions) package settle, where group
+// stages' ranks meet rank 0 package ranks, the coordinator's side package
+// cluster, what both sides agree on package wire; settle's ledger.go says
+// at length how they make exactly once.
 //
 // Its invariants, each with the function that keeps it and a test that
 // fails without it:
 //
-//  1. A restartable replica's delivery in hand is its receipt, which the
-//     share follows without a side table: the replica is its holder
-//     (trackedIn.Recv, settle.Taken.HeldBy), and what a restored state
-//     trained on is dropped as it comes back, settled at once or at the
-//     save that holds it (trackedIn.Recv, settle.Taken.Drop).
-//     TestLocalSaveNamesEveryMembersItem; in cmd/dflow TestAuditBytes.
-//  2. Where a replica's group saves, what it finishes is kept until a
-//     save holds the round it was trained in, and what is in hand at a
-//     save until the next (tracked.Keeps, tracked.saved,
-//     savingGroup.Saved). TestLocalSaveNamesEveryMembersItem.
-//  3. Once counted lost, a share keeps nothing from redelivery and
+//  1. Once counted lost, a share keeps nothing from redelivery and
 //     settles nothing more (links.released, settle.Share.Released), so
 //     what it held reaches the share that took over. TestSettleLost
 //     (package figures) and the kill tests of cmd/dflow.
-//  4. A replica that returned is recorded settled only once all it took
-//     is settled (tracked.SettledOne, links.recordSettled).
-//     TestSettledRecorded.
-//  5. A node's own clock passes through the share's wrappers
-//     (clocked). TestOwnClockThroughShare.
-//  6. A share's goroutines are one group (links.bg): keep-alive and
+//  2. A share's goroutines are one group (links.bg): keep-alive and
 //     renewals, the ledger's settling (settle.Ledger.Run), each queue's
-//     publish answerer and pulls (edge.Env.Go), fetches, releases,
-//     records, and in a worker's share the engine's run, a handler for
+//     publish answerer and pulls (edge.Env.Go), fetches, releases, the
+//     records of the replicas it follows (links.Go, none once close has
+//     begun), and in a worker's share the engine's run, a handler for
 //     each control subject and the watch of the coordinator's lease
 //     (shareRun.run, shareRun.handle). The run's context ends the engine;
 //     the share's end waits for the engine's return, then flushes,

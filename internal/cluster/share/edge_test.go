@@ -231,43 +231,6 @@ func TestEndWaitsForLocalRestart(t *testing.T) {
 	}
 }
 
-// TestSettledRecorded: a followed replica that has returned is recorded
-// settled (keySettled, the instance that ran it) only once everything it
-// took is settled, so that a lost worker's replica recorded so has nothing
-// that could come back to a restart (endedOn).
-func TestSettledRecorded(t *testing.T) {
-	t.Parallel()
-	nc := serverConn(t)
-	js, _ := wire.NewJS(nc)
-	g := clustertest.Chain(t, 1)
-	job := &wire.Job{Run: "settle", Remote: map[string][]bool{"a": {true}, "b": {true}},
-		Place: map[string][]string{"src": {"w1"}, "work": {"w2"}, "sink": {"w3"}}}
-	setUp(t, js, job, g)
-	l := shareOf(t, nc, js, job, g, "w2")
-	l.start() // the ledger settles
-	in := l.For(g.Edges[0], 0).(*edge.Queue)
-	tr := &tracked{l: l}
-	tk := l.ledger.Take(in, "in-1", nil, false)
-	tk.HeldBy(tr)
-	tr.open = 1 // taken, not yet finished
-	tr.returned(wire.KeySettled(1, 0))
-	ctx := context.Background()
-	settled := func() string {
-		e, err := l.ends.Get(ctx, wire.KeySettled(1, 0))
-		if err != nil {
-			return ""
-		}
-		return string(e.Value())
-	}
-	if testutil.Within(500*time.Millisecond, func() bool { return settled() != "" }) {
-		t.Fatalf("recorded settled (%q) with an item unsettled", settled())
-	}
-	tk.Finish() // settled now: acked, flushed
-	if !testutil.Within(10*time.Second, func() bool { return settled() == "w2" }) {
-		t.Fatalf("not recorded settled by w2 once its item was: %q", settled())
-	}
-}
-
 // TestQueueHoldsItsCapacity: a queue across hosts holds its capacity by
 // its producers' credit alone: with its consumer's worker holding three
 // capacities' worth unacked (as a group holds what it trained on until its

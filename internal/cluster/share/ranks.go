@@ -25,3 +25,8 @@ func (l *links) ranked(s *graph.Stage, n nodes.Node) nodes.Node {
 	}
 	return run
 }
+
+type quiescent struct {
+	nodes.NodeFunc
+	nodes.Quiescer
+}

@@ -179,7 +179,7 @@ func (s *shareRun) newEngine() (*engine.Pipeline, error) {
 	groups := map[string]engine.RemoteGroup{}
 	for _, st := range s.g.Stages {
 		if wire.Hosted(o.Registry, st, job.Place[st.Name], job.Parked[st.Name] > 0) {
-			groups[st.Name] = l.group(st, job.Restart)
+			groups[st.Name] = l.follow.Group(st, job.Restart)
 		}
 	}
 	return engine.New(s.g, engine.Options{
@@ -188,7 +188,7 @@ func (s *shareRun) newEngine() (*engine.Pipeline, error) {
 		Transport: l.For,
 		Chain:     l.ChainFor,
 		Group:     func(st *graph.Stage) engine.RemoteGroup { return groups[st.Name] },
-		Wrap:      func(st *graph.Stage, n nodes.Node) nodes.Node { return l.track(st, l.ranked(st, n)) },
+		Wrap:      func(st *graph.Stage, n nodes.Node) nodes.Node { return l.follow.Wrap(st, l.ranked(st, n)) },
 		Parked:    job.Parked, Started: job.Started, Left: job.Left, Released: job.Released,
 	})
 }

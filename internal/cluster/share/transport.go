@@ -11,7 +11,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/dataplane"
 	"github.com/dflow-dev/dflow/internal/cluster/edge"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/follow"
 	"github.com/dflow-dev/dflow/internal/cluster/ranks"
 	"github.com/dflow-dev/dflow/internal/cluster/settle"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
@@ -51,13 +51,11 @@ type links struct {
 	// ranks tells the ranks of group stages where rank 0 listens
 	ranks *ranks.Placer
 	// summing says whether a stage is a group of a kind that moves whose
-	// members sum in this process (localGroup); locals their records
+	// members sum in this process (package follow's local groups)
 	summing   func(*graph.Stage) bool
-	locals    map[string]*localGroup
-	remotes   map[string]*group.Member // its groups across workers, by stage (pmu)
-	ledger    *settle.Ledger           // settles the receipts of what restartable replicas take
-	afterSend func(stage string)       // WorkerOptions.AfterSend
-	logw      io.Writer                // the worker's log (nil: none)
+	ledger    *settle.Ledger     // settles the receipts of what restartable replicas take
+	afterSend func(stage string) // WorkerOptions.AfterSend
+	logw      io.Writer          // the worker's log (nil: none)
 	// released is set once the share is counted lost: it no longer keeps
 	// its items from redelivery, so they reach the share that took over
 	// within ackWait.
@@ -71,9 +69,9 @@ type links struct {
 	// fatal fails the share with err (a publish refused, an end of input
 	// that could not be recorded).
 	fatal func(error)
-	pmu   sync.Mutex
-	// replicas are the restartable replicas the share follows
-	replicas map[replicaKey]*tracked
+	// follow are the restartable replicas the share follows, and its side
+	// of their groups (package follow); the links are their follow.Share
+	follow *follow.Replicas
 
 	// env is what the share's queues on JetStream have in common
 	// (package edge); the links are their edge.Share
@@ -87,8 +85,8 @@ type links struct {
 	// the watch of the coordinator's lease. stopCtx is its cancellation:
 	// done once close begins, when every one of them ends (what is under
 	// way ends with it); close then waits for the group. Nothing starts in
-	// it once stopCtx is done where it could start after close
-	// (recordLocked, under mu).
+	// it once stopCtx is done where it could start after close (Go, under
+	// mu).
 	bg         sync.WaitGroup
 	stopCtx    context.Context
 	stopCancel context.CancelFunc
@@ -98,8 +96,7 @@ type links struct {
 // plane listens on and other hosts reach it by ("": the host's address on
 // the route to the broker, any free port).
 func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *wire.Job, g *graph.Graph, instance, dataAddr string) (*links, error) {
-	l := &links{nc: nc, js: js, job: job, g: g, instance: instance,
-		replicas: map[replicaKey]*tracked{}}
+	l := &links{nc: nc, js: js, job: job, g: g, instance: instance}
 	l.stopCtx, l.stopCancel = context.WithCancel(context.Background())
 	own := *job // its own copy: the job may be shared (tests), and is read here for the share's life
 	own.Timings = own.Timings.WithDefaults()
@@ -118,6 +115,8 @@ func newLinks(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, job *w
 	}
 	l.ledger = settle.New(settle.Env{NC: nc, Graph: g, Instance: instance, Ends: l.ends, Positions: positions,
 		Recount: job.Recount.Sources, Stop: l.stopCtx}, l)
+	l.follow = follow.New(follow.Env{NC: nc, Job: l.job, Graph: g, Instance: instance, Ends: l.ends,
+		Ledger: l.ledger, Stop: l.stopCtx, Share: l})
 	l.threshold = job.DataThreshold
 	if l.threshold <= 0 {
 		l.threshold = dataplane.Threshold
@@ -192,12 +191,36 @@ func (l *links) ChainFor(e *graph.Edge, qi int) engine.Chain {
 	return l.ledger.Chain(wire.EdgeIndex(l.g, e))
 }
 
-// log is the worker's log.
-func (l *links) log() io.Writer {
+// The links are their followed replicas' follow.Share, with Worker,
+// Aborting and Restartable.
+
+func (l *links) Syncs(s *graph.Stage) bool { return l.syncs != nil && l.syncs(s) }
+
+func (l *links) Summing(s *graph.Stage) bool { return l.summing != nil && l.summing(s) }
+
+// Log is the worker's log.
+func (l *links) Log() io.Writer {
 	if l.logw == nil {
 		return io.Discard
 	}
 	return l.logw
+}
+
+func (l *links) AfterSend(stage string) {
+	if l.afterSend != nil {
+		l.afterSend(stage)
+	}
+}
+
+// Go starts f in the share's group unless close has begun (close cancels
+// stopCtx under mu): a replica that outlived the share's end, past its
+// Grace, records nothing.
+func (l *links) Go(f func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopCtx.Err() == nil {
+		l.bg.Go(f)
+	}
 }
 
 // runCtx is the share's run context (Background for links without one).

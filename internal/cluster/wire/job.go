@@ -51,7 +51,7 @@ type Job struct {
 	// data plane (0: 256 KiB).
 	DataThreshold int `json:"data_threshold,omitempty"`
 	// Restore, by stage, restarts a group lost whole that summed on one
-	// worker from its last save (saves.go).
+	// worker from its last save (package follow's saves.go).
 	Restore map[string]*Restore `json:"restore,omitempty"`
 	// Attempt, by stage, counts the times a group that starts distributed
 	// ranks was lost whole and started again: its ranks meet at the rank 0

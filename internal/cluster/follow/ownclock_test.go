@@ -1,4 +1,4 @@
-package share
+package follow
 
 import (
 	"testing"

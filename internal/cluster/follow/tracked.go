@@ -1,59 +1,18 @@
-package share
+package follow
 
 import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/settle"
-	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 )
-
-// track wraps the node of a restartable stage so that what its replicas
-// take and send is followed.
-func (l *links) track(s *graph.Stage, n nodes.Node) nodes.Node {
-	if l.restartable == nil || !l.restartable(s) {
-		return n
-	}
-	if len(s.Inputs) == 0 {
-		return l.resume(s, n) // a source that resumes
-	}
-	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-		tr := &tracked{clocked: clocked{r}, l: l, steps: l.syncs != nil && l.syncs(s)}
-		if l.summing != nil && l.summing(s) {
-			tr.local = l.localGroupFor(s)
-		}
-		l.pmu.Lock()
-		l.replicas[replicaKey{s.Name, r.Index()}] = tr
-		l.pmu.Unlock()
-		err := n.Run(ctx, tr)
-		if err == nil {
-			tr.handsOff() // a failed item is not finished: the run fails anyway
-			if !tr.ended(ctx, s) {
-				return nil // the share is over: what it kept comes back to a restart
-			}
-			tr.returned(wire.KeySettled(wire.StageIndex(l.g, s), r.Index()))
-		}
-		return err
-	})
-	if q, ok := n.(nodes.Quiescer); ok {
-		return quiescent{run, q} // the deadlock detector still asks it
-	}
-	return run
-}
-
-type quiescent struct {
-	nodes.NodeFunc
-	nodes.Quiescer
-}
 
 // tracked is a restartable replica's runtime, following its items: the
 // one it took last is in hand until it asks for the next (or returns), and
@@ -61,7 +20,7 @@ type quiescent struct {
 // item at a time; its ports may still sit on two goroutines, hence mu.
 type tracked struct {
 	clocked
-	l *links
+	f *Replicas
 
 	mu  sync.Mutex
 	cur *settle.Taken // the delivery in hand (nil: none); a dropped one until the next receive
@@ -102,7 +61,7 @@ func (t *tracked) SettledOne() {
 }
 
 // returned notes that its Run returned without error; key is its
-// keySettled.
+// wire.KeySettled.
 func (t *tracked) returned(key string) {
 	t.mu.Lock()
 	t.key = key
@@ -112,44 +71,41 @@ func (t *tracked) returned(key string) {
 
 // recordLocked starts the replica's record once it has returned and all
 // it took is settled, unless the share is closing (a replica that
-// outlived the share's end, past its Grace, records nothing). t.mu held.
+// outlived the share's end, past its Grace, records nothing: Share.Go).
+// t.mu held.
 func (t *tracked) recordLocked() {
 	if t.key == "" || t.open > 0 || t.recorded {
 		return
 	}
 	t.recorded = true
-	l := t.l
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopCtx.Err() == nil { // close has not begun: it cancels under mu
-		key := t.key
-		l.bg.Go(func() { l.recordSettled(key) })
-	}
+	f, key := t.f, t.key
+	f.env.Share.Go(func() { f.recordSettled(key) })
 }
 
-// recordSettled writes key (keySettled) for a replica that has returned
-// and settled everything it took: such a replica has nothing left that
-// could come back to a restart, so a lost worker's finished replica is
-// not run again (Coordinator.recover). Run again, it could take an item
-// that another lost replica held (a shared input's) and send it after the
-// end its consumers may have ended on. The settle can come long after the
-// end (a large item's input settles once its consumer has its bytes, and
-// a stage that saves takes them for good at a save), so the record is
-// apart from the end. A share aborted writes nothing: its replica
-// restarts, as one not settled.
-func (l *links) recordSettled(key string) {
-	if l.aborting() {
+// recordSettled writes key (wire.KeySettled) for a replica that has
+// returned and settled everything it took: such a replica has nothing
+// left that could come back to a restart, so a lost worker's finished
+// replica is not run again (package finished). Run again, it could take
+// an item that another lost replica held (a shared input's) and send it
+// after the end its consumers may have ended on. The settle can come long
+// after the end (a large item's input settles once its consumer has its
+// bytes, and a stage that saves takes them for good at a save), so the
+// record is apart from the end. A share aborted writes nothing: its
+// replica restarts, as one not settled.
+func (f *Replicas) recordSettled(key string) {
+	env := f.env
+	if env.Share.Aborting() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(l.stopCtx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(env.Stop, 10*time.Second)
 	defer cancel()
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if _, err := l.ends.Put(ctx, key, []byte(l.instance)); err == nil || ctx.Err() != nil {
+		if _, err := env.Ends.Put(ctx, key, []byte(env.Instance)); err == nil || ctx.Err() != nil {
 			return // not written: the replica restarts if its worker is lost
 		}
 		select {
 		case <-time.After(wait):
-		case <-l.stopCtx.Done():
+		case <-env.Stop.Done():
 			return
 		}
 	}
@@ -168,79 +124,6 @@ func (t *tracked) Group() nodes.Group {
 type keptItem struct {
 	t     *settle.Taken
 	round uint32
-}
-
-// replicaKey names a replica of a stage.
-type replicaKey struct {
-	stage string
-	i     int
-}
-
-// group is the share's side of s's group across workers, hooked to the
-// replicas it follows.
-func (l *links) group(s *graph.Stage, restart bool) *group.Member {
-	find := func(i int) *tracked {
-		l.pmu.Lock()
-		defer l.pmu.Unlock()
-		return l.replicas[replicaKey{s.Name, i}]
-	}
-	with := func(i int, f func(t *tracked)) {
-		if t := find(i); t != nil {
-			t.mu.Lock()
-			f(t)
-			t.mu.Unlock()
-		}
-	}
-	g := &group.Member{NC: l.nc, Subject: wire.SubjGroup(l.job.Run, s.Name), Share: l.instance, Restart: restart, Lone: s.Replicas == 1,
-		Held: func(i int) string {
-			if t := find(i); t != nil {
-				t.mu.Lock()
-				defer t.mu.Unlock()
-				if len(t.took) > 0 {
-					return strings.Join(t.took, ",")
-				}
-				if t.cur != nil {
-					return t.cur.ID()
-				}
-			}
-			return ""
-		},
-		Settle: l.ledger.Settle,
-		Skip: func(i int, lines []string) {
-			with(i, func(t *tracked) {
-				t.skip = map[string]uint32{}
-				for _, line := range lines {
-					id, round, _ := strings.Cut(line, "\t")
-					r, _ := strconv.ParseUint(round, 10, 32)
-					t.skip[id] = uint32(r)
-				}
-			})
-		},
-		Hold: func(i int) { with(i, func(t *tracked) { t.hold = true }) },
-		Stepped: func(i int, round uint32) {
-			with(i, func(t *tracked) { t.round, t.last, t.took = round, round, nil })
-		},
-		Durable: func(i int, round uint32) {
-			if t := find(i); t != nil {
-				t.saved(round)
-			}
-		},
-	}
-	l.pmu.Lock()
-	if l.remotes == nil {
-		l.remotes = map[string]*group.Member{}
-	}
-	l.remotes[s.Name] = g
-	l.pmu.Unlock()
-	return g
-}
-
-// groupOf is the share's side of stage's group across workers (nil:
-// none).
-func (l *links) groupOf(stage string) *group.Member {
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	return l.remotes[stage]
 }
 
 func (t *tracked) In(port string) nodes.Input { return &trackedIn{Input: t.Replica.In(port), t: t} }
@@ -305,7 +188,7 @@ func (t *tracked) ended(ctx context.Context, s *graph.Stage) bool {
 	t.mu.Lock()
 	hold := t.hold
 	t.mu.Unlock()
-	switch g := t.l.groupOf(s.Name); {
+	switch g := t.f.groupOf(s.Name); {
 	case !hold:
 	case t.local != nil:
 		t.local.returned(t.Index())
@@ -367,7 +250,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		var trained bool
 		var at uint32
 		if rec != nil && rec.Again() { // rare: the group is looked up only then
-			if g := t.l.groupOf(t.Stage()); g != nil {
+			if g := t.f.groupOf(t.Stage()); g != nil {
 				if at, trained, err = t.trained(ctx, g, rec.ID()); err != nil {
 					return nil, err
 				}
@@ -404,7 +287,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		if !drop {
 			return item, nil
 		}
-		fmt.Fprintf(t.l.logw, "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.l.worker, t.Stage(), t.Index(), rec.ID())
+		fmt.Fprintf(t.f.env.Share.Log(), "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.f.env.Share.Worker(), t.Stage(), t.Index(), rec.ID())
 	}
 }
 
@@ -416,7 +299,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 // step open for ever, so the wait is bounded, and the run fails then
 // rather than train the item twice or not at all.
 func (t *tracked) trained(ctx context.Context, g *group.Member, id string) (uint32, bool, error) {
-	tm := t.l.job.Timings.WithDefaults()
+	tm := t.f.env.Job.Timings.WithDefaults()
 	wait := 3*tm.Lease + tm.AckWait
 	c, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -442,9 +325,7 @@ func (o *trackedOut) Send(ctx context.Context, item any) error {
 	if err := o.Output.Send(ctx, item); err != nil {
 		return err
 	}
-	if f := t.l.afterSend; f != nil {
-		f(t.Stage()) // tests: a crash between a send and its input's settling
-	}
+	t.f.env.Share.AfterSend(t.Stage()) // tests: a crash between a send and its input's settling
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package share
+package follow
 
 import (
 	"context"
@@ -30,7 +30,7 @@ import (
 
 // localGroup is a share's record of a local group's rounds and saves.
 type localGroup struct {
-	l     *links
+	f     *Replicas
 	stage *graph.Stage
 
 	mu      sync.Mutex
@@ -44,31 +44,24 @@ type localGroup struct {
 	settled map[string]bool             // the ids the last save settled
 }
 
-// trackedReplica is replica i of stage, as the share follows it.
-func (l *links) trackedReplica(stage string, i int) *tracked {
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	return l.replicas[replicaKey{stage, i}]
-}
-
 // localGroupFor is the share's record of s's group, made once.
-func (l *links) localGroupFor(s *graph.Stage) *localGroup {
-	l.pmu.Lock()
-	defer l.pmu.Unlock()
-	if l.locals == nil {
-		l.locals = map[string]*localGroup{}
+func (f *Replicas) localGroupFor(s *graph.Stage) *localGroup {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.locals == nil {
+		f.locals = map[string]*localGroup{}
 	}
-	lg := l.locals[s.Name]
+	lg := f.locals[s.Name]
 	if lg == nil {
-		lg = &localGroup{l: l, stage: s, step: -1, rounds: map[int]uint32{}, trained: map[int][]group.TrainedItem{}}
-		l.locals[s.Name] = lg
+		lg = &localGroup{f: f, stage: s, step: -1, rounds: map[int]uint32{}, trained: map[int][]group.TrainedItem{}}
+		f.locals[s.Name] = lg
 	}
 	return lg
 }
 
 // noteLocked tells the coordinator (lg.mu held).
 func (lg *localGroup) noteLocked() {
-	n := wire.SavesNote{Share: lg.l.instance, Stage: lg.stage.Name, Saves: lg.saves, Final: lg.final, Step: lg.step,
+	n := wire.SavesNote{Share: lg.f.env.Instance, Stage: lg.stage.Name, Saves: lg.saves, Final: lg.final, Step: lg.step,
 		Skip: make([][]string, lg.stage.Replicas)}
 	for r, items := range lg.trained {
 		for _, t := range items {
@@ -80,7 +73,7 @@ func (lg *localGroup) noteLocked() {
 	b, _ := json.Marshal(n)
 	// Asked, not published: a save's acks wait until the coordinator has
 	// the ids they cover.
-	lg.l.nc.Request(wire.SubjSaves(lg.l.job.Run, lg.stage.Name), b, lg.l.job.Timings.Lease)
+	lg.f.env.NC.Request(wire.SubjSaves(lg.f.env.Job.Run, lg.stage.Name), b, lg.f.env.Job.Timings.Lease)
 }
 
 // savingGroup is a replica's local group, with the share's record.
@@ -139,7 +132,7 @@ func (g savingGroup) AllReduceSum(ctx context.Context, buf []float32) (int, erro
 // Finish is the group's, but for the restart of a group lost once final:
 // none of its members is the last, which would save again.
 func (g savingGroup) Finish(ctx context.Context) (bool, error) {
-	if r := g.lg.l.job.Restore[g.lg.stage.Name]; r != nil && r.Final {
+	if r := g.lg.f.env.Job.Restore[g.lg.stage.Name]; r != nil && r.Final {
 		g.Group.Leave()
 		return false, nil
 	}
@@ -167,7 +160,7 @@ func (lg *localGroup) returned(i int) {
 		return
 	}
 	for i := range lg.stage.Replicas {
-		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
+		if t := lg.f.trackedReplica(lg.stage.Name, i); t != nil {
 			t.saved(^uint32(0))
 		}
 	}
@@ -204,7 +197,7 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 	lg.mu.Unlock()
 	settled := map[string]bool{}
 	for i := range lg.stage.Replicas {
-		if t := lg.l.trackedReplica(lg.stage.Name, i); t != nil {
+		if t := lg.f.trackedReplica(lg.stage.Name, i); t != nil {
 			for _, d := range t.saved(durable) {
 				settled[d.ID()] = true
 			}
@@ -213,7 +206,7 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 	// Acked before the next save's note leaves them out (an item with
 	// publishes unanswered is acked once they are, which a save interval
 	// outlasts).
-	err := lg.l.ledger.Settle()
+	err := lg.f.env.Ledger.Settle()
 	lg.mu.Lock()
 	lg.settled = settled
 	lg.mu.Unlock()
@@ -223,7 +216,7 @@ func (g savingGroup) Saved(ctx context.Context, step int) error {
 // Keep restores the group's last save where the coordinator says so (the
 // group was lost whole), or records st as the in-process group does.
 func (g savingGroup) Keep(ctx context.Context, st nodes.State) error {
-	if r, ok := g.lg.l.job.Restore[g.lg.stage.Name]; ok && r != nil {
+	if r, ok := g.lg.f.env.Job.Restore[g.lg.stage.Name]; ok && r != nil {
 		// Every member's: on a shared queue an item one member trained
 		// comes back to whichever restart takes it.
 		var skip map[string]uint32

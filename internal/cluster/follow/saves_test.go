@@ -1,4 +1,4 @@
-package share
+package follow
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
-	"github.com/dflow-dev/dflow/internal/cluster/edge"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -25,13 +24,11 @@ import (
 //     that one's note had left it out.
 func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	t.Parallel()
-	nc := serverConn(t)
-	js, _ := wire.NewJS(nc)
 	g := clustertest.Chain(t, 2)
 	job := &wire.Job{Run: "saves", Remote: map[string][]bool{"a": {true}, "b": {false}}, Place: map[string][]string{"src": {"w1"}, "work": {"w1", "w1"}, "sink": {"w1"}}}
 	ctx := context.Background()
-	setUp(t, js, job, g)
-	l := shareOf(t, nc, js, job, g, "w1")
+	f, in, _ := followed(t, job, g, "w1")
+	nc := f.env.NC
 	notes := make(chan wire.SavesNote, 8)
 	sub, err := nc.Subscribe(wire.SubjSaves(job.Run, "work"), func(m *nats.Msg) {
 		var n wire.SavesNote
@@ -48,16 +45,15 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 	// the collective until released, as a goroutine not yet run again
 	// (released after the first save, it runs straight on).
 	joined, release := make(chan struct{}), make(chan struct{})
-	lg := l.localGroupFor(g.Stage("work"))
-	in := l.For(g.Edges[0], 0).(*edge.Queue) // where the items come from
+	lg := f.localGroupFor(g.Stage("work"))
 	var trs [2]*tracked
 	var members [2]savingGroup
 	for i := range members {
 		inner := stalledGroup{joined: joined, release: release, lead: i == 0}
-		trs[i] = &tracked{clocked: clocked{groupReplica{i: i, g: inner}}, l: l, local: lg}
-		l.pmu.Lock()
-		l.replicas[replicaKey{"work", i}] = trs[i]
-		l.pmu.Unlock()
+		trs[i] = &tracked{clocked: clocked{groupReplica{i: i, g: inner}}, f: f, local: lg}
+		f.mu.Lock()
+		f.replicas[replicaKey{"work", i}] = trs[i]
+		f.mu.Unlock()
 		members[i] = trs[i].Group().(savingGroup)
 		if err := members[i].Saves(ctx); err != nil {
 			t.Fatal(err)
@@ -75,7 +71,7 @@ func TestLocalSaveNamesEveryMembersItem(t *testing.T) {
 				cur.Done() // as the engine does at the member's next receive
 			}
 			tr.mu.Lock()
-			tr.cur = l.ledger.Take(in, ids[i], nil, false)
+			tr.cur = f.env.Ledger.Take(in, ids[i], nil, false) // from where the items come
 			tr.cur.HeldBy(tr)
 			tr.mu.Unlock()
 		}

@@ -1,4 +1,4 @@
-package share
+package follow
 
 import (
 	"context"
@@ -23,17 +23,17 @@ import (
 func positionKey(s *graph.Stage, i int) string { return wire.Token(s.Name) + "." + strconv.Itoa(i) }
 
 // resume wraps a source's node so that its replicas resume after a loss.
-func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
+func (f *Replicas) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 	return nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
-		pos, err := l.ledger.Resume(ctx, positionKey(s, r.Index()))
+		pos, err := f.env.Ledger.Resume(ctx, positionKey(s, r.Index()))
 		if err != nil {
 			return fmt.Errorf("stage %q replica %d: %w", s.Name, r.Index(), err)
 		}
 		from := pos.At()
 		if from > 0 {
-			fmt.Fprintf(l.log(), "dflow worker %s: stage %s replica %d resumes after its item %d\n", l.worker, s.Name, r.Index(), from)
+			fmt.Fprintf(f.env.Share.Log(), "dflow worker %s: stage %s replica %d resumes after its item %d\n", f.env.Share.Worker(), s.Name, r.Index(), from)
 		}
-		src := &resumed{clocked: clocked{r}, l: l, from: from, pos: pos}
+		src := &resumed{clocked: clocked{r}, f: f, from: from, pos: pos}
 		return n.Run(ctx, src)
 	})
 }
@@ -41,7 +41,7 @@ func (l *links) resume(s *graph.Stage, n nodes.Node) nodes.Node {
 // resumed is a resuming source replica's runtime.
 type resumed struct {
 	clocked
-	l    *links
+	f    *Replicas
 	from int64 // items emitted before this are dropped: stored before
 	pos  *settle.Position
 
@@ -78,8 +78,6 @@ func (o *resumedOut) Send(ctx context.Context, item any) error {
 		return err
 	}
 	h.Hand(nil)
-	if f := s.l.afterSend; f != nil {
-		f(s.Stage())
-	}
+	s.f.env.Share.AfterSend(s.Stage())
 	return nil
 }
