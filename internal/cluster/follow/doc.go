@@ -36,6 +36,6 @@
 //  5. Its one goroutine, a replica's settled record, runs in the share's
 //     group, and none starts once the group's close has begun
 //     (tracked.recordLocked, Share.Go). TestMain fails the package if a
-//     goroutine outlives its tests, and so do package share's and
-//     package cluster's, whose tests run workers in process.
+//     goroutine outlives its tests, and so does package cluster's, whose
+//     tests run workers in process.
 package follow
