@@ -8,7 +8,7 @@
 // (its worker's name, whether it was counted lost, failing it) is the
 // Share interface; what it asks of the replica that took an item
 // (whether it keeps it for a save, that it is settled) is the Holder
-// interface; package share implements both. How it all makes exactly
+// interface; packages share and follow implement them. How it all makes exactly
 // once across a lost worker: ledger.go says it at length, chain.go for
 // chains, resume.go for sources.
 //
@@ -28,10 +28,10 @@
 //     save holds it (Holder.Keeps); it goes to the ledger once, whatever
 //     a node does. Nothing follows an item by its pointer.
 //     TestTakenSettledOnce; TestLocalSaveNamesEveryMembersItem (package
-//     share); in cmd/dflow TestAuditBytes and TestAuditChain.
+//     follow); in cmd/dflow TestAuditBytes and TestAuditChain.
 //  3. A settled item is acked, and kept from redelivery until the server
 //     has the ack (a flush), its bytes released and its replica told
-//     only then (Ledger.Settle). TestSettledRecorded (package share); in
+//     only then (Ledger.Settle). TestSettledRecorded (package follow); in
 //     cmd/dflow TestCrashAfterSend.
 //  4. Once its share is counted lost, the ledger settles nothing more
 //     (Ledger.Settle, Share.Released), so what it held reaches the share

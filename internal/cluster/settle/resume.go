@@ -15,7 +15,7 @@ import (
 //
 // A source whose kind resumes (nodes.Spec.Resumes: the same items in the
 // same order on every start) restarts on a live worker after a loss, as a
-// stateless stage does, and takes up where it was (package share's
+// stateless stage does, and takes up where it was (package follow's
 // resume wraps its replicas):
 //
 //   - its k-th item's id follows from the replica and k (an origin, as an

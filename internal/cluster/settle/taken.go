@@ -49,7 +49,7 @@ type Taken struct {
 }
 
 // Holder is the replica that took an item, as its runtime follows it
-// (package share's tracked): asked, as the item is done, whether it keeps
+// (package follow's tracked): asked, as the item is done, whether it keeps
 // it for a save, and told once it is settled.
 type Holder interface {
 	// Keeps takes t off the replica's hands, and reports whether it is
