@@ -18,7 +18,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/deadlock"
 	"github.com/dflow-dev/dflow/internal/cluster/figures"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/moves"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
@@ -98,7 +98,7 @@ type Coordinator struct {
 	// the next check (a group's restore needs a member they ran back)
 	evicted []*instance
 	// groups are the groups across workers it hosts, by stage
-	groups map[string]*group.Host
+	groups map[string]*host.Host
 	// deadlock is the detector's state; lastLoss when a worker was last
 	// counted lost (the detector waits for its restart)
 	deadlock deadlock.Watch
@@ -286,14 +286,14 @@ func (c *Coordinator) listen() (dones chan *nats.Msg, stop func(), err error) {
 			subs = append(subs, s)
 		}
 	}
-	groups := map[string]*group.Host{}
+	groups := map[string]*host.Host{}
 	for _, s := range c.g.Stages {
 		var slots []int // a rebalance's: members once a move starts them (moves.go)
 		if c.moves != nil {
 			slots = c.moves.SlotsOf(s.Name)
 		}
 		if wire.Hosted(c.o.Registry, s, c.place[s.Name], len(slots) > 0) {
-			h := group.NewHost(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
+			h := host.New(s.Name, s.Replicas, nc.MaxPayload(), wire.Moves(c.o.Registry, s))
 			if len(slots) > 0 {
 				h.Park(slots)
 			}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/moves"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
@@ -27,7 +27,7 @@ func TestLoseMember(t *testing.T) {
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "stepper", Ports: ports}, Sync: nodes.Always, Stateless: true})
 	mover := &graph.Stage{Name: "train", Node: "mover", Replicas: 2}
 	stepper := &graph.Stage{Name: "work", Node: "stepper", Replicas: 2}
-	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*group.Host{}}
+	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*host.Host{}}
 	w1, w2 := &instance{name: "w1", worker: "w1"}, &instance{name: "w2", worker: "w2"}
 	if err := c.loseMember(w1, mover, 0); err == nil || !strings.Contains(err.Error(), `stage "train" (mover) had every replica of its group there (2)`) {
 		t.Errorf("every replica lost, no group across workers: %v", err)
@@ -35,7 +35,7 @@ func TestLoseMember(t *testing.T) {
 	if err := c.loseMember(w1, stepper, 0); err != nil {
 		t.Errorf("a stage that moves no state: %v", err)
 	}
-	c.groups["train"] = group.NewHost("train", 2, 1<<20, true)
+	c.groups["train"] = host.New("train", 2, 1<<20, true)
 	if err := c.loseMember(w1, mover, 0); err != nil {
 		t.Errorf("a member left on w2: %v", err)
 	}
@@ -59,7 +59,7 @@ func TestRestartPassesOverGoneWorker(t *testing.T) {
 	var log strings.Builder // written by recover, in this goroutine
 	js, _ := wire.NewJS(nc) // no end bucket: what finished cannot be read, so all restart
 	c := &Coordinator{o: CoordOptions{Registry: reg, Conn: nc, Log: &log, Timings: wire.Timings{Lease: time.Minute}}, g: g, js: js,
-		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*group.Host{},
+		run: "r1", workers: []string{"w1", "w2", "w3"}, groups: map[string]*host.Host{},
 		place:     map[string][]string{"src": {"w1"}, "work": {"w1", "w2", "w3"}},
 		instances: map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}, "w3": {name: "w3", worker: "w3"}},
 		seen:      map[string]time.Time{"w1": time.Now(), "w3": time.Now()}}
@@ -133,12 +133,12 @@ func TestLoseWhole(t *testing.T) {
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "worker", Ports: ports}, Stateless: true})
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "keeper", Ports: ports}})
-	setup := func(kind, beside string) (*Coordinator, *group.Host, map[string]*instance) {
+	setup := func(kind, beside string) (*Coordinator, *host.Host, map[string]*instance) {
 		in := []*graph.Port{{Name: "in"}}
 		train := &graph.Stage{Name: "train", Node: kind, Replicas: 3, Inputs: in}
 		side := &graph.Stage{Name: "side", Node: beside, Replicas: 1, Inputs: in}
-		h := group.NewHost("train", 3, 1<<20, true)
-		h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
+		h := host.New("train", 3, 1<<20, true)
+		h.SetState(host.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
 			LastRound: []uint32{3, 3, 3}, Share: []string{"w1", "w2", "w3"}})
 		ins := map[string]*instance{}
 		for _, w := range []string{"w1", "w2", "w3"} {
@@ -148,7 +148,7 @@ func TestLoseWhole(t *testing.T) {
 		c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()},
 			g:      &graph.Graph{Stages: []*graph.Stage{train, side}},
 			place:  map[string][]string{"train": {"w1", "w2", "w3"}, "side": {"w2"}},
-			groups: map[string]*group.Host{"train": h}, instances: ins}
+			groups: map[string]*host.Host{"train": h}, instances: ins}
 		return c, h, ins
 	}
 
@@ -199,8 +199,8 @@ func TestLoseMovedMember(t *testing.T) {
 	ports := func(*graph.Config) []graph.PortSpec { return nil }
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "mover", Ports: ports}, Sync: nodes.Always, Moves: true})
 	s := &graph.Stage{Name: "train", Node: "mover", Replicas: 3}
-	h := group.NewHost("train", 3, 1<<20, true)
-	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*group.Host{"train": h},
+	h := host.New("train", 3, 1<<20, true)
+	c := &Coordinator{o: CoordOptions{Registry: reg}, groups: map[string]*host.Host{"train": h},
 		moves: moves.New(map[string]int{"train": 3}, nil)}
 	c.moves.Leave("train", 2)
 	h.Moved(2)
@@ -225,7 +225,7 @@ func TestLoseMovedMember(t *testing.T) {
 	// A member a move took away that is the last present, lost before its
 	// leave: its loss is any member's (here the group saves nothing, so
 	// the run fails, naming it), not a leave that drops the state.
-	h = group.NewHost("train", 3, 1<<20, true)
+	h = host.New("train", 3, 1<<20, true)
 	c.groups["train"] = h
 	c.moves.Back("train", 1)
 	c.moves.Leave("train", 2)

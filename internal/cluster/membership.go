@@ -16,7 +16,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/finished"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -323,7 +323,7 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 			case r.Final:
 				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group after its final save: its restarts drop what comes back\n", s.Name)
 			default:
-				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, group.StepSaid(r.Step))
+				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, host.StepSaid(r.Step))
 			}
 			c.restores[s.Name] = r
 			return nil
@@ -396,15 +396,15 @@ func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
 // those stopped for it) changes nothing more; a restart lost during the
 // restore begins another attempt. Each share it stops must be able to
 // restart whole (evictable). c.mu held.
-func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Host) error {
+func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *host.Host) error {
 	h.Lose(i, in.name)
 	if c.lostWhole[s.Name][in.name] {
 		return nil
 	}
-	var ev []group.Eviction
+	var ev []host.Eviction
 	for j, share := range c.place[s.Name] {
 		if share != in.name {
-			ev = append(ev, group.Eviction{Member: j, Share: share})
+			ev = append(ev, host.Eviction{Member: j, Share: share})
 		}
 	}
 	for _, x := range ev {
@@ -451,7 +451,7 @@ func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *group.Ho
 // members it needs back), so that x restarts: it is counted lost already,
 // or it has not ended and everything else it runs can restart elsewhere
 // or has finished. c.mu held.
-func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Eviction, needs string) error {
+func (c *Coordinator) evictable(s *graph.Stage, x host.Eviction, ev []host.Eviction, needs string) error {
 	e := c.instances[x.Share]
 	const fails = "the run fails (a checkpointing node resumes from its last checkpoint on the next run)"
 	switch {
@@ -466,7 +466,7 @@ func (c *Coordinator) evictable(s *graph.Stage, x group.Eviction, ev []group.Evi
 		for j, p := range c.place[t.Name] {
 			switch {
 			case p != x.Share:
-			case t == s && slices.ContainsFunc(ev, func(y group.Eviction) bool { return y.Member == j }):
+			case t == s && slices.ContainsFunc(ev, func(y host.Eviction) bool { return y.Member == j }):
 			case c.restartable(t), finished.Done(e.last, t.Name, j):
 			default:
 				return fmt.Errorf("%s on worker %s, which also runs stage %q replica %d (%s): that replica keeps state and cannot restart elsewhere, and the share restarts whole; %s",

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
@@ -22,15 +22,15 @@ func TestReviewLoseWholeTwoOnLostWorker(t *testing.T) {
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "ranks", Ports: ports}, Sync: nodes.Always, Moves: true, Whole: true})
 	in := []*graph.Port{{Name: "in"}}
 	train := &graph.Stage{Name: "train", Node: "ranks", Replicas: 4, Inputs: in}
-	h := group.NewHost("train", 4, 1<<20, true)
-	h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
+	h := host.New("train", 4, 1<<20, true)
+	h.SetState(host.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
 		LastRound: []uint32{3, 3, 3, 3}, Share: []string{"w1", "w1", "w2", "w2"}})
 	ins := map[string]*instance{"w1": {name: "w1", worker: "w1"}, "w2": {name: "w2", worker: "w2"}}
 	var log syncLog
 	c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()},
 		g:      &graph.Graph{Stages: []*graph.Stage{train}},
 		place:  map[string][]string{"train": {"w1", "w1", "w2", "w2"}},
-		groups: map[string]*group.Host{"train": h}, instances: ins}
+		groups: map[string]*host.Host{"train": h}, instances: ins}
 	ins["w1"].lost = true
 	for i := range 2 { // recover's loop over the lost share's replicas
 		if err := c.loseMember(ins["w1"], train, i); err != nil {
@@ -63,8 +63,8 @@ func TestReviewLoseWholeDuringRestore(t *testing.T) {
 	ports := func(*graph.Config) []graph.PortSpec { return nil }
 	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "ranks", Ports: ports}, Sync: nodes.Always, Moves: true, Whole: true})
 	train := &graph.Stage{Name: "train", Node: "ranks", Replicas: 3, Inputs: []*graph.Port{{Name: "in"}}}
-	h := group.NewHost("train", 3, 1<<20, true)
-	h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
+	h := host.New("train", 3, 1<<20, true)
+	h.SetState(host.State{Saves: true, Durable: 2, SaveStep: 4, Round: 3,
 		LastRound: []uint32{3, 3, 3}, Share: []string{"w1", "w2", "w3"}})
 	ins := map[string]*instance{}
 	for _, w := range []string{"w1", "w2", "w3", "w2-r1"} {
@@ -74,7 +74,7 @@ func TestReviewLoseWholeDuringRestore(t *testing.T) {
 	c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()},
 		g:      &graph.Graph{Stages: []*graph.Stage{train}},
 		place:  map[string][]string{"train": {"w1", "w2", "w3"}},
-		groups: map[string]*group.Host{"train": h}, instances: ins}
+		groups: map[string]*host.Host{"train": h}, instances: ins}
 	ins["w1"].lost = true
 	if err := c.loseMember(ins["w1"], train, 0); err != nil {
 		t.Fatal(err)

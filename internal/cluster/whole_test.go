@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
@@ -531,8 +531,8 @@ edge "k" {
 		t.Run(tc.name, func(t *testing.T) {
 			// rounds 1 and 2 saved, member 2 finished after round 3, then
 			// members 0 and 1 lost with w2
-			h := group.NewHost("tally", 3, 1<<20, true)
-			h.SetState(group.State{Saves: true, Durable: 2, SaveStep: 2, Round: 3,
+			h := host.New("tally", 3, 1<<20, true)
+			h.SetState(host.State{Saves: true, Durable: 2, SaveStep: 2, Round: 3,
 				LastRound: []uint32{3, 3, 3}, Share: []string{"w2", "w2", tc.share}, Left: []int{2}})
 			var log syncLog
 			lost := &instance{name: "w2", worker: "w2", lost: true}
@@ -540,7 +540,7 @@ edge "k" {
 			c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()}, g: g,
 				place:     map[string][]string{"src": {"w3"}, "src2": {"w3"}, "tally": {"w2", "w2", tc.share}, "keep": {tc.keep}},
 				instances: map[string]*instance{"w1": w1, "w2": lost, "w3": {name: "w3", worker: "w3"}},
-				groups:    map[string]*group.Host{"tally": h}}
+				groups:    map[string]*host.Host{"tally": h}}
 			tally := g.Stage("tally")
 			if err := c.loseMember(lost, tally, 0); err != nil {
 				t.Fatalf("member 0 lost: %v", err)

@@ -43,8 +43,8 @@ import (
 // A group stage moves on a cluster as in one process (MovableAcross):
 // the member that leaves leaves the group at a step boundary, and a slot
 // that starts joins it (Joiner), taking the group's state over where it
-// moves, as a member restarted elsewhere does (package group's Host.Park
-// and opJoin).
+// moves, as a member restarted elsewhere does (package host's Host.Park,
+// internal/cluster/group/host, and group.OpJoin).
 
 // MovableAcross says why the replicas of g's rebalance block cannot move
 // during a run across hosts with reg's kinds, or returns nil when they

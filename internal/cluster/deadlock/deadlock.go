@@ -19,7 +19,7 @@ import (
 const looks = 3
 
 // Group is what the watch reads of a replica group across workers that
-// the coordinator hosts (*group.Host).
+// the coordinator hosts (*host.Host, package internal/cluster/group/host).
 type Group interface {
 	// WaitingFor says, of the step in progress, whether member i has
 	// arrived (in) and which members still present it waits for (on),

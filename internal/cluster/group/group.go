@@ -6,11 +6,11 @@ import (
 	"unsafe"
 )
 
-// A group across workers is hosted by the coordinator: each member's
-// collective is a request on dflow.r.RUN.grp.STAGE, answered when every
-// member still present has arrived; a leave is a request too, and can
-// itself complete the round the others wait in (the uneven-ends rule, as
-// in process).
+// A group across workers is hosted by the coordinator (package host):
+// each member's collective is a request on dflow.r.RUN.grp.STAGE,
+// answered when every member still present has arrived; a leave is a
+// request too, and can itself complete the round the others wait in (the
+// uneven-ends rule, as in process).
 //
 // A request is one op byte and the replica as a uint32, with headers: the
 // share that sends it (a share counted lost is refused: its replicas run
@@ -27,29 +27,29 @@ import (
 // then the error's text, or: for a part before the last, nothing more;
 // for an arrival, the contributors and the round as uint32s, then the sum
 // when it fits in the answer (or nothing: the member then fetches it in
-// parts, opFetch with the round, an offset and a count); for a leave, 1
+// parts, OpFetch with the round, an offset and a count); for a leave, 1
 // as a uint32 when the member was the group's last.
 //
-// A member lost with its worker (lose) is out of the group: its arrival
-// in the round under way, if any, is dropped with its vector, so its
-// unfinished step counts for nothing, and its item comes back, to its
+// A member lost with its worker (Host.Lose) is out of the group: its
+// arrival in the round under way, if any, is dropped with its vector, so
+// its unfinished step counts for nothing, and its item comes back, to its
 // restart or, from a shared queue, to whichever member takes it. Where
-// the stage's state moves (Spec.Moves), the lost member is
-// due: the next collective or leave of a member still present is answered
-// 2 (donate) with the due member as a uint32; that member sends its state
-// (opState parts: the due member, the total length and the offset as
+// the stage's state moves (Spec.Moves), the lost member is due: the
+// next collective or leave of a member still present is answered 2
+// (donate) with the due member as a uint32; that member sends its state
+// (OpState parts: the due member, the total length and the offset as
 // uint32s, then bytes), and asks again. With the state in hand the host
 // counts the due member present again, so the round under way waits for
-// it, and answers its restart's opJoin: 0, then 1 and the state's length
+// it, and answers its restart's OpJoin: 0, then 1 and the state's length
 // as a uint32 (or 0: the member had left the group before it was lost, and
 // takes nothing), then the id of the item of its last completed step,
 // which the restart drops if it comes back (its gradient is in the model).
-// The restart fetches the state in parts (opStateFetch, an offset and a
+// The restart fetches the state in parts (OpStateFetch, an offset and a
 // count). A stage whose state does not move (synchronized stateless work)
 // takes its restart back at the restart's first collective.
 //
 // A member whose collective ends on its context (an abort, a deadline of
-// its own) before its answer came withdraws its arrival (opWithdraw, the
+// its own) before its answer came withdraws its arrival (OpWithdraw, the
 // arrival's id after the replica), as a member in process does: where its
 // arrival, or a part of its vector, is in the round under way, the host
 // takes it out with its vector (the round's sum is made, as it completes,
@@ -65,49 +65,49 @@ import (
 // An item that comes again from a shared queue may have been trained in a
 // completed round by a member since lost, or that left (a move took it
 // away) and whose share was lost since: the member that takes it asks
-// (opTrained, the item's id after the replica), and the answer is 0, then
+// (OpTrained, the item's id after the replica), and the answer is 0, then
 // 1 and the round a save has yet to hold as a uint32 (0: a save holds
 // it), or 0: not trained. An item in hand in the round under way is
 // answered once that round completes, or that arrival is dropped.
 //
 // A rebalance moves members (the coordinator's moves.go): its spare slots
-// are parked members (Park: not present); a slot a move starts joins by
-// opJoin as a restart does, taking the state over where it moves (and
-// nothing where it does not, or where every member has finished: 0). A
-// member a move takes away (Moved) leaves at a step boundary and does not
-// come back: lost before its leave it leaves then, and a restore of the
-// group leaves it out; unless it holds the group's state when lost (it
-// left last, or is the last present: LoseMoved), when it is lost as any
-// member is.
+// are parked members (Host.Park: not present); a slot a move starts
+// joins by OpJoin as a restart does, taking the state over where it
+// moves (and nothing where it does not, or where every member has
+// finished: 0). A member a move takes away (Host.Moved) leaves at a step
+// boundary and does not come back: lost before its leave it leaves then,
+// and a restore of the group leaves it out; unless it holds the group's
+// state when lost (it left last, or is the last present: Host.LoseMoved),
+// when it is lost as any member is.
 //
-// Where the group saves, a member that has returned asks opDone: its
+// Where the group saves, a member that has returned asks OpDone: its
 // inputs stay unsettled until the answer, which comes once the group's
 // final save holds them (the last member to leave has returned: it wrote
 // that save). Until then a group lost whole, its finished members
 // included (not those a move took away), restores its last save
-// (restoreLocked).
+// (Host.restoreLocked).
 const (
-	opBarrier byte = iota
-	opReduce
-	opLeave
-	opFetch
-	opJoin
-	opState
-	opStateFetch
-	opSaves
-	opSaved
-	opDone
-	opTrained
-	opWithdraw
+	OpBarrier byte = iota
+	OpReduce
+	OpLeave
+	OpFetch
+	OpJoin
+	OpState
+	OpStateFetch
+	OpSaves
+	OpSaved
+	OpDone
+	OpTrained
+	OpWithdraw
 )
 
-// The headers of a group request, and of an answer (hdrSaved: the round
+// The headers of a group request, and of an answer (HdrSaved: the round
 // the group's last save holds, where it saves).
 const (
-	hdrShare   = "Dflow-Share"
-	hdrHeld    = "Dflow-Held"
-	hdrArrival = "Dflow-Arrival"
-	hdrSaved   = "Dflow-Saved"
+	HdrShare   = "Dflow-Share"
+	HdrHeld    = "Dflow-Held"
+	HdrArrival = "Dflow-Arrival"
+	HdrSaved   = "Dflow-Saved"
 )
 
 // TrainedItem is an item a member had in hand in a completed round.
@@ -116,36 +116,14 @@ type TrainedItem struct {
 	ID    string
 }
 
-// Eviction is a finished member that a group's restore needs back (or
-// whose items it needs back: Moved), and the share it ran on, counted
-// live until then.
-type Eviction struct {
-	Member int
-	Share  string
-	// Moved: a move took the member away; its share restarts without
-	// it, and what it trained after the save comes back
-	Moved bool
+// PartValues is how many float32s a message of maxPayload bytes carries
+// besides a group request's or answer's header.
+func PartValues(maxPayload int64) int {
+	return max(int(maxPayload-256)/4, 1)
 }
-
-// sumOf sums the members' vectors, in arrival order.
-func sumOf(vecs map[int][]float32, order []int, n int) []float32 {
-	sum := make([]float64, n)
-	for _, r := range order {
-		for i, v := range vecs[r] {
-			sum[i] += float64(v)
-		}
-	}
-	out := make([]float32, n)
-	for i, v := range sum {
-		out[i] = float32(v)
-	}
-	return out
-}
-
-func errAnswer(s string) []byte { return append([]byte{1}, s...) }
 
 // littleEndian: this machine's float32s are the wire's bytes, so that
-// encode and decode copy them whole (the vectors are a model's gradient).
+// Encode and Decode copy them whole (the vectors are a model's gradient).
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // bytesOf is f's memory as bytes.
@@ -153,8 +131,8 @@ func bytesOf(f []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
 }
 
-// encode writes f into b as little-endian float32s.
-func encode(b []byte, f []float32) {
+// Encode writes f into b as little-endian float32s.
+func Encode(b []byte, f []float32) {
 	if littleEndian {
 		copy(b[:4*len(f)], bytesOf(f))
 		return
@@ -162,8 +140,8 @@ func encode(b []byte, f []float32) {
 	encodeEach(b, f)
 }
 
-// decode reads little-endian float32s into f.
-func decode(f []float32, b []byte) {
+// Decode reads little-endian float32s into f.
+func Decode(f []float32, b []byte) {
 	if littleEndian {
 		copy(bytesOf(f), b[:4*len(f)])
 		return
@@ -171,7 +149,7 @@ func decode(f []float32, b []byte) {
 	decodeEach(f, b)
 }
 
-// encodeEach and decodeEach are encode and decode value by value, for a
+// encodeEach and decodeEach are Encode and Decode value by value, for a
 // big-endian machine.
 func encodeEach(b []byte, f []float32) {
 	for i, v := range f {

@@ -75,13 +75,13 @@ func (g *Member) request(ctx context.Context, req []byte) ([]byte, error) {
 func (g *Member) requestAs(ctx context.Context, req []byte, id string) ([]byte, error) {
 	replica := int(binary.LittleEndian.Uint32(req[1:]))
 	msg := &nats.Msg{Subject: g.Subject, Data: req, Header: nats.Header{}}
-	msg.Header.Set(hdrShare, g.Share)
+	msg.Header.Set(HdrShare, g.Share)
 	if id != "" {
-		msg.Header.Set(hdrArrival, id)
+		msg.Header.Set(HdrArrival, id)
 	}
 	if g.Held != nil {
 		if id := g.Held(replica); id != "" {
-			msg.Header.Set(hdrHeld, id)
+			msg.Header.Set(HdrHeld, id)
 		}
 	}
 	for {
@@ -92,7 +92,7 @@ func (g *Member) requestAs(ctx context.Context, req []byte, id string) ([]byte, 
 			}
 			return nil, fmt.Errorf("group across workers: %w", err)
 		}
-		if d := m.Header.Get(hdrSaved); d != "" && g.Durable != nil {
+		if d := m.Header.Get(HdrSaved); d != "" && g.Durable != nil {
 			if round, err := strconv.ParseUint(d, 10, 32); err == nil {
 				g.Durable(replica, uint32(round))
 			}
@@ -129,7 +129,7 @@ func (g *Member) donate(ctx context.Context, replica, to int) error {
 	for off := 0; off == 0 || off < len(b); off += per {
 		part := b[off:min(off+per, len(b))]
 		req := make([]byte, 17, 17+len(part))
-		req[0] = opState
+		req[0] = OpState
 		for i, v := range []int{replica, to, len(b), off} {
 			binary.LittleEndian.PutUint32(req[1+4*i:], uint32(v))
 		}
@@ -158,7 +158,7 @@ func (g *Member) Keep(ctx context.Context, replica int, st nodes.State) error {
 	if !g.Restart && !joins {
 		return nil
 	}
-	ans, err := g.call(ctx, opJoin, replica)
+	ans, err := g.call(ctx, OpJoin, replica)
 	if err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (g *Member) Keep(ctx context.Context, replica int, st nodes.State) error {
 	per := int(g.NC.MaxPayload() - 256)
 	for off := 0; off < len(b); off += per {
 		k := min(per, len(b)-off)
-		a, err := g.call(ctx, opStateFetch, replica, uint32(off), uint32(k))
+		a, err := g.call(ctx, OpStateFetch, replica, uint32(off), uint32(k))
 		if err != nil {
 			return err
 		}
@@ -222,7 +222,7 @@ func (g *Member) completed(replica int, ans []byte) {
 // delivery's share was lost, or stopped keeping it from redelivery.
 func (g *Member) Trained(ctx context.Context, replica int, id string) (round uint32, trained bool, err error) {
 	req := make([]byte, 5, 5+len(id))
-	req[0] = opTrained
+	req[0] = OpTrained
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
 	ans, err := g.request(ctx, append(req, id...))
 	if err != nil {
@@ -245,13 +245,13 @@ func (g *Member) Saves(ctx context.Context, replica int) error {
 	if g.Hold != nil {
 		g.Hold(replica)
 	}
-	_, err := g.call(ctx, opSaves, replica)
+	_, err := g.call(ctx, OpSaves, replica)
 	return err
 }
 
 // Saved says that the group's state of the round completed last is saved.
 func (g *Member) Saved(ctx context.Context, replica, step int) error {
-	_, err := g.call(ctx, opSaved, replica, uint32(int32(step)))
+	_, err := g.call(ctx, OpSaved, replica, uint32(int32(step)))
 	return err
 }
 
@@ -260,7 +260,7 @@ func (g *Member) Saved(ctx context.Context, replica, step int) error {
 // host could not take is asked again.
 func (g *Member) Done(ctx context.Context, replica int) bool {
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		ans, err := g.call(ctx, opDone, replica)
+		ans, err := g.call(ctx, OpDone, replica)
 		if err == nil {
 			return len(ans) >= 2 && ans[1] == 1
 		}
@@ -277,7 +277,7 @@ func (g *Member) Done(ctx context.Context, replica int) bool {
 
 // arrival sends req, a collective's arrival (or a part of one) with id,
 // and returns its answer. Where ctx ends first, the arrival is withdrawn
-// (opWithdraw): the member is out of the round, as a member in process
+// (OpWithdraw): the member is out of the round, as a member in process
 // whose wait ends on its context is, and the call returns ctx's error;
 // unless the round had completed with that arrival: then its answer is
 // the round's, which counts for this member as for the others.
@@ -302,7 +302,7 @@ func (g *Member) withdraw(ctx context.Context, replica int, id string) []byte {
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	req := make([]byte, 5, 5+len(id))
-	req[0] = opWithdraw
+	req[0] = OpWithdraw
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
 	ans, err := g.request(c, append(req, id...))
 	if err != nil {
@@ -329,17 +329,17 @@ func (g *Member) reduce(ctx context.Context, replica int, f []float32) (int, err
 func reducePart(replica int, f []float32, off, per int) (req []byte, part []float32) {
 	part = f[off:min(off+per, len(f))]
 	req = make([]byte, 13+4*len(part))
-	req[0] = opReduce
+	req[0] = OpReduce
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
 	binary.LittleEndian.PutUint32(req[5:], uint32(len(f)))
 	binary.LittleEndian.PutUint32(req[9:], uint32(off))
-	encode(req[13:], part)
+	Encode(req[13:], part)
 	return req, part
 }
 
 // reduceAs is reduce, its arrival's id given.
 func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id string) (int, error) {
-	per := partValues(g.NC.MaxPayload())
+	per := PartValues(g.NC.MaxPayload())
 	var ans []byte
 	for off := 0; ; off += per {
 		req, part := reducePart(replica, f, off, per)
@@ -358,7 +358,7 @@ func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id stri
 	g.completed(replica, ans)
 	n, round := int(binary.LittleEndian.Uint32(ans[1:])), binary.LittleEndian.Uint32(ans[5:])
 	if len(ans) == 9+4*len(f) {
-		decode(f, ans[9:])
+		Decode(f, ans[9:])
 		return n, nil
 	}
 	// The round completed with this member: it counts for it as for the
@@ -367,7 +367,7 @@ func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id stri
 	for off := 0; off < len(f); off += per {
 		k := min(per, len(f)-off)
 		c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		a, err := g.call(c, opFetch, replica, round, uint32(off), uint32(k))
+		a, err := g.call(c, OpFetch, replica, round, uint32(off), uint32(k))
 		cancel()
 		if err != nil {
 			return 0, err
@@ -375,7 +375,7 @@ func (g *Member) reduceAs(ctx context.Context, replica int, f []float32, id stri
 		if len(a) != 1+4*k {
 			return 0, fmt.Errorf("AllReduceSum across workers: a part of %d bytes for %d values", len(a)-1, k)
 		}
-		decode(f[off:off+k], a[1:])
+		Decode(f[off:off+k], a[1:])
 	}
 	return n, nil
 }
@@ -385,7 +385,7 @@ func (g *Member) Barrier(ctx context.Context, replica int) error {
 		return err
 	}
 	req := make([]byte, 5)
-	req[0] = opBarrier
+	req[0] = OpBarrier
 	binary.LittleEndian.PutUint32(req[1:], uint32(replica))
 	ans, err := g.arrival(ctx, req, arrivalID())
 	if err == nil {
@@ -430,12 +430,12 @@ func (g *Member) AllReduce(ctx context.Context, replica int, x nodes.Reducible) 
 // first; where that fails it leaves all the same, and another member is
 // asked (a member that stayed present would be waited for by every step).
 func (g *Member) Leave(ctx context.Context, replica int) (bool, error) {
-	ans, err := g.call(ctx, opLeave, replica)
+	ans, err := g.call(ctx, OpLeave, replica)
 	var de *donateError
 	if errors.As(err, &de) {
 		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		ans, err = g.call(c, opLeave, replica, 1)
+		ans, err = g.call(c, OpLeave, replica, 1)
 	}
 	if err != nil {
 		return false, err

@@ -1,54 +1,85 @@
-package group
+package group_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/group"
+	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
+// connector starts a server for the test (package cluster's servers are
+// the same NATS server, with JetStream, which a group does not use) and
+// returns a way to connect to it, each connection closed at the test's
+// end. (Package host's tests have the same.)
+func connector(t *testing.T) func() *nats.Conn {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server: not ready after 10s")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return func() *nats.Conn {
+		nc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+}
+
 // hostedGroup is a hosted group whose state does not move, each member
-// on a connection of its own, as members on several workers are.
+// on a connection of its own, as members on several workers are; per is
+// how many values a part of a vector carries (and the most an answer
+// does).
 type hostedGroup struct {
 	t       *testing.T
 	ctx     context.Context
-	h       *Host
-	members []*Member
+	h       *host.Host
+	members []*group.Member
 	conn    func() *nats.Conn
 	subject string
+	per     int
 }
 
 func newHostedGroup(t *testing.T, n int) *hostedGroup {
 	t.Helper()
 	conn := connector(t)
-	host := conn()
+	nc := conn()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	g := &hostedGroup{t: t, ctx: ctx, h: NewHost("train", n, host.MaxPayload(), false), conn: conn,
-		subject: "dflow.r.r.grp.train"}
-	sub, err := host.Subscribe(g.subject, g.h.Handle)
+	g := &hostedGroup{t: t, ctx: ctx, h: host.New("train", n, nc.MaxPayload(), false), conn: conn,
+		subject: "dflow.r.r.grp.train", per: group.PartValues(nc.MaxPayload())}
+	sub, err := nc.Subscribe(g.subject, g.h.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
-	host.Flush()
+	nc.Flush()
 	for range n {
-		g.members = append(g.members, &Member{NC: conn(), Subject: g.subject})
+		g.members = append(g.members, &group.Member{NC: conn(), Subject: g.subject})
 	}
 	return g
 }
 
 // inRound reports whether member i has arrived in the round under way.
-func (h *Host) inRound(i int) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return slices.Contains(h.arrived, i)
+func (g *hostedGroup) inRound(i int) bool {
+	_, _, _, in := g.h.WaitingFor(i)
+	return in
 }
 
 // answer is a member's all-reduce's: its contributors, sum and error.
@@ -68,7 +99,7 @@ func (g *hostedGroup) reduce(i int, vec float32) chan answer {
 		n, err := g.members[i].AllReduce(g.ctx, i, v)
 		res <- answer{n, v[0], err}
 	}()
-	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) || len(res) > 0 }, "member %d's all-reduce", i)
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.inRound(i) || len(res) > 0 }, "member %d's all-reduce", i)
 	return res
 }
 
@@ -83,7 +114,7 @@ func (g *hostedGroup) giveUp(i int, vec float32) {
 		_, err := g.members[i].AllReduce(mctx, i, nodes.Floats{vec})
 		res <- err
 	}()
-	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) }, "member %d in the round", i)
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.inRound(i) }, "member %d in the round", i)
 	mcancel()
 	if err := <-res; !errors.Is(err, context.Canceled) {
 		g.t.Fatalf("member %d gave up: %v, want its context's error", i, err)
@@ -146,7 +177,7 @@ func TestGroupGaveUpWithdraws(t *testing.T) {
 			case <-done:
 				return true
 			default:
-				return g.h.inRound(0)
+				return g.inRound(0)
 			}
 		}, "member 0 waiting or done")
 		if last, _ := g.members[1].Leave(g.ctx, 1); last {
@@ -187,14 +218,14 @@ func TestGroupGaveUpWithdraws(t *testing.T) {
 		mctx, mcancel := context.WithCancel(g.ctx)
 		res := make(chan error, 1)
 		go func() { res <- g.members[1].Barrier(mctx, 1) }()
-		testutil.Eventually(t, 10*time.Second, func() bool { return g.h.inRound(1) }, "member 1 at the barrier")
+		testutil.Eventually(t, 10*time.Second, func() bool { return g.inRound(1) }, "member 1 at the barrier")
 		mcancel()
 		if err := <-res; !errors.Is(err, context.Canceled) {
 			t.Fatalf("member 1 gave up: %v", err)
 		}
 		b0 := make(chan error, 1)
 		go func() { b0 <- g.members[0].Barrier(g.ctx, 0) }()
-		testutil.Eventually(t, 10*time.Second, func() bool { return g.h.inRound(0) || len(b0) > 0 }, "member 0 at the barrier")
+		testutil.Eventually(t, 10*time.Second, func() bool { return g.inRound(0) || len(b0) > 0 }, "member 0 at the barrier")
 		if len(b0) > 0 {
 			t.Fatalf("member 0 passed a barrier member 1 had given up: %v", <-b0)
 		}
@@ -213,16 +244,15 @@ func TestGroupGaveUpWithdraws(t *testing.T) {
 func (g *hostedGroup) arriveUnheard(i int, id string, vec []float32) {
 	g.t.Helper()
 	nc := g.conn()
-	per := partValues(nc.MaxPayload())
-	for off := 0; off < len(vec); off += per {
-		req, _ := reducePart(i, vec, off, per)
+	for off := 0; off < len(vec); off += g.per {
+		req, _ := group.ReducePart(i, vec, off, g.per)
 		msg := &nats.Msg{Subject: g.subject, Reply: nc.NewInbox(), Data: req, Header: nats.Header{}}
-		msg.Header.Set(hdrArrival, id)
+		msg.Header.Set(group.HdrArrival, id)
 		if err := nc.PublishMsg(msg); err != nil {
 			g.t.Fatal(err)
 		}
 	}
-	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.h.inRound(i) }, "member %d in the round", i)
+	testutil.Eventually(g.t, 10*time.Second, func() bool { return g.inRound(i) }, "member %d in the round", i)
 }
 
 // filled is a vector of n values v.
@@ -246,7 +276,7 @@ func TestGaveUpAfterTheRound(t *testing.T) {
 	cancel()
 	t.Run("the round counts for it", func(t *testing.T) {
 		g := newHostedGroup(t, 2)
-		for _, n := range []int{1, g.h.maxAnswer + 3} {
+		for _, n := range []int{1, g.per + 3} {
 			id := fmt.Sprintf("a%d", n)
 			g.arriveUnheard(1, id, filled(n, 2))
 			v0 := filled(n, 1)
@@ -254,12 +284,12 @@ func TestGaveUpAfterTheRound(t *testing.T) {
 				t.Fatalf("%d values: member 0's step: %d members, sum %v...%v, %v; want 2, 3", n, k, v0[0], v0[n-1], err)
 			}
 			v1 := filled(n, 2)
-			if k, err := g.members[1].reduceAs(gone, 1, v1, id); err != nil || k != 2 || v1[0] != 3 || v1[n-1] != 3 {
+			if k, err := g.members[1].ReduceAs(gone, 1, v1, id); err != nil || k != 2 || v1[0] != 3 || v1[n-1] != 3 {
 				t.Errorf("%d values: member 1, its context ended after its round completed: %d members, sum %v...%v, %v; want the round's, 2, 3", n, k, v1[0], v1[n-1], err)
 			}
 			// An arrival that never came (the context ended before it was
 			// sent) is in no round: not the one before.
-			if k, err := g.members[1].reduceAs(gone, 1, filled(n, 2), "never"); !errors.Is(err, context.Canceled) {
+			if k, err := g.members[1].ReduceAs(gone, 1, filled(n, 2), "never"); !errors.Is(err, context.Canceled) {
 				t.Errorf("%d values: member 1's arrival that never came: %d members, %v; want its context's error", n, k, err)
 			}
 		}
@@ -274,7 +304,7 @@ func TestGaveUpAfterTheRound(t *testing.T) {
 		r1 := g.reduce(1, 10)
 		want(t, r0, 2, 11)
 		want(t, r1, 2, 11)
-		if k, err := g.members[2].reduceAs(gone, 2, nodes.Floats{100}, "b"); !errors.Is(err, context.Canceled) {
+		if k, err := g.members[2].ReduceAs(gone, 2, nodes.Floats{100}, "b"); !errors.Is(err, context.Canceled) {
 			t.Errorf("member 2's withdraw after its leave: %d members, %v; want its context's error", k, err)
 		}
 		r0 = g.reduce(0, 1)
@@ -282,69 +312,4 @@ func TestGaveUpAfterTheRound(t *testing.T) {
 		want(t, r0, 2, 11)
 		want(t, r1, 2, 11)
 	})
-}
-
-// blockingState is a member's state whose marshalling, asked for a
-// restart, waits until the test lets it go.
-type blockingState struct {
-	*weights
-	asked, release chan struct{}
-}
-
-func (s *blockingState) MarshalBinary() ([]byte, error) {
-	close(s.asked)
-	<-s.release
-	return s.weights.MarshalBinary()
-}
-
-// TestGaveUpDonating: a member asked at its step for the state of a
-// slot that joins, whose context ends as it sends it, withdraws: the
-// state will not come from it, and the next member to arrive is asked.
-// Before, the host waited for that member's state, the slot for the
-// host's, and the step for the slot.
-func TestGaveUpDonating(t *testing.T) {
-	t.Parallel()
-	g := newMovesGroup(t)
-	g.mustStep(0, 0, 1, 2)
-	joined := g.joinSlot()
-	st := &blockingState{weights: g.states[0], asked: make(chan struct{}), release: make(chan struct{})}
-	g.members[0].mu.Lock()
-	g.members[0].states[0] = st
-	g.members[0].mu.Unlock()
-	mctx, mcancel := context.WithCancel(g.ctx)
-	defer mcancel()
-	res := make(chan error, 1)
-	go func() {
-		_, err := g.members[0].AllReduce(mctx, 0, nodes.Floats{1})
-		res <- err
-	}()
-	select {
-	case <-st.asked:
-	case <-time.After(10 * time.Second):
-		t.Fatal("member 0, first at its step, was not asked for the slot's state")
-	}
-	mcancel()
-	close(st.release)
-	if err := <-res; !errors.Is(err, context.Canceled) {
-		t.Fatalf("member 0 gave up donating: %v, want its context's error", err)
-	}
-	stepped := make(chan []error, 1)
-	go func() { stepped <- g.step(1, 1, 2) }()
-	select {
-	case err := <-joined:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the slot waits for a state member 0 gave up sending")
-	}
-	g.mustStep(1, 0, 3)
-	for _, err := range <-stepped {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if g.states[3].step != 2 || g.states[3].w[0] != g.states[0].w[0] {
-		t.Errorf("the slot: step %d, weights %v; want step 2, member 0's %v", g.states[3].step, g.states[3].w, g.states[0].w)
-	}
 }

@@ -15,10 +15,10 @@
 // on a worker where another replica of A runs and a slot of B is
 // parked; that worker's share lets the replica leave after its item in
 // hand and starts the slot on its device once it has. A group stage's
-// members move too (package group: a slot joins as a restart does; a
-// member a move takes away never comes back, Host.Moved), but not a group
-// that restarts whole; a spare replica of the budget (a move from no
-// stage) has no device to start on.
+// members move too (package group/host: a slot joins as a restart
+// does; a member a move takes away never comes back, Host.Moved), but
+// not a group that restarts whole; a spare replica of the budget (a move
+// from no stage) has no device to start on.
 //
 // It reads what the coordinator knows through a View the coordinator
 // builds under its own lock, and the run's graph; a Book has a lock of

@@ -1,4 +1,4 @@
-package group
+package host
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/nn"
 	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/internal/testutil"
@@ -19,11 +20,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
-
-func TestMain(m *testing.M) {
-	testutil.WaitingTests(4)
-	testutil.Main(m)
-}
 
 // connector starts a server for the test (package cluster's servers are
 // the same NATS server, with JetStream, which a group does not use) and
@@ -59,16 +55,16 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	t.Parallel()
 	conn := connector(t)
 	host := conn()
-	h := NewHost("s", 3, host.MaxPayload(), false)
+	h := New("s", 3, host.MaxPayload(), false)
 	sub, err := host.Subscribe("dflow.r.r.grp.s", h.Handle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
 	host.Flush()
-	var members []*Member
+	var members []*group.Member
 	for range 3 {
-		members = append(members, &Member{NC: conn(), Subject: "dflow.r.r.grp.s"})
+		members = append(members, &group.Member{NC: conn(), Subject: "dflow.r.r.grp.s"})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -160,10 +156,10 @@ func TestGroupAcrossWorkers(t *testing.T) {
 // returned) adds nothing to the round's sum, whether others wait or not.
 func TestGroupPartialVector(t *testing.T) {
 	t.Parallel()
-	h := NewHost("s", 2, 1<<20, false)
+	h := New("s", 2, 1<<20, false)
 	part := func(replica, total, off int, vals ...float32) []byte {
 		b := make([]byte, 13+4*len(vals))
-		b[0] = opReduce
+		b[0] = group.OpReduce
 		binary.LittleEndian.PutUint32(b[1:], uint32(replica))
 		binary.LittleEndian.PutUint32(b[5:], uint32(total))
 		binary.LittleEndian.PutUint32(b[9:], uint32(off))
@@ -213,7 +209,7 @@ func (s *weights) MarshalBinary() ([]byte, error) {
 func (s *weights) UnmarshalBinary(b []byte) error {
 	s.step = int(binary.LittleEndian.Uint32(b))
 	s.w = make([]float32, (len(b)-4)/4)
-	decode(s.w, b[4:])
+	group.Decode(s.w, b[4:])
 	return nil
 }
 
@@ -227,7 +223,7 @@ func TestGroupLostMember(t *testing.T) {
 	t.Parallel()
 	conn := connector(t)
 	host := conn()
-	h := NewHost("train", 3, host.MaxPayload(), true)
+	h := New("train", 3, host.MaxPayload(), true)
 	sub, err := host.Subscribe("dflow.r.r.grp.train", h.Handle)
 	if err != nil {
 		t.Fatal(err)
@@ -236,11 +232,11 @@ func TestGroupLostMember(t *testing.T) {
 	host.Flush()
 	held := make([]string, 3)
 	var hmu sync.Mutex
-	member := func(share string, restart bool) *Member {
-		return &Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share, Restart: restart,
+	member := func(share string, restart bool) *group.Member {
+		return &group.Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share, Restart: restart,
 			Held: func(i int) string { hmu.Lock(); defer hmu.Unlock(); return held[i] }}
 	}
-	members := []*Member{member("w0", false), member("w1", false), member("w2", false)}
+	members := []*group.Member{member("w0", false), member("w1", false), member("w2", false)}
 	states := []*weights{{w: []float32{1, 2}}, {w: []float32{1, 2}}, {w: []float32{1, 2}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -302,7 +298,7 @@ func TestGroupLostMember(t *testing.T) {
 	}
 	h.mu.Unlock()
 	// The lost share is refused.
-	if _, err := members[2].call(ctx, opBarrier, 2); err == nil || !strings.Contains(err.Error(), "counted lost") {
+	if err := members[2].Barrier(ctx, 2); err == nil || !strings.Contains(err.Error(), "counted lost") {
 		t.Fatalf("the lost share's barrier: %v", err)
 	}
 	// The next step: a member present hands its state over first (as of
@@ -375,7 +371,7 @@ func TestGroupLostWhole(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			host := conn()
 			stage := strings.ReplaceAll(tc.name, " ", "_")
-			h := NewHost(stage, 3, host.MaxPayload(), true)
+			h := New(stage, 3, host.MaxPayload(), true)
 			sub, err := host.Subscribe("dflow.r.r.grp."+stage, h.Handle)
 			if err != nil {
 				t.Fatal(err)
@@ -385,12 +381,12 @@ func TestGroupLostWhole(t *testing.T) {
 			var mu sync.Mutex
 			held := make([]string, 3)
 			heard := make([]uint32, 3)
-			member := func(share string, restart bool) *Member {
-				return &Member{NC: conn(), Subject: "dflow.r.r.grp." + stage, Share: share, Restart: restart,
+			member := func(share string, restart bool) *group.Member {
+				return &group.Member{NC: conn(), Subject: "dflow.r.r.grp." + stage, Share: share, Restart: restart,
 					Held:    func(i int) string { mu.Lock(); defer mu.Unlock(); return held[i] },
 					Durable: func(i int, round uint32) { mu.Lock(); heard[i] = round; mu.Unlock() }}
 			}
-			members := []*Member{member("w0", false), member("w1", false), member("w2", false)}
+			members := []*group.Member{member("w0", false), member("w1", false), member("w2", false)}
 			for i, m := range members {
 				if tc.saves {
 					if err := m.Saves(ctx, i); err != nil {
@@ -508,44 +504,12 @@ func TestGroupLostWhole(t *testing.T) {
 	}
 }
 
-// TestVectorWire: a vector crosses as little-endian float32s, whatever the
-// machine (encode and decode copy it whole where the machine's own are
-// those, and go value by value elsewhere), and comes back bit for bit,
-// NaN's payload and -0 included.
-func TestVectorWire(t *testing.T) {
-	f := []float32{0, float32(math.Copysign(0, -1)), 1.5, -3.25e-30, math.MaxFloat32, float32(math.Inf(-1)),
-		math.Float32frombits(0x7fc00123)}
-	for _, w := range []struct {
-		name   string
-		encode func([]byte, []float32)
-		decode func([]float32, []byte)
-	}{{"this machine's", encode, decode}, {"value by value", encodeEach, decodeEach}} {
-		b := make([]byte, 4*len(f)+3) // longer than the vector: only its bytes are written
-		w.encode(b, f)
-		for i, v := range f {
-			if got := binary.LittleEndian.Uint32(b[4*i:]); got != math.Float32bits(v) {
-				t.Errorf("%s: value %d: bytes %08x, want %08x", w.name, i, got, math.Float32bits(v))
-			}
-		}
-		if !slices.Equal(b[4*len(f):], []byte{0, 0, 0}) {
-			t.Errorf("%s: encode wrote past the vector: %v", w.name, b[4*len(f):])
-		}
-		back := make([]float32, len(f))
-		w.decode(back, b)
-		for i := range f {
-			if math.Float32bits(back[i]) != math.Float32bits(f[i]) {
-				t.Errorf("%s: value %d: decoded %08x, want %08x", w.name, i, math.Float32bits(back[i]), math.Float32bits(f[i]))
-			}
-		}
-	}
-}
-
 // TestLeftLost: a member that had finished on a lost worker, and stays
 // finished, has left its group even where its leave never came, once: no
 // round waits for it, and its share is gone.
 func TestLeftLost(t *testing.T) {
 	t.Parallel()
-	h := NewHost("drafter", 3, 1<<20, false)
+	h := New("drafter", 3, 1<<20, false)
 	h.LeftLost(2, "w3")
 	h.LeftLost(2, "w3") // its leave came after all, or a second word of the loss
 	if !h.left[2] || h.members != 2 || !h.gone["w3"] {

@@ -1,4 +1,4 @@
-package group
+package host
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/nats-io/nats.go"
 )
 
@@ -29,8 +30,8 @@ type Host struct {
 	// may not be settled yet: its last where the group does not save,
 	// those since the save before the last where it does
 	held    []string
-	trained [][]TrainedItem
-	// saves: a member said the group saves (opSaves); durable the round
+	trained [][]group.TrainedItem
+	// saves: a member said the group saves (OpSaves); durable the round
 	// its last save holds, saveStep its step (-1: none yet), prevDurable
 	// the round of the save before
 	saves       bool
@@ -39,8 +40,8 @@ type Host struct {
 	saveStep    int
 	// lastMember is the member whose leave left none present (-1: none,
 	// or a restore since): it holds the group's state until it returns,
-	// its final save written; final: it has (opDone), and done holds the
-	// opDone of members waiting for that
+	// its final save written; final: it has (OpDone), and done holds the
+	// OpDone of members waiting for that
 	lastMember int
 	final      bool
 	done       map[int]*nats.Msg
@@ -48,12 +49,12 @@ type Host struct {
 	// their shares still counted live: the coordinator counts them lost
 	evict []Eviction
 	// restore marks the members of a group lost whole that restore its
-	// last save, until their restart's opJoin is answered
+	// last save, until their restart's OpJoin is answered
 	restore []bool
 	// due marks a lost member whose restart needs the group's state;
 	// donor the member sending it (-1: none yet), incoming its parts,
 	// stash the state received, until the restart has fetched it, and
-	// joiner the restart's opJoin, waiting for it
+	// joiner the restart's OpJoin, waiting for it
 	due      []bool
 	donor    []int
 	incoming map[int][]byte
@@ -72,13 +73,13 @@ type Host struct {
 	// a member's list of what it has settled, which a lost member never
 	// did (it heard of no save after its loss), and what it kept comes
 	// back to whichever member takes it (askLocked)
-	orphans []TrainedItem
-	// asks are the opTrained requests waiting on a member that has the
+	orphans []group.TrainedItem
+	// asks are the OpTrained requests waiting on a member that has the
 	// item asked of in hand in the round under way: answered once the
 	// round completes (trained) or its arrival is dropped (not)
 	asks map[int][]*nats.Msg
 	// answered is the arrival each member completed a round with last,
-	// for its opWithdraw where the answer crossed its context's end
+	// for its OpWithdraw where the answer crossed its context's end
 	answered []arrival
 
 	// the round in progress: open once a member has sent anything for it
@@ -102,14 +103,17 @@ type Host struct {
 	maxAnswer int
 }
 
-func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
+// New is the host of stage's group of replicas, answering in messages
+// of at most maxPayload bytes; keeps: the members' state moves to a
+// restart (Spec.Moves).
+func New(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 	h := &Host{stage: stage, members: replicas, left: make([]bool, replicas), keeps: keeps,
-		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]TrainedItem, replicas),
+		gone: map[string]bool{}, held: make([]string, replicas), trained: make([][]group.TrainedItem, replicas),
 		share: make([]string, replicas), lastRound: make([]uint32, replicas), lastMember: -1, done: map[int]*nats.Msg{},
 		saveStep: -1, restore: make([]bool, replicas), parked: make([]bool, replicas), moved: make([]bool, replicas), slot: make([]bool, replicas), asks: map[int][]*nats.Msg{},
 		due: make([]bool, replicas), donor: make([]int, replicas), incoming: map[int][]byte{},
 		stash: map[int][]byte{}, joiner: map[int]*nats.Msg{}, waiting: map[int]*nats.Msg{},
-		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: partValues(maxPayload),
+		vecs: map[int][]float32{}, partial: map[int][]float32{}, maxAnswer: group.PartValues(maxPayload),
 		answered: make([]arrival, replicas)}
 	for i := range h.donor {
 		h.donor[i] = -1
@@ -119,7 +123,7 @@ func NewHost(stage string, replicas int, maxPayload int64, keeps bool) *Host {
 
 // Park takes a rebalance's spare slots out of the group as the run
 // starts: a move starts one (package engine's parked.go), which joins the
-// group then as a lost member's restart does (opJoin, where the state
+// group then as a lost member's restart does (OpJoin, where the state
 // moves; its first step, where not).
 func (h *Host) Park(replicas []int) {
 	h.mu.Lock()
@@ -162,12 +166,6 @@ func (h *Host) Moved(replica int) {
 	}
 }
 
-// partValues is how many float32s a message of maxPayload bytes carries
-// besides a group request's or answer's header.
-func partValues(maxPayload int64) int {
-	return max(int(maxPayload-256)/4, 1)
-}
-
 func (h *Host) Handle(m *nats.Msg) {
 	if len(m.Data) < 5 {
 		m.Respond(errAnswer("malformed group request"))
@@ -180,17 +178,17 @@ func (h *Host) Handle(m *nats.Msg) {
 		m.Respond(errAnswer(fmt.Sprintf("replica %d: no such member", replica)))
 		return
 	}
-	share := m.Header.Get(hdrShare)
+	share := m.Header.Get(group.HdrShare)
 	if h.gone[share] {
 		m.Respond(errAnswer(fmt.Sprintf("the share %s was counted lost: stage %q replica %d runs elsewhere now", share, h.stage, replica)))
 		return
 	}
 	h.share[replica] = share
 	switch op {
-	case opFetch:
+	case group.OpFetch:
 		h.fetchLocked(m)
 		return
-	case opJoin:
+	case group.OpJoin:
 		if h.parked[replica] && h.left[replica] {
 			// A slot a move started. Where the state does not move it
 			// takes nothing, and is present from its first step. After
@@ -208,26 +206,26 @@ func (h *Host) Handle(m *nats.Msg) {
 		}
 		h.joinLocked(replica, m)
 		return
-	case opState:
+	case group.OpState:
 		h.stateLocked(m)
 		return
-	case opStateFetch:
+	case group.OpStateFetch:
 		h.stateFetchLocked(replica, m)
 		return
-	case opSaves:
+	case group.OpSaves:
 		h.saves = true
 		h.respondLocked(m, []byte{0})
 		return
-	case opSaved:
+	case group.OpSaved:
 		h.savedLocked(m)
 		return
-	case opDone:
+	case group.OpDone:
 		h.doneLocked(replica, m)
 		return
-	case opTrained:
+	case group.OpTrained:
 		h.askLocked(m)
 		return
-	case opWithdraw:
+	case group.OpWithdraw:
 		h.withdrawLocked(replica, m)
 		return
 	}
@@ -237,8 +235,8 @@ func (h *Host) Handle(m *nats.Msg) {
 		h.due[replica], h.parked[replica], h.left[replica] = false, false, false
 		h.members++
 	}
-	first := op != opReduce || len(m.Data) >= 13 && binary.LittleEndian.Uint32(m.Data[9:]) == 0
-	if op == opLeave && len(m.Data) >= 9 && binary.LittleEndian.Uint32(m.Data[5:]) == 1 {
+	first := op != group.OpReduce || len(m.Data) >= 13 && binary.LittleEndian.Uint32(m.Data[9:]) == 0
+	if op == group.OpLeave && len(m.Data) >= 9 && binary.LittleEndian.Uint32(m.Data[5:]) == 1 {
 		first = false // a leave whose donation failed: it leaves without
 	}
 	if first && !h.left[replica] {
@@ -251,7 +249,7 @@ func (h *Host) Handle(m *nats.Msg) {
 			return
 		}
 	}
-	if op == opLeave {
+	if op == group.OpLeave {
 		ans := []byte{0, 0, 0, 0, 0}
 		if h.leaveLocked(replica) {
 			ans[1] = 1 // the last member: the group's once-per-run work is its
@@ -264,9 +262,9 @@ func (h *Host) Handle(m *nats.Msg) {
 		return
 	}
 	if !h.open {
-		h.open, h.reduce, h.err, h.total = true, op == opReduce, "", 0
+		h.open, h.reduce, h.err, h.total = true, op == group.OpReduce, "", 0
 	}
-	if op == opReduce {
+	if op == group.OpReduce {
 		if !h.addPartLocked(replica, m.Data[5:]) {
 			m.Respond([]byte{0}) // a part before the last: the member sends the next
 			return
@@ -274,11 +272,14 @@ func (h *Host) Handle(m *nats.Msg) {
 	} else if h.reduce {
 		h.err = "replicas mixed Barrier and AllReduceSum in one step"
 	}
-	h.held[replica] = m.Header.Get(hdrHeld)
+	h.held[replica] = m.Header.Get(group.HdrHeld)
 	h.arrived = append(h.arrived, replica)
 	h.waiting[replica] = m
 	h.completeLocked()
 }
+
+// errAnswer is an error answer: 1, then the error's text.
+func errAnswer(s string) []byte { return append([]byte{1}, s...) }
 
 // undonatedLocked is a due member whose state no member is sending yet,
 // or -1.
@@ -324,7 +325,7 @@ func (h *Host) addPartLocked(replica int, b []byte) (last bool) {
 		p = make([]float32, total)
 		h.partial[replica] = p
 	}
-	decode(p[off:off+n], vec)
+	group.Decode(p[off:off+n], vec)
 	if off+n < total {
 		return false
 	}
@@ -346,7 +347,7 @@ func (h *Host) fetchLocked(m *nats.Msg) {
 		return
 	}
 	ans := make([]byte, 1+4*n)
-	encode(ans[1:], h.last[off:off+n])
+	group.Encode(ans[1:], h.last[off:off+n])
 	m.Respond(ans)
 }
 
@@ -393,11 +394,11 @@ func (h *Host) respondLocked(m *nats.Msg, data []byte) {
 		return
 	}
 	a := &nats.Msg{Subject: m.Reply, Data: data, Header: nats.Header{}}
-	a.Header.Set(hdrSaved, strconv.FormatUint(uint64(h.durable), 10))
+	a.Header.Set(group.HdrSaved, strconv.FormatUint(uint64(h.durable), 10))
 	m.RespondMsg(a)
 }
 
-// askLocked answers an opTrained: whether the item named in the request
+// askLocked answers an OpTrained: whether the item named in the request
 // (its bytes after the replica) was trained in a completed round, by any
 // member, where the group's state moves: 0 ok, then 1 and the round a
 // save has yet to hold as a uint32 (0: a save holds it), or 0 (not
@@ -450,7 +451,7 @@ func (h *Host) trainedRoundLocked(id string) (uint32, bool) {
 	return 0, false
 }
 
-// answerAsksLocked answers again the opTrained requests waiting on
+// answerAsksLocked answers again the OpTrained requests waiting on
 // member r's arrival, which has completed or been dropped.
 func (h *Host) answerAsksLocked(r int) {
 	asks := h.asks[r]
@@ -478,12 +479,12 @@ func (h *Host) savedLocked(m *nats.Msg) {
 		if h.left[r] && !h.due[r] {
 			continue
 		}
-		h.trained[r] = slices.DeleteFunc(items, func(t TrainedItem) bool { return t.Round <= h.prevDurable })
+		h.trained[r] = slices.DeleteFunc(items, func(t group.TrainedItem) bool { return t.Round <= h.prevDurable })
 	}
 	h.respondLocked(m, []byte{0})
 }
 
-// joinLocked answers a restart's opJoin, now or once the state is in.
+// joinLocked answers a restart's OpJoin, now or once the state is in.
 func (h *Host) joinLocked(replica int, m *nats.Msg) {
 	switch {
 	case h.restore[replica] || h.stash[replica] != nil || !h.due[replica]:
@@ -495,7 +496,7 @@ func (h *Host) joinLocked(replica int, m *nats.Msg) {
 	}
 }
 
-// answerJoinLocked answers a restart's opJoin: 0 ok; then 0 (nothing to
+// answerJoinLocked answers a restart's OpJoin: 0 ok; then 0 (nothing to
 // take), 1 (the state, of the length that follows as a uint32) or 2
 // (restore the save of the step that follows, an int32; -1: none yet);
 // then the items the restart drops if they come back, one a line: their
@@ -517,7 +518,7 @@ func (h *Host) answerJoinLocked(replica int, m *nats.Msg) {
 		for _, items := range h.trained {
 			skip = append(skip, items...)
 		}
-		skip = slices.DeleteFunc(skip, func(t TrainedItem) bool { return t.Round > h.durable })
+		skip = slices.DeleteFunc(skip, func(t group.TrainedItem) bool { return t.Round > h.durable })
 	case st != nil:
 		ans[1] = 1
 		binary.LittleEndian.PutUint32(ans[2:], uint32(len(st)))
@@ -590,7 +591,7 @@ func (h *Host) leaveLocked(replica int) (last bool) {
 	return h.members == 0
 }
 
-// doneLocked takes a returned member's opDone: answered 0 then 1 once the
+// doneLocked takes a returned member's OpDone: answered 0 then 1 once the
 // group's final save holds what every member trained, which the last
 // member's return says (it wrote the save before). Until then the
 // member's inputs stay unsettled, and the request waits.
@@ -691,7 +692,7 @@ func (h *Host) stateLostLocked() bool {
 }
 
 // restoreLocked makes the members of a group lost whole present again,
-// to restore the last save at their restart's opJoin: every due member,
+// to restore the last save at their restart's OpJoin: every due member,
 // and every member that had finished after the save (what it trained
 // since waits for the final save, unsettled): the rounds after the save
 // are trained again by the restarts, all of them present from their
@@ -700,11 +701,11 @@ func (h *Host) stateLostLocked() bool {
 // trained; but not the last member to leave, lost before its return:
 // its restart restores the save too (even one at its last round), so
 // that it is the last again at its Finish and writes the final save,
-// which the others' opDone waits for. A finished member's share still
+// which the others' OpDone waits for. A finished member's share still
 // counted live is evicted: its restart restores too. A member a move took
 // away is not brought back: its share is evicted where it trained after
 // the save (what it trained since comes back, and is trained again), and
-// its opDone waits for the final save as a finished member's does.
+// its OpDone waits for the final save as a finished member's does.
 func (h *Host) restoreLocked() {
 	for i := range h.due {
 		switch {
@@ -712,7 +713,7 @@ func (h *Host) restoreLocked() {
 			// A move took it away: it does not come back. What it
 			// trained after the save comes back to the restored members
 			// (its share is counted lost, and restarts without it),
-			// who train it again; its opDone is answered at the final
+			// who train it again; its OpDone is answered at the final
 			// save, unless its share is gone.
 			h.due[i] = false
 			sh := h.share[i]
@@ -723,7 +724,7 @@ func (h *Host) restoreLocked() {
 			if h.gone[sh] {
 				delete(h.done, i)
 			}
-			h.trained[i] = slices.DeleteFunc(h.trained[i], func(t TrainedItem) bool { return t.Round > h.durable })
+			h.trained[i] = slices.DeleteFunc(h.trained[i], func(t group.TrainedItem) bool { return t.Round > h.durable })
 			continue
 		case h.due[i]:
 		case h.left[i] && (h.lastRound[i] > h.durable || i == h.lastMember && h.gone[h.share[i]]):
@@ -738,10 +739,10 @@ func (h *Host) restoreLocked() {
 		}
 		h.due[i], h.left[i], h.restore[i], h.donor[i] = false, false, true, -1
 		h.members++
-		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t TrainedItem) bool { return t.Round > h.durable })
+		h.trained[i] = slices.DeleteFunc(h.trained[i], func(t group.TrainedItem) bool { return t.Round > h.durable })
 	}
 	h.lastMember = -1
-	h.orphans = slices.DeleteFunc(h.orphans, func(t TrainedItem) bool { return t.Round > h.durable }) // trained again
+	h.orphans = slices.DeleteFunc(h.orphans, func(t group.TrainedItem) bool { return t.Round > h.durable }) // trained again
 	clear(h.incoming)
 	clear(h.stash)
 	for r, j := range h.joiner {
@@ -772,6 +773,17 @@ func (h *Host) RestoreWhole() bool {
 	}
 	h.restoreLocked()
 	return true
+}
+
+// Eviction is a finished member that a group's restore needs back (or
+// whose items it needs back: Moved), and the share it ran on, counted
+// live until then.
+type Eviction struct {
+	Member int
+	Share  string
+	// Moved: a move took the member away; its share restarts without
+	// it, and what it trained after the save comes back
+	Moved bool
 }
 
 // evictions returns, once, the finished members a restore needs back,
@@ -844,7 +856,7 @@ func (h *Host) completeLocked() {
 		for _, r := range h.arrived {
 			h.trainedLocked(r)
 			h.lastRound[r] = h.round
-			h.answered[r] = arrival{id: h.waiting[r].Header.Get(hdrArrival), round: h.round, n: n, reduce: h.reduce}
+			h.answered[r] = arrival{id: h.waiting[r].Header.Get(group.HdrArrival), round: h.round, n: n, reduce: h.reduce}
 		}
 	}
 	for _, r := range h.arrived {
@@ -859,6 +871,21 @@ func (h *Host) completeLocked() {
 	}
 }
 
+// sumOf sums the members' vectors, in arrival order.
+func sumOf(vecs map[int][]float32, order []int, n int) []float32 {
+	sum := make([]float64, n)
+	for _, r := range order {
+		for i, v := range vecs[r] {
+			sum[i] += float64(v)
+		}
+	}
+	out := make([]float32, n)
+	for i, v := range sum {
+		out[i] = float32(v)
+	}
+	return out
+}
+
 // arrival is a member's arrival that completed a round: its id (the
 // member's, one per collective call), the round, its contributors, and
 // whether it was an all-reduce.
@@ -871,7 +898,7 @@ type arrival struct {
 
 // roundAnswerLocked is the answer of a's round: 0, the contributors and
 // the round as uint32s, then the sum where it fits in the answer (the
-// member fetches it in parts where not: opFetch). The sum is that of the
+// member fetches it in parts where not: OpFetch). The sum is that of the
 // round completed last (h.last): an all-reduce of an earlier round,
 // whose sum is gone, is answered an error.
 func (h *Host) roundAnswerLocked(a arrival) []byte {
@@ -883,12 +910,12 @@ func (h *Host) roundAnswerLocked(a arrival) []byte {
 	binary.LittleEndian.PutUint32(ans[5:], a.round)
 	if a.reduce && len(h.last) <= h.maxAnswer {
 		ans = ans[:9+4*len(h.last)]
-		encode(ans[9:], h.last)
+		group.Encode(ans[9:], h.last)
 	}
 	return ans
 }
 
-// withdrawLocked answers a member's opWithdraw: its collective ended on
+// withdrawLocked answers a member's OpWithdraw: its collective ended on
 // its context before its answer came. Its arrival in the round under way
 // (or the parts of its vector) is taken out, its vector with it: the
 // round completes once every member present is waiting in it, with the
@@ -937,7 +964,7 @@ func (h *Host) trainedLocked(r int) {
 		if len(items) > 0 && items[len(items)-1].ID == id {
 			items[len(items)-1].Round = h.round
 		} else {
-			items = append(items, TrainedItem{h.round, id})
+			items = append(items, group.TrainedItem{Round: h.round, ID: id})
 		}
 	}
 	h.trained[r] = items

@@ -1,4 +1,4 @@
-package group
+package host
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 )
@@ -19,7 +20,7 @@ type movesGroup struct {
 	t       *testing.T
 	ctx     context.Context
 	h       *Host
-	members []*Member
+	members []*group.Member
 	states  []*weights
 	mu      sync.Mutex
 	held    []string
@@ -31,7 +32,7 @@ func newMovesGroup(t *testing.T) *movesGroup {
 	host := conn()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	g := &movesGroup{t: t, ctx: ctx, h: NewHost("train", 4, host.MaxPayload(), true),
+	g := &movesGroup{t: t, ctx: ctx, h: New("train", 4, host.MaxPayload(), true),
 		held: make([]string, 4)}
 	g.h.Park([]int{3})
 	sub, err := host.Subscribe("dflow.r.r.grp.train", g.h.Handle)
@@ -42,7 +43,7 @@ func newMovesGroup(t *testing.T) *movesGroup {
 	host.Flush()
 	for i := range 4 {
 		share := fmt.Sprintf("w%d", i)
-		g.members = append(g.members, &Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share,
+		g.members = append(g.members, &group.Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share,
 			Held: func(i int) string { g.mu.Lock(); defer g.mu.Unlock(); return g.held[i] }})
 		g.states = append(g.states, &weights{w: []float32{0}})
 	}
@@ -283,9 +284,9 @@ func TestDonorLeaves(t *testing.T) {
 	joined := g.joinSlot()
 	// Member 2 is asked at its leave, and has no state to give (its
 	// donation fails): it leaves all the same.
-	g.members[2].mu.Lock()
-	delete(g.members[2].states, 2)
-	g.members[2].mu.Unlock()
+	if err := g.members[2].Keep(g.ctx, 2, nil); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := g.members[2].Leave(g.ctx, 2); err != nil {
 		t.Fatalf("a leave whose donation failed: %v", err)
 	}

@@ -1,4 +1,4 @@
-package group
+package host
 
 // State is where a group stands, for tests of the coordinator's side of a
 // loss that start from a given state rather than play the rounds to it.

@@ -1,0 +1,75 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dflow-dev/dflow/nodes"
+)
+
+// blockingState is a member's state whose marshalling, asked for a
+// restart, waits until the test lets it go.
+type blockingState struct {
+	*weights
+	asked, release chan struct{}
+}
+
+func (s *blockingState) MarshalBinary() ([]byte, error) {
+	close(s.asked)
+	<-s.release
+	return s.weights.MarshalBinary()
+}
+
+// TestGaveUpDonating: a member asked at its step for the state of a
+// slot that joins, whose context ends as it sends it, withdraws: the
+// state will not come from it, and the next member to arrive is asked.
+// Before, the host waited for that member's state, the slot for the
+// host's, and the step for the slot.
+func TestGaveUpDonating(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	joined := g.joinSlot()
+	st := &blockingState{weights: g.states[0], asked: make(chan struct{}), release: make(chan struct{})}
+	if err := g.members[0].Keep(g.ctx, 0, st); err != nil { // its state now
+		t.Fatal(err)
+	}
+	mctx, mcancel := context.WithCancel(g.ctx)
+	defer mcancel()
+	res := make(chan error, 1)
+	go func() {
+		_, err := g.members[0].AllReduce(mctx, 0, nodes.Floats{1})
+		res <- err
+	}()
+	select {
+	case <-st.asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("member 0, first at its step, was not asked for the slot's state")
+	}
+	mcancel()
+	close(st.release)
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Fatalf("member 0 gave up donating: %v, want its context's error", err)
+	}
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(1, 1, 2) }()
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot waits for a state member 0 gave up sending")
+	}
+	g.mustStep(1, 0, 3)
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g.states[3].step != 2 || g.states[3].w[0] != g.states[0].w[0] {
+		t.Errorf("the slot: step %d, weights %v; want step 2, member 0's %v", g.states[3].step, g.states[3].w, g.states[0].w)
+	}
+}
