@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/figures"
 	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/moves"
+	"github.com/dflow-dev/dflow/internal/cluster/restarts"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
@@ -81,17 +81,16 @@ type Coordinator struct {
 	workers   []string
 	place     map[string][]string // stage -> instance per replica
 	instances map[string]*instance
-	seen      map[string]time.Time       // worker -> last hello
-	paused    control.Pauses             // the coordinator's own (seen by the heartbeat), not counted as workers' silence
-	saves     localSaves                 // what groups summing on one worker saved
-	restores  map[string]*wire.Restore   // for the restarts of such groups lost whole
-	attempts  map[string]int             // the times each group was lost whole (Job.Attempt)
-	lostWhole map[string]map[string]bool // the shares counted in each group's last whole loss
-	restarts  int
-	snapAt    time.Time
-	lostList  atomic.Pointer[[]byte] // lostShares
-	snap      *report.Snapshot
-	series    []report.Sample
+	seen      map[string]time.Time // worker -> last hello
+	paused    control.Pauses       // the coordinator's own (seen by the heartbeat), not counted as workers' silence
+	// restores are the saves groups lost whole restore, and their
+	// attempts (package restarts, which decides what a loss restarts)
+	restores restarts.Book
+	restarts int
+	snapAt   time.Time
+	lostList atomic.Pointer[[]byte] // lostShares
+	snap     *report.Snapshot
+	series   []report.Sample
 	// end is what the streams and records said once every share was done
 	end figures.End
 	// evicted are shares counted lost though heard from, to restart at
@@ -592,8 +591,7 @@ func (c *Coordinator) startInstance(worker, inst string) error {
 	c.mu.Lock()
 	job.Place = c.placeCopy()
 	job.Recount.MergeSources(c.recount)
-	job.Restore = maps.Clone(c.restores)
-	job.Attempt = maps.Clone(c.attempts)
+	job.Restore, job.Attempt = c.restores.Job()
 	if c.moves != nil {
 		job.Started, job.Released, job.Left = c.moves.Job()
 	}

@@ -37,11 +37,11 @@
 //
 // How the packages fit. This package is what the rest of dflow uses (the
 // Coordinator, and through aliases RunWorker, StartServer, Connect, their
-// options, Roots) and holds the coordinator: membership and leases
-// (membership.go), restarts of lost replicas and of groups lost whole,
-// the gathering of the shares' snapshots and reports (gather.go). Beside
-// it, each with a doc.go listing its invariants, the function that keeps
-// each and the test that fails without it:
+// options, Roots) and holds the coordinator: membership and leases, and
+// the restarts of lost shares as package restarts decides them
+// (membership.go), the gathering of the shares' snapshots and reports
+// (gather.go). Beside it, each with a doc.go listing its invariants, the
+// function that keeps each and the test that fails without it:
 //
 //   - internal/cluster/figures: the run's figures merged from the
 //     shares' and the streams', and their books, over a view of what the
@@ -50,6 +50,9 @@
 //     a view of what the coordinator knows at each look;
 //   - internal/cluster/finished: which replicas of a lost share had
 //     finished and stay, and the ends the coordinator writes for them;
+//   - internal/cluster/restarts: what a lost share's replicas become
+//     (stay, restart where, fail the run) and what the loss does to their
+//     groups, over a view of what the coordinator knows (restarts.View);
 //   - internal/cluster/moves: a rebalance's record across hosts, where its
 //     spare slots go, which replica each move takes and which slot it
 //     starts, and which stages' slots are let go;
@@ -69,45 +72,43 @@
 // The coordinator's invariants, each with the function that keeps it and
 // a test that fails without it:
 //
-//  1. A lost worker's replicas restart on live workers (never one counted
-//     gone), except those recorded finished (package finished), whose
-//     ends it writes. recover, endedOn, leastLoaded;
-//     TestSettledAfterLastSnapshot, TestRestartPassesOverGoneWorker, and
-//     in package finished TestFinishedReplicaStays and
-//     TestFinishedChainStaysWhole.
+//  1. A lost worker's share is told it is over, and its replicas go as
+//     package restarts decides (which stay, which restart, what their
+//     groups restore): the ends of those recorded finished (package
+//     finished) written, the others restarted on a live worker (never
+//     one counted gone), passing over one that does not answer; the
+//     shares a group's restore evicts are counted lost, and restarted at
+//     the next check. recover, endedOn, checkLive;
+//     TestSettledAfterLastSnapshot, TestRestartPassesOverGoneWorker,
+//     TestLostWholeAsMemberFinished, and in package finished
+//     TestFinishedReplicaStays and TestFinishedChainStaysWhole.
 //  2. A lost share's chain record is sealed before its replicas restart,
 //     so a share that was only slow acks nothing more. sealChain (by
 //     wire.SealChain); TestChainRecordSealed (package share).
-//  3. A group lost whole restarts from the last save the coordinator
-//     holds, its members told the step, and what a save holds is never
-//     trained again. restoreFor, LastSave, loseMember, evictable;
-//     TestLostWholeAsMemberFinished, TestLastMemberLostBeforeFinalSave,
-//     TestFirstNoteBeforeASave, TestEvictForRestore.
-//  4. A run that completed or drained is counted by its streams and its
+//  3. A run that completed or drained is counted by its streams and its
 //     chain records, read once every share is done, and ends with the
 //     report figures.Report gives, its books checked: one that does not
 //     balance fails, it never ends ok. A run cut short is counted by what
 //     its engines saw. merged; TestBooks (package figures), and in
 //     cmd/dflow TestAuditChain.
-//  5. A run whose shares have all ended while a remote queue's stream
+//  4. A run whose shares have all ended while a remote queue's stream
 //     still holds items fails: a consumer must read its input to the
 //     end. Run, unread (figures.Streams.Unread);
 //     TestLargeItemsNobodyReads.
-//  6. A deadlock across workers is judged (package deadlock) on every
+//  5. A deadlock across workers is judged (package deadlock) on every
 //     replica's latest figures from the share that runs it, or ran it,
 //     and on the groups the coordinator hosts, and only while the run
 //     has neither failed nor been aborted; a drain that cannot complete
 //     ends aborted. runLoop.judge, deadlockView;
 //     TestDeadlockAcrossWorkers, TestDeadlockStopsDrainAcrossWorkers.
-//  7. The coordinator's heartbeat, subscriptions and watches end with its
+//  6. The coordinator's heartbeat, subscriptions and watches end with its
 //     Run. TestMain fails the package if a goroutine outlives its test.
-//  8. A rebalance's moves are made as package moves places them, each
+//  7. A rebalance's moves are made as package moves places them, each
 //     recorded only once its share took it; a share taking over a lost
 //     worker runs the slots a move had started and not the replicas a
-//     move took away; a group member a move took away, lost, leaves its
-//     group (unless it left last and holds the group's state: then it
-//     restarts). move, release (moves.go), startInstance
-//     (coordinator.go), loseMember (membership.go); TestLoseMovedMember, and in cmd/dflow
-//     TestRebalanceAcrossHosts, TestRebalanceWorkerLost,
-//     TestRebalanceGroupsAcrossHosts and TestRebalanceGroupWorkerLost.
+//     move took away (a group member a move took away, lost, leaves its
+//     group: package restarts). move, release (moves.go), startInstance
+//     (coordinator.go); in cmd/dflow TestRebalanceAcrossHosts,
+//     TestRebalanceWorkerLost, TestRebalanceGroupsAcrossHosts and
+//     TestRebalanceGroupWorkerLost.
 package cluster

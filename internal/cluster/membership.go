@@ -16,7 +16,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/control"
 	"github.com/dflow-dev/dflow/internal/cluster/finished"
-	"github.com/dflow-dev/dflow/internal/cluster/group/host"
+	"github.com/dflow-dev/dflow/internal/cluster/restarts"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/nats-io/nats.go"
 )
@@ -131,7 +131,9 @@ func (c *Coordinator) checkLive(ctx context.Context) error {
 }
 
 // recover restarts the replicas of a lost instance on the live worker
-// with the fewest, or says which stateful replica was lost.
+// with the fewest, or says which stateful replica was lost: package
+// restarts decides (restarts.Book.Lose), and this says so to the shares,
+// writes the ends of those that stay and starts the restart.
 func (c *Coordinator) recover(in *instance) error {
 	// Whatever it still does, the share is over: told so, it stops keeping
 	// its items from redelivery (a worker that was only slow, say).
@@ -140,77 +142,42 @@ func (c *Coordinator) recover(in *instance) error {
 	if err := c.sealChain(in); err != nil {
 		return fmt.Errorf("worker %s lost: %w", in.worker, err)
 	}
-	// why the share is over: its worker silent, or a group's restore
-	// needs a member it ran back (its worker lives)
-	lost := fmt.Sprintf("worker %s lost (no word from it for %v)", in.worker, c.o.Timings.Lease)
-	if in.evict != "" {
-		lost = fmt.Sprintf("the share %s on worker %s, counted lost for stage %q's restore of its last save (the worker lives)", in.name, in.worker, in.evict)
-	}
 	c.mu.Lock()
 	c.lastLoss = time.Now()
 	c.markRan(in)
-	type rep struct {
-		s *graph.Stage
-		i int
-	}
-	var move, stay []rep
-	var moved []string
-	var stateful error
-	for _, s := range c.g.Stages {
-		for i, p := range c.place[s.Name] {
-			if p != in.name {
-				continue
-			}
-			switch {
-			case ended[finished.Replica{Stage: s.Name, I: i}]:
-				// its worker recorded it settled (endedOn): nothing of
-				// it can come back, and its consumers may have ended on
-				// its ends; run again, it could take an item another
-				// lost replica held and send it after its end
-				stay = append(stay, rep{s, i})
-				in.last = finished.MarkDone(in.last, s.Name, i)
-				if h := c.groups[s.Name]; h != nil {
-					h.LeftLost(i, in.name)
-				}
-			case c.restartable(s):
-				// done or not: not recorded settled, it may have left
-				// an item unsettled, which comes back to its restart
-				move = append(move, rep{s, i})
-				if say := c.restartSaid(s.Name, i); say != "" {
-					moved = append(moved, say)
-				}
-				if err := c.loseMember(in, s, i); err != nil && stateful == nil {
-					stateful = err
-				}
-			case finished.Done(in.last, s.Name, i):
-				stay = append(stay, rep{s, i}) // finished: not run again
-			case stateful == nil:
-				if h := c.groups[s.Name]; h != nil {
-					h.Lose(i, in.name)
-				}
-				stateful = fmt.Errorf("%s: stage %q replica %d (%s) keeps state and cannot restart elsewhere; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-					lost, s.Name, i, s.Node)
-			}
-		}
+	v := c.restartView(in)
+	l := c.restores.Lose(v, in.name, ended)
+	in.last = l.Last
+	for _, name := range l.Evicted {
+		// counted lost though heard from, restarted at the next check
+		// (checkLive): a group's restore needs a member it ran back
+		e := c.instances[name]
+		e.lost, e.evict = true, v.Shares[name].Evict
+		c.markRan(e)
+		c.evicted = append(c.evicted, e)
 	}
 	c.mu.Unlock()
-	if stateful != nil {
-		fmt.Fprintf(c.o.Log, "dflow: %v\n", stateful)
-		return stateful
+	for _, line := range l.Log {
+		fmt.Fprintln(c.o.Log, line)
+	}
+	if l.Err != nil {
+		fmt.Fprintf(c.o.Log, "dflow: %v\n", l.Err)
+		return l.Err
 	}
 	// A finished replica that stays where it was lost has sent all it
 	// will.
 	var stayed []string
-	for _, r := range stay {
-		stayed = append(stayed, fmt.Sprintf("%s[%d]", r.s.Name, r.i))
-		if err := c.writeEnds(r.s, r.i); err != nil {
-			return fmt.Errorf("%s: stage %q replica %d had finished, but its end of input could not be recorded: %v", lost, r.s.Name, r.i, err)
+	for _, r := range l.Stay {
+		stayed = append(stayed, fmt.Sprintf("%s[%d]", r.Stage, r.I))
+		if err := c.writeEnds(c.g.Stage(r.Stage), r.I); err != nil {
+			return fmt.Errorf("%s: stage %q replica %d had finished, but its end of input could not be recorded: %v", l.Why, r.Stage, r.I, err)
 		}
 	}
-	if len(move) == 0 {
-		fmt.Fprintf(c.o.Log, "dflow: %s: its replicas had finished (%s)\n", lost, strings.Join(stayed, ", "))
+	if len(l.Move) == 0 {
+		fmt.Fprintf(c.o.Log, "dflow: %s: its replicas had finished (%s)\n", l.Why, strings.Join(stayed, ", "))
 		return nil
 	}
+	moved := l.Said
 	if len(moved) == 0 {
 		moved = []string{"its rebalance's spare slots"}
 	}
@@ -224,15 +191,16 @@ func (c *Coordinator) recover(in *instance) error {
 	}
 	failed := "" // the instance that never started, replaced with the placement
 	for {
-		target := c.leastLoaded(gone...)
-		if target == "" {
-			return fmt.Errorf("%s, and no live worker left to restart %s on", lost, strings.Join(moved, ", "))
-		}
 		c.mu.Lock()
+		target := c.restartView(nil).LeastLoaded(gone...)
+		if target == "" {
+			c.mu.Unlock()
+			return fmt.Errorf("%s, and no live worker left to restart %s on", l.Why, strings.Join(moved, ", "))
+		}
 		c.restarts++
 		inst := fmt.Sprintf("%s-r%d", target, c.restarts)
-		for _, r := range move {
-			c.place[r.s.Name][r.i] = inst
+		for _, r := range l.Move {
+			c.place[r.Stage][r.I] = inst
 		}
 		delete(c.instances, failed)
 		c.instances[inst] = &instance{name: inst, worker: target}
@@ -242,7 +210,7 @@ func (c *Coordinator) recover(in *instance) error {
 			finished = " (" + strings.Join(stayed, ", ") + " had finished)"
 		}
 		fmt.Fprintf(c.o.Log, "dflow: %s: restarting %s on %s%s; its unfinished items are redelivered\n",
-			lost, strings.Join(moved, ", "), target, finished)
+			l.Why, strings.Join(moved, ", "), target, finished)
 		err := c.startInstance(target, inst)
 		if !errors.Is(err, nats.ErrNoResponders) {
 			return err
@@ -253,14 +221,29 @@ func (c *Coordinator) recover(in *instance) error {
 	}
 }
 
-// restartSaid names replica i of stage in a restart's log line: "" for
-// a rebalance's slot that no move started (it stays parked), and a
-// replica a move took away is said not to run again. c.mu held.
-func (c *Coordinator) restartSaid(stage string, i int) string {
-	if c.moves != nil {
-		return c.moves.Said(stage, i)
+// restartView is what package restarts reads of the run (c.mu held): the
+// shares as they stand, in among them (the share lost, which may be
+// known no more).
+func (c *Coordinator) restartView(in *instance) *restarts.View {
+	v := &restarts.View{Graph: c.g, Registry: c.o.Registry, Lease: c.o.Timings.Lease, Place: c.place,
+		Shares: map[string]*restarts.Share{}, Groups: map[string]restarts.Group{}, Moves: c.moves,
+		Workers: c.workers, Live: map[string]bool{}}
+	share := func(e *instance) *restarts.Share {
+		return &restarts.Share{Name: e.name, Worker: e.worker, Done: e.done, Lost: e.lost, Evict: e.evict, Last: e.last}
 	}
-	return fmt.Sprintf("%s[%d]", stage, i)
+	for name, e := range c.instances {
+		v.Shares[name] = share(e)
+	}
+	if in != nil {
+		v.Shares[in.name] = share(in)
+	}
+	for stage, h := range c.groups {
+		v.Groups[stage] = h
+	}
+	for _, w := range c.workers {
+		v.Live[w] = c.silent(w) < c.o.Timings.Lease
+	}
+	return v
 }
 
 // endedOn reads which restartable replicas placed on in had finished
@@ -302,206 +285,4 @@ func (c *Coordinator) restartable(s *graph.Stage) bool { return wire.Restartable
 func (c *Coordinator) kinds() control.Kinds {
 	return control.Kinds{Restartable: c.restartable,
 		Chainable: func(s *graph.Stage) bool { return wire.Chainable(c.o.Registry, s) }}
-}
-
-// loseMember takes replica i of s, lost with in, out of its group across
-// workers. A group whose state moves needs a member left to take it from,
-// or a save to restore (a hosted group's, or what the share of a group
-// summing on the lost worker said: records.go): without either, the run
-// fails.
-func (c *Coordinator) loseMember(in *instance, s *graph.Stage, i int) error {
-	h := c.groups[s.Name]
-	if h == nil {
-		// no group across workers: every replica was on the lost one,
-		// summing there; it restores its last save where it saves
-		if r, ok := c.restoreFor(s.Name); ok && wire.Moves(c.o.Registry, s) {
-			if c.restores == nil {
-				c.restores = map[string]*wire.Restore{}
-			}
-			switch {
-			case i != slices.Index(c.place[s.Name], in.name): // said once, at its first replica
-			case r.Final:
-				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group after its final save: its restarts drop what comes back\n", s.Name)
-			default:
-				fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, host.StepSaid(r.Step))
-			}
-			c.restores[s.Name] = r
-			return nil
-		}
-		if wire.Moves(c.o.Registry, s) {
-			return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) had every replica of its group there (%d), and its state is gone with them, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-				in.worker, c.o.Timings.Lease, s.Name, s.Node, s.Replicas, c.whyNot(s.Name))
-		}
-		return nil
-	}
-	if c.moves != nil && c.moves.Leaving(s.Name, i) {
-		if !h.LoseMoved(i, in.name) {
-			// A move took it away (the share that takes over does not
-			// run it: Job.Left): it has left its group, its step under
-			// way counting for nothing, and what it trained comes back
-			// to members that drop it (Member.Trained).
-			return nil
-		}
-		// It held the group's state (it left last, or was the last
-		// present): it restarts as any lost member does.
-		c.moves.Back(s.Name, i)
-	}
-	if wire.Whole(c.o.Registry, s) {
-		return c.loseWhole(in, s, i, h)
-	}
-	present := h.Lose(i, in.name)
-	if present == 0 && h.Keeps() && h.AnyDue() {
-		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d keeps state, and no member of its group is left to take it from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
-	}
-	if h.Restoring(i) {
-		fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.SaveSaid())
-	}
-	// Members that had finished after the save, on shares still counted
-	// live, restart to restore it too: their shares are counted lost now
-	// (the host refuses them already: what they say is not the run's),
-	// and restarted at the next check (checkLive). A share counted lost
-	// restarts all it runs, so each must be able to, or have finished,
-	// and a member whose share has ended cannot restart: else the run
-	// fails here, for the restore, not for a worker lost (it is not).
-	ev := h.Evictions()
-	for _, x := range ev {
-		needs := fmt.Sprintf("stage %q lost every member of its group, and its restore of its last save needs back member %d, which had finished since, on the share %s", s.Name, x.Member, x.Share)
-		if err := c.evictable(s, x, ev, needs); err != nil {
-			return err
-		}
-	}
-	for _, x := range ev {
-		if e := c.instances[x.Share]; e != nil && !e.lost {
-			e.lost, e.evict = true, s.Name
-			c.markRan(e)
-			c.evicted = append(c.evicted, e)
-			if x.Moved {
-				fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which a move took away since; the share restarts without it, and what it trained since comes back\n", s.Name, x.Share, e.worker, x.Member)
-			} else {
-				fmt.Fprintf(c.o.Log, "dflow: stage %q restores its last save: the share %s, on worker %s, ran member %d, which had finished since and restarts too\n", s.Name, x.Share, e.worker, x.Member)
-			}
-		}
-	}
-	return nil
-}
-
-// loseWhole loses member i of stage s with share in, for a group that
-// cannot go on without any member (Spec.Whole: a torch process group
-// cannot shrink): every share that runs another member is counted lost
-// too (they restart), and the group restores its last save whole (or,
-// having saved nothing yet, starts afresh, its inputs coming back), in a
-// new attempt, whose ranks meet at its new rank 0 (Job.Attempt). A share
-// counted in this attempt's loss already (the lost one's other members,
-// those stopped for it) changes nothing more; a restart lost during the
-// restore begins another attempt. Each share it stops must be able to
-// restart whole (evictable). c.mu held.
-func (c *Coordinator) loseWhole(in *instance, s *graph.Stage, i int, h *host.Host) error {
-	h.Lose(i, in.name)
-	if c.lostWhole[s.Name][in.name] {
-		return nil
-	}
-	var ev []host.Eviction
-	for j, share := range c.place[s.Name] {
-		if share != in.name {
-			ev = append(ev, host.Eviction{Member: j, Share: share})
-		}
-	}
-	for _, x := range ev {
-		needs := fmt.Sprintf("stage %q (%s) lost member %d with worker %s, and its group cannot go on without it: its members restart together, member %d among them, on the share %s",
-			s.Name, s.Node, i, in.worker, x.Member, x.Share)
-		if err := c.evictable(s, x, ev, needs); err != nil {
-			return err
-		}
-	}
-	for _, x := range ev {
-		h.Lose(x.Member, x.Share)
-	}
-	restorable := h.RestoreWhole()
-	h.Evictions() // the finished members it restores are on the shares stopped above
-	if !restorable {
-		return fmt.Errorf("worker %s lost (no word from it for %v): stage %q (%s) replica %d is a member of a group that cannot go on without it, and no member of it is left to take its state from, %s; the run fails (a checkpointing node resumes from its last checkpoint on the next run)",
-			in.worker, c.o.Timings.Lease, s.Name, s.Node, i, h.Why())
-	}
-	counted := map[string]bool{in.name: true}
-	for _, x := range ev {
-		counted[x.Share] = true
-		if e := c.instances[x.Share]; e != nil && !e.lost {
-			e.lost, e.evict = true, s.Name
-			c.markRan(e)
-			c.evicted = append(c.evicted, e)
-			fmt.Fprintf(c.o.Log, "dflow: stage %q lost member %d with worker %s, and its group cannot go on without it: the share %s, on worker %s, restarts too\n",
-				s.Name, i, in.worker, x.Share, e.worker)
-		}
-	}
-	if c.lostWhole == nil {
-		c.lostWhole = map[string]map[string]bool{}
-	}
-	if c.attempts == nil {
-		c.attempts = map[string]int{}
-	}
-	c.lostWhole[s.Name] = counted
-	c.attempts[s.Name]++
-	fmt.Fprintf(c.o.Log, "dflow: stage %q lost every member of its group: its restarts restore its last save (%s)\n", s.Name, h.SaveSaid())
-	return nil
-}
-
-// evictable checks that the share of x, a member of s's group that had
-// finished, can be counted lost for the group's restore (ev, all the
-// members it needs back), so that x restarts: it is counted lost already,
-// or it has not ended and everything else it runs can restart elsewhere
-// or has finished. c.mu held.
-func (c *Coordinator) evictable(s *graph.Stage, x host.Eviction, ev []host.Eviction, needs string) error {
-	e := c.instances[x.Share]
-	const fails = "the run fails (a checkpointing node resumes from its last checkpoint on the next run)"
-	switch {
-	case e == nil:
-		return fmt.Errorf("%s, which the coordinator does not know, so that the member cannot restart; %s", needs, fails)
-	case e.lost:
-		return nil // it restarts with the share
-	case e.done:
-		return fmt.Errorf("%s on worker %s, which has ended, so that the member cannot restart; %s", needs, e.worker, fails)
-	}
-	for _, t := range c.g.Stages {
-		for j, p := range c.place[t.Name] {
-			switch {
-			case p != x.Share:
-			case t == s && slices.ContainsFunc(ev, func(y host.Eviction) bool { return y.Member == j }):
-			case c.restartable(t), finished.Done(e.last, t.Name, j):
-			default:
-				return fmt.Errorf("%s on worker %s, which also runs stage %q replica %d (%s): that replica keeps state and cannot restart elsewhere, and the share restarts whole; %s",
-					needs, e.worker, t.Name, j, t.Node, fails)
-			}
-		}
-	}
-	return nil
-}
-
-// leastLoaded is the live worker, other than those in not, running the
-// fewest replicas.
-func (c *Coordinator) leastLoaded(not ...string) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	load := map[string]int{}
-	for _, w := range c.workers {
-		if !slices.Contains(not, w) && c.silent(w) < c.o.Timings.Lease {
-			load[w] = 0
-		}
-	}
-	for _, s := range c.g.Stages {
-		for _, p := range c.place[s.Name] {
-			if in := c.instances[p]; in != nil {
-				if _, ok := load[in.worker]; ok {
-					load[in.worker]++
-				}
-			}
-		}
-	}
-	best := ""
-	for _, w := range c.workers {
-		if n, ok := load[w]; ok && (best == "" || n < load[best]) {
-			best = w
-		}
-	}
-	return best
 }

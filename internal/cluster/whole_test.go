@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/graph"
-	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/items"
@@ -462,111 +461,4 @@ func (l *syncLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-// TestEvictForRestore: a saving group lost whole, its member 2 having
-// finished since the save on a share still counted live, restores with
-// that member back: its share is counted lost for it (evicted), when it
-// can restart whole. Where it also runs a replica that keeps state and
-// cannot restart (and has not finished), or has ended, or is not known,
-// the run fails, naming the restore and that replica, not a worker lost
-// (its worker lives), and the share is not counted lost.
-func TestEvictForRestore(t *testing.T) {
-	t.Parallel()
-	reg := nodes.Default.Clone()
-	tallyKind(reg, 1, 1, &tallyStore{saves: map[int][]byte{}}, nil, nil)
-	reg.Register(nodes.Spec{Kind: graph.Kind{Name: "keeper", Ports: func(*graph.Config) []graph.PortSpec {
-		return []graph.PortSpec{{Name: "in", Dir: graph.In, Type: graph.Any}}
-	}}, New: func(*graph.Config) (nodes.Node, error) { return nil, errors.New("not run") }})
-	g, err := loader(reg)(&wire.Job{Filename: "evict.hcl", Src: []byte(`
-stage "src" {
-  node = "synthetic_source"
-  config {
-    count = 1
-  }
-}
-stage "src2" {
-  node = "synthetic_source"
-  config {
-    count = 1
-  }
-}
-stage "tally" {
-  node     = "tally"
-  replicas = 3
-}
-stage "keep" {
-  node = "keeper"
-}
-edge "e" {
-  from = src.out
-  to   = tally.in
-}
-edge "k" {
-  from = src2.out
-  to   = keep.in
-}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keepDone := &report.Snapshot{Stages: []report.StageSnapshot{{Name: "keep", Replicas: []report.ReplicaSnapshot{{Done: true}}}}}
-	for _, tc := range []struct {
-		name  string
-		keep  string // where the keep stage runs
-		share string // member 2's
-		done  bool   // w1 has ended
-		last  *report.Snapshot
-		err   string // "": w1 evicted
-	}{
-		{name: "restartable beside it", keep: "w3", share: "w1"},
-		{name: "stateful beside it", keep: "w1", share: "w1",
-			err: `stage "tally" lost every member of its group, and its restore of its last save needs back member 2, which had finished since, on the share w1 on worker w1, which also runs stage "keep" replica 0 (keeper): that replica keeps state and cannot restart elsewhere, and the share restarts whole`},
-		{name: "stateful beside it, finished", keep: "w1", share: "w1", last: keepDone},
-		{name: "share ended", keep: "w3", share: "w1", done: true,
-			err: `needs back member 2, which had finished since, on the share w1 on worker w1, which has ended, so that the member cannot restart`},
-		{name: "share unknown", keep: "w3", share: "w9",
-			err: `needs back member 2, which had finished since, on the share w9, which the coordinator does not know`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// rounds 1 and 2 saved, member 2 finished after round 3, then
-			// members 0 and 1 lost with w2
-			h := host.New("tally", 3, 1<<20, true)
-			h.SetState(host.State{Saves: true, Durable: 2, SaveStep: 2, Round: 3,
-				LastRound: []uint32{3, 3, 3}, Share: []string{"w2", "w2", tc.share}, Left: []int{2}})
-			var log syncLog
-			lost := &instance{name: "w2", worker: "w2", lost: true}
-			w1 := &instance{name: "w1", worker: "w1", done: tc.done, last: tc.last}
-			c := &Coordinator{o: CoordOptions{Registry: reg, Log: &log, Timings: wire.Timings{}.WithDefaults()}, g: g,
-				place:     map[string][]string{"src": {"w3"}, "src2": {"w3"}, "tally": {"w2", "w2", tc.share}, "keep": {tc.keep}},
-				instances: map[string]*instance{"w1": w1, "w2": lost, "w3": {name: "w3", worker: "w3"}},
-				groups:    map[string]*host.Host{"tally": h}}
-			tally := g.Stage("tally")
-			if err := c.loseMember(lost, tally, 0); err != nil {
-				t.Fatalf("member 0 lost: %v", err)
-			}
-			err := c.loseMember(lost, tally, 1)
-			if !h.Restoring(2) {
-				t.Fatalf("the group lost whole: member 2 does not restore")
-			}
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "no word from it") {
-					t.Fatalf("the group's restore: %v, want an error saying\n%s", err, tc.err)
-				}
-				if w1.lost || len(c.evicted) > 0 {
-					t.Errorf("the share w1 was counted lost (%v), evicted %d", w1.lost, len(c.evicted))
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("the group's restore: %v", err)
-			}
-			if !w1.lost || w1.evict != "tally" || len(c.evicted) != 1 || c.evicted[0] != w1 {
-				t.Fatalf("the share w1: lost %v, evicted for %q, %d evicted; want it counted lost for the tally's restore", w1.lost, w1.evict, len(c.evicted))
-			}
-			if want := `dflow: stage "tally" restores its last save: the share w1, on worker w1, ran member 2, which had finished since and restarts too`; !strings.Contains(log.String(), want) {
-				t.Errorf("the log:\n%s\nwant\n%s", log.String(), want)
-			}
-		})
-	}
 }

@@ -50,7 +50,7 @@
 //     started, the stages whose slots are let go and the replicas moves
 //     took away, so it runs the slots and not those replicas; one that
 //     held its group's state when lost is brought back (Book.Back) and
-//     restarts. Book.Job; TestPickKeepsOne, and in package cluster
+//     restarts. Book.Job; TestPickKeepsOne, and in package restarts
 //     TestLoseMovedMember.
 //  6. The package starts no goroutine.
 package moves

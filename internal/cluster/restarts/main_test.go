@@ -1,0 +1,9 @@
+package restarts
+
+import (
+	"testing"
+
+	"github.com/dflow-dev/dflow/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
