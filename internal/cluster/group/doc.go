@@ -44,18 +44,20 @@
 //     member is asked. Member.Leave, and package host's Host.leaveLocked;
 //     in package host TestDonorLeaves.
 //  4. A member whose collective ends on its context before its answer
-//     came is out of that round, as a member in process is: it withdraws
-//     its arrival (OpWithdraw, naming it), and the host takes the arrival
-//     and its vector out, so that the round completes with the members
-//     still waiting, summing only theirs, or with this one when it comes
-//     again; a round that arrival had completed counts for it as for the
-//     others (the answer is the round's). So every member present takes
+//     came is out of that round, as a member in process is, and so is
+//     one whose collective fails otherwise (a donation asked for first
+//     that failed, a request that failed): it withdraws its arrival
+//     (OpWithdraw, naming it), and the host takes the arrival and its
+//     vector out, so that the round completes with the members still
+//     waiting, summing only theirs, or with this one when it comes again;
+//     a round that arrival had completed counts for it as for the others
+//     (the answer is the round's). So every member present takes
 //     every step the group completes, and the last to leave holds the
 //     last step. A state it was sending will not come: another member is
 //     asked. Member.arrival, Member.withdraw, and package host's
 //     Host.withdrawLocked; TestGroupGaveUpWithdraws,
 //     TestGaveUpAfterTheRound (package group_test), and in package host
-//     TestGaveUpDonating.
+//     TestGaveUpDonating, TestFailedDonationWithdraws.
 //  5. A vector crosses as little-endian float32s, bit for bit, whatever the
 //     machine. Encode, Decode; TestVectorWire.
 //  6. The package starts no goroutine: a Member's calls run on the

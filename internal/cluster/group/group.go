@@ -48,12 +48,14 @@ import (
 // count). A stage whose state does not move (synchronized stateless work)
 // takes its restart back at the restart's first collective.
 //
-// A member whose collective ends on its context (an abort, a deadline of
-// its own) before its answer came withdraws its arrival (OpWithdraw, the
-// arrival's id after the replica), as a member in process does: where its
-// arrival, or a part of its vector, is in the round under way, the host
-// takes it out with its vector (the round's sum is made, as it completes,
-// from the members still arrived) and keeps the round open for the others
+// A member whose collective ends before its answer came, on its context
+// (an abort, a deadline of its own) or on a failure (a donation asked for
+// first that failed, a request that failed), withdraws its arrival
+// (OpWithdraw, the arrival's id after the replica), as a member in
+// process whose wait ends on its context does: where its arrival, or a
+// part of its vector, is in the round under way, the host takes it out
+// with its vector (the round's sum is made, as it completes, from the
+// members still arrived) and keeps the round open for the others
 // and for the member's coming again, answering 0 and nothing more. Where
 // that arrival completed a round (its answer crossed the context's end),
 // the answer is the round's, as the arrival would have had it: the round

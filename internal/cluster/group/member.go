@@ -276,15 +276,19 @@ func (g *Member) Done(ctx context.Context, replica int) bool {
 }
 
 // arrival sends req, a collective's arrival (or a part of one) with id,
-// and returns its answer. Where ctx ends first, the arrival is withdrawn
-// (OpWithdraw): the member is out of the round, as a member in process
-// whose wait ends on its context is, and the call returns ctx's error;
-// unless the round had completed with that arrival: then its answer is
-// the round's, which counts for this member as for the others.
+// and returns its answer. Where the call fails first (ctx ends, a
+// donation asked for first fails, the request fails), the arrival is
+// withdrawn (OpWithdraw): the member is out of the round, as a member in
+// process whose wait ends on its context is, and the call returns its
+// error (ctx's, where ctx ended); unless the round had completed with
+// that arrival: then its answer is the round's, which counts for this
+// member as for the others. (Where the host answered an error, nothing
+// of the arrival is left there: the withdrawal finds none, or is refused
+// as the arrival was.)
 func (g *Member) arrival(ctx context.Context, req []byte, id string) ([]byte, error) {
 	ans, err := g.requestAs(ctx, req, id)
-	if err == nil || ctx.Err() == nil {
-		return ans, err
+	if err == nil {
+		return ans, nil
 	}
 	if a := g.withdraw(ctx, int(binary.LittleEndian.Uint32(req[1:])), id); len(a) >= 9 {
 		return a, nil
@@ -294,10 +298,10 @@ func (g *Member) arrival(ctx context.Context, req []byte, id string) ([]byte, er
 
 // withdraw asks the host to take replica's arrival id out of the round
 // under way, and returns the answer: 0 alone (withdrawn, or in no round),
-// or the answer of the round that arrival completed. It is asked after
-// ctx's end, for a few seconds; a request that fails leaves the arrival
-// to the host's handling of a lost member (its share counted lost: its
-// arrival dropped).
+// or the answer of the round that arrival completed. It is asked for a
+// few seconds, whether ctx has ended or not; a request that fails leaves
+// the arrival to the host's handling of a lost member (its share counted
+// lost: its arrival dropped).
 func (g *Member) withdraw(ctx context.Context, replica int, id string) []byte {
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()

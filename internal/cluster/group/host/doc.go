@@ -81,15 +81,18 @@
 //     member is asked. Host.leaveLocked, and package group's
 //     Member.Leave; TestDonorLeaves.
 //  13. A member whose collective ends on its context before its answer
-//     came is out of that round, as a member in process is: it withdraws
-//     its arrival (OpWithdraw, naming it), and the host takes the arrival
-//     and its vector out, so that the round completes with the members
-//     still waiting, summing only theirs, or with this one when it comes
-//     again; a round that arrival had completed counts for it as for the
-//     others (the answer is the round's). So every member present takes
+//     came is out of that round, as a member in process is, and so is
+//     one whose collective fails otherwise (a donation asked for first
+//     that failed, a request that failed): it withdraws its arrival
+//     (OpWithdraw, naming it), and the host takes the arrival and its
+//     vector out, so that the round completes with the members still
+//     waiting, summing only theirs, or with this one when it comes again;
+//     a round that arrival had completed counts for it as for the others
+//     (the answer is the round's). So every member present takes
 //     every step the group completes, and the last to leave holds the
 //     last step. A state it was sending will not come: another member is
 //     asked. Host.withdrawLocked, and package group's Member.arrival,
-//     Member.withdraw; TestGaveUpDonating, and in package group_test
-//     TestGroupGaveUpWithdraws, TestGaveUpAfterTheRound.
+//     Member.withdraw; TestGaveUpDonating, TestFailedDonationWithdraws,
+//     and in package group_test TestGroupGaveUpWithdraws,
+//     TestGaveUpAfterTheRound.
 package host

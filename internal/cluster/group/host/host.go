@@ -915,8 +915,9 @@ func (h *Host) roundAnswerLocked(a arrival) []byte {
 	return ans
 }
 
-// withdrawLocked answers a member's OpWithdraw: its collective ended on
-// its context before its answer came. Its arrival in the round under way
+// withdrawLocked answers a member's OpWithdraw: its collective ended
+// before its answer came, on its context or on a failure (a donation
+// that failed, a request that failed). Its arrival in the round under way
 // (or the parts of its vector) is taken out, its vector with it: the
 // round completes once every member present is waiting in it, with the
 // sum of theirs, and waits for this member to come again or leave

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +72,51 @@ func TestGaveUpDonating(t *testing.T) {
 	}
 	if g.states[3].step != 2 || g.states[3].w[0] != g.states[0].w[0] {
 		t.Errorf("the slot: step %d, weights %v; want step 2, member 0's %v", g.states[3].step, g.states[3].w, g.states[0].w)
+	}
+}
+
+// failingState is a member's state whose marshalling, asked for a
+// restart, fails.
+type failingState struct{ *weights }
+
+func (s failingState) MarshalBinary() ([]byte, error) {
+	return nil, errors.New("no state to give")
+}
+
+// TestFailedDonationWithdraws: a member asked at its step for the state
+// of a slot that joins, whose donation fails (an error, not its
+// context's end), withdraws as one whose context ended does: the state
+// will not come from it, and the next member to arrive is asked. Before,
+// only a context's end withdrew: the host waited for that member's state,
+// the slot for the host's, and the step for the slot.
+func TestFailedDonationWithdraws(t *testing.T) {
+	t.Parallel()
+	g := newMovesGroup(t)
+	g.mustStep(0, 0, 1, 2)
+	joined := g.joinSlot()
+	if err := g.members[0].Keep(g.ctx, 0, failingState{g.states[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.members[0].AllReduce(g.ctx, 0, nodes.Floats{1}); err == nil || !strings.Contains(err.Error(), "no state to give") {
+		t.Fatalf("member 0's step, its donation failing: %v, want the donation's error", err)
+	}
+	stepped := make(chan []error, 1)
+	go func() { stepped <- g.step(1, 1, 2) }()
+	select {
+	case err := <-joined:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slot waits for a state member 0 failed to send")
+	}
+	g.mustStep(1, 0, 3)
+	for _, err := range <-stepped {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g.states[3].step != 2 || g.states[3].w[0] != g.states[1].w[0] {
+		t.Errorf("the slot: step %d, weights %v; want step 2, member 1's %v", g.states[3].step, g.states[3].w, g.states[1].w)
 	}
 }
