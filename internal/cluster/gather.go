@@ -6,7 +6,6 @@ package cluster
 
 import (
 	"encoding/json"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -92,38 +91,7 @@ func (c *Coordinator) merged(status string, err error) (*report.Report, error) {
 	defer c.mu.Unlock()
 	rep, err := figures.Report(c.figures(), status, err)
 	if c.moves != nil {
-		// A rebalance's slots that never ran are left out, as in one
-		// process (moves.go): a move's slot let go before it started
-		// (the run drained) shows no lifetime.
-		for name, from := range c.moves.From() {
-			rs, ok := rep.Stages[name]
-			if !ok {
-				continue
-			}
-			ran := map[int]bool{}
-			var keep []report.Replica
-			for _, r := range rs.Replicas {
-				if r.Index < from || r.ItemsIn+r.ItemsOut > 0 || r.BusySeconds+r.IdleSeconds+r.BlockedSeconds > 0 {
-					keep = append(keep, r)
-					ran[r.Index] = true
-				}
-			}
-			rs.Replicas = keep
-			rep.Stages[name] = rs
-			// and from the queues' producers and consumers
-			for en, e := range rep.Edges {
-				for qi := range e.Queues {
-					q := &e.Queues[qi]
-					if e.From == name {
-						q.Producers = slices.DeleteFunc(slices.Clone(q.Producers), func(i int) bool { return i >= from && !ran[i] })
-					}
-					if e.To == name {
-						q.Consumers = slices.DeleteFunc(slices.Clone(q.Consumers), func(i int) bool { return i >= from && !ran[i] })
-					}
-				}
-				rep.Edges[en] = e
-			}
-		}
+		c.moves.Report(rep) // a rebalance's slots that never ran left out
 	}
 	return rep, err
 }

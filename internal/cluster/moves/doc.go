@@ -2,8 +2,9 @@
 // where a rebalanced stage's spare slots go (Slots), which replica each
 // move takes away and which slot it starts (Book.Plan), which stages'
 // slots are let go (Book.Release), what a user sees of the slots
-// (Book.Visible), and what a share that takes over a lost worker is
-// told (Book.Job). The coordinator (package cluster, moves.go) asks the
+// (Book.Visible) and of those that never ran in the report
+// (Book.Report), and what a share that takes over a lost worker is told
+// (Book.Job). The coordinator (package cluster, moves.go) asks the
 // shares to make the moves and records each once a share took it
 // (Book.Made, Book.Told); a worker makes its part of each in its engine
 // (package engine's parked.go).
@@ -45,7 +46,10 @@
 //  4. A user sees a rebalanced stage's own replicas, then the slots in
 //     the order moves started them (a replica keeps its place from one
 //     snapshot to the next), never a slot no move started, among the
-//     replicas or an edge's producers. Book.Visible; TestVisibleOrder.
+//     replicas or an edge's producers; the run's report leaves out the
+//     slots that never ran, among the replicas and an edge's producers
+//     and consumers. Book.Visible, Book.Report; TestVisibleOrder,
+//     TestReportLeavesOutSlots.
 //  5. A share taking over a lost worker is told the slots moves
 //     started, the stages whose slots are let go and the replicas moves
 //     took away, so it runs the slots and not those replicas; one that

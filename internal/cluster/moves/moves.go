@@ -78,9 +78,40 @@ func (b *Book) SlotsOf(stage string) []int {
 	return out
 }
 
-// From is each rebalanced stage's first slot: its replicas before it are
-// the spec's.
-func (b *Book) From() map[string]int { return maps.Clone(b.from) }
+// Report leaves a rebalance's slots that never ran out of rep, as a run
+// in one process does: out of each rebalanced stage's replicas (a move's
+// slot let go before it started, the run drained, shows no lifetime) and
+// out of its edges' producers and consumers.
+func (b *Book) Report(rep *report.Report) {
+	for name, from := range b.from {
+		rs, ok := rep.Stages[name]
+		if !ok {
+			continue
+		}
+		ran := map[int]bool{}
+		var keep []report.Replica
+		for _, r := range rs.Replicas {
+			if r.Index < from || r.ItemsIn+r.ItemsOut > 0 || r.BusySeconds+r.IdleSeconds+r.BlockedSeconds > 0 {
+				keep = append(keep, r)
+				ran[r.Index] = true
+			}
+		}
+		rs.Replicas = keep
+		rep.Stages[name] = rs
+		for en, e := range rep.Edges {
+			for qi := range e.Queues {
+				q := &e.Queues[qi]
+				if e.From == name {
+					q.Producers = slices.DeleteFunc(slices.Clone(q.Producers), func(i int) bool { return i >= from && !ran[i] })
+				}
+				if e.To == name {
+					q.Consumers = slices.DeleteFunc(slices.Clone(q.Consumers), func(i int) bool { return i >= from && !ran[i] })
+				}
+			}
+			rep.Edges[en] = e
+		}
+	}
+}
 
 // Job is what a share taking over a lost worker's replicas is told:
 // the slots moves started, the stages whose slots are let go, and the

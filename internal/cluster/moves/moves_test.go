@@ -207,3 +207,33 @@ func TestReleaseOnceInputsEnd(t *testing.T) {
 		t.Errorf("at the run's end: asks %v; want b's everywhere, and a's where not yet said", asks)
 	}
 }
+
+// TestReportLeavesOutSlots: the run's report shows a rebalanced stage's
+// own replicas and the slots that ran (items through them, or a
+// lifetime), as one process does; a slot that never ran (no move started
+// it, or it was let go before it started) is left out of the stage's
+// replicas and of its edges' producers and consumers.
+func TestReportLeavesOutSlots(t *testing.T) {
+	b := New(map[string]int{"b": 2}, map[string][]string{"b": {"w1", "w2", "w2"}}) // slots 2, 3, 4
+	rep := &report.Report{
+		Stages: map[string]report.Stage{"b": {Replicas: []report.Replica{
+			{Index: 0}, {Index: 1}, {Index: 2, ItemsIn: 5}, {Index: 3}, {Index: 4, BusySeconds: 0.5}}}},
+		Edges: map[string]report.Edge{
+			"in":  {From: "a", To: "b", Queues: []report.Queue{{Producers: []int{0}, Consumers: []int{0, 1, 2, 3, 4}}}},
+			"out": {From: "b", To: "c", Queues: []report.Queue{{Producers: []int{0, 1, 2, 3, 4}, Consumers: []int{0}}}},
+		}}
+	b.Report(rep)
+	var got []int
+	for _, r := range rep.Stages["b"].Replicas {
+		got = append(got, r.Index)
+	}
+	if want := []int{0, 1, 2, 4}; !slices.Equal(got, want) {
+		t.Errorf("b's replicas in the report: %v, want %v (its own, and the slots that ran)", got, want)
+	}
+	if q := rep.Edges["in"].Queues[0]; !slices.Equal(q.Consumers, []int{0, 1, 2, 4}) || !slices.Equal(q.Producers, []int{0}) {
+		t.Errorf("edge in: producers %v, consumers %v; want a's 0, b's 0, 1, 2 and 4", q.Producers, q.Consumers)
+	}
+	if q := rep.Edges["out"].Queues[0]; !slices.Equal(q.Producers, []int{0, 1, 2, 4}) || !slices.Equal(q.Consumers, []int{0}) {
+		t.Errorf("edge out: producers %v, consumers %v; want b's 0, 1, 2 and 4, c's 0", q.Producers, q.Consumers)
+	}
+}
