@@ -46,7 +46,7 @@
 //     finished after the save is named for eviction and restores too; a
 //     group that saves nothing cannot restore, and says why.
 //     Host.restoreLocked, Host.Evictions, Host.Why; TestGroupLostWhole,
-//     and in package cluster TestEvictForRestore.
+//     and in package restarts TestEvictForRestore.
 //  7. A member that had finished on a lost worker has left, once, even
 //     where its leave never came. Host.LeftLost; TestLeftLost.
 //  8. The package starts no goroutine: a Host answers on the goroutine of
@@ -64,7 +64,7 @@
 //     lost (it left last, or is the last present) is lost as any member is.
 //     Host.Moved, Host.LoseMoved, Host.restoreLocked;
 //     TestMovedLostBeforeLeave, TestMovedNotRestored, and in package
-//     cluster TestLoseMovedMember.
+//     restarts TestLoseMovedMember.
 //  11. An item that comes again from a shared queue (its first member's
 //     share lost, or stopped keeping it) is dropped by whichever member
 //     takes it where a completed round trained it, settled at once or at

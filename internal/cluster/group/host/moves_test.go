@@ -206,7 +206,7 @@ func TestMovedLostBeforeLeave(t *testing.T) {
 	g.mustStep(0, 0, 1, 2)
 	g.h.Moved(2)
 	g.arriveAlone(2, "it1-2", 100)
-	g.h.LeftLost(2, "w2") // the coordinator's loseMember for a member a move took
+	g.h.LeftLost(2, "w2") // package restarts' loss.member for a member a move took
 	done := make(chan []error, 1)
 	go func() { done <- g.step(1, 0, 1) }()
 	select {
