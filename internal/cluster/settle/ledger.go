@@ -38,15 +38,15 @@ import (
 //   - the input is settled by one rule (Taken.Done, as the engine lets it
 //     go): once every publish of what its replica sent has the server's
 //     answer (Taken.Finish, Taken.answered), or, where the replica's group
-//     saves, once a save holds it (Holder.Keeps: package share's tracked
+//     saves, once a save holds it (Holder.Keeps: package follow's tracked
 //     keeps it until then); the ledger acks it then (Ledger.Settle), in
 //     batches, and keeps it from redelivery until the server has the acks
 //     (a flush); a worker lost before that has its input redelivered to
 //     the share that takes over, which does it again: nothing is lost, and
 //     what it sends again is dropped;
 //   - a followed replica that has returned is recorded settled once all
-//     it took is (package share's recordSettled); a lost worker's replica
-//     recorded so is not run again (Coordinator.recover, endedOn): nothing
+//     it took is (package follow's recordSettled); a lost worker's replica
+//     recorded so is not run again (package restarts, endedOn): nothing
 //     of it can come back, and run again it could take another lost
 //     replica's item from a shared input and send it after the end its
 //     consumers ended on;
@@ -137,6 +137,7 @@ func (lg *Ledger) done(t *Taken) {
 // background group.
 func (lg *Ledger) Run() {
 	var later <-chan time.Time // a position moved and not yet recorded
+	var last time.Time         // the last settle began
 	for {
 		select {
 		case <-lg.env.Stop.Done():
@@ -144,6 +145,16 @@ func (lg *Ledger) Run() {
 		case <-lg.wake:
 		case <-later:
 		}
+		// What finishes within settleEvery of the last settle waits for
+		// the rest: one flush for them all.
+		if wait := settleEvery - time.Since(last); wait > 0 {
+			select {
+			case <-lg.env.Stop.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
 		if err := lg.settle(false); err != nil {
 			lg.share.Fatal(err)
 			return
@@ -154,6 +165,11 @@ func (lg *Ledger) Run() {
 		}
 	}
 }
+
+// settleEvery is how often the ledger settles, at most: each settle ends
+// with a flush, a round trip to the server, which where items come a few
+// at a time cost a round trip for every few items.
+const settleEvery = 2 * time.Millisecond
 
 // recordEvery is how often a settle that moves a resuming source's
 // position records it, at most: a write to the position bucket per settle
