@@ -56,18 +56,30 @@
 //   - internal/cluster/moves: a rebalance's record across hosts, where its
 //     spare slots go, which replica each move takes and which slot it
 //     starts, and which stages' slots are let go;
-//   - internal/cluster/share: a worker's share of a run, its queues on
-//     JetStream (the edge: room, grants, bound, publishes, pulls), the
-//     settling of what its replicas take, chains, local groups' saves;
+//   - internal/cluster/share: a worker's share of a run: its queues'
+//     links, control, the engine's run and its report;
+//   - internal/cluster/follow: what a share follows of its restartable
+//     replicas (the delivery each holds, what it keeps for its group's
+//     save, its settled record), local groups' saves, resuming sources;
+//   - internal/cluster/edge: a queue on JetStream as a share sees it
+//     (room, grants, publishes, pulls, ends, large items' bytes);
+//   - internal/cluster/settle: the receipts of what a share takes and the
+//     ledger that settles them;
 //   - internal/cluster/wire: what the coordinator and the shares agree on
 //     (the job, subjects, streams and buckets, records, rules on kinds);
 //   - internal/cluster/dataplane: a share's store of large items' bytes
 //     and its HTTP server;
-//   - internal/cluster/group: the collectives of a replica group across
-//     workers, the coordinator's Host and a share's Member;
+//   - internal/cluster/group: a replica group across workers as its
+//     members see it: the wire and a share's Member;
+//   - internal/cluster/group/host: the coordinator's Host of each group
+//     stage: rounds and sums, leaves, losses, the state handed to
+//     restarts and slots, a restore;
+//   - internal/cluster/ranks: where the ranks of a group across workers
+//     meet their rank 0;
 //   - internal/cluster/control: placement, a worker's roots, the lease a
 //     waiting side judges;
-//   - internal/cluster/broker: the NATS server and connections to it.
+//   - internal/cluster/broker: the NATS server, connections to it, and
+//     JetStream's pull protocol as a queue speaks it.
 //
 // The coordinator's invariants, each with the function that keeps it and
 // a test that fails without it:
