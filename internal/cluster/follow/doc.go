@@ -31,9 +31,14 @@
 //  3. A replica that returned is recorded settled only once all it took
 //     is settled (tracked.SettledOne, tracked.recordLocked,
 //     Replicas.recordSettled). TestSettledRecorded.
-//  4. A node's own clock passes through the share's wrappers
+//  4. An item taken again whose group across workers cannot say whether
+//     it was trained fails the share and is never settled by it, even
+//     where the node goes on receiving past the error: acked, it would be
+//     lost untrained; handed on, it could be trained twice
+//     (tracked.untold, tracked.Keeps). TestUntoldNeverSettled.
+//  5. A node's own clock passes through the share's wrappers
 //     (clocked). TestOwnClockThroughShare.
-//  5. Its one goroutine, a replica's settled record, runs in the share's
+//  6. Its one goroutine, a replica's settled record, runs in the share's
 //     group, and none starts once the group's close has begun
 //     (tracked.recordLocked, Share.Go). TestMain fails the package if a
 //     goroutine outlives its tests, and so does package cluster's, whose

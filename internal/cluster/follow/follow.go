@@ -53,6 +53,9 @@ type Share interface {
 	// before the item it came from is settled (tests crash a worker
 	// there).
 	AfterSend(stage string)
+	// Fail fails the share with err: a replica's item that can be
+	// neither handed on nor settled (untold).
+	Fail(err error)
 	// Go starts f in the share's background group, unless the group's
 	// close has begun: then f does not run.
 	Go(f func())

@@ -18,9 +18,24 @@ import (
 // testShare is a share as the replicas it follows and its ledger see it:
 // a background group that starts nothing once it is stopping.
 type testShare struct {
-	stop context.Context
-	mu   sync.Mutex
-	bg   sync.WaitGroup
+	stop   context.Context
+	mu     sync.Mutex
+	bg     sync.WaitGroup
+	failed error // the first Fail's
+}
+
+func (s *testShare) Fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = err
+	}
+}
+
+func (s *testShare) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
 }
 
 func (s *testShare) Worker() string                { return "w" }

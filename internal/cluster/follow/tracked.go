@@ -50,6 +50,9 @@ type tracked struct {
 	open     int
 	key      string
 	recorded bool
+	// untoldOf is an item taken again whose group could not say whether
+	// it was trained: never settled here (untold)
+	untoldOf *settle.Taken
 }
 
 // SettledOne notes that an item it took is settled (settle.Holder).
@@ -141,6 +144,9 @@ func (t *tracked) Keeps(d *settle.Taken) bool {
 	defer t.mu.Unlock()
 	if t.cur == d {
 		t.cur = nil
+	}
+	if d == t.untoldOf {
+		return true // never settled here (untold)
 	}
 	round := t.round
 	t.round = 0
@@ -252,6 +258,7 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 		if rec != nil && rec.Again() { // rare: the group is looked up only then
 			if g := t.f.groupOf(t.Stage()); g != nil {
 				if at, trained, err = t.trained(ctx, g, rec.ID()); err != nil {
+					t.untold(ctx, rec, err)
 					return nil, err
 				}
 			}
@@ -288,6 +295,22 @@ func (in *trackedIn) Recv(ctx context.Context) (any, error) {
 			return item, nil
 		}
 		fmt.Fprintf(t.f.env.Share.Log(), "dflow worker %s: stage %s replica %d drops item %s, which the state it took over was trained on\n", t.f.env.Share.Worker(), t.Stage(), t.Index(), rec.ID())
+	}
+}
+
+// untold keeps rec, an item taken again whose group could not say
+// whether it trained it, from being settled here, and fails the share
+// (unless the run is ending): a node that goes on receiving past the
+// error must not have the item acked untrained, nor trained twice. The
+// item stays in its stream.
+func (t *tracked) untold(ctx context.Context, rec *settle.Taken, err error) {
+	t.mu.Lock()
+	t.cur, t.untoldOf = rec, rec
+	rec.HeldBy(t)
+	t.open++
+	t.mu.Unlock()
+	if ctx.Err() == nil {
+		t.f.env.Share.Fail(err)
 	}
 }
 
