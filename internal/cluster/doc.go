@@ -96,7 +96,7 @@
 //     TestFinishedReplicaStays and TestFinishedChainStaysWhole.
 //  2. A lost share's chain record is sealed before its replicas restart,
 //     so a share that was only slow acks nothing more. sealChain (by
-//     wire.SealChain); TestChainRecordSealed (package share).
+//     wire.SealChain); TestChainRecordSealed (package settle).
 //  3. A run that completed or drained is counted by its streams and its
 //     chain records, read once every share is done, and ends with the
 //     report figures.Report gives, its books checked: one that does not

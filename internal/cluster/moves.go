@@ -121,7 +121,7 @@ func (c *Coordinator) move(s *report.Snapshot, ms []report.Move) bool {
 		c.mu.Lock()
 		c.moves.Made(u)
 		if h := c.groups[u.From]; h != nil {
-			h.Moved(u.Leave) // it does not come back to its group (membership.go)
+			h.Moved(u.Leave) // it does not come back to its group (package restarts)
 		}
 		c.mu.Unlock()
 		ms[u.Move].Replicas++

@@ -93,7 +93,7 @@ func followed(t *testing.T, job *wire.Job, g *graph.Graph, instance string) (*Re
 }
 
 // TestSettledRecorded: a followed replica that has returned is recorded
-// settled (keySettled, the instance that ran it) only once everything it
+// settled (wire.KeySettled, the instance that ran it) only once everything it
 // took is settled, so that a lost worker's replica recorded so has nothing
 // that could come back to a restart (package finished).
 func TestSettledRecorded(t *testing.T) {

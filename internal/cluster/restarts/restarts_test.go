@@ -7,6 +7,7 @@ import (
 
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster/finished"
+	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/cluster/moves"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
@@ -290,7 +291,7 @@ func TestLoseWholeTwoOnLostWorker(t *testing.T) {
 
 // TestLoseWholeDuringRestore: a group that restarts whole (Whole) of 3
 // members, one a worker, lost whole once (worker w1): every member
-// restores. Member 1's restart has joined (its opJoin answered: it
+// restores. Member 1's restart has joined (its OpJoin answered: it
 // restores no longer, its torch process is about to start) while member
 // 0's restart has not yet, when member 1's new worker is lost too. The
 // group is lost whole again: every member restores its last save, in a
@@ -308,10 +309,10 @@ func TestLoseWholeDuringRestore(t *testing.T) {
 	if _, err := loseMember(&b, v, "w1", train, 0); err != nil {
 		t.Fatal(err)
 	}
-	// member 1 restarted on w2-r1 and joined: its opJoin answered
+	// member 1 restarted on w2-r1 and joined: its OpJoin answered
 	v.Place["train"][1] = "w2-r1"
-	join := &nats.Msg{Data: []byte{4, 1, 0, 0, 0}, Header: nats.Header{}} // opJoin, replica 1
-	join.Header.Set("Dflow-Share", "w2-r1")
+	join := &nats.Msg{Data: []byte{group.OpJoin, 1, 0, 0, 0}, Header: nats.Header{}} // replica 1
+	join.Header.Set(group.HdrShare, "w2-r1")
 	h.Handle(join)
 	if h.Restoring(1) {
 		t.Fatal("member 1's join did not take its restore")

@@ -71,7 +71,7 @@
 //     the save that holds that round (the member keeps it as if it had
 //     trained it: a restore needs it back); one in hand in the round under
 //     way is answered once that round completes or that arrival is
-//     dropped, the asker's wait bounded (package share). What a lost
+//     dropped, the asker's wait bounded (package follow). What a lost
 //     member trained stays counted through later saves (it settled none
 //     of it). Host.askLocked, Host.orphans, and package group's
 //     Member.Trained; TestTrainedInHand, TestMovedMemberDrops,
