@@ -61,5 +61,6 @@
 //  5. A vector crosses as little-endian float32s, bit for bit, whatever the
 //     machine. Encode, Decode; TestVectorWire.
 //  6. The package starts no goroutine: a Member's calls run on the
-//     caller's.
+//     caller's. TestMain fails the package if a goroutine outlives its
+//     tests (package group_test's too).
 package group

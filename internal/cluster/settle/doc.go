@@ -49,5 +49,6 @@
 //     TestSourceLost, TestBytesSourceLost and TestCrashAfterSend.
 //  7. The package starts no goroutine: the ledger's Run runs in its
 //     share's background group and ends once Env.Stop is done. TestMain
-//     of package share fails if a goroutine outlives its test.
+//     fails the package if a goroutine outlives its tests, and so does
+//     package share's, whose tests run the ledger in a share.
 package settle

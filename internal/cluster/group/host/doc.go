@@ -50,7 +50,8 @@
 //  7. A member that had finished on a lost worker has left, once, even
 //     where its leave never came. Host.LeftLost; TestLeftLost.
 //  8. The package starts no goroutine: a Host answers on the goroutine of
-//     the subscription it is given to.
+//     the subscription it is given to. TestMain fails the package if a
+//     goroutine outlives its tests.
 //  9. A rebalance's slot joins by a move as a restart does (it takes the
 //     state a present member hands over, or nothing where the state does
 //     not move, or where every member has finished and the last holds the
