@@ -8,7 +8,7 @@
 // What crosses hosts:
 //
 //   - an edge's queue whose producers and consumers do not all sit in one
-//     worker rides a JetStream work-queue stream (package share): shared
+//     worker rides a JetStream work-queue stream (package edge): shared
 //     is one stream and one durable consumer that every consumer
 //     replica's worker pulls from; round_robin and key_hash keep the
 //     engine's wiring, one stream per queue. Producers publish within
@@ -24,9 +24,10 @@
 //     ends once every producer the graph wires to it has its key and the
 //     stream is empty (every item acked), wherever they ran;
 //   - a stage's replica group whose members sit on several workers is
-//     hosted by the coordinator (package group): members' collectives are
-//     requests that the coordinator answers when every member still present
-//     has arrived; a member's leave is a request too (the uneven-ends rule).
+//     hosted by the coordinator (package group/host; the members' side
+//     is package group): members' collectives are requests that the
+//     coordinator answers when every member still present has arrived; a
+//     member's leave is a request too (the uneven-ends rule).
 //
 // Control (package wire names the subjects): workers announce
 // themselves every 250ms on dflow.hello.NAME; the coordinator sends a job

@@ -29,7 +29,7 @@
 //  5. A share's chain record, once sealed, is never written again: every
 //     write of the share expects the revision of its last, and SealChain
 //     stores the seal by the same compare and set. SealChain;
-//     TestChainRecordSealed (package share).
+//     TestChainRecordSealed (package settle).
 //  6. A stream head settled by n shares is counted once: what it derived
 //     comes off n-1 times. ChainTwice; TestChainTwice.
 //  7. Every share of a run keeps the coordinator's lease and ack wait: the
