@@ -23,16 +23,7 @@ func endsOf(t *testing.T, job *wire.Job, g *graph.Graph) jetstream.KeyValue {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
-	kv, err := js.KeyValue(ctx, wire.BucketEnds(job.Run))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
+	return clustertest.SetupRun(t, js, job, g)
 }
 
 // TestFinishedReplicaStays: a lost worker's replica of a restartable

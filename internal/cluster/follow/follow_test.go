@@ -67,15 +67,7 @@ func followed(t *testing.T, job *wire.Job, g *graph.Graph, instance string) (*Re
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
-	ends, err := js.KeyValue(ctx, wire.BucketEnds(job.Run))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ends := clustertest.SetupRun(t, js, job, g)
 	job.Timings = job.Timings.WithDefaults()
 	stop, cancel := context.WithCancel(context.Background())
 	sh := &testShare{stop: stop}

@@ -7,40 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/group/host"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
-
-// connector starts a server for the test (package cluster's servers are
-// the same NATS server, with JetStream, which a group does not use) and
-// returns a way to connect to it, each connection closed at the test's
-// end. (Package host's tests have the same.)
-func connector(t *testing.T) func() *nats.Conn {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server: not ready after 10s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return func() *nats.Conn {
-		nc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-}
 
 // hostedGroup is a hosted group whose state does not move, each member
 // on a connection of its own, as members on several workers are; per is
@@ -58,7 +31,7 @@ type hostedGroup struct {
 
 func newHostedGroup(t *testing.T, n int) *hostedGroup {
 	t.Helper()
-	conn := connector(t)
+	conn := clustertest.Connector(t)
 	nc := conn()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)

@@ -42,14 +42,7 @@ func TestRankPlaceAttempt(t *testing.T) {
 		job := &wire.Job{Run: "ranks-" + c.place[1], Remote: map[string][]bool{"a": {true}, "b": {true}},
 			Place:   map[string][]string{"src": {"w1"}, "work": c.place, "sink": {"w1"}},
 			Timings: wire.Timings{Lease: 2 * time.Second, AckWait: time.Second}}
-		if err := wire.SetupRun(ctx, js, job.Run, g, job.Remote, wire.DefaultAckWait); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { wire.TeardownRun(js, job.Run, g, job.Remote) })
-		ends, err := js.KeyValue(ctx, wire.BucketEnds(job.Run))
-		if err != nil {
-			t.Fatal(err)
-		}
+		ends := clustertest.SetupRun(t, js, job, g)
 		pl := &Placer{Job: job, Instance: "w1", Ends: ends, Addr: func() string { return "127.0.0.1:1,10.0.0.1:1" },
 			Whole: func(*graph.Stage) bool { return true }}
 		p, err := pl.Place(ctx, work, 0)

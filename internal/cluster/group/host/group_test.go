@@ -12,48 +12,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/nn"
 	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 )
-
-// connector starts a server for the test (package cluster's servers are
-// the same NATS server, with JetStream, which a group does not use) and
-// returns a way to connect to it, each connection closed at the test's
-// end.
-func connector(t *testing.T) func() *nats.Conn {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server: not ready after 10s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return func() *nats.Conn {
-		nc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-}
 
 // TestGroupAcrossWorkers: the coordinator-hosted group sums the members'
 // vectors, and a member's leaving is no longer waited for, whether it
 // leaves between rounds or while the others wait (uneven ends).
 func TestGroupAcrossWorkers(t *testing.T) {
 	t.Parallel()
-	conn := connector(t)
+	conn := clustertest.Connector(t)
 	host := conn()
 	h := New("s", 3, host.MaxPayload(), false)
 	sub, err := host.Subscribe("dflow.r.r.grp.s", h.Handle)
@@ -221,7 +193,7 @@ func (s *weights) UnmarshalBinary(b []byte) error {
 // lost share asks after is refused.
 func TestGroupLostMember(t *testing.T) {
 	t.Parallel()
-	conn := connector(t)
+	conn := clustertest.Connector(t)
 	host := conn()
 	h := New("train", 3, host.MaxPayload(), true)
 	sub, err := host.Subscribe("dflow.r.r.grp.train", h.Handle)
@@ -354,7 +326,7 @@ func TestGroupLostMember(t *testing.T) {
 // live, is evicted for it). A group that saves nothing cannot restore.
 func TestGroupLostWhole(t *testing.T) {
 	t.Parallel()
-	conn := connector(t)
+	conn := clustertest.Connector(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, tc := range []struct {

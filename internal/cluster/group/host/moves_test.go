@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflow-dev/dflow/internal/cluster/clustertest"
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
@@ -28,7 +29,7 @@ type movesGroup struct {
 
 func newMovesGroup(t *testing.T) *movesGroup {
 	t.Helper()
-	conn := connector(t)
+	conn := clustertest.Connector(t)
 	host := conn()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
