@@ -54,6 +54,16 @@ func TestGaveUpDonating(t *testing.T) {
 	if err := <-res; !errors.Is(err, context.Canceled) {
 		t.Fatalf("member 0 gave up donating: %v, want its context's error", err)
 	}
+	slotJoinsThenSteps(t, g, joined, "gave up sending", 0)
+}
+
+// slotJoinsThenSteps is what follows member 0's withdrawn donation (what
+// it did, as the failure says: "gave up sending"): members 1 and 2 step,
+// the slot's joining (joined, from joinSlot) ends without error, member 0
+// and the slot step, and the slot then has step 2 and member donor's
+// weights.
+func slotJoinsThenSteps(t *testing.T, g *movesGroup, joined <-chan error, withdrew string, donor int) {
+	t.Helper()
 	stepped := make(chan []error, 1)
 	go func() { stepped <- g.step(1, 1, 2) }()
 	select {
@@ -62,7 +72,7 @@ func TestGaveUpDonating(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the slot waits for a state member 0 gave up sending")
+		t.Fatalf("the slot waits for a state member 0 %s", withdrew)
 	}
 	g.mustStep(1, 0, 3)
 	for _, err := range <-stepped {
@@ -70,8 +80,8 @@ func TestGaveUpDonating(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if g.states[3].step != 2 || g.states[3].w[0] != g.states[0].w[0] {
-		t.Errorf("the slot: step %d, weights %v; want step 2, member 0's %v", g.states[3].step, g.states[3].w, g.states[0].w)
+	if g.states[3].step != 2 || g.states[3].w[0] != g.states[donor].w[0] {
+		t.Errorf("the slot: step %d, weights %v; want step 2, member %d's %v", g.states[3].step, g.states[3].w, donor, g.states[donor].w)
 	}
 }
 
@@ -100,23 +110,5 @@ func TestFailedDonationWithdraws(t *testing.T) {
 	if _, err := g.members[0].AllReduce(g.ctx, 0, nodes.Floats{1}); err == nil || !strings.Contains(err.Error(), "no state to give") {
 		t.Fatalf("member 0's step, its donation failing: %v, want the donation's error", err)
 	}
-	stepped := make(chan []error, 1)
-	go func() { stepped <- g.step(1, 1, 2) }()
-	select {
-	case err := <-joined:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the slot waits for a state member 0 failed to send")
-	}
-	g.mustStep(1, 0, 3)
-	for _, err := range <-stepped {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if g.states[3].step != 2 || g.states[3].w[0] != g.states[1].w[0] {
-		t.Errorf("the slot: step %d, weights %v; want step 2, member 1's %v", g.states[3].step, g.states[3].w, g.states[1].w)
-	}
+	slotJoinsThenSteps(t, g, joined, "failed to send", 1)
 }
