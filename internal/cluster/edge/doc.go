@@ -14,7 +14,8 @@
 //  1. What a restartable replica sends has an id derived from the
 //     delivery it holds (Queue.Send, DerivedID), so a restart that sends
 //     it again sends the same id, and the edge's stream drops it,
-//     whichever queue it goes to. TestPlacedOnce (package share).
+//     whichever queue it goes to; of 128 bits, two items' ids do not
+//     meet. TestPlacedOnce (package share), TestDerivedID.
 //  2. A publish derived from a delivery is told to it as it goes and as
 //     its answer comes (Receipt: Derived, Answered), so the share settles
 //     the delivery only once all it sent is stored. TestTakenSettledOnce
