@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strconv"
 	"strings"
 	"sync"
@@ -320,20 +321,39 @@ func parseGrant(b []byte) (from string, n int, ok bool) {
 // id is kept from when it is handed on for between window and twice that
 // (two generations, the older dropped as a new one begins), and a followed
 // item, in hand for longer, is known by q.following. So the ids stay a
-// window's worth, not one per item of the run.
+// window's worth, not one per item of the run. Each is kept as 128 bits
+// of hash (idKey), a third of what the string took: at tens of thousands
+// of small items a second a window holds a million ids, and two ids
+// whose keys met would drop the second item as a redelivery, a chance of
+// about n²/2¹²⁹ for n ids in a window.
 type seenIDs struct {
-	cur, old map[string]bool
+	cur, old map[idKey]struct{}
 	since    time.Time
 	window   time.Duration // 4 x the run's ack wait
 }
 
-func (s *seenIDs) has(id string) bool { return s.cur[id] || s.old[id] }
+// idKey is an id's key in seenIDs: two hashes of it under seeds of this
+// process's own (the keys never leave it).
+type idKey [2]uint64
+
+var idSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+func keyOf(id string) idKey {
+	return idKey{maphash.String(idSeeds[0], id), maphash.String(idSeeds[1], id)}
+}
+
+func (s *seenIDs) has(id string) bool {
+	k := keyOf(id)
+	_, cur := s.cur[k]
+	_, old := s.old[k]
+	return cur || old
+}
 
 func (s *seenIDs) add(id string) {
 	if s.cur == nil || time.Since(s.since) > s.window {
-		s.old, s.cur, s.since = s.cur, map[string]bool{}, time.Now()
+		s.old, s.cur, s.since = s.cur, map[idKey]struct{}{}, time.Now()
 	}
-	s.cur[id] = true
+	s.cur[keyOf(id)] = struct{}{}
 }
 
 // decode rebuilds m's item, fetching its bytes from their holder, and
