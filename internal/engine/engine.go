@@ -52,7 +52,8 @@ type Options struct {
 	Group GroupFor
 	// Wrap, when set, is given every stage's node once built and returns
 	// the node to run (a cluster's worker follows what a restartable
-	// stage's replicas take and send this way).
+	// stage's replicas take and send this way); a wrapper made with
+	// Wrapped keeps what the node says of its quiescence.
 	Wrap func(s *graph.Stage, n nodes.Node) nodes.Node
 	// Rebalance, when set for a graph with a rebalance block, is its
 	// policy: the engine moves replicas between the block's stages as it
@@ -591,4 +592,19 @@ func trimStack(b []byte) string {
 		lines = lines[:16]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Wrapped is a node that runs as run does (a wrapper around n that waits
+// on nothing of its own) and says of its replicas' quiescence what n says
+// (nodes.Quiescer), so that the deadlock detector still sees through n.
+func Wrapped(n nodes.Node, run nodes.NodeFunc) nodes.Node {
+	if q, ok := n.(nodes.Quiescer); ok {
+		return quiescent{run, q}
+	}
+	return run
+}
+
+type quiescent struct {
+	nodes.NodeFunc
+	nodes.Quiescer
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/dflow-dev/dflow/internal/cluster/group"
 	"github.com/dflow-dev/dflow/internal/cluster/settle"
 	"github.com/dflow-dev/dflow/internal/cluster/wire"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -112,15 +113,7 @@ func (f *Replicas) Wrap(s *graph.Stage, n nodes.Node) nodes.Node {
 		}
 		return err
 	})
-	if q, ok := n.(nodes.Quiescer); ok {
-		return quiescent{run, q} // the deadlock detector still asks it
-	}
-	return run
-}
-
-type quiescent struct {
-	nodes.NodeFunc
-	nodes.Quiescer
+	return engine.Wrapped(n, run) // the deadlock detector still asks n
 }
 
 // trackedReplica is replica i of stage, as the share follows it.

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/dflow-dev/dflow/graph"
+	"github.com/dflow-dev/dflow/internal/engine"
 	"github.com/dflow-dev/dflow/nodes"
 )
 
@@ -20,13 +21,5 @@ func (l *links) ranked(s *graph.Stage, n nodes.Node) nodes.Node {
 	run := nodes.NodeFunc(func(ctx context.Context, r nodes.Replica) error {
 		return n.Run(nodes.WithRankPlacer(ctx, place), r)
 	})
-	if q, ok := n.(nodes.Quiescer); ok {
-		return quiescent{run, q}
-	}
-	return run
-}
-
-type quiescent struct {
-	nodes.NodeFunc
-	nodes.Quiescer
+	return engine.Wrapped(n, run)
 }
