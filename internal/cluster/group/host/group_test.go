@@ -18,7 +18,23 @@ import (
 	nnreduce "github.com/dflow-dev/dflow/internal/nn/reduce"
 	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
+	"github.com/nats-io/nats.go"
 )
+
+// serve answers the group's requests with h on host's connection, on the
+// subject of stage's group in run r, until the test ends; it returns
+// that subject.
+func serve(t *testing.T, host *nats.Conn, h *Host, stage string) string {
+	t.Helper()
+	subject := "dflow.r.r.grp." + stage
+	sub, err := host.Subscribe(subject, h.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	host.Flush()
+	return subject
+}
 
 // TestGroupAcrossWorkers: the coordinator-hosted group sums the members'
 // vectors, and a member's leaving is no longer waited for, whether it
@@ -28,12 +44,7 @@ func TestGroupAcrossWorkers(t *testing.T) {
 	conn := clustertest.Connector(t)
 	host := conn()
 	h := New("s", 3, host.MaxPayload(), false)
-	sub, err := host.Subscribe("dflow.r.r.grp.s", h.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	host.Flush()
+	serve(t, host, h, "s")
 	var members []*group.Member
 	for range 3 {
 		members = append(members, &group.Member{NC: conn(), Subject: "dflow.r.r.grp.s"})
@@ -196,12 +207,7 @@ func TestGroupLostMember(t *testing.T) {
 	conn := clustertest.Connector(t)
 	host := conn()
 	h := New("train", 3, host.MaxPayload(), true)
-	sub, err := host.Subscribe("dflow.r.r.grp.train", h.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	host.Flush()
+	serve(t, host, h, "train")
 	held := make([]string, 3)
 	var hmu sync.Mutex
 	member := func(share string, restart bool) *group.Member {
@@ -344,12 +350,7 @@ func TestGroupLostWhole(t *testing.T) {
 			host := conn()
 			stage := strings.ReplaceAll(tc.name, " ", "_")
 			h := New(stage, 3, host.MaxPayload(), true)
-			sub, err := host.Subscribe("dflow.r.r.grp."+stage, h.Handle)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sub.Unsubscribe()
-			host.Flush()
+			serve(t, host, h, stage)
 			var mu sync.Mutex
 			held := make([]string, 3)
 			heard := make([]uint32, 3)

@@ -36,12 +36,7 @@ func newMovesGroup(t *testing.T) *movesGroup {
 	g := &movesGroup{t: t, ctx: ctx, h: New("train", 4, host.MaxPayload(), true),
 		held: make([]string, 4)}
 	g.h.Park([]int{3})
-	sub, err := host.Subscribe("dflow.r.r.grp.train", g.h.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sub.Unsubscribe() })
-	host.Flush()
+	serve(t, host, g.h, "train")
 	for i := range 4 {
 		share := fmt.Sprintf("w%d", i)
 		g.members = append(g.members, &group.Member{NC: conn(), Subject: "dflow.r.r.grp.train", Share: share,
