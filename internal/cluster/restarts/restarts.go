@@ -176,11 +176,16 @@ type loss struct {
 // restartable stage restart, each leaving its group across workers
 // (member); one that keeps state and cannot restart elsewhere fails the
 // run. The coordinator restarts them (View.LeastLoaded) and counts lost
-// the shares it evicts.
+// the shares it evicts. A share the view lacks fails the run, saying so:
+// nothing is known of what it ran.
 func (b *Book) Lose(v *View, share string, ended map[finished.Replica]bool) *Loss {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := v.Shares[share]
+	if in == nil {
+		return &Loss{Why: fmt.Sprintf("share %s lost", share),
+			Err: fmt.Errorf("share %s was counted lost, but the coordinator has no record of it: what it ran cannot be restarted", share)}
+	}
 	l := &loss{Loss: &Loss{Last: in.Last}, b: b, v: v, in: in}
 	l.Why = fmt.Sprintf("worker %s lost (no word from it for %v)", in.Worker, v.Lease)
 	if in.Evict != "" {

@@ -104,6 +104,19 @@ func TestLoseStaysOrMoves(t *testing.T) {
 	}
 }
 
+// TestLoseUnknownShare: a share the view lacks fails the run with an
+// error naming it, and nothing stays or moves.
+func TestLoseUnknownShare(t *testing.T) {
+	t.Parallel()
+	work := &graph.Stage{Name: "work", Node: "stepper", Replicas: 1, Inputs: in}
+	v := view([]*graph.Stage{work}, map[string][]string{"work": {"w1"}}, nil, "w1")
+	var b Book
+	l := b.Lose(v, "w9", nil)
+	if l.Err == nil || !strings.Contains(l.Err.Error(), "share w9") || len(l.Stay)+len(l.Move) > 0 {
+		t.Errorf("lose a share not in the view: err %v, stay %v, move %v; want an error naming w9 and nothing decided", l.Err, l.Stay, l.Move)
+	}
+}
+
 // TestLeastLoaded: a restart goes to the live worker running the fewest
 // replicas (its restarts' shares counted on it), never one counted gone
 // or silent past the lease.
