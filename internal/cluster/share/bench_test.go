@@ -372,21 +372,35 @@ func BenchmarkCreditLoop(b *testing.B) {
 }
 
 // twoProcesses starts an embedded server, this process on a third of the
-// cores (restored at the benchmark's end), and returns it with a maker of
-// the commands that run this test binary again in a role of echo's.
+// cores (restored at the benchmark's end) unless GOMAXPROCS says
+// otherwise, as run.LocalProcs shares them, and returns it with a maker
+// of the commands that run this test binary again in a role of echo's.
+// A command still running after a minute and a millisecond a request or
+// item (a grant word lost, say, or the other end gone) is killed, and so
+// fails the benchmark rather than hang it.
 func twoProcesses(b *testing.B) (*broker.Server, func(role string, out io.Writer) *exec.Cmd) {
-	procs := max(1, runtime.NumCPU()/3)
-	was := runtime.GOMAXPROCS(procs)
-	b.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	env := []string{echoNEnv + "=" + strconv.Itoa(b.N)}
+	if os.Getenv("GOMAXPROCS") == "" {
+		procs := max(1, runtime.GOMAXPROCS(0)/3)
+		was := runtime.GOMAXPROCS(procs)
+		b.Cleanup(func() { runtime.GOMAXPROCS(was) })
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(procs))
+	}
+	bound := time.Minute + time.Duration(b.N)*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	b.Cleanup(cancel)
 	srv, err := broker.StartServer(broker.ServerOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	return srv, func(role string, out io.Writer) *exec.Cmd {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), echoEnv+"="+role, echoURLEnv+"="+srv.URL, echoTokenEnv+"="+srv.Token,
-			echoNEnv+"="+strconv.Itoa(b.N), "GOMAXPROCS="+strconv.Itoa(procs))
+		cmd := exec.CommandContext(ctx, os.Args[0])
+		cmd.Env = append(append(os.Environ(), env...), echoEnv+"="+role, echoURLEnv+"="+srv.URL, echoTokenEnv+"="+srv.Token)
 		cmd.Stdout, cmd.Stderr = out, os.Stderr
+		cmd.Cancel = func() error {
+			fmt.Fprintf(os.Stderr, "echo %s: still running after %v: killed\n", role, bound)
+			return cmd.Process.Kill()
+		}
 		return cmd
 	}
 }
@@ -406,16 +420,17 @@ const (
 )
 
 // echo is one of the benchmarks' other processes. "answer" answers each
-// request with its own bytes until killed; "ask" waits for the answers to
-// begin, times DFLOW_BENCH_ECHO_N requests one after another and prints
-// their median and mean in nanoseconds. "produce" and "consume" are
+// request with its own bytes until killed (or the server is gone); "ask"
+// times requests (echoAsk). "produce" and "consume" are
 // BenchmarkCreditLoop's two ends; the consumer prints its rate.
 func echo(role string) {
 	fail := func(err error) {
 		fmt.Fprintf(os.Stderr, "echo %s: %v\n", role, err)
 		os.Exit(1)
 	}
-	nc, err := broker.Connect(broker.ConnOptions{URL: os.Getenv(echoURLEnv), Token: os.Getenv(echoTokenEnv)})
+	closed := make(chan struct{})
+	nc, err := broker.Connect(broker.ConnOptions{URL: os.Getenv(echoURLEnv), Token: os.Getenv(echoTokenEnv),
+		OnClosed: func() { close(closed) }})
 	if err != nil {
 		fail(err)
 	}
@@ -429,34 +444,44 @@ func echo(role string) {
 		if _, err := nc.Subscribe(echoSubject, func(m *nats.Msg) { m.Respond(m.Data) }); err != nil {
 			fail(err)
 		}
-		select {}
+		<-closed // not before the server is gone, should the benchmark not kill it
+		err = fmt.Errorf("the connection to the server is closed")
 	case "ask":
-		if !testutil.Within(30*time.Second, func() bool {
-			_, err := nc.Request(echoSubject, []byte("x"), 100*time.Millisecond)
-			return err == nil
-		}) {
-			fail(fmt.Errorf("no answer within 30s"))
-		}
-		took := make([]time.Duration, 0, n)
-		var sum time.Duration
-		for range n {
-			t := time.Now()
-			if _, err := nc.Request(echoSubject, []byte("x"), 5*time.Second); err != nil {
-				fail(err)
-			}
-			took = append(took, time.Since(t))
-			sum += took[len(took)-1]
-		}
-		slices.Sort(took)
-		fmt.Println(took[len(took)/2].Nanoseconds(), (sum / time.Duration(max(n, 1))).Nanoseconds())
+		err = echoAsk(nc, n)
 	case "produce":
 		err = loopProduce(nc, n)
 	case "consume":
 		err = loopConsume(nc, n)
+	default:
+		err = fmt.Errorf("no such role")
 	}
 	if err != nil {
 		fail(err)
 	}
+}
+
+// echoAsk waits for the answers to begin, times n requests one after another
+// and prints their median and mean in nanoseconds.
+func echoAsk(nc *nats.Conn, n int) error {
+	if !testutil.Within(30*time.Second, func() bool {
+		_, err := nc.Request(echoSubject, []byte("x"), 100*time.Millisecond)
+		return err == nil
+	}) {
+		return fmt.Errorf("no answer within 30s")
+	}
+	took := make([]time.Duration, 0, n)
+	var sum time.Duration
+	for range n {
+		t := time.Now()
+		if _, err := nc.Request(echoSubject, []byte("x"), 5*time.Second); err != nil {
+			return err
+		}
+		took = append(took, time.Since(t))
+		sum += took[len(took)-1]
+	}
+	slices.Sort(took)
+	fmt.Println(took[len(took)/2].Nanoseconds(), (sum / time.Duration(max(n, 1))).Nanoseconds())
+	return nil
 }
 
 // loopProduce publishes n messages within the credit the consumer grants.
