@@ -2,9 +2,14 @@ package run_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,4 +58,134 @@ func TestEmbedExample(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEmbedWorkerKilled: exactly once for an item type an embedder
+// registers, a Go value type (examples/embed's int, with a wire encoding
+// of its own), across a SIGKILLed worker. examples/embed runs on a local
+// cluster of three of its own workers, the numbers and their squares
+// crossing between them as ints; once the worker that runs only square[0]
+// has done some of the work, it is killed. Its replica restarts on another
+// worker, and the sum of the squares, the counts of every stage and edge
+// and the run's status must all be exact: an int lost or handed on twice
+// would change the sum.
+func TestEmbedWorkerKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a separate module")
+	}
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("needs /proc to see a worker's CPU time")
+	}
+	dir, err := filepath.Abs("../examples/embed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := testutil.Built(dir, ".", []string{"GOWORK=off", "GOFLAGS="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200000
+	cmd := exec.CommandContext(ctx, bin, "-n", strconv.Itoa(n), "-local-cluster", "3", "-log")
+	var out strings.Builder
+	cmd.Stdout = &out
+	var log syncBuffer
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// The victim: the worker that runs square replicas only (no numbers,
+	// no sum), once the run has begun; its pid from the local cluster's
+	// line.
+	var victim string
+	var pid int
+	if !testutil.Within(time.Minute, func() bool {
+		for _, line := range strings.Split(log.String(), "\n") {
+			if w, ok := strings.CutPrefix(line, "dflow worker "); ok {
+				if name, reps, ok := strings.Cut(w, ": run "); ok {
+					if _, what, ok := strings.Cut(reps, ": "); ok && strings.HasPrefix(what, "square[") && !strings.Contains(what, "numbers") && !strings.Contains(what, "sum") {
+						victim = name
+					}
+				}
+			}
+		}
+		if victim == "" || !strings.Contains(log.String(), "dflow: cluster run ") {
+			return false
+		}
+		_, after, ok := strings.Cut(log.String(), victim+" (pid ")
+		if !ok {
+			return false
+		}
+		pid, err = strconv.Atoi(after[:strings.IndexByte(after, ')')])
+		return err == nil
+	}) {
+		cmd.Process.Kill()
+		t.Fatalf("no worker running square replicas only, with its pid, within a minute:\n%s", log.String())
+	}
+	// Some of the work done there: a third of a second of its CPU.
+	if !testutil.Within(time.Minute, func() bool { return cpuTicks(pid) >= 33 }) {
+		cmd.Process.Kill()
+		t.Fatalf("worker %s (pid %d) did not spend a third of a second of CPU within a minute:\n%s", victim, pid, log.String())
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s (pid %d): %v", victim, pid, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("embed: %v\n%s\n%s", err, out.String(), log.String())
+	}
+	for _, want := range []string{
+		"run ok in",
+		fmt.Sprintf("stage square     in=%d out=%d", n, n),
+		fmt.Sprintf("edge  n          shared      produced=%d consumed=%d", n, n),
+		fmt.Sprintf("edge  s          shared      produced=%d consumed=%d", n, n),
+		fmt.Sprintf("sum of squares of 1..%d = %d,", n, int64(n)*(n+1)*(2*n+1)/6),
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if !strings.Contains(log.String(), "restarting square[") {
+		t.Errorf("no square replica restarted after %s was killed:\n%s", victim, log.String())
+	}
+}
+
+// cpuTicks is the user and system CPU time process pid has spent, in
+// clock ticks (a hundredth of a second on Linux), or 0 if it cannot be
+// read.
+func cpuTicks(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// after the command's name, in parentheses: state is field 3, utime
+	// and stime fields 14 and 15
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.Atoi(f[11])
+	s, _ := strconv.Atoi(f[12])
+	return u + s
+}
+
+// syncBuffer is a strings.Builder safe for one writer and readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

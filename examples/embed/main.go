@@ -39,10 +39,15 @@ func main() {
 	}
 	n := flag.Int("n", 1000, "square and sum the numbers 1..N")
 	local := flag.Int("local-cluster", 0, "run on a local cluster of `N` worker processes of this program")
+	log := flag.Bool("log", false, "with -local-cluster, print the cluster's lines (where each replica runs, restarts) on stderr")
 	flag.Parse()
 	var err error
 	if *local > 0 {
-		err = onCluster(*n, *local, os.Stdout)
+		logw := io.Discard
+		if *log {
+			logw = os.Stderr
+		}
+		err = onCluster(*n, *local, os.Stdout, logw)
 	} else {
 		err = pipeline(*n, os.Stdout)
 	}

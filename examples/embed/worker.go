@@ -113,15 +113,16 @@ edge "s" {
 `
 
 // onCluster runs the pipeline on a local cluster of workers workers,
-// each this program (`embed worker ...`), with the sum on the last.
-func onCluster(n, workers int, w io.Writer) error {
+// each this program (`embed worker ...`), with the sum on the last; the
+// cluster's lines go to log.
+func onCluster(n, workers int, w, log io.Writer) error {
 	src := fmt.Appendf(nil, clusterSpec, n)
 	g, diags := (&graph.Loader{Catalog: registry()}).Load("embed.hcl", src)
 	if diags.HasErrors() {
 		return diags
 	}
 	rep, err := run.Run(context.Background(), g, run.Options{Registry: registry(), Cluster: &run.Cluster{
-		Local: workers, Src: src, Log: io.Discard,
+		Local: workers, Src: src, Log: log,
 		Place: map[string][]string{"sum": {fmt.Sprintf("local%d", workers)}},
 	}})
 	if err != nil {
