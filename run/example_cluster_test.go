@@ -22,6 +22,10 @@ import (
 // Cluster.WorkerCommand), started as `PROGRAM worker --join URL ...`:
 // right for dflow, and here for the test binary, which TestMain makes a
 // worker. A program of your own sets WorkerCommand to []string{"dflow"}.
+//
+// Each item takes work 100 ms, so that what an item costs between the
+// workers (a few milliseconds on a loaded machine) leaves it well above
+// the 80% busy at which the diagnosis names it.
 func Example_cluster() {
 	reg := nodes.NewRegistry()
 	synthetic.Register(reg)
@@ -29,13 +33,13 @@ func Example_cluster() {
 stage "src" {
   node = "synthetic_source"
   config {
-    count = 100
+    count = 40
   }
 }
 stage "work" {
   node = "synthetic_work"
   config {
-    service_time = "40ms"
+    service_time = "100ms"
   }
 }
 stage "done" {
@@ -76,6 +80,6 @@ edge "b" {
 		fmt.Println(first)
 	}
 	// Output:
-	// ok 100 [local1 local2]
+	// ok 40 [local1 local2]
 	// stage work limits throughput
 }
