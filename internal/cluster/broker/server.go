@@ -212,6 +212,15 @@ func explain(o ConnOptions, err error) error {
 		return fmt.Errorf("the cluster at %s refused the connection: %s (give the cluster's token with --token or DFLOW_CLUSTER_TOKEN, or a NATS credentials file with --creds or DFLOW_CLUSTER_CREDS)", o.URL, what)
 	case errors.Is(err, nats.ErrNoServers):
 		return fmt.Errorf("no cluster server answers at %s (is the coordinator's or nats-server running, and the URL right?): %v", o.URL, err)
+	case isTimeout(err):
+		return fmt.Errorf("nothing at %s answered as a NATS server in time (a firewall dropping the packets, or another service on that port?): %v", o.URL, err)
 	}
 	return fmt.Errorf("cannot connect to the cluster at %s: %v", o.URL, err)
+}
+
+// isTimeout says whether err is a network wait that ran out: a peer that
+// accepted the connection and never spoke, or packets dropped on the way.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() || errors.Is(err, nats.ErrTimeout)
 }

@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"net"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -24,5 +26,42 @@ func TestServerAnyPort(t *testing.T) {
 	}
 	if urls[0] == urls[1] {
 		t.Errorf("two servers on one address: %v", urls)
+	}
+}
+
+// TestConnectSilentPeer: a peer that takes the connection and never
+// speaks (another service on the port, say) is said to be so, not a bare
+// read error.
+func TestConnectSilentPeer(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	var held []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	url := "nats://" + l.Addr().String()
+	_, err = Connect(ConnOptions{URL: url, Token: "t"})
+	if err == nil || !strings.Contains(err.Error(), "nothing at "+url+" answered as a NATS server in time") {
+		t.Errorf("connecting to a silent peer: %v", err)
 	}
 }
