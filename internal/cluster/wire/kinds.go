@@ -29,7 +29,7 @@ func Hosted(reg *nodes.Registry, s *graph.Stage, place []string, slotted bool) b
 	return Spread(place) || (s.Replicas == 1 || slotted) && Moves(reg, s)
 }
 
-// Placed says which replicas an instance runs.
+// Placed says which replicas an instance runs, or that it runs none.
 func Placed(g *graph.Graph, job *Job, inst string) string {
 	s := ""
 	for _, st := range g.Stages {
@@ -41,6 +41,9 @@ func Placed(g *graph.Graph, job *Job, inst string) string {
 				s += fmt.Sprintf("%s[%d]", st.Name, i)
 			}
 		}
+	}
+	if s == "" {
+		return "no replicas here"
 	}
 	return s
 }

@@ -67,3 +67,15 @@ func TestKinds(t *testing.T) {
 		t.Error("a stage whose state does not move, with slots on one worker: hosted, want in process")
 	}
 }
+
+// TestPlaced: an instance's line names its replicas in the graph's
+// order, and says so when it runs none (a worker a run left idle).
+func TestPlaced(t *testing.T) {
+	g := &graph.Graph{Stages: []*graph.Stage{{Name: "src"}, {Name: "work"}}}
+	job := &Job{Place: map[string][]string{"src": {"w1"}, "work": {"w2", "w1"}}}
+	for inst, want := range map[string]string{"w1": "src[0] work[1]", "w2": "work[0]", "w3": "no replicas here"} {
+		if got := Placed(g, job, inst); got != want {
+			t.Errorf("Placed(%s) = %q, want %q", inst, got, want)
+		}
+	}
+}
