@@ -17,6 +17,7 @@ const (
 	siblingGap     = 0.25 // a replica idle (or blocked) this much more than its siblings' median
 	fullShare      = 0.90 // a queue this full on average is "always full"
 	emptyDepth     = 0.05 // a queue this empty on average is "always empty"
+	crossingShare  = 0.25 // an edge across hosts this full on average can hold its producer back
 	minRunSeconds  = 0.05 // shorter runs are too short to judge
 	minBusy        = 0.10 // a consumer busier than this is worth feeding faster
 	dataWaitShare  = 0.30 // members waiting this much of each step for data are starved by their producers
@@ -281,12 +282,17 @@ func queueRules(g *graph.Graph, rep *report.Report, e *graph.Edge) []string {
 		case q.MeanDepth >= fullShare*float64(re.Capacity):
 			// A consumer blocked on outputs that are full themselves is
 			// not the cause: what holds it back is further downstream.
-			why := "cannot keep up"
-			if full := fullEdgesFrom(g, rep, e.To.Stage); len(full) > 0 && median(blocked) >= siblingGap {
-				why = "is held back in turn by " + strings.Join(full, ", ")
+			why, advice := "cannot keep up", ""
+			if median(blocked) >= siblingGap {
+				if full := fullEdgesFrom(g, rep, e.To.Stage); len(full) > 0 {
+					why = "is held back in turn by " + strings.Join(full, ", ")
+				} else if across := crossingEdgesFrom(g, rep, e.To.Stage); len(across) > 0 {
+					why = "is held back in turn by " + strings.Join(across, ", ")
+					advice = "; a send across hosts waits for room its consumer's worker says through the server, a round trip for each capacity's worth of items: a larger capacity there lets more go at once"
+				}
 			}
-			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s %s and holds back %s",
-				name, q.MeanDepth, re.Capacity, who, why, e.From.Stage.Name))
+			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s %s and holds back %s%s",
+				name, q.MeanDepth, re.Capacity, who, why, e.From.Stage.Name, advice))
 		case q.MeanDepth <= emptyDepth && re.Produced > 0 && len(idle) > 0 &&
 			median(idle) >= siblingGap && median(busy) >= minBusy:
 			out = append(out, fmt.Sprintf("%s is always empty (mean depth %.2f): %s waits for input %s of the time",
@@ -311,6 +317,29 @@ func fullEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string 
 				names = append(names, "edge "+e.Name)
 				break
 			}
+		}
+	}
+	return names
+}
+
+// crossingEdgesFrom names the edges leaving stage s that cross hosts and
+// are not empty, with their depth ("edge s, which crosses hosts (mean
+// depth 3.9 of 8)"): a producer blocked on one waits for its credit,
+// turned by a round trip through the server, though the depth the stream
+// reports stays below the capacity.
+func crossingEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
+	var names []string
+	for _, e := range g.Edges {
+		re, ok := rep.Edges[e.Name]
+		if e.From.Stage != s || !ok || re.Carried != report.CarriedCrosses {
+			continue
+		}
+		depth := 0.0
+		for _, q := range re.Queues {
+			depth = max(depth, q.MeanDepth)
+		}
+		if depth >= crossingShare*float64(re.Capacity) {
+			names = append(names, fmt.Sprintf("edge %s, which crosses hosts (mean depth %.1f of %d)", e.Name, depth, re.Capacity))
 		}
 	}
 	return names

@@ -160,6 +160,23 @@ func TestDiagnoseRules(t *testing.T) {
 	if want := "edge tokens is always full (mean depth 15.5 of 16): target (busy 49%, blocked 51%) is held back in turn by edge hs and holds back reader"; !strings.Contains(all, want) {
 		t.Errorf("missing %q in:\n%s", want, all)
 	}
+	// Blocked on an output that crosses hosts and is not full by its
+	// depth (the stream's count), a consumer waits on that edge's credit:
+	// the diagnosis says so and what to do, rather than "cannot keep up".
+	hs := rep.Edges["hs"]
+	hs.Queues = []report.Queue{{MeanDepth: 3.9, Consumers: []int{0}}, {MeanDepth: 3.1, Consumers: []int{1}}, {MeanDepth: 0, Consumers: []int{2}}}
+	hs.Carried = report.CarriedCrosses
+	rep.Edges["hs"] = hs
+	all = strings.Join(Diagnose(g, rep, nil), "\n")
+	if want := "edge tokens is always full (mean depth 15.5 of 16): target (busy 49%, blocked 51%) is held back in turn by edge hs, which crosses hosts (mean depth 3.9 of 8) and holds back reader; a send across hosts waits for room its consumer's worker says through the server, a round trip for each capacity's worth of items: a larger capacity there lets more go at once"; !strings.Contains(all, want) {
+		t.Errorf("missing %q in:\n%s", want, all)
+	}
+	hs.Carried = ""
+	rep.Edges["hs"] = hs
+	all = strings.Join(Diagnose(g, rep, nil), "\n")
+	if want := "target (busy 49%, blocked 51%) cannot keep up and holds back reader"; !strings.Contains(all, want) {
+		t.Errorf("in one process, an edge not full holds nothing back: missing %q in:\n%s", want, all)
+	}
 	if got := Diagnose(g, &report.Report{WallSeconds: 0.01}, nil); len(got) != 0 {
 		t.Errorf("too short a run to judge: %v", got)
 	}
