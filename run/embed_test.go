@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -64,11 +63,11 @@ func TestEmbedExample(t *testing.T) {
 // registers, a Go value type (examples/embed's int, with a wire encoding
 // of its own), across a SIGKILLed worker. examples/embed runs on a local
 // cluster of three of its own workers, the numbers and their squares
-// crossing between them as ints; once the worker that runs only square[0]
-// has done some of the work, it is killed. Its replica restarts on another
-// worker, and the sum of the squares, the counts of every stage and edge
-// and the run's status must all be exact: an int lost or handed on twice
-// would change the sum.
+// crossing between them as ints; once the worker that runs only square
+// replicas has done some of the work, it is killed. Its replicas restart
+// on another worker, and the sum of the squares, the counts of every
+// stage and edge and the run's status must all be exact: an int lost or
+// handed on twice would change the sum.
 func TestEmbedWorkerKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a separate module")
@@ -92,17 +91,35 @@ func TestEmbedWorkerKilled(t *testing.T) {
 	cmd.Stdout = &out
 	var log syncBuffer
 	cmd.Stderr = &log
+	// The local workers write to the same stderr: once the coordinator is
+	// gone (killed below on a failure, or by ctx), Wait waits for them to
+	// leave, as they do once its embedded server has gone, within seconds.
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	var runErr error
+	ended := make(chan struct{})
+	go func() { runErr = cmd.Wait(); close(ended) }()
+	// On any failure, nothing of the run outlives the test.
+	t.Cleanup(func() { cmd.Process.Kill(); <-ended })
+	over := func() bool {
+		select {
+		case <-ended:
+			return true
+		default:
+			return false
+		}
+	}
 	// The victim: the worker that runs square replicas only (no numbers,
 	// no sum), once the run has begun; its pid from the local cluster's
 	// line.
 	var victim string
 	var pid int
 	if !testutil.Within(time.Minute, func() bool {
+		if over() {
+			return true
+		}
 		for _, line := range strings.Split(log.String(), "\n") {
 			if w, ok := strings.CutPrefix(line, "dflow worker "); ok {
 				if name, reps, ok := strings.Cut(w, ": run "); ok {
@@ -116,25 +133,35 @@ func TestEmbedWorkerKilled(t *testing.T) {
 			return false
 		}
 		_, after, ok := strings.Cut(log.String(), victim+" (pid ")
-		if !ok {
+		num, _, closed := strings.Cut(after, ")")
+		if !ok || !closed {
 			return false
 		}
-		pid, err = strconv.Atoi(after[:strings.IndexByte(after, ')')])
+		pid, err = strconv.Atoi(num)
 		return err == nil
 	}) {
-		cmd.Process.Kill()
 		t.Fatalf("no worker running square replicas only, with its pid, within a minute:\n%s", log.String())
 	}
+	if over() {
+		t.Fatalf("embed ended (%v) before a worker ran square replicas only:\n%s\n%s", runErr, out.String(), log.String())
+	}
 	// Some of the work done there: a third of a second of its CPU.
-	if !testutil.Within(time.Minute, func() bool { return cpuTicks(pid) >= 33 }) {
-		cmd.Process.Kill()
+	if !testutil.Within(time.Minute, func() bool { return over() || cpuTicks(pid) >= 33 }) {
 		t.Fatalf("worker %s (pid %d) did not spend a third of a second of CPU within a minute:\n%s", victim, pid, log.String())
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+	if over() {
+		t.Fatalf("embed ended (%v) before worker %s (pid %d) spent a third of a second of CPU:\n%s\n%s", runErr, victim, pid, out.String(), log.String())
+	}
+	p, err := os.FindProcess(pid)
+	if err == nil {
+		err = p.Kill() // SIGKILL
+	}
+	if err != nil {
 		t.Fatalf("killing %s (pid %d): %v", victim, pid, err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("embed: %v\n%s\n%s", err, out.String(), log.String())
+	<-ended
+	if runErr != nil {
+		t.Fatalf("embed: %v\n%s\n%s", runErr, out.String(), log.String())
 	}
 	for _, want := range []string{
 		"run ok in",
@@ -160,11 +187,14 @@ func cpuTicks(pid int) int {
 	if err != nil {
 		return 0
 	}
-	// after the command's name, in parentheses: state is field 3, utime
-	// and stime fields 14 and 15
-	_, rest, ok := strings.Cut(string(b), ") ")
-	f := strings.Fields(rest)
-	if !ok || len(f) < 13 {
+	// after the command's name, in parentheses (the last ")": the name
+	// may hold one): state is field 3, utime and stime fields 14 and 15
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
 		return 0
 	}
 	u, _ := strconv.Atoi(f[11])
