@@ -37,7 +37,7 @@ func main() {
 		}
 		return
 	}
-	n := flag.Int("n", 1000, "square and sum the numbers 1..N (the sum, a float64 metric, is exact up to about N = 200000)")
+	n := flag.Int("n", 1000, "square and sum the numbers 1..N (the sum, a float64 metric, is exact for N up to 300000, its sums below 2^53)")
 	local := flag.Int("local-cluster", 0, "run on a local cluster of `N` worker processes of this program")
 	log := flag.Bool("log", false, "with -local-cluster, print the cluster's lines (where each replica runs, restarts) on stderr")
 	flag.Parse()
