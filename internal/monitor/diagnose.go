@@ -286,9 +286,10 @@ func queueRules(g *graph.Graph, rep *report.Report, e *graph.Edge) []string {
 			if median(blocked) >= siblingGap {
 				if full := fullEdgesFrom(g, rep, e.To.Stage); len(full) > 0 {
 					why = "is held back in turn by " + strings.Join(full, ", ")
-				} else if across := crossingEdgesFrom(g, rep, e.To.Stage); len(across) > 0 {
+				} else if across, said := crossingEdgesFrom(g, rep, e.To.Stage); len(across) > 0 {
 					why = "is held back in turn by " + strings.Join(across, ", ")
-					advice = "; a send across hosts waits for room its consumer's worker says through the server, a round trip for each capacity's worth of items: a larger capacity there lets more go at once"
+					advice = "; " + strings.Join(said, ", ") + ": a send across hosts waits for its consumer's worker to say, through the server, that there is room, " +
+						"a round trip for each capacity's worth of items, so a larger capacity there lets more go at once"
 				}
 			}
 			out = append(out, fmt.Sprintf("%s is always full (mean depth %.1f of %d): %s %s and holds back %s%s",
@@ -323,12 +324,11 @@ func fullEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string 
 }
 
 // crossingEdgesFrom names the edges leaving stage s that cross hosts and
-// are not empty, with their depth ("edge s, which crosses hosts (mean
-// depth 3.9 of 8)"): a producer blocked on one waits for its credit,
-// turned by a round trip through the server, though the depth the stream
-// reports stays below the capacity.
-func crossingEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []string {
-	var names []string
+// are a quarter full or more ("edge s"), and says so of each ("edge s
+// crosses hosts (mean depth 3.9 of 8)"): a producer blocked on one waits
+// for its credit, turned by a round trip through the server, though the
+// depth the stream reports stays below the capacity.
+func crossingEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) (names, said []string) {
 	for _, e := range g.Edges {
 		re, ok := rep.Edges[e.Name]
 		if e.From.Stage != s || !ok || re.Carried != report.CarriedCrosses {
@@ -339,10 +339,11 @@ func crossingEdgesFrom(g *graph.Graph, rep *report.Report, s *graph.Stage) []str
 			depth = max(depth, q.MeanDepth)
 		}
 		if depth >= crossingShare*float64(re.Capacity) {
-			names = append(names, fmt.Sprintf("edge %s, which crosses hosts (mean depth %.1f of %d)", e.Name, depth, re.Capacity))
+			names = append(names, "edge "+e.Name)
+			said = append(said, fmt.Sprintf("edge %s crosses hosts (mean depth %.1f of %d)", e.Name, depth, re.Capacity))
 		}
 	}
-	return names
+	return names, said
 }
 
 // Prediction is a simulated before/after wall time, in seconds, and the

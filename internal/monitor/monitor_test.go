@@ -168,7 +168,9 @@ func TestDiagnoseRules(t *testing.T) {
 	hs.Carried = report.CarriedCrosses
 	rep.Edges["hs"] = hs
 	all = strings.Join(Diagnose(g, rep, nil), "\n")
-	if want := "edge tokens is always full (mean depth 15.5 of 16): target (busy 49%, blocked 51%) is held back in turn by edge hs, which crosses hosts (mean depth 3.9 of 8) and holds back reader; a send across hosts waits for room its consumer's worker says through the server, a round trip for each capacity's worth of items: a larger capacity there lets more go at once"; !strings.Contains(all, want) {
+	if want := "edge tokens is always full (mean depth 15.5 of 16): target (busy 49%, blocked 51%) is held back in turn by edge hs and holds back reader; " +
+		"edge hs crosses hosts (mean depth 3.9 of 8): a send across hosts waits for its consumer's worker to say, through the server, that there is room, " +
+		"a round trip for each capacity's worth of items, so a larger capacity there lets more go at once"; !strings.Contains(all, want) {
 		t.Errorf("missing %q in:\n%s", want, all)
 	}
 	hs.Carried = ""
