@@ -23,7 +23,7 @@ import (
 // right for dflow, and here for the test binary, which TestMain makes a
 // worker. A program of your own sets WorkerCommand to []string{"dflow"}.
 //
-// Each item takes work 100 ms, so that what an item costs between the
+// Stage work takes 100 ms an item, so that what an item costs between the
 // workers (a few milliseconds on a loaded machine) leaves it well above
 // the 80% busy at which the diagnosis names it.
 func Example_cluster() {
