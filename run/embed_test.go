@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,16 +24,9 @@ func TestEmbedExample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds a separate module")
 	}
-	dir, err := filepath.Abs("../examples/embed")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin, err := testutil.Built(dir, ".", []string{"GOWORK=off", "GOFLAGS="})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := builtEmbed(t)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -75,21 +67,14 @@ func TestEmbedWorkerKilled(t *testing.T) {
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		t.Skip("needs /proc to see a worker's CPU time")
 	}
-	dir, err := filepath.Abs("../examples/embed")
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	bin, err := testutil.Built(dir, ".", []string{"GOWORK=off", "GOFLAGS="})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := builtEmbed(t)
 	const n = 200000
 	cmd := exec.CommandContext(ctx, bin, "-n", strconv.Itoa(n), "-local-cluster", "3", "-log")
 	var out strings.Builder
 	cmd.Stdout = &out
-	var log syncBuffer
+	var log testutil.SyncBuffer
 	cmd.Stderr = &log
 	// The local workers write to the same stderr: once the coordinator is
 	// gone (killed below on a failure, or by ctx), Wait waits for them to
@@ -137,6 +122,7 @@ func TestEmbedWorkerKilled(t *testing.T) {
 		if !ok || !closed {
 			return false
 		}
+		var err error
 		pid, err = strconv.Atoi(num)
 		return err == nil
 	}) {
@@ -202,20 +188,17 @@ func cpuTicks(pid int) int {
 	return u + s
 }
 
-// syncBuffer is a strings.Builder safe for one writer and readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// builtEmbed builds examples/embed, a module of its own, once for the
+// package's tests.
+func builtEmbed(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../examples/embed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := testutil.Built(dir, ".", []string{"GOWORK=off", "GOFLAGS="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }

@@ -107,7 +107,7 @@ func TestPlaceFlag(t *testing.T) {
 // proc is a dflow process of the test's.
 type proc struct {
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *testutil.SyncBuffer
 	waited chan struct{}
 }
 
@@ -126,7 +126,7 @@ func dflowCmd(env []string, args ...string) *exec.Cmd {
 // startProc starts cmd, killed at the end of the test if still running.
 func startProc(t *testing.T, cmd *exec.Cmd) *proc {
 	t.Helper()
-	p := &proc{cmd: cmd, out: &syncBuffer{}, waited: make(chan struct{})}
+	p := &proc{cmd: cmd, out: &testutil.SyncBuffer{}, waited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -161,11 +161,7 @@ func (p *proc) wait(t *testing.T, d time.Duration) int {
 	}
 }
 
-func (p *proc) output() string {
-	p.out.mu.Lock()
-	defer p.out.mu.Unlock()
-	return p.out.b.String()
-}
+func (p *proc) output() string { return p.out.String() }
 
 // natsServerOnce builds nats-server once for the tests of this process
 // (on a cold cache, a dozen links of it at once starved the others).
@@ -431,7 +427,7 @@ func coordinatePlaced(t *testing.T, srv *natsServer, n int, place map[string][]s
 // coordinateSpec is coordinatePlaced with the spec in file.
 func coordinateSpec(t *testing.T, srv *natsServer, file string, n int, place map[string][]string, during func(*cluster.Coordinator), sets ...string) (*report.Report, error, time.Duration) {
 	t.Helper()
-	e := &env{stdout: &bytes.Buffer{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
+	e := &env{stdout: &bytes.Buffer{}, stderr: &testutil.SyncBuffer{}, registry: nodes.Default.Clone()}
 	defer e.closePlugins() // a spec's plugins, started to load it
 	sf := &specFlags{sets: sets}
 	g := e.load(sf, file)
@@ -473,7 +469,7 @@ func coordinateSpec(t *testing.T, srv *natsServer, file string, n int, place map
 	rep, err := c.Run(ctx)
 	took := time.Since(start)
 	<-done
-	t.Logf("the coordinator's log:\n%s", e.stderr.(*syncBuffer).String()) // shown with -v, or when the test fails
+	t.Logf("the coordinator's log:\n%s", e.stderr.(*testutil.SyncBuffer).String()) // shown with -v, or when the test fails
 	if ctx.Err() != nil {
 		t.Fatalf("the run hung: %v", err)
 	}

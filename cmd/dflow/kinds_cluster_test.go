@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -124,7 +125,7 @@ func (c kindCase) dflow(t *testing.T, cluster bool, args ...string) (code int, s
 	t.Helper()
 	if !c.model || cluster {
 		var out strings.Builder
-		errb := &syncBuffer{}
+		errb := &testutil.SyncBuffer{}
 		e := &env{stdout: &out, stderr: errb, registry: nodes.Default.Clone()}
 		if c.model {
 			e.workerCommand = []string{installed(t)}

@@ -135,24 +135,6 @@ func TestRunDrainInProcess(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while a process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunSignals runs dflow as a real process: one SIGINT drains (exit
 // 130, balanced report); two abort (exit 130 at once).
 func TestRunSignals(t *testing.T) {
@@ -172,7 +154,7 @@ func TestRunSignals(t *testing.T) {
 			}
 			cmd := exec.Command(os.Args[0], args...)
 			cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -486,7 +468,7 @@ func TestPluginSignals(t *testing.T) {
 		os.WriteFile(spec, []byte(fmt.Sprintf(pluginSpec, plug, 100000, "1ms")), 0o644)
 		cmd := exec.Command(os.Args[0], "run", spec, "--interval", "0")
 		cmd.Env = append(os.Environ(), "DFLOW_AS_MAIN=1")
-		var stderr syncBuffer
+		var stderr testutil.SyncBuffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/dflow-dev/dflow/graph"
 	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -90,14 +91,14 @@ func TestDFlashLost(t *testing.T) {
 		sets := append([]string{"stage.reader.config.epochs=10", "stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
 			"stage.drafter.config.eval_prompts=16", "stage.drafter.config.eval_every=0", "edge.tokens.capacity=4",
 			"stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4"}, more...)
-		e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
+		e := &env{stdout: &strings.Builder{}, stderr: &testutil.SyncBuffer{}, registry: nodes.Default.Clone()}
 		sf := &specFlags{sets: sets}
 		for k, v := range vars {
 			sf.vars = append(sf.vars, k+"="+v)
 		}
 		g := e.load(sf, file)
 		if g == nil {
-			t.Fatalf("spec: %s", e.stderr.(*syncBuffer).String())
+			t.Fatalf("spec: %s", e.stderr.(*testutil.SyncBuffer).String())
 		}
 		return e, g, vars, sets
 	}
@@ -229,10 +230,10 @@ func TestDFlashLost(t *testing.T) {
 				t.Errorf("%d of %d workers killed before the run ended", kills, len(tc.kill))
 			}
 			if err != nil || rep.Status != report.OK {
-				t.Fatalf("status %s: %v %s\ncoordinator:\n%s", rep.Status, err, rep.Error, e.stderr.(*syncBuffer).String())
+				t.Fatalf("status %s: %v %s\ncoordinator:\n%s", rep.Status, err, rep.Error, e.stderr.(*testutil.SyncBuffer).String())
 			}
 			t.Logf("the run ended %v after the first kill, %.1fs in all", time.Since(killed).Round(100*time.Millisecond), rep.WallSeconds)
-			if out := e.stderr.(*syncBuffer).String(); !regexp.MustCompile(tc.said).MatchString(out) {
+			if out := e.stderr.(*testutil.SyncBuffer).String(); !regexp.MustCompile(tc.said).MatchString(out) {
 				t.Errorf("the coordinator did not say %q:\n%s", tc.said, out)
 			}
 			wantEdges(t, rep, int64(batches))
@@ -247,7 +248,7 @@ func TestDFlashLost(t *testing.T) {
 			}
 			// A replica on a killed worker restarted, or had finished
 			// there (the coordinator says so; it is not run again).
-			finished := finishedSaid(e.stderr.(*syncBuffer).String())
+			finished := finishedSaid(e.stderr.(*testutil.SyncBuffer).String())
 			for _, stage := range []string{"target", "drafter", "reader"} {
 				for i, r := range rep.Stages[stage].Replicas {
 					for _, w := range tc.kill {
@@ -264,7 +265,7 @@ func TestDFlashLost(t *testing.T) {
 				t.Errorf("the checkpoint: %v", err)
 			} else if meta["batches"] != strconv.Itoa(batches) || rep.Stages["drafter"].Metrics["batches"] != float64(batches) {
 				t.Errorf("the checkpoint holds the gradients of %s batches (the report: %v), want %d\ncoordinator:\n%s\nw1:\n%s\nw2:\n%s\nw3:\n%s", meta["batches"], rep.Stages["drafter"].Metrics["batches"], batches,
-					e.stderr.(*syncBuffer).String(), ws[0].output(), ws[1].output(), ws[2].output())
+					e.stderr.(*testutil.SyncBuffer).String(), ws[0].output(), ws[1].output(), ws[2].output())
 			}
 			// The losses set training back by no more than the measure's
 			// noise. Measured on 16 held-out prompts: on 4, the undisturbed

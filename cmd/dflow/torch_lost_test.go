@@ -13,6 +13,7 @@ import (
 
 	"github.com/dflow-dev/dflow/internal/cluster"
 	"github.com/dflow-dev/dflow/internal/nn"
+	"github.com/dflow-dev/dflow/internal/testutil"
 	"github.com/dflow-dev/dflow/nodes"
 	"github.com/dflow-dev/dflow/report"
 )
@@ -43,7 +44,7 @@ func TestTorchDrafterLost(t *testing.T) {
 	vars := map[string]string{"batches": strconv.Itoa(batches), "corpus": filepath.Join(root, "internal/engine"), "checkpoint": ckpt, "targets": "2"}
 	sets := []string{"stage.target.config.model=" + model, "stage.drafter.config.target=" + model,
 		"stage.drafter.config.checkpoint_every=2", "stage.reader.config.seq_len=32", "stage.reader.config.batch_size=4"}
-	e := &env{stdout: &strings.Builder{}, stderr: &syncBuffer{}, registry: nodes.Default.Clone()}
+	e := &env{stdout: &strings.Builder{}, stderr: &testutil.SyncBuffer{}, registry: nodes.Default.Clone()}
 	sf := &specFlags{sets: sets}
 	for k, v := range vars {
 		sf.vars = append(sf.vars, k+"="+v)
@@ -51,7 +52,7 @@ func TestTorchDrafterLost(t *testing.T) {
 	g := e.load(sf, file)
 	defer e.closePlugins() // the catalog process the spec's plugin started here
 	if g == nil {
-		t.Fatalf("spec: %s", e.stderr.(*syncBuffer).String())
+		t.Fatalf("spec: %s", e.stderr.(*testutil.SyncBuffer).String())
 	}
 	src, err := os.ReadFile(file)
 	if err != nil {
@@ -90,7 +91,7 @@ func TestTorchDrafterLost(t *testing.T) {
 	rep, err := c.Run(ctx)
 	close(over)
 	logs := func() string {
-		return "coordinator:\n" + e.stderr.(*syncBuffer).String() + "\nw1:\n" + ws[0].output() + "\nw2:\n" + ws[1].output() + "\nw3:\n" + ws[2].output()
+		return "coordinator:\n" + e.stderr.(*testutil.SyncBuffer).String() + "\nw1:\n" + ws[0].output() + "\nw2:\n" + ws[1].output() + "\nw3:\n" + ws[2].output()
 	}
 	if ctx.Err() != nil {
 		t.Fatalf("the run hung: %v\n%s", err, logs())
@@ -101,7 +102,7 @@ func TestTorchDrafterLost(t *testing.T) {
 	if err != nil || rep.Status != report.OK {
 		t.Fatalf("status %s: %v %s\n%s", rep.Status, err, rep.Error, logs())
 	}
-	said := e.stderr.(*syncBuffer).String()
+	said := e.stderr.(*testutil.SyncBuffer).String()
 	for _, want := range []string{
 		`stage "drafter" lost member 1 with worker w2, and its group cannot go on without it: the share w\d, on worker w\d, restarts too`,
 		`stage "drafter" lost every member of its group: its restarts restore its last save \(step \d+`,

@@ -4,6 +4,7 @@
 package testutil
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -163,3 +165,22 @@ func Main(m *testing.M) {
 // out as it ends, or in plugins/host's forking thread) prints its report
 // but no longer makes the binary exit 66.
 func exit(code int) { syscall.Exit(code) }
+
+// SyncBuffer is a bytes.Buffer safe to read while a process writes it
+// (an exec.Cmd's Stdout or Stderr).
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
